@@ -1,0 +1,1 @@
+"""Everything up to the JobIR: load -> validate -> check -> lower."""

@@ -1,0 +1,128 @@
+"""Checks across fields that pydantic cannot express. Every problem is collected; none stops the others."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from .diagnostics import Diagnostic, SpecError
+from .ir import parse_word
+from .load import Sourced
+from .lower import environment
+from .overrides import critic_in_use, derived, flatten, hydra_value
+from .spec import Apptainer, Engine, NoContainer, Pyxis, Spec
+
+_SECRET_NAME = re.compile(r"(?i).*(_KEY|_TOKEN|_SECRET|PASSWORD|PASSWD).*")
+_VERL_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check(spec: Spec, sourced: Sourced, targets: Iterable[str] = ()) -> None:
+    """Raise SpecError with every problem found in `spec` (positions from `sourced`)."""
+    problems = [
+        *_verl_section(spec, sourced),
+        *_words(spec, sourced),
+        *_env(spec, sourced),
+        *_container(spec, sourced),
+        *_ray(spec, sourced),
+        *_for_targets(spec, sourced, set(targets)),
+    ]
+    if problems:
+        raise SpecError(problems)
+
+
+def derived_env_names(spec: Spec) -> dict[str, str]:
+    """Env vars verlc sets itself, with the spec path each comes from (see lower.environment)."""
+    return {e.name: e.origin for e in environment(spec) if e.origin != "env"}
+
+
+def _verl_section(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    settings = list(flatten(spec.verl))
+    for s in settings:
+        for part in s.loc[1:]:
+            if not _VERL_KEY.fullmatch(str(part)):
+                yield sourced.diagnostic(s.loc, f"'{part}' is not a verl config key", at_key=True)
+                break
+        else:
+            try:
+                hydra_value(s.value)
+            except (TypeError, ValueError) as exc:
+                yield sourced.diagnostic(s.loc, str(exc))
+    given = {s.key: s for s in settings}
+    for d in derived(spec):
+        s = given.get(d.key)
+        if s is not None and s.value != d.value:
+            yield sourced.diagnostic(
+                s.loc, f"set to {hydra_value(s.value)} here, but verlc derives it from {d.source} "
+                       f"({hydra_value(d.value)}); remove it from verl: or change {d.source}")
+    critic = spec.verl.get("critic")
+    if isinstance(critic, dict) and critic and not critic_in_use(spec.verl):
+        yield sourced.diagnostic(("verl", "critic"),
+                                 "critic settings given, but the advantage estimator uses no critic "
+                                 "(only gae does); remove verl.critic or set algorithm.adv_estimator: gae",
+                                 at_key=True)
+
+
+def _words(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    """Paths and env values that may use ${HOME}/${USER}/~ must use nothing else."""
+    places: list[tuple[tuple[str | int, ...], str | None]] = [
+        (("env", name), value) for name, value in spec.env.items()]
+    c = spec.container
+    if isinstance(c, (Engine, Apptainer, Pyxis)):
+        places += [(("container", "image"), c.image), (("container", "workdir"), c.workdir)]
+        places += [(("container", "mounts", i), m) for i, m in enumerate(c.mounts)]
+    if isinstance(c, Engine):
+        places += [(("container", "run_args", i), a) for i, a in enumerate(c.run_args)]
+        if c.build:
+            places += [(("container", "build", "dockerfile"), c.build.dockerfile),
+                       (("container", "build", "context"), c.build.context)]
+    if isinstance(c, NoContainer):
+        places += [(("container", "workdir"), c.workdir), (("container", "venv"), c.venv)]
+    for loc, text in places:
+        if text is None:
+            continue
+        try:
+            parse_word(text)
+        except ValueError as exc:
+            yield sourced.diagnostic(loc, str(exc))
+
+
+def _env(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    ours = derived_env_names(spec)
+    for name in spec.env:
+        if name in ours:
+            yield sourced.diagnostic(("env", name), f"verlc sets {name} from {ours[name]}; "
+                                                    f"change it there instead", at_key=True)
+        elif name in spec.secrets:
+            yield sourced.diagnostic(("env", name), f"{name} is listed in secrets; a secret has no value "
+                                                    f"in the spec", at_key=True)
+        elif _SECRET_NAME.fullmatch(name):
+            yield sourced.diagnostic(
+                ("env", name), f"{name} looks like a secret; never write its value in a spec: remove it "
+                               f"from env, add `secrets: [{name}]` and export {name} where you submit",
+                at_key=True)
+    seen: set[str] = set()
+    for i, name in enumerate(spec.secrets):
+        if name in seen:
+            yield sourced.diagnostic(("secrets", i), f"{name} is listed twice")
+        seen.add(name)
+
+
+def _container(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    c = spec.container
+    if isinstance(c, Pyxis) and spec.cluster.accelerator == "rocm":
+        yield sourced.diagnostic(("container", "runtime"),
+                                 "pyxis/enroot exposes NVIDIA GPUs only; use docker, podman or apptainer on ROCm")
+    for i, mount in enumerate(getattr(c, "mounts", ())):
+        if ":" not in mount:
+            yield sourced.diagnostic(("container", "mounts", i), "a mount is SRC:DST[:OPTIONS]")
+
+
+def _ray(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    r = spec.ray
+    if r.port is not None and r.port == r.dashboard_port:
+        yield sourced.diagnostic(("ray", "dashboard_port"), f"same as ray.port ({r.port})")
+
+
+def _for_targets(spec: Spec, sourced: Sourced, targets: set[str]) -> Iterator[Diagnostic]:
+    if "slurm" in targets and spec.cluster.slurm is None:
+        yield sourced.diagnostic(("cluster",), "the slurm target needs cluster.slurm "
+                                               "(at least cpus_per_task)")

@@ -1,0 +1,166 @@
+"""JobIR: the fully resolved job every target renders from. Frozen; no target reads the Spec.
+
+Strings that may expand a variable at run time (`${HOME}`, `~`) are `Word`s: literal parts and
+variable references kept apart, so each target quotes the literal parts in its own output language.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+# Variables a spec may reference in paths and env values; everything else is literal text.
+SPEC_VARIABLES = ("HOME", "USER")
+
+
+@dataclass(frozen=True)
+class Var:
+    """A variable expanded where the command runs (never a spec value)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Word:
+    """One argument: literal text and variable references, in order."""
+
+    parts: tuple[str | Var, ...]
+
+    @property
+    def literal(self) -> str | None:
+        """The plain text when nothing expands, else None."""
+        return "".join(self.parts) if all(isinstance(p, str) for p in self.parts) else None  # type: ignore[arg-type]
+
+
+Arg = str | Word
+
+_REFERENCE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$")
+
+
+def parse_word(text: str) -> Word:
+    """Split `text` into literal parts and ${HOME}/${USER} references; a leading `~/` means ${HOME}/.
+
+    `$$` is a literal `$`. Any other `$` is rejected so that nothing expands by accident.
+    """
+    parts: list[str | Var] = []
+    if text == "~" or text.startswith("~/"):
+        parts.append(Var("HOME"))
+        text = text[1:]
+    pos = 0
+    for match in _REFERENCE.finditer(text):
+        if match.start() > pos:
+            parts.append(text[pos:match.start()])
+        if match[0] == "$$":
+            parts.append("$")
+        elif match[1] in SPEC_VARIABLES:
+            parts.append(Var(match[1]))
+        else:
+            allowed = ", ".join(f"${{{v}}}" for v in SPEC_VARIABLES)
+            raise ValueError(f"only {allowed} and a leading ~ expand here; write $$ for a literal $")
+        pos = match.end()
+    if pos < len(text):
+        parts.append(text[pos:])
+    merged: list[str | Var] = []
+    for part in parts:  # adjacent literals become one, so equal texts give equal Words
+        if merged and isinstance(part, str) and isinstance(merged[-1], str):
+            merged[-1] += part
+        else:
+            merged.append(part)
+    return Word(tuple(merged))
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    value: Word
+    origin: str  # the spec path it comes from, shown to reviewers
+
+
+@dataclass(frozen=True)
+class Override:
+    """One verl Hydra override, value already in Hydra's syntax."""
+
+    key: str
+    value: str
+    origin: str
+
+    @property
+    def arg(self) -> str:
+        return f"{self.key}={self.value}"
+
+
+@dataclass(frozen=True)
+class ImageBuildIR:
+    dockerfile: Word
+    context: Word
+
+
+@dataclass(frozen=True)
+class ContainerIR:
+    runtime: Literal["docker", "podman", "apptainer", "pyxis", "none"]
+    image: Word | None
+    build: ImageBuildIR | None
+    workdir: Word | None
+    shm_size: str | None
+    mounts: tuple[Word, ...]
+    devices: tuple[str, ...]  # derived from the accelerator, then the spec's extras
+    gpu_args: tuple[str, ...]  # runtime flags that expose GPUs (--gpus all, --nv, --rocm, ...)
+    run_args: tuple[Word, ...]
+    venv: Word | None
+
+
+@dataclass(frozen=True)
+class RayIR:
+    port: int | None  # None: derived from the job id where the job runs
+    dashboard_port: int | None
+    wait_seconds: int
+    head_interface: str | None
+    num_cpus: int | None
+    num_gpus: int
+    debugger_external: bool  # legacy `ray debug` needs the head to accept external debugger connections
+
+
+@dataclass(frozen=True)
+class DataPrepIR:
+    dataset: str
+    out_dir: str
+    argv: tuple[str, ...]  # the preprocessing command, run in the workdir
+
+
+@dataclass(frozen=True)
+class SlurmIR:
+    directives: tuple[tuple[str, str], ...]  # (option, value) in a fixed order
+    modules: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class JobIR:
+    name: str
+    spec_file: str
+    spec_sha256: str
+    normalized_spec: str  # YAML text of the validated spec with every default filled in
+    verlc_version: str
+    verl_version: str
+    nodes: int
+    gpus_per_node: int
+    accelerator: Literal["cuda", "rocm"]
+    env: tuple[EnvVar, ...]
+    secrets: tuple[str, ...]
+    container: ContainerIR
+    ray: RayIR
+    data_prep: tuple[DataPrepIR, ...]
+    model: str
+    data_files: tuple[str, ...]  # train then val, checked by the preflight
+    checkpoint_dir: str  # verl's trainer.default_local_dir, resolved
+    trainer_module: str
+    overrides: tuple[Override, ...]
+    slurm: SlurmIR | None
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def trainer_argv(self) -> tuple[str, ...]:
+        return ("python3", "-m", self.trainer_module, *(o.arg for o in self.overrides))

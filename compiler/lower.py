@@ -1,0 +1,176 @@
+"""Spec -> JobIR. Every derived value is computed here, once; targets only render it."""
+
+from __future__ import annotations
+
+import io
+
+from ruamel.yaml import YAML
+
+from verlc import __version__
+
+from .ir import (
+    ContainerIR, DataPrepIR, EnvVar, ImageBuildIR, JobIR, Override, RayIR, SlurmIR, Word, parse_word,
+)
+from .overrides import derived, flatten, hydra_value
+from .spec import Apptainer, Engine, NoContainer, Pyxis, Spec
+
+TRAINER_MODULE = "verl.trainer.main_ppo"
+
+# verl's preprocessing scripts, relative to a verl checkout (the container's workdir).
+PREPARE_SCRIPTS = {
+    "gsm8k": "examples/data_preprocess/gsm8k.py",
+    "math": "examples/data_preprocess/math_dataset.py",
+}
+
+
+def lower(spec: Spec, *, spec_file: str, spec_sha256: str) -> JobIR:
+    """Resolve a checked spec into the IR every target renders from."""
+    slurm = spec.cluster.slurm
+    return JobIR(
+        name=spec.name,
+        spec_file=spec_file,
+        spec_sha256=spec_sha256,
+        normalized_spec=normalized(spec),
+        verlc_version=__version__,
+        verl_version=spec.verl_version,
+        nodes=spec.cluster.nodes,
+        gpus_per_node=spec.cluster.gpus_per_node,
+        accelerator=spec.cluster.accelerator,
+        env=environment(spec),
+        secrets=spec.secrets,
+        container=container(spec),
+        ray=RayIR(
+            port=spec.ray.port,
+            dashboard_port=spec.ray.dashboard_port,
+            wait_seconds=spec.ray.wait_for_nodes,
+            head_interface=spec.network.head_interface,
+            num_cpus=slurm.cpus_per_task if slurm else None,
+            num_gpus=spec.cluster.gpus_per_node,
+            debugger_external=spec.ray.debug == "legacy",
+        ),
+        data_prep=tuple(
+            DataPrepIR(p.dataset, p.dir, (
+                "python3", p.script or PREPARE_SCRIPTS[p.dataset], "--local_save_dir", p.dir,
+                *(("--local_dataset_path", p.local_dataset_path) if p.local_dataset_path else ()),
+            ))
+            for p in spec.data.prepare
+        ),
+        model=spec.model,
+        data_files=(*spec.data.train_files, *spec.data.val_files),
+        checkpoint_dir=checkpoint_dir(spec),
+        trainer_module=TRAINER_MODULE,
+        overrides=overrides(spec),
+        slurm=slurm_ir(spec),
+    )
+
+
+def overrides(spec: Spec) -> tuple[Override, ...]:
+    """Derived keys plus the spec's `verl:` leaves, sorted by key: one stable line each."""
+    out = {d.key: Override(d.key, hydra_value(d.value), d.source) for d in derived(spec)}
+    for s in flatten(spec.verl):
+        out.setdefault(s.key, Override(s.key, hydra_value(s.value), ".".join(map(str, s.loc))))
+    return tuple(out[k] for k in sorted(out))
+
+
+def checkpoint_dir(spec: Spec) -> str:
+    """Where verl saves checkpoints: trainer.default_local_dir, or verl's default for this run."""
+    trainer = spec.verl.get("trainer")
+    given = trainer.get("default_local_dir") if isinstance(trainer, dict) else None
+    return str(given) if given else f"checkpoints/{spec.project}/{spec.experiment or spec.name}"
+
+
+def environment(spec: Spec) -> tuple[EnvVar, ...]:
+    """Env for every node, set before Ray starts (verl #158): derived first, then the spec's own."""
+    env: list[EnvVar] = [EnvVar("PYTHONUNBUFFERED", Word(("1",)), "verlc: stream trainer logs")]
+    if spec.cluster.accelerator == "rocm":
+        devices = Word((",".join(str(i) for i in range(spec.cluster.gpus_per_node)),))
+        for name in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+            env.append(EnvVar(name, devices, "cluster.gpus_per_node"))
+        # Ray >= 2.45 would otherwise rewrite HIP_VISIBLE_DEVICES per actor (verl #1471, #1575).
+        env.append(EnvVar("RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES", Word(("1",)), "cluster.accelerator"))
+        env.append(EnvVar("HSA_NO_SCRATCH_RECLAIM", Word(("1",)), "cluster.accelerator"))
+    nccl = spec.network.nccl
+    for name, value, field in (
+        ("NCCL_IB_HCA", ",".join(nccl.ib_hca) or None, "ib_hca"),
+        ("NCCL_IB_GID_INDEX", nccl.ib_gid_index, "ib_gid_index"),
+        ("NCCL_CROSS_NIC", nccl.cross_nic, "cross_nic"),
+        ("NCCL_PROTO", nccl.proto, "proto"),
+        ("NCCL_SOCKET_IFNAME", nccl.socket_ifname, "socket_ifname"),
+    ):
+        if value is not None:
+            env.append(EnvVar(name, Word((str(value),)), f"network.nccl.{field}"))
+    if spec.ray.debug == "post_mortem":
+        env.append(EnvVar("RAY_DEBUG_POST_MORTEM", Word(("1",)), "ray.debug"))
+    elif spec.ray.debug == "legacy":
+        env.append(EnvVar("RAY_DEBUG", Word(("legacy",)), "ray.debug"))
+    env += [EnvVar(name, parse_word(value), "env") for name, value in spec.env.items()]
+    return tuple(env)
+
+
+def container(spec: Spec) -> ContainerIR:
+    c = spec.container
+    rocm = spec.cluster.accelerator == "rocm"
+    if isinstance(c, Engine):
+        if rocm:
+            devices, gpu_args = ("/dev/kfd", "/dev/dri"), ("--group-add", "video")
+        elif c.runtime == "podman":
+            devices, gpu_args = ("nvidia.com/gpu=all",), ()  # CDI
+        else:
+            devices, gpu_args = (), ("--gpus", "all")
+        return ContainerIR(
+            runtime=c.runtime, image=parse_word(c.image),
+            build=ImageBuildIR(parse_word(c.build.dockerfile), parse_word(c.build.context)) if c.build else None,
+            workdir=parse_word(c.workdir), shm_size=c.shm_size,
+            mounts=tuple(parse_word(m) for m in c.mounts),
+            devices=(*devices, *c.devices), gpu_args=gpu_args,
+            run_args=tuple(parse_word(a) for a in c.run_args), venv=None,
+        )
+    if isinstance(c, (Apptainer, Pyxis)):
+        gpu_args = () if isinstance(c, Pyxis) else (("--rocm",) if rocm else ("--nv",))
+        return ContainerIR(
+            runtime=c.runtime, image=parse_word(c.image), build=None, workdir=parse_word(c.workdir),
+            shm_size=None, mounts=tuple(parse_word(m) for m in c.mounts), devices=(), gpu_args=gpu_args,
+            run_args=(), venv=None,
+        )
+    assert isinstance(c, NoContainer)
+    return ContainerIR(
+        runtime="none", image=None, build=None,
+        workdir=parse_word(c.workdir) if c.workdir else None, shm_size=None, mounts=(), devices=(),
+        gpu_args=(), run_args=(), venv=parse_word(c.venv) if c.venv else None,
+    )
+
+
+def slurm_ir(spec: Spec) -> SlurmIR | None:
+    s = spec.cluster.slurm
+    if s is None:
+        return None
+    directives: list[tuple[str, str | int | None]] = [
+        ("job-name", spec.name),
+        ("nodes", spec.cluster.nodes),
+        ("ntasks-per-node", 1),  # one Ray node per host; Ray schedules the GPUs
+        ("cpus-per-task", s.cpus_per_task),
+        ("gpus-per-node", spec.cluster.gpus_per_node),
+        ("mem", s.mem),
+        ("time", s.time),
+        ("partition", s.partition),
+        ("account", s.account),
+        ("qos", s.qos),
+        ("nodelist", s.nodelist),
+        ("exclude", s.exclude),
+        ("output", s.output),
+        ("error", s.error),
+    ]
+    return SlurmIR(
+        directives=tuple((k, str(v)) for k, v in directives if v is not None),
+        modules=s.modules,
+    )
+
+
+def normalized(spec: Spec) -> str:
+    """The spec with every default filled in, as YAML: what the bundle was built from."""
+    yaml = YAML(typ="safe", pure=True)
+    yaml.default_flow_style = False
+    yaml.sort_base_mapping_type_on_output = False  # keep the model's field order
+    buf = io.StringIO()
+    yaml.dump(spec.model_dump(mode="json"), buf)
+    return buf.getvalue()

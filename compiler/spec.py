@@ -1,0 +1,210 @@
+"""The spec: what a user writes, as frozen pydantic models (extra keys forbidden).
+
+verlc owns where and how a run happens (cluster, container, network, Ray); verl's own settings live
+under `verl:` in verl's own nesting and are checked against verl's config, not re-modelled here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict
+
+Int = Annotated[int, Strict()]
+Bool = Annotated[bool, Strict()]
+Str = Annotated[str, Strict()]
+
+
+def _matching(pattern: str, what: str) -> AfterValidator:
+    compiled = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if not compiled.fullmatch(value):
+            raise ValueError(f"{value[:80]!r} is not {what}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _no_control(value: str) -> str:
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError("must not contain newlines or control characters")
+    return value
+
+
+# A single line of text: every string that ends up in a generated file is at least this.
+Text = Annotated[str, Strict(), Field(min_length=1, max_length=4096), AfterValidator(_no_control)]
+
+# Names a Slurm job, a container, a Ray submission id and the bundle folder: the charset all of them accept.
+Name = Annotated[str, Strict(), _matching(
+    r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}",
+    "a valid name: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")]
+EnvName = Annotated[str, Strict(), _matching(
+    r"[A-Za-z_][A-Za-z0-9_]{0,127}", "an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")]
+# Values that reach `#SBATCH` lines, which sbatch splits on white space.
+Directive = Annotated[str, Strict(), _matching(
+    r"[A-Za-z0-9_.,:%@+=/\[\]{}~-]{1,255}", "a Slurm directive value (no spaces or quotes)")]
+SlurmTime = Annotated[str, Strict(), _matching(
+    r"(\d+-)?\d+(:\d{1,2}){0,2}", "a Slurm time limit such as 30-00:00:00, 48:00:00 or 90")]
+SlurmMem = Annotated[str, BeforeValidator(lambda v: _int_as_str(v)), Strict(),
+                     _matching(r"\d+[KMGT]?", "a Slurm memory size such as 200G (0: all of the node's)")]
+Size = Annotated[str, Strict(), _matching(r"\d+[bkmgBKMG]?", "a size such as 128G")]
+
+
+def _seconds(value: Any) -> Any:
+    """'90s', '10m', '1h' or a plain number of seconds."""
+    if isinstance(value, str):
+        match = re.fullmatch(r"(\d+)\s*([smh]?)", value.strip())
+        if not match:
+            raise ValueError(f"{value!r} is not a duration such as 90s, 10m or 1h")
+        return int(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]]
+    return value
+
+
+Seconds = Annotated[int, BeforeValidator(_seconds), Field(ge=1, le=7 * 24 * 3600)]
+
+
+def _int_as_str(value: Any) -> Any:
+    # `NCCL_IB_GID_INDEX: 3` or `mem: 0` is natural YAML; booleans are not (`true`/`1`/`True` differ).
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+EnvValue = Annotated[str, BeforeValidator(_int_as_str), Strict(), Field(max_length=4096),
+                     AfterValidator(_no_control)]
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- data ------------------------------------------------------------------------------------------
+
+class DataPrep(Model):
+    """One of verl's preprocessing scripts, run once before training; skipped when its output exists."""
+
+    dataset: Literal["gsm8k", "math"]
+    dir: Text = Field(description="Output folder for train.parquet and test.parquet (relative to workdir).")
+    script: Text | None = Field(None, description="Script path; default: verl's examples/data_preprocess/.")
+    local_dataset_path: Text | None = Field(None, description="Read the raw dataset from here, not the hub.")
+
+
+class Data(Model):
+    prepare: tuple[DataPrep, ...] = ()
+    train_files: tuple[Text, ...] = Field(min_length=1)
+    val_files: tuple[Text, ...] = Field(min_length=1)
+
+
+# --- cluster ---------------------------------------------------------------------------------------
+
+class Slurm(Model):
+    """sbatch directives and the login environment; only the Slurm target reads them."""
+
+    cpus_per_task: Int = Field(ge=1, description="CPUs of the one task per node; Ray gets exactly these.")
+    mem: SlurmMem | None = None
+    time: SlurmTime | None = None
+    partition: Directive | None = None
+    account: Directive | None = None
+    qos: Directive | None = None
+    nodelist: Directive | None = None
+    exclude: Directive | None = None
+    output: Directive = "slurm-%j.out"
+    error: Directive | None = None
+    modules: tuple[Directive, ...] = ()
+
+
+class Cluster(Model):
+    nodes: Int = Field(ge=1, le=4096)
+    gpus_per_node: Int = Field(ge=1, le=64)
+    accelerator: Literal["cuda", "rocm"] = "cuda"
+    slurm: Slurm | None = None
+
+
+# --- container -------------------------------------------------------------------------------------
+
+class ImageBuild(Model):
+    """Build the image on a node only when that node does not have it yet."""
+
+    dockerfile: Text
+    context: Text = "."
+
+
+class Engine(Model):
+    """A long-lived container per node under Docker or Podman (host network, --init)."""
+
+    runtime: Literal["docker", "podman"]
+    image: Text
+    build: ImageBuild | None = None
+    workdir: Text = Field(description="Working directory inside the container, e.g. the verl checkout.")
+    shm_size: Size = "64G"
+    mounts: tuple[Text, ...] = Field((), description="SRC:DST[:OPTS]; ${HOME}, ${USER} and ~ expand.")
+    devices: tuple[Text, ...] = Field((), description="Extra devices, e.g. /dev/infiniband.")
+    run_args: tuple[Text, ...] = Field((), description="Extra `run` arguments, one word each.")
+
+
+class Apptainer(Model):
+    runtime: Literal["apptainer"]
+    image: Text = Field(description="Path to the .sif image.")
+    workdir: Text
+    mounts: tuple[Text, ...] = ()
+
+
+class Pyxis(Model):
+    """srun --container-image (NVIDIA Pyxis/enroot)."""
+
+    runtime: Literal["pyxis"]
+    image: Text
+    workdir: Text
+    mounts: tuple[Text, ...] = ()
+
+
+class NoContainer(Model):
+    runtime: Literal["none"]
+    workdir: Text | None = Field(None, description="Default: the directory sbatch was called from.")
+    venv: Text | None = Field(None, description="A virtualenv whose bin/ goes first on PATH.")
+
+
+Container = Annotated[Union[Engine, Apptainer, Pyxis, NoContainer], Field(discriminator="runtime")]
+
+
+# --- network, ray ----------------------------------------------------------------------------------
+
+class Nccl(Model):
+    ib_hca: tuple[Directive, ...] = ()
+    ib_gid_index: Int | None = Field(None, ge=0)
+    cross_nic: Literal[0, 1, 2] | None = None
+    proto: Literal["Simple", "LL", "LL128"] | None = None
+    socket_ifname: Directive | None = None
+
+
+class Network(Model):
+    head_interface: Directive | None = Field(
+        None, description="NIC whose IPv4 address Ray uses on every node; default: the host name's first address.")
+    nccl: Nccl = Nccl()
+
+
+class Ray(Model):
+    port: Int | None = Field(None, ge=1024, le=65535, description="GCS port; default: derived from the job id.")
+    dashboard_port: Int | None = Field(None, ge=1024, le=65535)
+    wait_for_nodes: Seconds = Field(600, description="Deadline for every node and GPU to register.")
+    debug: Literal["off", "post_mortem", "legacy"] = "off"
+
+
+# --- the spec --------------------------------------------------------------------------------------
+
+class Spec(Model):
+    name: Name
+    verl_version: Str = "0.9.1"
+    project: Text = Field(description="verl's trainer.project_name (the logger's project).")
+    experiment: Text | None = Field(None, description="verl's trainer.experiment_name; default: name.")
+    model: Text = Field(description="HF model id or path; used for the actor, the reference and the critic.")
+    data: Data
+    verl: dict[Str, Any] = Field(default_factory=dict, description="verl's ppo_trainer config, verl's nesting.")
+    cluster: Cluster
+    container: Container = NoContainer(runtime="none")
+    network: Network = Network()
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict)
+    secrets: tuple[EnvName, ...] = Field((), description="Names only; values come from the submitting shell.")
+    ray: Ray = Ray()

@@ -1,0 +1,96 @@
+"""Sourced YAML -> Spec: pydantic validation with every error mapped back to its line and column."""
+
+from __future__ import annotations
+
+import re
+import types
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from .diagnostics import Diagnostic, SpecError, did_you_mean
+from .load import Sourced
+from .spec import Spec
+
+
+def validate(sourced: Sourced) -> Spec:
+    """Validate a loaded spec; raise SpecError with one diagnostic per problem."""
+    try:
+        return Spec.model_validate(sourced.data)
+    except ValidationError as exc:
+        raise SpecError(_diagnostic(sourced, err) for err in exc.errors(include_url=False)) from None
+
+
+def _diagnostic(sourced: Sourced, err: Any) -> Diagnostic:
+    kind = err["type"]
+    loc: tuple[str | int, ...] = tuple(err["loc"])
+    ctx = err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        key = str(loc[-1])
+        return sourced.diagnostic(loc, f"unknown key '{key}'" + did_you_mean(key, _keys_at(loc[:-1])),
+                                  at_key=True)
+    if kind == "missing":
+        return sourced.diagnostic(loc[:-1], f"missing required key '{loc[-1]}'")
+    if kind == "union_tag_invalid":
+        tags = [t.strip(" '") for t in str(ctx.get("expected_tags", "")).split(",")]
+        tag = str(ctx.get("tag"))
+        message = f"unknown {ctx.get('discriminator', 'kind').strip(chr(39))} '{tag}'; expected one of " \
+                  f"{', '.join(tags)}" + did_you_mean(tag, tags)
+        return sourced.diagnostic((*loc, "runtime"), message)
+    if kind == "union_tag_not_found":
+        return sourced.diagnostic(loc, "missing required key 'runtime' (docker, podman, apptainer, pyxis or none)")
+    if kind == "literal_error":
+        expected = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+        value = err.get("input")
+        hint = did_you_mean(value, expected) if isinstance(value, str) else ""
+        return sourced.diagnostic(loc, _sentence(err["msg"]) + f", got {value!r}" + hint)
+    message = err["msg"].removeprefix("Value error, ")
+    if kind.endswith("_type") and "input" in err:
+        message += f", got {type(err['input']).__name__ if err['input'] is not None else 'null'}"
+    return sourced.diagnostic(loc, _sentence(message))
+
+
+def _sentence(message: str) -> str:
+    return message.replace("Input should be", "should be").replace("String should", "should")
+
+
+def _keys_at(loc: Sequence[str | int]) -> list[str]:
+    """The keys the model at `loc` accepts, for 'did you mean'."""
+    model: Any = Spec
+    for part in loc:
+        model = _unwrap(model)
+        if isinstance(part, int):
+            args = typing.get_args(model)
+            model = args[0] if args else model
+            continue
+        members = _members(model)
+        chosen = next((m for m in members if part in m.model_fields), None)
+        if chosen is not None:
+            model = chosen.model_fields[part].annotation
+        elif any(_tag_matches(m, part) for m in members):
+            model = next(m for m in members if _tag_matches(m, part))
+        else:
+            return []
+    return [k for m in _members(_unwrap(model)) for k in m.model_fields]
+
+
+def _unwrap(tp: Any) -> Any:
+    while typing.get_origin(tp) is typing.Annotated:
+        tp = typing.get_args(tp)[0]
+    return tp
+
+
+def _members(tp: Any) -> list[type[BaseModel]]:
+    tp = _unwrap(tp)
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return [tp]
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return [m for arg in typing.get_args(tp) for m in _members(arg)]
+    return []
+
+
+def _tag_matches(model: type[BaseModel], tag: str) -> bool:
+    field = model.model_fields.get("runtime")
+    return field is not None and tag in typing.get_args(field.annotation)

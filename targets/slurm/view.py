@@ -1,0 +1,172 @@
+"""JobIR -> SlurmView: every argv of the sbatch script, ready for the template to quote and print.
+
+The template defines a few shell variables at run time (the head's IP, per-job ports, the
+container name); argv here refers to them as `Var`s so they are quoted like everything else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+
+from ...compiler.ir import Arg, EnvVar, JobIR, Var, Word
+from ..bundle import header_lines
+
+# Shell variables the template sets before it uses the argv below.
+HEAD_IP, NODE_IP, RAY_PORT, DASHBOARD_PORT = Var("head_ip"), Var("node_ip"), Var("ray_port"), Var("dashboard_port")
+CLIENT_PORT, AGENT_PORT, RAY_TMP, CONTAINER = Var("client_port"), Var("agent_port"), Var("ray_tmp"), Var("container")
+
+CONTAINER_WORD = Word((CONTAINER,))
+
+Line = tuple[Arg, ...]
+
+
+@dataclass(frozen=True)
+class DataStep:
+    label: str
+    argv: Line
+
+
+@dataclass(frozen=True)
+class SlurmView:
+    """Everything `sbatch.sh.j2` prints, already resolved; built by `slurm_view`."""
+
+    header: tuple[str, ...]
+    directives: tuple[str, ...]
+    modules: tuple[str, ...]
+    env: tuple[EnvVar, ...]
+    secrets: tuple[str, ...]
+    nodes: int
+    gpus_per_node: int
+    total_gpus: int
+    wait_seconds: int
+    ray_port: int | None
+    dashboard_port: int | None
+    head_interface: str | None
+    container_name: Word | None  # runtimes with a long-lived, job-scoped container
+    run_dir: Word
+    workdir: Word | None  # `cd` here before anything runs (runtime none)
+    venv: Word | None
+    image_build: Line | None  # engine, image, dockerfile, context
+    container_start: tuple[Line, ...] | None
+    container_remove: Line | None
+    step_args: Line
+    exec_prefix: Line
+    ray_head: tuple[Line, ...]
+    ray_worker: tuple[Line, ...]
+    wait: Line
+    data_steps: tuple[DataStep, ...]
+    preflight: tuple[Line, ...]
+    train: tuple[Line, ...]
+    helper_source: str
+
+
+def _word(*parts: str | Var) -> Word:
+    return Word(tuple(parts))
+
+
+def slurm_view(ir: JobIR) -> SlurmView:
+    assert ir.slurm is not None, "checks require cluster.slurm for the slurm target"
+    c = ir.container
+    address = _word(HEAD_IP, ":", RAY_PORT)
+    env_names = (*(e.name for e in ir.env), *ir.secrets)
+
+    image_build: Line | None = None
+    container_start: tuple[Line, ...] | None = None
+    container_remove: Line | None = None
+    step_args: Line = ()
+    exec_prefix: Line = ()
+    if c.runtime in ("docker", "podman"):
+        assert c.image is not None and c.workdir is not None
+        if c.build:
+            image_build = (c.runtime, c.image, c.build.dockerfile, c.build.context)
+        container_start = (
+            (c.runtime, "run", "--detach", "--init", "--network=host", "--ipc=host"),
+            ("--name", CONTAINER_WORD),
+            (f"--shm-size={c.shm_size}",),
+            *((f"--device={d}",) for d in c.devices),
+            *((c.gpu_args,) if c.gpu_args else ()),
+            *(("--env", n) for n in env_names),
+            *(("--volume", m) for m in c.mounts),
+            ("--workdir", c.workdir),
+            *((a,) for a in c.run_args),
+            (c.image, "sleep", "infinity"),
+        )
+        container_remove = (c.runtime, "rm", "--force", CONTAINER_WORD)
+        exec_prefix = (c.runtime, "exec", "--interactive", CONTAINER_WORD)
+    elif c.runtime == "apptainer":
+        assert c.image is not None and c.workdir is not None
+        exec_prefix = ("apptainer", "exec", *c.gpu_args,
+                       *(a for m in c.mounts for a in ("--bind", m)), "--pwd", c.workdir, c.image)
+    elif c.runtime == "pyxis":
+        assert c.image is not None and c.workdir is not None
+        step_args = (_word("--container-image=", *c.image.parts), _word("--container-name=", CONTAINER),
+                     _word("--container-workdir=", *c.workdir.parts))
+        if c.mounts:
+            parts: list[str | Var] = ["--container-mounts="]
+            for i, m in enumerate(c.mounts):
+                parts += [","] * (i > 0) + list(m.parts)
+            step_args += (Word(tuple(parts)),)
+
+    ray_common: tuple[Line, ...] = (
+        (f"--num-gpus={ir.ray.num_gpus}",),
+        *(((f"--num-cpus={ir.ray.num_cpus}",),) if ir.ray.num_cpus else ()),
+        (_word("--temp-dir=", RAY_TMP),),
+        (_word("--dashboard-agent-listen-port=", AGENT_PORT),),
+        ("--disable-usage-stats",),
+    )
+    ray_head = (
+        ("ray", "start", "--head", "--block"),
+        (_word("--node-ip-address=", HEAD_IP), _word("--port=", RAY_PORT)),
+        ("--dashboard-host=0.0.0.0", _word("--dashboard-port=", DASHBOARD_PORT)),
+        (_word("--ray-client-server-port=", CLIENT_PORT),),
+        *ray_common,
+        *((("--ray-debugger-external",),) if ir.ray.debugger_external else ()),
+    )
+    ray_worker = (
+        ("ray", "start", "--block", _word("--address=", HEAD_IP, ":", RAY_PORT)),
+        (_word("--node-ip-address=", NODE_IP),),
+        *ray_common,
+    )
+    ray_env = _word("RAY_ADDRESS=", HEAD_IP, ":", RAY_PORT)
+    return SlurmView(
+        header=header_lines(ir),
+        directives=(*(f"--{k}={v}" for k, v in ir.slurm.directives), "--export=ALL"),
+        modules=ir.slurm.modules,
+        env=ir.env,
+        secrets=ir.secrets,
+        nodes=ir.nodes,
+        gpus_per_node=ir.gpus_per_node,
+        total_gpus=ir.total_gpus,
+        wait_seconds=ir.ray.wait_seconds,
+        ray_port=ir.ray.port,
+        dashboard_port=ir.ray.dashboard_port,
+        head_interface=ir.ray.head_interface,
+        container_name=(_word(f"verlc-{ir.name}-", Var("SLURM_JOB_ID"))
+                        if c.runtime in ("docker", "podman", "pyxis") else None),
+        run_dir=_word(Var("SLURM_SUBMIT_DIR"), f"/verlc-runs/{ir.name}-", Var("SLURM_JOB_ID")),
+        workdir=c.workdir if c.runtime == "none" else None,
+        venv=c.venv,
+        image_build=image_build,
+        container_start=container_start,
+        container_remove=container_remove,
+        step_args=step_args,
+        exec_prefix=exec_prefix,
+        ray_head=ray_head,
+        ray_worker=ray_worker,
+        wait=("wait", "--address", address, "--nodes", str(ir.nodes), "--gpus", str(ir.total_gpus),
+              "--timeout", str(ir.ray.wait_seconds)),
+        data_steps=tuple(
+            DataStep(f"preparing {p.dataset} into {p.out_dir}", ("prepare", "--out-dir", p.out_dir, "--", *p.argv))
+            for p in ir.data_prep),
+        preflight=(
+            ("preflight", "--address", address),
+            ("--nodes", str(ir.nodes), "--gpus", str(ir.total_gpus)),
+            ("--model", ir.model),
+            ("--checkpoint-dir", ir.checkpoint_dir),
+            *(("--data", f) for f in ir.data_files),
+        ),
+        train=(("env", ray_env), tuple(ir.trainer_argv[:3]), *((a,) for a in ir.trainer_argv[3:])),
+        helper_source=resources.files("verlc.targets").joinpath("incluster.py").read_text(),
+    )
+

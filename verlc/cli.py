@@ -1,0 +1,115 @@
+"""`verlc`: the command line. Parses arguments, runs the pipeline, prints problems; nothing below sees argparse."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import __version__
+
+EXIT_SPEC = 2  # bad input: the problems are printed, nothing is written
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .targets import TARGETS
+
+    parser = argparse.ArgumentParser(
+        prog="verlc", description="Compile verl experiment specs into runnable, reviewable bundles.")
+    parser.add_argument("--version", action="version", version=f"verlc {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    build = sub.add_parser("build", help="compile specs into out/<name>/<target>/",
+                           description="Compile specs into bundles. All specs build, or nothing is written.")
+    build.add_argument("specs", nargs="+", type=Path, metavar="SPEC")
+    build.add_argument("--target", required=True, choices=[*TARGETS, "all"],
+                       help="which bundle to generate; 'all' builds every target")
+    build.add_argument("--out", type=Path, default=Path("out"), help="output folder (default: out)")
+    build.add_argument("--force", action="store_true",
+                       help="overwrite generated files even if they were edited by hand")
+
+    validate = sub.add_parser("validate", help="check specs without writing anything",
+                              description="Load, validate and check specs; print every problem.")
+    validate.add_argument("specs", nargs="+", type=Path, metavar="SPEC")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "build":
+            return _build(args.specs, args.target, args.out, args.force)
+        return _validate(args.specs)
+    except KeyboardInterrupt:
+        print("verlc: interrupted; nothing was written", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug in verlc, not in the spec
+        if os.environ.get("VERLC_DEBUG") == "1":
+            traceback.print_exc()
+        else:
+            print(f"verlc: internal error: {type(exc).__name__}: {exc} "
+                  f"(run with VERLC_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 70
+
+
+def _compile_all(specs: Sequence[Path], targets: Sequence[str], root: Path | None) -> list | int:
+    from .compiler.diagnostics import SpecError
+    from .compiler.pipeline import compile_spec
+
+    irs, problems = [], []
+    for spec in specs:
+        try:
+            # Bundles name their spec relative to the folder that holds out/, whatever the cwd.
+            source = os.path.relpath(spec.resolve(), root) if root else str(spec)
+            irs.append(compile_spec(spec, display=str(spec), source=source, targets=targets))
+        except SpecError as exc:
+            problems.extend(exc.diagnostics)
+    if problems:
+        for d in problems:
+            print(d, file=sys.stderr)
+        print(f"verlc: {len(problems)} problem(s); nothing written", file=sys.stderr)
+        return EXIT_SPEC
+    return irs
+
+
+def _validate(specs: Sequence[Path]) -> int:
+    result = _compile_all(specs, (), None)
+    if isinstance(result, int):
+        return result
+    for ir in result:
+        print(f"{ir.spec_file}: ok ({ir.name}: {ir.nodes} node(s) x {ir.gpus_per_node} GPUs, "
+              f"{len(ir.overrides)} verl overrides)")
+    return 0
+
+
+def _build(specs: Sequence[Path], target: str, out: Path, force: bool) -> int:
+    from .targets import TARGETS
+    from .targets.bundle import EditedError, write
+
+    names = list(TARGETS) if target == "all" else [target]
+    out = out.resolve()
+    result = _compile_all(specs, names, out.parent)
+    if isinstance(result, int):
+        return result
+    seen: dict[str, str] = {}
+    for ir in result:
+        if ir.name in seen:
+            print(f"verlc: {ir.spec_file} and {seen[ir.name]} both have name '{ir.name}'; "
+                  f"bundles would overwrite each other", file=sys.stderr)
+            return EXIT_SPEC
+        seen[ir.name] = ir.spec_file
+    bundles = [TARGETS[name](ir) for ir in result for name in names]
+    try:
+        write(bundles, out, force=force)
+    except EditedError as exc:
+        for rel in exc.args[0]:
+            print(f"verlc: {out / rel}: edited by hand since it was generated", file=sys.stderr)
+        print("verlc: nothing written; move your edits into the spec, or pass --force to discard them",
+              file=sys.stderr)
+        return EXIT_SPEC
+    for b in bundles:
+        print(f"wrote {out.name}/{b.folder}/ ({len(b.files)} files)")
+    return 0
