@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from .diagnostics import Diagnostic, SpecError
 from .ir import parse_word
 from .load import Sourced
-from .lower import environment
+from .lower import derived_environment
 from .overrides import critic_in_use, derived, flatten, hydra_value
 from .spec import Apptainer, Engine, NoContainer, Pyxis, Spec
 
@@ -27,11 +27,6 @@ def check(spec: Spec, sourced: Sourced, targets: Iterable[str] = ()) -> None:
     ]
     if problems:
         raise SpecError(problems)
-
-
-def derived_env_names(spec: Spec) -> dict[str, str]:
-    """Env vars verlc sets itself, with the spec path each comes from (see lower.environment)."""
-    return {e.name: e.origin for e in environment(spec) if e.origin != "env"}
 
 
 def _verl_section(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
@@ -86,7 +81,7 @@ def _words(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
 
 
 def _env(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
-    ours = derived_env_names(spec)
+    ours = {e.name: e.origin for e in derived_environment(spec)}
     for name in spec.env:
         if name in ours:
             yield sourced.diagnostic(("env", name), f"verlc sets {name} from {ours[name]}; "

@@ -81,6 +81,11 @@ def checkpoint_dir(spec: Spec) -> str:
 
 def environment(spec: Spec) -> tuple[EnvVar, ...]:
     """Env for every node, set before Ray starts (verl #158): derived first, then the spec's own."""
+    return (*derived_environment(spec), *(EnvVar(n, parse_word(v), "env") for n, v in spec.env.items()))
+
+
+def derived_environment(spec: Spec) -> tuple[EnvVar, ...]:
+    """The env vars verlc sets itself, each with the spec path it follows from."""
     env: list[EnvVar] = [EnvVar("PYTHONUNBUFFERED", Word(("1",)), "verlc: stream trainer logs")]
     if spec.cluster.accelerator == "rocm":
         devices = Word((",".join(str(i) for i in range(spec.cluster.gpus_per_node)),))
@@ -103,7 +108,6 @@ def environment(spec: Spec) -> tuple[EnvVar, ...]:
         env.append(EnvVar("RAY_DEBUG_POST_MORTEM", Word(("1",)), "ray.debug"))
     elif spec.ray.debug == "legacy":
         env.append(EnvVar("RAY_DEBUG", Word(("legacy",)), "ray.debug"))
-    env += [EnvVar(name, parse_word(value), "env") for name, value in spec.env.items()]
     return tuple(env)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from .spec import Spec
 
 # Plain Hydra values that need no quoting; anything else is single-quoted.
-_BARE = re.compile(r"[A-Za-z_/.~][A-Za-z0-9_./~+@-]*")
+_BARE = re.compile(r"[A-Za-z_/.][A-Za-z0-9_./+@-]*")
 # Bare words Hydra would read as something other than a string.
 _NOT_A_STRING = re.compile(r"(?i)(true|false|null|[-+]?(inf|nan)|[-+]?[0-9_.]+(e[-+]?[0-9]+)?)")
 

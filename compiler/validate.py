@@ -25,7 +25,7 @@ def validate(sourced: Sourced) -> Spec:
 
 def _diagnostic(sourced: Sourced, err: Any) -> Diagnostic:
     kind = err["type"]
-    loc: tuple[str | int, ...] = tuple(err["loc"])
+    loc = _without_tags(tuple(err["loc"]))
     ctx = err.get("ctx") or {}
     if kind == "extra_forbidden":
         key = str(loc[-1])
@@ -56,8 +56,18 @@ def _sentence(message: str) -> str:
     return message.replace("Input should be", "should be").replace("String should", "should")
 
 
-def _keys_at(loc: Sequence[str | int]) -> list[str]:
-    """The keys the model at `loc` accepts, for 'did you mean'."""
+def _without_tags(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """pydantic puts the chosen union member's tag into locations (container.docker.image)."""
+    out: list[str | int] = []
+    for part in loc:
+        if isinstance(part, str) and out and _keys_at(out) and part not in _keys_at(out) \
+                and any(_tag_matches(m, part) for m in _members(_model_at(out))):
+            continue
+        out.append(part)
+    return tuple(out)
+
+
+def _model_at(loc: Sequence[str | int]) -> Any:
     model: Any = Spec
     for part in loc:
         model = _unwrap(model)
@@ -65,15 +75,16 @@ def _keys_at(loc: Sequence[str | int]) -> list[str]:
             args = typing.get_args(model)
             model = args[0] if args else model
             continue
-        members = _members(model)
-        chosen = next((m for m in members if part in m.model_fields), None)
-        if chosen is not None:
-            model = chosen.model_fields[part].annotation
-        elif any(_tag_matches(m, part) for m in members):
-            model = next(m for m in members if _tag_matches(m, part))
-        else:
-            return []
-    return [k for m in _members(_unwrap(model)) for k in m.model_fields]
+        chosen = next((m for m in _members(model) if part in m.model_fields), None)
+        if chosen is None:
+            return None
+        model = chosen.model_fields[part].annotation
+    return model
+
+
+def _keys_at(loc: Sequence[str | int]) -> list[str]:
+    """The keys the model at `loc` accepts, for 'did you mean'."""
+    return [k for m in _members(_model_at(loc)) for k in m.model_fields]
 
 
 def _unwrap(tp: Any) -> Any:

@@ -55,16 +55,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 70
 
 
-def _compile_all(specs: Sequence[Path], targets: Sequence[str], root: Path | None) -> list | int:
+def _source_name(spec: Path) -> str:
+    """How generated files name their spec: relative to the enclosing git checkout, so the same
+    spec gives the same bytes from any working directory or output folder."""
+    path = spec.resolve()
+    for folder in path.parents:
+        if (folder / ".git").exists():
+            return path.relative_to(folder).as_posix()
+    return path.name
+
+
+def _compile_all(specs: Sequence[Path], targets: Sequence[str]) -> list | int:
     from .compiler.diagnostics import SpecError
     from .compiler.pipeline import compile_spec
 
     irs, problems = [], []
     for spec in specs:
         try:
-            # Bundles name their spec relative to the folder that holds out/, whatever the cwd.
-            source = os.path.relpath(spec.resolve(), root) if root else str(spec)
-            irs.append(compile_spec(spec, display=str(spec), source=source, targets=targets))
+            irs.append(compile_spec(spec, display=str(spec), source=_source_name(spec), targets=targets))
         except SpecError as exc:
             problems.extend(exc.diagnostics)
     if problems:
@@ -76,7 +84,7 @@ def _compile_all(specs: Sequence[Path], targets: Sequence[str], root: Path | Non
 
 
 def _validate(specs: Sequence[Path]) -> int:
-    result = _compile_all(specs, (), None)
+    result = _compile_all(specs, ())
     if isinstance(result, int):
         return result
     for ir in result:
@@ -91,7 +99,7 @@ def _build(specs: Sequence[Path], target: str, out: Path, force: bool) -> int:
 
     names = list(TARGETS) if target == "all" else [target]
     out = out.resolve()
-    result = _compile_all(specs, names, out.parent)
+    result = _compile_all(specs, names)
     if isinstance(result, int):
         return result
     seen: dict[str, str] = {}

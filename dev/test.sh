@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite from a fresh clone: installs everything into .venv, then runs pytest.
+# Used by the README, by developers and by .ci/run. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+[[ -x .venv/bin/python ]] || "$python" -m venv .venv
+# Pin the CPU build of torch before verl asks for "torch": the plain name pulls GBs of CUDA wheels.
+.venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
+.venv/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
+
+set +e
+.venv/bin/python -m pytest "$@"
+rc=$?
+set -e
+if ((rc == 5)); then
+  echo "dev/test.sh: pytest collected no tests; that is a failure" >&2
+  exit 1
+fi
+exit "$rc"

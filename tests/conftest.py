@@ -1,0 +1,39 @@
+"""Shared fixtures: the repository's paths, running the real CLI, and tools that must exist in CI."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SPECS = sorted((REPO / "specs").glob("*.yaml"))
+IN_CI = os.environ.get("CI") == "true"
+
+
+def run_verlc(*args: str | Path, cwd: Path = REPO, env: dict[str, str] | None = None,
+              ) -> subprocess.CompletedProcess[str]:
+    """The installed CLI in a new process, exactly as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "verlc", *map(str, args)], cwd=cwd, text=True,
+                          capture_output=True, env={**os.environ, **(env or {})}, timeout=120)
+
+
+def require_tool(name: str) -> str:
+    """Path of an external tool. Missing: a failure under CI=true, a skip on a developer machine."""
+    found = shutil.which(name) or (str(Path(sys.executable).parent / name)
+                                   if (Path(sys.executable).parent / name).exists() else None)
+    if found:
+        return found
+    message = f"{name} is not installed (the README's test command installs it)"
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(params=SPECS, ids=[p.stem for p in SPECS])
+def example_spec(request: pytest.FixtureRequest) -> Path:
+    return request.param

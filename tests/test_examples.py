@@ -1,0 +1,96 @@
+"""The example specs: goldens for every file of every bundle, and invariants a careless golden
+update cannot approve (bash -n, shellcheck, determinism across processes, out/ kept fresh)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, SPECS, require_tool, run_verlc
+from verlc.compiler.pipeline import compile_spec
+from verlc.targets import TARGETS
+from verlc.targets.bundle import Bundle
+
+REFRESH = "pytest tests/test_examples.py --snapshot-update"
+
+
+def bundles(spec: Path) -> list[Bundle]:
+    ir = compile_spec(spec, display=str(spec), source=spec.relative_to(REPO).as_posix(), targets=TARGETS)
+    return [render(ir) for render in TARGETS.values()]
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_golden(example_spec: Path, target: str, snapshot) -> None:  # noqa: ANN001
+    """Every generated file equals its reviewed golden. Refresh with: pytest ... --snapshot-update"""
+    bundle = next(b for b in bundles(example_spec) if b.target == target)
+    snapshot.snapshot_dir = REPO / "tests" / "snapshots" / bundle.name
+    snapshot.assert_match_dir({f.path: f.text for f in bundle.files}, target)
+
+
+def test_out_matches_a_fresh_build(tmp_path: Path) -> None:
+    """out/ is committed for review; it must be what `verlc build` writes today, modes included."""
+    result = run_verlc("build", *SPECS, "--target", "all", "--out", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    fresh = {p.relative_to(tmp_path / "out"): p for p in (tmp_path / "out").rglob("*") if p.is_file()}
+    committed = {p.relative_to(REPO / "out"): p for p in (REPO / "out").rglob("*") if p.is_file()}
+    fix = "regenerate with: verlc build specs/*.yaml --target all"
+    assert sorted(committed) == sorted(fresh), fix
+    for rel, path in fresh.items():
+        assert committed[rel].read_bytes() == path.read_bytes(), f"out/{rel} is stale; {fix}"
+        assert committed[rel].stat().st_mode & 0o777 == path.stat().st_mode & 0o777, f"out/{rel} mode; {fix}"
+
+
+def scripts(spec: Path) -> list[tuple[str, str]]:
+    return [(f"{b.folder}/{f.path}", f.text) for b in bundles(spec) for f in b.files if f.path.endswith(".sh")]
+
+
+def test_scripts_parse(example_spec: Path, tmp_path: Path) -> None:
+    for name, text in scripts(example_spec):
+        script = tmp_path / "script.sh"
+        script.write_text(text)
+        result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert result.returncode == 0, f"{name}: {result.stderr}"
+
+
+def test_scripts_are_shellcheck_clean(example_spec: Path, tmp_path: Path) -> None:
+    shellcheck = require_tool("shellcheck")
+    for name, text in scripts(example_spec):
+        script = tmp_path / "script.sh"
+        script.write_text(text)
+        result = subprocess.run([shellcheck, "--severity=style", str(script)], capture_output=True, text=True)
+        assert result.returncode == 0, f"{name}:\n{result.stdout}"
+
+
+def test_build_is_deterministic_across_processes(tmp_path: Path) -> None:
+    """Same spec -> same bytes, whatever the hash seed, the working directory or the user's env."""
+    trees = []
+    for seed, cwd in (("1", REPO), ("12345", tmp_path)):
+        out = tmp_path / f"out-{seed}"
+        result = run_verlc("build", *SPECS, "--target", "all", "--out", out, cwd=cwd,
+                           env={"PYTHONHASHSEED": seed, "HOME": f"/home/someone-{seed}", "USER": f"u{seed}"})
+        assert result.returncode == 0, result.stderr
+        trees.append({p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()})
+    assert trees[0] == trees[1]
+    assert all(b"\r\n" not in text for text in trees[0].values())
+
+
+def test_check_catches_an_unquoted_value() -> None:
+    """The invariant above is not vacuous: an unquoted space in a script fails shellcheck."""
+    shellcheck = require_tool("shellcheck")
+    bad = "#!/usr/bin/env bash\nname=$1\nrm -rf $name/tmp\n"
+    result = subprocess.run([shellcheck, "-"], input=bad, capture_output=True, text=True)
+    assert result.returncode != 0 and "SC2086" in result.stdout
+
+
+def test_header_names_spec_and_hash(example_spec: Path) -> None:
+    for bundle in bundles(example_spec):
+        for f in bundle.files:
+            if f.path == "manifest.json":
+                continue
+            head = "\n".join(f.text.splitlines()[:3])
+            assert f"from specs/{example_spec.name} (sha256 " in head, f.path
+            assert "Do not edit" in head, f.path
+    assert os.sep not in bundles(example_spec)[0].name
