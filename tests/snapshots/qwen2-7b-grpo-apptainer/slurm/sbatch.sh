@@ -110,8 +110,6 @@ main() {
   readonly ray_port=$port_base
   readonly dashboard_port=$((port_base + 1))
   readonly client_port=$((port_base + 2))
-  readonly agent_port=$((port_base + 3))
-  readonly ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID
 
   head_ip=$(node_ip "$head_node")
   [[ -n $head_ip ]] || die "no IPv4 address found for $head_node"
@@ -123,7 +121,10 @@ main() {
   fi
 
   if begin_stage ray; then
+    # Per node: Ray's temp dir and dashboard agent port (nodes may share a host in small setups).
     node_ip=$head_ip
+    agent_port=$((port_base + 10))
+    ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-0
     ray_head=(
       ray start --head --block
       --node-ip-address="${head_ip}" --port="${ray_port}"
@@ -138,9 +139,12 @@ main() {
     log "starting Ray head on $head_node"
     on_node "$head_node" "${ray_head[@]}" &
     ray_step_node[$!]=$head_node
-    for node in "${nodes[@]:1}"; do
+    for ((i = 1; i < ${#nodes[@]}; i++)); do
+      node=${nodes[i]}
       node_ip=$(node_ip "$node")
       [[ -n $node_ip ]] || die "no IPv4 address found for $node"
+      agent_port=$((port_base + 10 + i))
+      ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-$i
       ray_worker=(
         ray start --block --address="${head_ip}":"${ray_port}"
         --node-ip-address="${node_ip}"
