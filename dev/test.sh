@@ -8,7 +8,7 @@ python=${PYTHON:-python3}
 [[ -x .venv/bin/python ]] || "$python" -m venv .venv
 # Pin the CPU build of torch before verl asks for "torch": the plain name pulls GBs of CUDA wheels.
 .venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
-.venv/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
+.venv/bin/pip install --quiet --disable-pip-version-check -c dev/constraints.txt -e '.[test]'
 
 set +e
 .venv/bin/python -m pytest "$@"
