@@ -10,15 +10,17 @@ from .load import Sourced
 from .lower import derived_environment
 from .overrides import critic_in_use, derived, flatten, hydra_value
 from .spec import Apptainer, Engine, NoContainer, Pyxis, Spec
+from .verl_checks import check_verl
+from .verl_schema import VerlSchema
 
 _SECRET_NAME = re.compile(r"(?i).*(_KEY|_TOKEN|_SECRET|PASSWORD|PASSWD).*")
-_VERL_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def check(spec: Spec, sourced: Sourced, targets: Iterable[str] = ()) -> None:
+def check(spec: Spec, sourced: Sourced, schema: VerlSchema, targets: Iterable[str] = ()) -> None:
     """Raise SpecError with every problem found in `spec` (positions from `sourced`)."""
     problems = [
         *_verl_section(spec, sourced),
+        *check_verl(spec, sourced, schema),
         *_words(spec, sourced),
         *_env(spec, sourced),
         *_container(spec, sourced),
@@ -32,15 +34,10 @@ def check(spec: Spec, sourced: Sourced, targets: Iterable[str] = ()) -> None:
 def _verl_section(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     settings = list(flatten(spec.verl))
     for s in settings:
-        for part in s.loc[1:]:
-            if not _VERL_KEY.fullmatch(str(part)):
-                yield sourced.diagnostic(s.loc, f"'{part}' is not a verl config key", at_key=True)
-                break
-        else:
-            try:
-                hydra_value(s.value)
-            except (TypeError, ValueError) as exc:
-                yield sourced.diagnostic(s.loc, str(exc))
+        try:
+            hydra_value(s.value)
+        except (TypeError, ValueError) as exc:
+            yield sourced.diagnostic(s.loc, str(exc))
     given = {s.key: s for s in settings}
     for d in derived(spec):
         s = given.get(d.key)

@@ -84,10 +84,11 @@ class Override:
     key: str
     value: str
     origin: str
+    prefix: str = ""  # '+' adds a key verl's config does not list (an open mapping)
 
     @property
     def arg(self) -> str:
-        return f"{self.key}={self.value}"
+        return f"{self.prefix}{self.key}={self.value}"
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,8 @@ class JobIR:
     spec_file: str
     spec_sha256: str
     normalized_spec: str  # YAML text of the validated spec with every default filled in
+    verl_config: str  # YAML text of verl's config with the overrides applied (what `--cfg job` shows)
+    verl_schema: str  # which schema checked it: "<version> (snapshot|live)"
     verlc_version: str
     verl_version: str
     nodes: int

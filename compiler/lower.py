@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from typing import Any
 
 from ruamel.yaml import YAML
 
@@ -12,6 +13,8 @@ from .ir import (
     ContainerIR, DataPrepIR, EnvVar, ImageBuildIR, JobIR, Override, RayIR, SlurmIR, Word, parse_word,
 )
 from .overrides import derived, flatten, hydra_value
+from .verl_checks import Config, engine_of, prefix
+from .verl_schema import VerlSchema
 from .spec import Apptainer, Engine, NoContainer, Pyxis, Spec
 
 TRAINER_MODULE = "verl.trainer.main_ppo"
@@ -23,14 +26,17 @@ PREPARE_SCRIPTS = {
 }
 
 
-def lower(spec: Spec, *, spec_file: str, spec_sha256: str) -> JobIR:
+def lower(spec: Spec, schema: VerlSchema, *, spec_file: str, spec_sha256: str) -> JobIR:
     """Resolve a checked spec into the IR every target renders from."""
     slurm = spec.cluster.slurm
+    engine = engine_of(spec, schema)
     return JobIR(
         name=spec.name,
         spec_file=spec_file,
         spec_sha256=spec_sha256,
         normalized_spec=normalized(spec),
+        verl_config=dump_yaml(Config(schema.engines[engine], verl_values(spec)).tree),
+        verl_schema=f"{schema.version} ({schema.source})",
         verlc_version=__version__,
         verl_version=spec.verl_version,
         nodes=spec.cluster.nodes,
@@ -59,17 +65,27 @@ def lower(spec: Spec, *, spec_file: str, spec_sha256: str) -> JobIR:
         data_files=(*spec.data.train_files, *spec.data.val_files),
         checkpoint_dir=checkpoint_dir(spec),
         trainer_module=TRAINER_MODULE,
-        overrides=overrides(spec),
+        overrides=overrides(spec, schema, engine),
         slurm=slurm_ir(spec),
     )
 
 
-def overrides(spec: Spec) -> tuple[Override, ...]:
-    """Derived keys plus the spec's `verl:` leaves, sorted by key: one stable line each."""
+def overrides(spec: Spec, schema: VerlSchema, engine: str) -> tuple[Override, ...]:
+    """Derived keys plus the spec's `verl:` leaves, sorted by key: one stable line each.
+
+    The config group choice `model_engine` comes first: Hydra applies it before the keys it selects."""
     out = {d.key: Override(d.key, hydra_value(d.value), d.source) for d in derived(spec)}
     for s in flatten(spec.verl):
-        out.setdefault(s.key, Override(s.key, hydra_value(s.value), ".".join(map(str, s.loc))))
-    return tuple(out[k] for k in sorted(out))
+        out.setdefault(s.key, Override(s.key, hydra_value(s.value), ".".join(map(str, s.loc)),
+                                       prefix(schema, engine, s.key)))
+    return tuple(out[k] for k in sorted(out, key=lambda k: (k != "model_engine", k)))
+
+
+def verl_values(spec: Spec) -> dict[str, Any]:
+    """Every verl key the spec sets, derived ones included, as dotted key -> value."""
+    values = {s.key: s.value for s in flatten(spec.verl) if s.key != "model_engine"}
+    values.update({d.key: d.value for d in derived(spec)})
+    return values
 
 
 def checkpoint_dir(spec: Spec) -> str:
@@ -172,9 +188,14 @@ def slurm_ir(spec: Spec) -> SlurmIR | None:
 
 def normalized(spec: Spec) -> str:
     """The spec with every default filled in, as YAML: what the bundle was built from."""
+    return dump_yaml(spec.model_dump(mode="json"))
+
+
+def dump_yaml(data: Any) -> str:
+    """Block-style YAML in the data's own key order."""
     yaml = YAML(typ="safe", pure=True)
     yaml.default_flow_style = False
-    yaml.sort_base_mapping_type_on_output = False  # keep the model's field order
+    yaml.sort_base_mapping_type_on_output = False
     buf = io.StringIO()
-    yaml.dump(spec.model_dump(mode="json"), buf)
+    yaml.dump(data, buf)
     return buf.getvalue()

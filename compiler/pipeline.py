@@ -4,20 +4,63 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Literal
 
 from .checks import check
+from .diagnostics import SpecError
 from .ir import JobIR
-from .load import load
+from .load import Sourced, load
 from .lower import lower
+from .spec import Spec
 from .validate import validate
+from .verl_schema import VerlSchema, known_versions, live, snapshot
+
+VerlConfigSource = Literal["snapshot", "live"]
 
 
-def compile_spec(path: Path, *, display: str, source: str, targets: Iterable[str] = ()) -> JobIR:
+def compile_spec(path: Path, *, display: str, source: str, targets: Iterable[str] = (),
+                 verl_config: VerlConfigSource = "snapshot") -> JobIR:
     """Compile one spec file; raise SpecError listing every problem.
 
     `display` names the file in diagnostics; `source` names it in the generated files.
     """
     sourced = load(path, display)
     spec = validate(sourced)
-    check(spec, sourced, targets)
-    return lower(spec, spec_file=source, spec_sha256=sourced.sha256)
+    schema = verl_schema_for(spec, sourced, verl_config)
+    check(spec, sourced, schema, targets)
+    ir = lower(spec, schema, spec_file=source, spec_sha256=sourced.sha256)
+    if verl_config == "live":
+        _compose_live(ir, sourced)
+    return ir
+
+
+def verl_schema_for(spec: Spec, sourced: Sourced, source: VerlConfigSource) -> VerlSchema:
+    """The shipped snapshot of the spec's verl_version, or the installed verl's config."""
+    if source == "live":
+        try:
+            schema = live()
+        except Exception as exc:  # no verl, or a verl whose config does not compose
+            raise SpecError([sourced.diagnostic(("verl_version",), f"--verl-config live: {exc}")]) from None
+        if schema.version != spec.verl_version:
+            raise SpecError([sourced.diagnostic(("verl_version",), f"the spec targets verl {spec.verl_version} "
+                                                f"but verl {schema.version} is installed")])
+        return schema
+    try:
+        return snapshot(spec.verl_version)
+    except KeyError:
+        known = ", ".join(known_versions())
+        raise SpecError([sourced.diagnostic(
+            ("verl_version",), f"verlc has no schema for verl {spec.verl_version}; known: {known} "
+                               f"(or check against an installed verl with --verl-config live)")]) from None
+
+
+def _compose_live(ir: JobIR, sourced: Sourced) -> None:
+    """Hydra's own verdict on the exact overrides the bundle will pass."""
+    from .verl_schema import compose
+
+    try:
+        compose([o.arg for o in ir.overrides])
+    except Exception as exc:
+        message = " ".join(str(exc).split())
+        raise SpecError([sourced.diagnostic(("verl",), f"verl's config refuses the overrides: {message}",
+                                            at_key=True)]) from None

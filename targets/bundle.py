@@ -48,14 +48,18 @@ def sha256(text: str) -> str:
 
 def finish(ir: JobIR, target: str, files: Sequence[File]) -> Bundle:
     """Add the normalized spec and the manifest that every bundle carries."""
-    spec_text = "".join(f"# {line}\n" for line in header_lines(ir)) + ir.normalized_spec
-    all_files = sorted([*files, File("spec.yaml", spec_text)], key=lambda f: f.path)
+    header = "".join(f"# {line}\n" for line in header_lines(ir))
+    verl_note = (f"# verl's ppo_trainer config for this run (verl {ir.verl_schema}): what\n"
+                 f"# `python3 -m {ir.trainer_module} <overrides> --cfg job` prints, interpolations unresolved.\n")
+    all_files = sorted([*files, File("spec.yaml", header + ir.normalized_spec),
+                        File("verl-config.yaml", header + verl_note + ir.verl_config)], key=lambda f: f.path)
     manifest = {
         "verlc_version": ir.verlc_version,
         "spec": ir.spec_file,
         "spec_sha256": ir.spec_sha256,
         "target": target,
         "verl_version": ir.verl_version,
+        "verl_schema": ir.verl_schema,
         "files": {f.path: {"sha256": sha256(f.text), "mode": oct(f.mode)} for f in all_files},
     }
     text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"

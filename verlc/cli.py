@@ -30,9 +30,12 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--out", type=Path, default=Path("out"), help="output folder (default: out)")
     build.add_argument("--force", action="store_true",
                        help="overwrite generated files even if they were edited by hand")
-
-    validate = sub.add_parser("validate", help="check specs without writing anything",
-                              description="Load, validate and check specs; print every problem.")
+    for command in (build, validate := sub.add_parser(
+            "validate", help="check specs without writing anything",
+            description="Load, validate and check specs against verl's config; print every problem.")):
+        command.add_argument("--verl-config", choices=["snapshot", "live"], default="snapshot",
+                             help="check `verl:` against the shipped schema of the spec's verl_version "
+                                  "(default) or against the installed verl")
     validate.add_argument("specs", nargs="+", type=Path, metavar="SPEC")
     return parser
 
@@ -41,8 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "build":
-            return _build(args.specs, args.target, args.out, args.force)
-        return _validate(args.specs)
+            return _build(args.specs, args.target, args.out, args.force, args.verl_config)
+        return _validate(args.specs, args.verl_config)
     except KeyboardInterrupt:
         print("verlc: interrupted; nothing was written", file=sys.stderr)
         return 130
@@ -65,14 +68,15 @@ def _source_name(spec: Path) -> str:
     return path.name
 
 
-def _compile_all(specs: Sequence[Path], targets: Sequence[str]) -> list | int:
+def _compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str) -> list | int:
     from .compiler.diagnostics import SpecError
     from .compiler.pipeline import compile_spec
 
     irs, problems = [], []
     for spec in specs:
         try:
-            irs.append(compile_spec(spec, display=str(spec), source=_source_name(spec), targets=targets))
+            irs.append(compile_spec(spec, display=str(spec), source=_source_name(spec), targets=targets,
+                                    verl_config=verl_config))
         except SpecError as exc:
             problems.extend(exc.diagnostics)
     if problems:
@@ -83,23 +87,23 @@ def _compile_all(specs: Sequence[Path], targets: Sequence[str]) -> list | int:
     return irs
 
 
-def _validate(specs: Sequence[Path]) -> int:
-    result = _compile_all(specs, ())
+def _validate(specs: Sequence[Path], verl_config: str) -> int:
+    result = _compile_all(specs, (), verl_config)
     if isinstance(result, int):
         return result
     for ir in result:
         print(f"{ir.spec_file}: ok ({ir.name}: {ir.nodes} node(s) x {ir.gpus_per_node} GPUs, "
-              f"{len(ir.overrides)} verl overrides)")
+              f"{len(ir.overrides)} verl overrides checked against verl {ir.verl_schema})")
     return 0
 
 
-def _build(specs: Sequence[Path], target: str, out: Path, force: bool) -> int:
+def _build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_config: str) -> int:
     from .targets import TARGETS
     from .targets.bundle import EditedError, write
 
     names = list(TARGETS) if target == "all" else [target]
     out = out.resolve()
-    result = _compile_all(specs, names)
+    result = _compile_all(specs, names, verl_config)
     if isinstance(result, int):
         return result
     seen: dict[str, str] = {}
