@@ -46,10 +46,11 @@ def _is_open(tree: dict[str, Any], parts: list[str]) -> bool:
 
 def prefix(schema: VerlSchema, engine: str, key: str) -> str:
     """'' for a key verl's config has; '+' for a new key in an open mapping (Hydra's append)."""
-    if key == "model_engine":
+    base, parts = schema.engines[engine], key.split(".")
+    if key == "model_engine" or _node(base, parts)[0]:
         return ""
-    found, _ = _node(schema.engines[engine], key.split("."))
-    return "" if found else "+"
+    depth = max(i for i in range(len(parts)) if _node(base, parts[:i])[0])
+    return "+" if _is_open(base, parts[:depth]) else ""
 
 
 class Config:
@@ -156,8 +157,8 @@ def check_verl(spec: Spec, sourced: Sourced, schema: VerlSchema) -> Iterator[Dia
     if key_problems:
         return  # rules over misspelt keys would only repeat the same problem
     where = _Where(settings, {d.key: d.source for d in derived(spec)})
-    for keys, message in rules(config, critic_in_use(spec.verl)):
-        yield sourced.diagnostic(where.loc(*keys), message)
+    for keys, message, when in rules(config, critic_in_use(spec.verl)):
+        yield sourced.diagnostic(where.loc(*keys), message + (WORKERS_NOTE if when == WORKERS else ""))
 
 
 def _near(word: str, choices: list[str]) -> str:
@@ -225,8 +226,12 @@ def _mandatory(config: Config, base: dict[str, Any], sourced: Sourced, schema: V
                                  f"verl.{key} is mandatory in verl {schema.version}; set it{choices}", at_key=True)
 
 
-def rules(cfg: Config, use_critic: bool) -> Iterator[tuple[tuple[str, ...], str]]:
-    """verl's consistency rules: (keys involved, message) for each one broken.
+START, WORKERS = "start", "workers"
+WORKERS_NOTE = " (verl itself only finds this once the workers start)"
+
+
+def rules(cfg: Config, use_critic: bool) -> Iterator[tuple[tuple[str, ...], str, str]]:
+    """verl's consistency rules: (keys involved, message, START or WORKERS) for each one broken.
 
     validate_config (verl/utils/config.py) and the worker configs check some at start-up; the
     GPU-layout ones only fail once the workers are placed (verl #606, #1191, #1785)."""
@@ -247,17 +252,17 @@ def rules(cfg: Config, use_critic: bool) -> Iterator[tuple[tuple[str, ...], str]
         if micro_global is None and micro is None:
             yield (f"{actor}.ppo_micro_batch_size_per_gpu",), (
                 f"{actor}.ppo_micro_batch_size_per_gpu is not set: verl needs a micro batch size for the "
-                f"actor unless {actor}.use_dynamic_bsz is true")
+                f"actor unless {actor}.use_dynamic_bsz is true"), START
         elif micro_global is not None and micro is not None:
             yield (f"{actor}.ppo_micro_batch_size",), (
                 f"set only {actor}.ppo_micro_batch_size_per_gpu; ppo_micro_batch_size is deprecated and "
-                f"verl refuses both together")
+                f"verl refuses both together"), START
         if megatron:
             mp = g(f"{actor}.megatron.tensor_model_parallel_size") * g(f"{actor}.megatron.pipeline_model_parallel_size")
             cp = g(f"{actor}.megatron.context_parallel_size")
             if n_gpus % (mp * cp):
                 yield ("trainer.nnodes", f"{actor}.megatron.tensor_model_parallel_size"), (
-                    f"{n_gpus} GPUs are not divisible by Megatron TP x PP x CP = {mp * cp}")
+                    f"{n_gpus} GPUs are not divisible by Megatron TP x PP x CP = {mp * cp}"), START
                 return
             minimal = n_gpus // (mp * cp) * (micro or 1)
         else:
@@ -265,49 +270,49 @@ def rules(cfg: Config, use_critic: bool) -> Iterator[tuple[tuple[str, ...], str]
         if (train * n) % minimal:
             yield ("data.train_batch_size", f"{rollout}.n", "trainer.nnodes"), (
                 f"data.train_batch_size x rollout.n = {train} x {n} = {train * n} must be divisible by "
-                f"{minimal} ({'the data-parallel batch' if megatron else f'{n_gpus} GPUs'})")
+                f"{minimal} ({'the data-parallel batch' if megatron else f'{n_gpus} GPUs'})"), START
         if train < mini:
             yield (f"{actor}.ppo_mini_batch_size", "data.train_batch_size"), (
-                f"{actor}.ppo_mini_batch_size ({mini}) must be <= data.train_batch_size ({train})")
+                f"{actor}.ppo_mini_batch_size ({mini}) must be <= data.train_batch_size ({train})"), START
         sp = g(f"{actor}.ulysses_sequence_parallel_size") or 1
         if micro_global is not None:
             if mini % micro_global:
                 yield (f"{actor}.ppo_micro_batch_size",), (
-                    f"{actor}.ppo_mini_batch_size ({mini}) must be divisible by ppo_micro_batch_size ({micro_global})")
+                    f"{actor}.ppo_mini_batch_size ({mini}) must be divisible by ppo_micro_batch_size ({micro_global})"), START
             if micro_global * sp < n_gpus:
                 yield (f"{actor}.ppo_micro_batch_size",), (
                     f"{actor}.ppo_micro_batch_size ({micro_global}) x sequence parallel ({sp}) must be >= "
-                    f"{n_gpus} GPUs")
+                    f"{n_gpus} GPUs"), START
         if micro and not megatron and isinstance(sp, int) and sp >= 1 and n_gpus % sp == 0:
             # What verl's FSDP workers compute at start-up (verl #606, #473, #1004, #1524).
             normalized = mini * n // (n_gpus // sp)
             if normalized <= 0:
                 yield (f"{actor}.ppo_mini_batch_size", "trainer.nnodes"), (
                     f"ppo_mini_batch_size x rollout.n / (GPUs / sequence parallel) = {mini} x {n} / "
-                    f"{n_gpus // sp} is 0 per GPU; raise {actor}.ppo_mini_batch_size")
+                    f"{n_gpus // sp} is 0 per GPU; raise {actor}.ppo_mini_batch_size"), WORKERS
             elif normalized % micro:
                 yield (f"{actor}.ppo_micro_batch_size_per_gpu", f"{actor}.ppo_mini_batch_size"), (
                     f"the per-GPU mini batch ({mini} x {n} / {n_gpus // sp} = {normalized}) must be "
-                    f"divisible by {actor}.ppo_micro_batch_size_per_gpu ({micro})")
+                    f"divisible by {actor}.ppo_micro_batch_size_per_gpu ({micro})"), WORKERS
         for section, needed in ((rollout, True), (ref, bool(g(f"{actor}.use_kl_loss")) or
                                                   bool(g("algorithm.use_kl_in_reward")))):
             a, b = g(f"{section}.log_prob_micro_batch_size"), g(f"{section}.log_prob_micro_batch_size_per_gpu")
             if needed and a is None and b is None:
                 yield (f"{section}.log_prob_micro_batch_size_per_gpu",), (
                     f"{section}.log_prob_micro_batch_size_per_gpu is not set: verl needs it"
-                    + ("" if section == rollout else " when a reference policy is used (KL loss or KL in reward)"))
+                    + ("" if section == rollout else " when a reference policy is used (KL loss or KL in reward)")), START
             elif needed and a is not None and b is not None:
                 yield (f"{section}.log_prob_micro_batch_size",), (
-                    f"set only {section}.log_prob_micro_batch_size_per_gpu; verl refuses both")
+                    f"set only {section}.log_prob_micro_batch_size_per_gpu; verl refuses both"), START
 
     if not megatron and (g(f"{actor}.ulysses_sequence_parallel_size") or 1) > 1 \
             and not g("actor_rollout_ref.model.use_remove_padding"):
         yield (f"{actor}.ulysses_sequence_parallel_size",), (
-            "sequence parallelism needs actor_rollout_ref.model.use_remove_padding: true")
+            "sequence parallelism needs actor_rollout_ref.model.use_remove_padding: true"), START
 
     loss_agg = g(f"{actor}.loss_agg_mode")
     if loss_agg is not None and not isinstance(loss_agg, str):
-        yield (f"{actor}.loss_agg_mode",), f"{actor}.loss_agg_mode must be a string"
+        yield (f"{actor}.loss_agg_mode",), f"{actor}.loss_agg_mode must be a string", START
 
     if use_critic and not bool(g(f"{critic}.use_dynamic_bsz")):
         c_micro, c_micro_gpu = g(f"{critic}.ppo_micro_batch_size"), g(f"{critic}.ppo_micro_batch_size_per_gpu")
@@ -315,34 +320,34 @@ def rules(cfg: Config, use_critic: bool) -> Iterator[tuple[tuple[str, ...], str]
         if c_micro is None and c_micro_gpu is None:
             yield (f"{critic}.ppo_micro_batch_size_per_gpu",), (
                 f"{critic}.ppo_micro_batch_size_per_gpu is not set: the GAE critic needs a micro batch size "
-                f"(or critic.use_dynamic_bsz: true)")
+                f"(or critic.use_dynamic_bsz: true)"), START
         elif c_micro is not None and c_micro_gpu is not None:
             yield (f"{critic}.ppo_micro_batch_size",), (
-                f"set only {critic}.ppo_micro_batch_size_per_gpu; verl refuses both")
+                f"set only {critic}.ppo_micro_batch_size_per_gpu; verl refuses both"), START
         elif c_micro is not None and isinstance(c_mini, int) and c_mini % c_micro:
             yield (f"{critic}.ppo_micro_batch_size",), (
-                f"{critic}.ppo_mini_batch_size ({c_mini}) must be divisible by ppo_micro_batch_size ({c_micro})")
+                f"{critic}.ppo_mini_batch_size ({c_mini}) must be divisible by ppo_micro_batch_size ({c_micro})"), START
         if isinstance(c_mini, int) and train < c_mini:
             yield (f"{critic}.ppo_mini_batch_size",), (
-                f"{critic}.ppo_mini_batch_size ({c_mini}) must be <= data.train_batch_size ({train})")
+                f"{critic}.ppo_mini_batch_size ({c_mini}) must be <= data.train_batch_size ({train})"), START
         c_sp = g(f"{critic}.ulysses_sequence_parallel_size") or 1
         if c_micro is not None and not megatron and c_micro * c_sp < n_gpus:
             yield (f"{critic}.ppo_micro_batch_size",), (
-                f"{critic}.ppo_micro_batch_size ({c_micro}) x sequence parallel ({c_sp}) must be >= {n_gpus} GPUs")
+                f"{critic}.ppo_micro_batch_size ({c_micro}) x sequence parallel ({c_sp}) must be >= {n_gpus} GPUs"), START
 
     if g(f"{rollout}.val_kwargs.do_sample") and not (g(f"{rollout}.temperature") or 0) > 0:
-        yield (f"{rollout}.temperature",), "validation sampling (val_kwargs.do_sample) needs rollout.temperature > 0"
+        yield (f"{rollout}.temperature",), "validation sampling (val_kwargs.do_sample) needs rollout.temperature > 0", START
 
     tp = g(f"{rollout}.tensor_model_parallel_size") or 1
     dp = g(f"{rollout}.data_parallel_size") or 1
     pp = g(f"{rollout}.pipeline_model_parallel_size") or 1
     if all(isinstance(v, int) for v in (tp, dp, pp)):
         if pp > 1:
-            yield (f"{rollout}.pipeline_model_parallel_size",), "verl's rollout does not support pipeline parallelism"
+            yield (f"{rollout}.pipeline_model_parallel_size",), "verl's rollout does not support pipeline parallelism", WORKERS
         if tp > per_node:
             yield (f"{rollout}.tensor_model_parallel_size",), (
-                f"rollout tensor parallel size {tp} spans more than one node ({per_node} GPUs per node)")
+                f"rollout tensor parallel size {tp} spans more than one node ({per_node} GPUs per node)"), WORKERS
         elif n_gpus % (tp * dp * pp):
             yield (f"{rollout}.tensor_model_parallel_size", "trainer.nnodes"), (
                 f"{n_gpus} GPUs are not divisible by rollout TP x DP x PP = {tp} x {dp} x {pp} "
-                f"(verl #1191, #1785: fails once the workers start)")
+                f"(verl #1191, #1785: fails once the workers start)"), WORKERS

@@ -1,0 +1,93 @@
+"""verl checks beyond the differential tests: rules verl only finds once workers start, the snapshot
+kept in step with verl, live and snapshot giving the same verdicts, and the bundled config."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ruamel.yaml import YAML
+
+from conftest import REPO, SPECS, run_verlc
+from test_verl_differential import verlc_problems
+from verlc.compiler.verl_checks import WORKERS_NOTE
+
+INVALID = sorted((REPO / "tests" / "invalid").glob("*.yaml"))
+GOOD = {"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 64, "ppo_micro_batch_size_per_gpu": 4},
+                              "rollout": {"name": "vllm", "log_prob_micro_batch_size_per_gpu": 4}},
+        "algorithm": {"adv_estimator": "grpo"}, "data": {"train_batch_size": 256}}
+
+
+def with_(**changes: object) -> dict:
+    import copy
+
+    verl = copy.deepcopy(GOOD)
+    for dotted, value in changes.items():
+        node = verl
+        *parents, last = dotted.split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return verl
+
+
+def test_a_good_config_passes(tmp_path: Path) -> None:
+    assert verlc_problems(tmp_path, GOOD, nodes=2, gpus=8) == []
+
+
+@pytest.mark.parametrize(("changes", "nodes", "gpus", "expected"), [
+    # verl #606/#1524: 64 x 1 / 16 GPUs = 4 per GPU, not divisible by 8
+    ({"actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu": 8}, 2, 8, "the per-GPU mini batch (64 x 1 / 16 = 4)"),
+    # 8 x 1 / 16 = 0 per GPU
+    ({"actor_rollout_ref__actor__ppo_mini_batch_size": 8}, 2, 8, "is 0 per GPU"),
+    # verl #1191/#1785: 12 GPUs are not divisible by TP 8
+    ({"actor_rollout_ref__rollout__tensor_model_parallel_size": 8, "data__train_batch_size": 192,
+      "actor_rollout_ref__actor__ppo_mini_batch_size": 48}, 3, 4, "spans more than one node"),
+    ({"actor_rollout_ref__rollout__tensor_model_parallel_size": 4, "data__train_batch_size": 192,
+      "actor_rollout_ref__actor__ppo_mini_batch_size": 48, "actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu": 1},
+     1, 6, "6 GPUs are not divisible by rollout TP x DP x PP = 4 x 1 x 1"),
+])
+def test_rules_verl_finds_only_once_workers_start(tmp_path: Path, changes: dict, nodes: int, gpus: int,
+                                                   expected: str) -> None:
+    problems = verlc_problems(tmp_path, with_(**changes), nodes=nodes, gpus=gpus)
+    assert any(expected in p and p.endswith(WORKERS_NOTE) for p in problems), problems
+
+
+def test_snapshot_is_what_installed_verl_composes() -> None:
+    result = subprocess.run([sys.executable, str(REPO / "dev" / "verl_schema.py"), "--check"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+
+
+def test_live_and_snapshot_give_the_same_verdicts() -> None:
+    """Every example and every invalid spec: the same problems, at the same places, either way.
+    (The unknown-version spec is left out: live mode checks the installed verl's version instead.)"""
+    specs = [*SPECS, *(p for p in INVALID if p.stem != "verl-unknown-version")]
+    for group in (SPECS, specs):
+        snap = run_verlc("validate", *group)
+        live = run_verlc("validate", "--verl-config", "live", *group)
+        assert snap.returncode == live.returncode
+        assert snap.stderr == live.stderr
+        assert snap.stdout.replace("(snapshot)", "(live)") == live.stdout
+
+
+def test_unknown_verl_version_names_the_known_ones(tmp_path: Path) -> None:
+    result = run_verlc("validate", REPO / "tests" / "invalid" / "verl-unknown-version.yaml")
+    assert result.returncode == 2 and "known: 0.9.1" in result.stderr
+
+
+def test_bundled_config_is_what_verl_prints_with_cfg_job(tmp_path: Path) -> None:
+    """verl-config.yaml equals `python -m verl.trainer.main_ppo <overrides> --cfg job` for scenario A."""
+    spec = REPO / "specs" / "qwen2-7b-gsm8k-ppo-mi300.yaml"
+    bundle = REPO / "out" / spec.stem / "slurm"
+    script = (bundle / "sbatch.sh").read_text()
+    start = script.index("python3 -m verl.trainer.main_ppo")
+    args = [line.strip().strip("'") for line in script[start:].splitlines()[1:]]
+    overrides = args[:args.index(")")]
+    printed = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *overrides, "--cfg", "job"],
+                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert printed.returncode == 0, printed.stderr[-2000:]
+    yaml = YAML(typ="safe", pure=True)
+    assert yaml.load(bundle.joinpath("verl-config.yaml").read_text()) == yaml.load(printed.stdout)
