@@ -28,9 +28,10 @@ class Word:
     parts: tuple[str | Var, ...]
 
     @property
-    def literal(self) -> str | None:
-        """The plain text when nothing expands, else None."""
-        return "".join(self.parts) if all(isinstance(p, str) for p in self.parts) else None  # type: ignore[arg-type]
+    def display(self) -> str:
+        """For people and for formats that expand ${NAME} themselves (Ray env_vars, Compose)."""
+        return "".join(p if isinstance(p, str) else f"${{{p.name}}}" for p in self.parts)
+
 
 
 Arg = str | Word
@@ -113,6 +114,8 @@ class ContainerIR:
 
 @dataclass(frozen=True)
 class RayIR:
+    address: str | None  # where jobs are submitted (ray-job target)
+    working_dir: str
     port: int | None  # None: derived from the job id where the job runs
     dashboard_port: int | None
     wait_seconds: int
@@ -156,6 +159,8 @@ class JobIR:
     model: str
     data_files: tuple[str, ...]  # train then val, checked by the preflight
     checkpoint_dir: str  # verl's trainer.default_local_dir, resolved
+    pins: tuple[tuple[str, str], ...]  # (package, exact version) every node must have
+    image: Word  # the image a run record names ("none" without a container)
     trainer_module: str
     overrides: tuple[Override, ...]
     slurm: SlurmIR | None

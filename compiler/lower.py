@@ -46,6 +46,8 @@ def lower(spec: Spec, schema: VerlSchema, *, spec_file: str, spec_sha256: str) -
         secrets=spec.secrets,
         container=container(spec),
         ray=RayIR(
+            address=spec.ray.address,
+            working_dir=spec.ray.working_dir,
             port=spec.ray.port,
             dashboard_port=spec.ray.dashboard_port,
             wait_seconds=spec.ray.wait_for_nodes,
@@ -64,6 +66,8 @@ def lower(spec: Spec, schema: VerlSchema, *, spec_file: str, spec_sha256: str) -
         model=spec.model,
         data_files=(*spec.data.train_files, *spec.data.val_files),
         checkpoint_dir=checkpoint_dir(spec),
+        pins=tuple(sorted({"verl": spec.verl_version, **spec.pins}.items())),
+        image=parse_word(getattr(spec.container, "image", None) or "none"),
         trainer_module=TRAINER_MODULE,
         overrides=overrides(spec, schema, engine),
         slurm=slurm_ir(spec),

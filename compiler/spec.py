@@ -49,6 +49,8 @@ SlurmTime = Annotated[str, Strict(), _matching(
     r"(\d+-)?\d+(:\d{1,2}){0,2}", "a Slurm time limit such as 30-00:00:00, 48:00:00 or 90")]
 SlurmMem = Annotated[str, BeforeValidator(lambda v: _int_as_str(v)), Strict(),
                      _matching(r"\d+[KMGT]?", "a Slurm memory size such as 200G (0: all of the node's)")]
+Package = Annotated[str, Strict(), _matching(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", "a Python package name")]
+Version = Annotated[str, Strict(), _matching(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99}", "a version such as 2.6.0")]
 Size = Annotated[str, Strict(), _matching(r"\d+[bkmgBKMG]?", "a size such as 128G")]
 
 
@@ -186,6 +188,10 @@ class Network(Model):
 
 
 class Ray(Model):
+    address: Text | None = Field(
+        None, description="ray-job target: the cluster's dashboard, e.g. http://head:8265; RAY_ADDRESS overrides it.")
+    working_dir: Text = Field(".", description="ray-job target: uploaded as the job's working directory "
+                                               "(relative to where submit.sh runs; verl's checkout in verl's docs).")
     port: Int | None = Field(None, ge=1024, le=65535, description="GCS port; default: derived from the job id.")
     dashboard_port: Int | None = Field(None, ge=1024, le=65535)
     wait_for_nodes: Seconds = Field(600, description="Deadline for every node and GPU to register.")
@@ -207,4 +213,6 @@ class Spec(Model):
     network: Network = Network()
     env: dict[EnvName, EnvValue] = Field(default_factory=dict)
     secrets: tuple[EnvName, ...] = Field((), description="Names only; values come from the submitting shell.")
+    pins: dict[Package, Version] = Field(
+        default_factory=dict, description="Exact package versions every node must have (verl: verl_version).")
     ray: Ray = Ray()

@@ -164,6 +164,8 @@ def slurm_view(ir: JobIR) -> SlurmView:
             ("--nodes", str(ir.nodes), "--gpus", str(ir.total_gpus)),
             ("--model", ir.model),
             ("--checkpoint-dir", ir.checkpoint_dir),
+            *(("--pin", f"{name}={version}") for name, version in ir.pins),
+            ("--image", ir.image, "--record", _word(Var("run_dir"), "/run-record.json")),
             *(("--data", f) for f in ir.data_files),
         ),
         train=(("env", ray_env), tuple(ir.trainer_argv[:3]), *((a,) for a in ir.trainer_argv[3:])),

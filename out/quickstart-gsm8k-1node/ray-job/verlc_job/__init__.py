@@ -1,0 +1,308 @@
+"""verlc's in-cluster helper: runs on the head node, inside the job's container, next to verl.
+
+Generated bundles embed this file verbatim and run it as `python3 - COMMAND ...`. It needs only the
+standard library and ray; pyarrow and transformers are used when the image has them (verl's do).
+
+  wait       block until the Ray cluster has the expected nodes and GPUs, or fail at a deadline
+  prepare    run one data preprocessing command unless its outputs already exist
+  preflight  check the cluster, package versions on every node, data files, model and checkpoint
+             folder before training starts, and write the run record
+  job        run a bundle's job.json (ray-job and compose targets): wait, data, preflight, train,
+             stopping after the stage named by VERLC_STOP_AFTER
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+VERL_COLUMNS = ("prompt", "data_source", "reward_model")
+PACKAGES = ("verl", "ray", "torch", "transformers", "vllm", "sglang")
+MIN_RAY = (2, 40)  # older Ray is incompatible with verl
+STAGES = ("ray", "data", "preflight", "train")
+
+
+def stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def say(message: str) -> None:
+    print(f"[{stamp()}] verlc: {message}", flush=True)
+
+
+def connect(address: str):  # noqa: ANN201 - ray is imported lazily: `prepare` must work without it
+    import ray
+
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False, ignore_reinit_error=True)
+    return ray
+
+
+def alive_nodes(ray) -> list[dict]:  # noqa: ANN001
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    deadline = time.monotonic() + args.timeout
+    ray = None
+    while ray is None:
+        try:
+            ray = connect(args.address)
+        except Exception as exc:  # the head may still be starting
+            if time.monotonic() > deadline:
+                say(f"ERROR: no Ray head at {args.address} after {args.timeout}s: {exc}")
+                return 1
+            time.sleep(1)
+    seen: set[str] = set()
+    while True:
+        nodes = alive_nodes(ray)
+        for n in nodes:
+            if n["NodeID"] not in seen:
+                seen.add(n["NodeID"])
+                gpus = n.get("Resources", {}).get("GPU", 0)
+                say(f"node registered: {n.get('NodeManagerHostname')} {n.get('NodeManagerAddress')} "
+                    f"GPUs={gpus:g} ({len(seen)}/{args.nodes})")
+        gpus = sum(n.get("Resources", {}).get("GPU", 0) for n in nodes)
+        if len(nodes) >= args.nodes and gpus >= args.gpus:
+            say(f"cluster ready: {len(nodes)} nodes, {gpus:g} GPUs")
+            return 0
+        if time.monotonic() > deadline:
+            say(f"ERROR: after {args.timeout}s the cluster has {len(nodes)} of {args.nodes} nodes and "
+                f"{gpus:g} of {args.gpus} GPUs")
+            return 1
+        time.sleep(0.5)
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    outputs = [os.path.join(args.out_dir, name) for name in ("train.parquet", "test.parquet")]
+    if all(os.path.isfile(p) for p in outputs):
+        say(f"data in {args.out_dir} already prepared; skipping")
+        return 0
+    say(f"preparing data into {args.out_dir}: {' '.join(args.cmd)}")
+    rc = subprocess.call(args.cmd)
+    if rc != 0:
+        say(f"ERROR: data preparation exited with {rc}")
+        return rc
+    missing = [p for p in outputs if not os.path.isfile(p)]
+    if missing:
+        say(f"ERROR: data preparation finished but did not write {', '.join(missing)}")
+        return 1
+    return 0
+
+
+def parquet_columns(path: str) -> list[str] | None:
+    """Top-level column names of a parquet file, or None when pyarrow is not installed."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        return None
+    return list(pq.read_schema(path).names)
+
+
+def check_model(model: str) -> str | None:
+    """Problem with the model, or None. A local folder needs a readable config.json; a hub id is
+    resolved through transformers (config only, no weights) when it is installed."""
+    if os.path.isdir(os.path.expanduser(model)):
+        config = os.path.join(os.path.expanduser(model), "config.json")
+        try:
+            with open(config, encoding="utf-8") as fh:
+                json.load(fh)
+        except (OSError, ValueError) as exc:
+            return f"model folder {model}: cannot read config.json ({exc})"
+        return None
+    if model.startswith(("/", "./", "../", "~")):
+        return f"model path {model} does not exist"
+    try:
+        from transformers import AutoConfig
+    except ImportError:
+        return None
+    try:
+        AutoConfig.from_pretrained(model)
+    except Exception as exc:
+        return f"model {model}: config does not load ({type(exc).__name__}: {exc})"
+    return None
+
+
+def installed_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return {"host": platform.node(), "python": platform.python_version(), "packages": found}
+
+
+def versions_per_node(ray, nodes: list[dict]) -> dict:  # noqa: ANN001
+    """What each node's Python sees, from a zero-CPU task pinned to that node."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    probe = ray.remote(num_cpus=0)(installed_versions)
+    refs = {n["NodeID"]: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+            .remote() for n in nodes}
+    return {node: ray.get(ref, timeout=300) for node, ref in refs.items()}
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    out = []
+    for part in text.split("."):
+        digits = "".join(c for c in part if c.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def version_problems(seen: dict, pins: dict[str, str]) -> list[str]:
+    problems = []
+    for node, info in sorted(seen.items()):
+        where = f"node {info['host']} ({node[:8]})"
+        for name, wanted in sorted(pins.items()):
+            got = info["packages"].get(name)
+            if got != wanted:
+                problems.append(f"{where}: {name} {got or 'is not installed'}, the spec pins {wanted}")
+        ray_version = info["packages"].get("ray")
+        if ray_version and version_tuple(ray_version) < MIN_RAY:
+            problems.append(f"{where}: ray {ray_version} is older than verl needs (>= 2.40)")
+    distinct = {json.dumps(info["packages"], sort_keys=True) for info in seen.values()}
+    if len(distinct) > 1:
+        problems.append("nodes see different package versions: " + "; ".join(
+            f"{info['host']}: " + ", ".join(f"{k} {v}" for k, v in sorted(info["packages"].items()) if v)
+            for info in seen.values()))
+    return problems
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    started = stamp()
+    problems: list[str] = []
+    ray = connect(args.address)
+    nodes = alive_nodes(ray)
+    gpus = sum(n.get("Resources", {}).get("GPU", 0) for n in nodes)
+    if len(nodes) != args.nodes:
+        problems.append(f"Ray has {len(nodes)} nodes, the spec asks for {args.nodes}")
+    if gpus != args.gpus:
+        problems.append(f"Ray has {gpus:g} GPUs, the spec asks for {args.gpus}")
+    pins = dict(p.split("=", 1) for p in args.pin)
+    seen = versions_per_node(ray, nodes)
+    problems += version_problems(seen, pins)
+    for path in args.data:
+        if not os.path.isfile(path):
+            problems.append(f"data file {path} does not exist (cwd {os.getcwd()})")
+            continue
+        columns = parquet_columns(path)
+        if columns is not None:
+            missing = [c for c in VERL_COLUMNS if c not in columns]
+            if missing:
+                problems.append(f"data file {path} lacks verl's columns {', '.join(missing)}")
+    problem = check_model(args.model)
+    if problem:
+        problems.append(problem)
+    try:
+        os.makedirs(args.checkpoint_dir, exist_ok=True)
+        probe = os.path.join(args.checkpoint_dir, f".verlc-write-test-{os.getpid()}")
+        with open(probe, "w", encoding="utf-8") as fh:
+            fh.write("ok")
+        os.remove(probe)
+    except OSError as exc:
+        problems.append(f"checkpoint folder {args.checkpoint_dir} is not writable ({exc.strerror})")
+    record = {
+        "started": started,
+        "image": args.image,
+        "nodes": [{"host": n.get("NodeManagerHostname"), "address": n.get("NodeManagerAddress"),
+                   "gpus": n.get("Resources", {}).get("GPU", 0), "cpus": n.get("Resources", {}).get("CPU", 0),
+                   **seen.get(n["NodeID"], {})} for n in nodes],
+        "gpus": gpus,
+        "versions": next(iter(seen.values()), {}).get("packages", {}),
+        "pins": pins,
+        "problems": problems,
+    }
+    text = json.dumps(record, indent=1, sort_keys=True)
+    say("run record: " + json.dumps(record, sort_keys=True))
+    if args.record:
+        os.makedirs(os.path.dirname(os.path.abspath(args.record)), exist_ok=True)
+        with open(args.record, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+    for p in problems:
+        say(f"PREFLIGHT FAILED: {p}")
+    if problems:
+        return 1
+    say(f"preflight passed: {len(nodes)} nodes, {gpus:g} GPUs, {len(args.data)} data files, "
+        f"model {args.model}")
+    return 0
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    """The whole job from a job.json next to this module: no shell ever parses its argv."""
+    path = args.spec or os.path.join(os.path.dirname(os.path.abspath(__file__)), "job.json")
+    with open(path, encoding="utf-8") as fh:
+        job = json.load(fh)
+    stop_after = os.environ.get("VERLC_STOP_AFTER") or "train"
+    if stop_after not in STAGES:
+        say(f"ERROR: VERLC_STOP_AFTER={stop_after}: expected one of {', '.join(STAGES)}")
+        return 2
+    # No address in job.json: the cluster this job runs in, which Ray names in RAY_ADDRESS.
+    address = job["address"] or os.environ.get("RAY_ADDRESS") or "auto"
+    for stage in STAGES:
+        say(f"stage {stage}")
+        if stage == "ray":
+            rc = cmd_wait(argparse.Namespace(address=address, nodes=job["nodes"], gpus=job["gpus"],
+                                             timeout=job["wait_seconds"]))
+        elif stage == "data":
+            rc = 0
+            for step in job["data_prep"]:
+                rc = rc or cmd_prepare(argparse.Namespace(out_dir=step["out_dir"], cmd=step["argv"]))
+        elif stage == "preflight":
+            rc = cmd_preflight(argparse.Namespace(
+                address=address, nodes=job["nodes"], gpus=job["gpus"], model=job["model"],
+                checkpoint_dir=job["checkpoint_dir"], data=job["data_files"], pin=job["pins"],
+                record=job["record"], image=job["image"]))
+        else:
+            say("training: " + " ".join(job["train"]))
+            rc = subprocess.call(job["train"], env={**os.environ, "RAY_ADDRESS": address})
+            say(f"training exited with code {rc}")
+        if rc != 0:
+            return rc
+        if stage == stop_after:
+            say(f"stopping after stage {stage} (VERLC_STOP_AFTER)")
+            return 0
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="verlc-helper")
+    sub = parser.add_subparsers(dest="command", required=True)
+    wait = sub.add_parser("wait")
+    wait.add_argument("--address", required=True)
+    wait.add_argument("--nodes", type=int, required=True)
+    wait.add_argument("--gpus", type=int, required=True)
+    wait.add_argument("--timeout", type=int, required=True)
+    prepare = sub.add_parser("prepare")
+    prepare.add_argument("--out-dir", required=True)
+    prepare.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the preprocessing command")
+    pre = sub.add_parser("preflight")
+    pre.add_argument("--address", required=True)
+    pre.add_argument("--nodes", type=int, required=True)
+    pre.add_argument("--gpus", type=int, required=True)
+    pre.add_argument("--model", required=True)
+    pre.add_argument("--checkpoint-dir", required=True)
+    pre.add_argument("--data", action="append", default=[])
+    pre.add_argument("--pin", action="append", default=[], help="PACKAGE=VERSION every node must have")
+    pre.add_argument("--record", help="write the run record (JSON) here")
+    pre.add_argument("--image", help="the container image, for the run record")
+    job = sub.add_parser("job")
+    job.add_argument("spec", nargs="?", help="job.json (default: the one next to this module)")
+    args = parser.parse_args(argv)
+    if args.command == "prepare":
+        args.cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        return cmd_prepare(args)
+    return {"wait": cmd_wait, "preflight": cmd_preflight, "job": cmd_job}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

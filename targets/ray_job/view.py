@@ -1,0 +1,67 @@
+"""JobIR -> RayJobView: the submit script's values, the runtime env and the job description.
+
+Ray joins `ray job submit -- ARGS` with Windows quoting rules and hands the result to a POSIX
+shell, so no spec value may travel on that command line. The entrypoint is the fixed
+`python3 -m verlc_job job`; the job's argv goes in verlc_job/job.json, which Ray ships with
+`py_modules` and the helper reads without any shell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ...compiler.ir import JobIR
+from ..bundle import header_lines
+
+PACKAGE = "verlc_job"  # the folder shipped with py_modules; `python3 -m verlc_job`
+ENTRYPOINT = ("python3", "-m", PACKAGE, "job")
+# verl's own runtime_env.yaml sets these for `ray job submit`; the spec's env wins.
+VERL_RECOMMENDED_ENV = {"TORCH_NCCL_AVOID_RECORD_STREAMS": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+
+
+@dataclass(frozen=True)
+class RayJobView:
+    """What `submit.sh.j2` prints; built by `ray_job_view`."""
+
+    header: tuple[str, ...]
+    name: str
+    address: str | None
+    secrets: tuple[str, ...]
+    entrypoint: tuple[str, ...]
+    package: str
+
+
+def ray_job_view(ir: JobIR) -> RayJobView:
+    return RayJobView(header_lines(ir), ir.name, ir.ray.address, ir.secrets, ENTRYPOINT, PACKAGE)
+
+
+def runtime_env(ir: JobIR) -> dict[str, Any]:
+    """runtime_env.yaml: never a secret value (submit.sh adds those from its own environment)."""
+    env = dict(VERL_RECOMMENDED_ENV)
+    env.update({e.name: e.value.display for e in ir.env})  # Ray expands ${NAME} in env_vars itself
+    return {
+        "working_dir": ir.ray.working_dir,
+        "excludes": ["/.git/"],
+        "py_modules": [PACKAGE],  # submit.sh makes this path absolute
+        "env_vars": env,
+    }
+
+
+def job_description(ir: JobIR, *, address: str | None, record: str | None) -> dict[str, Any]:
+    """verlc_job/job.json: everything the in-cluster helper runs, as data (shared with compose)."""
+    return {
+        "name": ir.name,
+        "address": address,
+        "nodes": ir.nodes,
+        "gpus": ir.total_gpus,
+        "wait_seconds": ir.ray.wait_seconds,
+        "data_prep": [{"out_dir": p.out_dir, "argv": list(p.argv)} for p in ir.data_prep],
+        "model": ir.model,
+        "checkpoint_dir": ir.checkpoint_dir,
+        "data_files": list(ir.data_files),
+        "pins": [f"{name}={version}" for name, version in ir.pins],
+        "image": ir.image.display,
+        "record": record,
+        "train": list(ir.trainer_argv),
+    }
