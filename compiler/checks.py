@@ -118,3 +118,20 @@ def _for_targets(spec: Spec, sourced: Sourced, targets: set[str]) -> Iterator[Di
     if "slurm" in targets and spec.cluster.slurm is None:
         yield sourced.diagnostic(("cluster",), "the slurm target needs cluster.slurm "
                                                "(at least cpus_per_task)")
+    if "compose" in targets:
+        if not isinstance(spec.container, Engine) and spec.compose is None:
+            yield sourced.diagnostic(("container", "runtime"), f"the compose target runs docker images; with "
+                                     f"runtime {spec.container.runtime}, add compose: {{image: ..., workdir: ...}}")
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", spec.name):
+            yield sourced.diagnostic(("name",), "the compose target uses the name as the Compose project "
+                                                "name: lowercase letters, digits, '-' and '_' only")
+    if spec.compose is not None:
+        for i, mount in enumerate(spec.compose.mounts):
+            if ":" not in mount:
+                yield sourced.diagnostic(("compose", "mounts", i), "a mount is SRC:DST[:OPTIONS]")
+        for loc, text in ((("compose", "image"), spec.compose.image), (("compose", "workdir"), spec.compose.workdir),
+                          *((("compose", "mounts", i), m) for i, m in enumerate(spec.compose.mounts))):
+            try:
+                parse_word(text)
+            except ValueError as exc:
+                yield sourced.diagnostic(loc, str(exc))

@@ -164,6 +164,7 @@ class JobIR:
     trainer_module: str
     overrides: tuple[Override, ...]
     slurm: SlurmIR | None
+    compose: ContainerIR | None  # the docker container the compose target runs everything in
 
     @property
     def total_gpus(self) -> int:

@@ -71,6 +71,7 @@ def lower(spec: Spec, schema: VerlSchema, *, spec_file: str, spec_sha256: str) -
         trainer_module=TRAINER_MODULE,
         overrides=overrides(spec, schema, engine),
         slurm=slurm_ir(spec),
+        compose=compose_container(spec),
     )
 
 
@@ -162,6 +163,17 @@ def container(spec: Spec) -> ContainerIR:
         workdir=parse_word(c.workdir) if c.workdir else None, shm_size=None, mounts=(), devices=(),
         gpu_args=(), run_args=(), venv=parse_word(c.venv) if c.venv else None,
     )
+
+
+def compose_container(spec: Spec) -> ContainerIR | None:
+    """Docker/podman as the spec says, else the `compose:` section's image on docker."""
+    if isinstance(spec.container, Engine):
+        return container(spec)
+    c = spec.compose
+    if c is None:
+        return None
+    engine = Engine(runtime="docker", image=c.image, workdir=c.workdir, shm_size=c.shm_size, mounts=c.mounts)
+    return container(spec.model_copy(update={"container": engine}))
 
 
 def slurm_ir(spec: Spec) -> SlurmIR | None:

@@ -171,6 +171,15 @@ class NoContainer(Model):
 Container = Annotated[Union[Engine, Apptainer, Pyxis, NoContainer], Field(discriminator="runtime")]
 
 
+class Compose(Model):
+    """The compose target's image when `container` is not docker or podman (e.g. verl's own image)."""
+
+    image: Text
+    workdir: Text = Field(description="Working directory inside the container, e.g. the verl checkout.")
+    shm_size: Size = "64G"
+    mounts: tuple[Text, ...] = ()
+
+
 # --- network, ray ----------------------------------------------------------------------------------
 
 class Nccl(Model):
@@ -210,6 +219,7 @@ class Spec(Model):
     verl: dict[Str, Any] = Field(default_factory=dict, description="verl's ppo_trainer config, verl's nesting.")
     cluster: Cluster
     container: Container = NoContainer(runtime="none")
+    compose: Compose | None = None
     network: Network = Network()
     env: dict[EnvName, EnvValue] = Field(default_factory=dict)
     secrets: tuple[EnvName, ...] = Field((), description="Names only; values come from the submitting shell.")

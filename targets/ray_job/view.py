@@ -13,9 +13,7 @@ from typing import Any
 
 from ...compiler.ir import JobIR
 from ..bundle import header_lines
-
-PACKAGE = "verlc_job"  # the folder shipped with py_modules; `python3 -m verlc_job`
-ENTRYPOINT = ("python3", "-m", PACKAGE, "job")
+from ..job_package import COMMAND, PACKAGE
 # verl's own runtime_env.yaml sets these for `ray job submit`; the spec's env wins.
 VERL_RECOMMENDED_ENV = {"TORCH_NCCL_AVOID_RECORD_STREAMS": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 
@@ -33,7 +31,7 @@ class RayJobView:
 
 
 def ray_job_view(ir: JobIR) -> RayJobView:
-    return RayJobView(header_lines(ir), ir.name, ir.ray.address, ir.secrets, ENTRYPOINT, PACKAGE)
+    return RayJobView(header_lines(ir), ir.name, ir.ray.address, ir.secrets, COMMAND, PACKAGE)
 
 
 def runtime_env(ir: JobIR) -> dict[str, Any]:
@@ -45,23 +43,4 @@ def runtime_env(ir: JobIR) -> dict[str, Any]:
         "excludes": ["/.git/"],
         "py_modules": [PACKAGE],  # submit.sh makes this path absolute
         "env_vars": env,
-    }
-
-
-def job_description(ir: JobIR, *, address: str | None, record: str | None) -> dict[str, Any]:
-    """verlc_job/job.json: everything the in-cluster helper runs, as data (shared with compose)."""
-    return {
-        "name": ir.name,
-        "address": address,
-        "nodes": ir.nodes,
-        "gpus": ir.total_gpus,
-        "wait_seconds": ir.ray.wait_seconds,
-        "data_prep": [{"out_dir": p.out_dir, "argv": list(p.argv)} for p in ir.data_prep],
-        "model": ir.model,
-        "checkpoint_dir": ir.checkpoint_dir,
-        "data_files": list(ir.data_files),
-        "pins": [f"{name}={version}" for name, version in ir.pins],
-        "image": ir.image.display,
-        "record": record,
-        "train": list(ir.trainer_argv),
     }

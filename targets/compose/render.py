@@ -1,0 +1,22 @@
+"""Render the compose bundle: compose.yaml (serialized, not templated) and the verlc_job package."""
+
+from __future__ import annotations
+
+from ...compiler.ir import JobIR
+from ...compiler.lower import dump_yaml
+from ..bundle import Bundle, File, finish, header_lines
+from ..job_package import job_package
+from .view import JOB_ADDRESS, compose_file
+
+RECORD = "/verlc/runs/run-record.json"  # ./runs/ on the host
+
+
+def render(ir: JobIR) -> Bundle:
+    header = "".join(f"# {line}\n" for line in header_lines(ir))
+    usage = ("# Run:  docker compose up --abort-on-container-exit --exit-code-from trainer\n"
+             "#       VERLC_STOP_AFTER=preflight docker compose up ...   (stages: ray, data, preflight, train)\n")
+    files = [
+        File("compose.yaml", header + usage + dump_yaml(compose_file(ir))),
+        *job_package(ir, address=JOB_ADDRESS, record=RECORD),
+    ]
+    return finish(ir, "compose", files)

@@ -1,0 +1,80 @@
+"""JobIR -> the Compose file as data. It goes out through a YAML serializer, never a template.
+
+Compose interpolates `$` in every value, so literal text is escaped (`$$`) and only the spec's
+${HOME}/${USER} references stay as Compose variables.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...compiler.ir import ContainerIR, JobIR, Var, Word
+from ..job_package import COMMAND, PACKAGE
+
+HEAD = "ray-head"
+GCS_PORT = 6379
+DASHBOARD_PORT = 8265
+HELPER_DIR = "/opt/verlc"  # where ./verlc_job is mounted; on PYTHONPATH in the trainer
+JOB_ADDRESS = f"{HEAD}:{GCS_PORT}"
+
+
+def text(value: str | Word) -> str:
+    """A value for Compose: `$` escaped in literal text, spec variables as ${NAME}."""
+    parts = value.parts if isinstance(value, Word) else (value,)
+    return "".join(f"${{{p.name}}}" if isinstance(p, Var) else p.replace("$", "$$") for p in parts)
+
+
+def _gpu_settings(ir: JobIR, c: ContainerIR, node: int) -> dict[str, Any]:
+    """Node `node`'s GPUs: NVIDIA through a device reservation, AMD through /dev/kfd and /dev/dri."""
+    ids = [str(node * ir.gpus_per_node + i) for i in range(ir.gpus_per_node)]
+    if ir.accelerator == "rocm":
+        return {"devices": [text(d) for d in c.devices], "group_add": ["video"]}
+    out: dict[str, Any] = {"deploy": {"resources": {"reservations": {"devices": [
+        {"driver": "nvidia", "device_ids": ids, "capabilities": ["gpu"]}]}}}}
+    if c.devices:
+        out["devices"] = [text(d) for d in c.devices]
+    return out
+
+
+def _service(ir: JobIR, c: ContainerIR, command: list[str], node: int | None) -> dict[str, Any]:
+    assert c.image is not None
+    env = [f"{e.name}={text(e.value)}" for e in ir.env] + list(ir.secrets)  # a bare NAME: from the host
+    service: dict[str, Any] = {
+        "image": text(c.image),
+        "init": True,
+        "shm_size": c.shm_size,
+        "working_dir": text(c.workdir),
+        "environment": env,
+        "volumes": [text(m) for m in c.mounts] + ["hf-cache:/root/.cache/huggingface"],
+        "command": command,
+    }
+    if node is not None:
+        service.update(_gpu_settings(ir, c, node))
+    return service
+
+
+def compose_file(ir: JobIR) -> dict[str, Any]:
+    c = ir.compose
+    assert c is not None and c.workdir is not None, "checks require a docker image for the compose target"
+    ray_common = [f"--num-gpus={ir.gpus_per_node}", "--disable-usage-stats"]
+    head = _service(ir, c, ["ray", "start", "--head", "--block", f"--port={GCS_PORT}",
+                            "--dashboard-host=0.0.0.0", f"--dashboard-port={DASHBOARD_PORT}", *ray_common], 0)
+    head["ports"] = [f"{DASHBOARD_PORT}:{DASHBOARD_PORT}"]
+    head["healthcheck"] = {"test": ["CMD", "ray", "status", f"--address=127.0.0.1:{GCS_PORT}"],
+                           "interval": "5s", "timeout": "10s", "retries": 60, "start_period": "10s"}
+    healthy = {HEAD: {"condition": "service_healthy"}}
+    services = {HEAD: head}
+    for node in range(1, ir.nodes):
+        worker = _service(ir, c, ["ray", "start", "--block", f"--address={JOB_ADDRESS}", *ray_common], node)
+        worker["depends_on"] = healthy
+        services[f"ray-worker-{node}"] = worker
+    trainer = _service(ir, c, list(COMMAND), None)
+    trainer["environment"] += [f"PYTHONPATH={HELPER_DIR}", "VERLC_STOP_AFTER=${VERLC_STOP_AFTER:-train}"]
+    checkpoints = ir.checkpoint_dir if ir.checkpoint_dir.startswith("/") else \
+        f"{text(c.workdir)}/{text(ir.checkpoint_dir)}"  # verl writes relative to its working dir
+    trainer["volumes"] += [f"./{PACKAGE}:{HELPER_DIR}/{PACKAGE}:ro", f"checkpoints:{checkpoints}",
+                           "./runs:/verlc/runs"]
+    trainer["depends_on"] = healthy
+    trainer["restart"] = "no"
+    services["trainer"] = trainer
+    return {"name": ir.name, "services": services, "volumes": {"hf-cache": {}, "checkpoints": {}}}

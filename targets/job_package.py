@@ -1,0 +1,50 @@
+"""verlc_job/: the in-cluster helper as a Python package, with the job it runs as data.
+
+Shared by the targets that start the job from a fixed command (ray-job ships it with
+py_modules, compose mounts it): the job's argv stays JSON end to end, no shell parses it.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+from ..compiler.ir import JobIR
+from .bundle import File, header_lines
+
+PACKAGE = "verlc_job"
+COMMAND = ("python3", "-m", PACKAGE, "job")
+
+
+def job_description(ir: JobIR, *, address: str | None, record: str | None) -> dict[str, Any]:
+    """What `python3 -m verlc_job job` runs: wait, data, preflight, train (see targets/incluster.py)."""
+    return {
+        "generated_from": ir.spec_file,
+        "spec_sha256": ir.spec_sha256,
+        "name": ir.name,
+        "address": address,  # None: the cluster the job runs in (RAY_ADDRESS)
+        "nodes": ir.nodes,
+        "gpus": ir.total_gpus,
+        "wait_seconds": ir.ray.wait_seconds,
+        "data_prep": [{"out_dir": p.out_dir, "argv": list(p.argv)} for p in ir.data_prep],
+        "model": ir.model,
+        "checkpoint_dir": ir.checkpoint_dir,
+        "data_files": list(ir.data_files),
+        "pins": [f"{name}={version}" for name, version in ir.pins],
+        "image": ir.image.display,
+        "record": record,
+        "train": list(ir.trainer_argv),
+    }
+
+
+def job_package(ir: JobIR, *, address: str | None, record: str | None) -> list[File]:
+    header = "".join(f"# {line}\n" for line in header_lines(ir))
+    source = resources.files("verlc.targets").joinpath("incluster.py").read_text()
+    main = "import sys\n\nfrom . import main\n\nsys.exit(main(sys.argv[1:]))\n"
+    job = job_description(ir, address=address, record=record)
+    return [
+        File(f"{PACKAGE}/__init__.py", header + source),
+        File(f"{PACKAGE}/__main__.py", header + main),
+        File(f"{PACKAGE}/job.json", json.dumps(job, indent=2, ensure_ascii=False) + "\n"),
+    ]
