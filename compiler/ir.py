@@ -136,6 +136,7 @@ class DataPrepIR:
 class SlurmIR:
     directives: tuple[tuple[str, str], ...]  # (option, value) in a fixed order
     modules: tuple[str, ...]
+    requeue: bool  # on USR1: clean up, then `scontrol requeue`
 
 
 @dataclass(frozen=True)

@@ -83,12 +83,20 @@ def overrides(spec: Spec, schema: VerlSchema, engine: str) -> tuple[Override, ..
     for s in flatten(spec.verl):
         out.setdefault(s.key, Override(s.key, hydra_value(s.value), ".".join(map(str, s.loc)),
                                        prefix(schema, engine, s.key)))
+    for key, value in resume_defaults(spec).items():
+        out.setdefault(key, Override(key, hydra_value(value), "verlc: a requeued job resumes from its checkpoints"))
     return tuple(out[k] for k in sorted(out, key=lambda k: (k != "model_engine", k)))
+
+
+def resume_defaults(spec: Spec) -> dict[str, Any]:
+    """Written out unless the spec sets them, so that a requeued or re-run job finds its checkpoints
+    where the first run put them (verl's own default interpolates names that could change)."""
+    return {"trainer.default_local_dir": checkpoint_dir(spec), "trainer.resume_mode": "auto"}
 
 
 def verl_values(spec: Spec) -> dict[str, Any]:
     """Every verl key the spec sets, derived ones included, as dotted key -> value."""
-    values = {s.key: s.value for s in flatten(spec.verl) if s.key != "model_engine"}
+    values = {**resume_defaults(spec), **{s.key: s.value for s in flatten(spec.verl) if s.key != "model_engine"}}
     values.update({d.key: d.value for d in derived(spec)})
     return values
 
@@ -196,9 +204,16 @@ def slurm_ir(spec: Spec) -> SlurmIR | None:
         ("output", s.output),
         ("error", s.error),
     ]
+    if s.requeue_grace is not None:
+        directives += [
+            ("signal", f"B:USR1@{s.requeue_grace}"),  # to the batch shell, whose trap stops and requeues
+            ("requeue", ""),
+            ("open-mode", "append"),  # keep the first run's log when the job restarts
+        ]
     return SlurmIR(
         directives=tuple((k, str(v)) for k, v in directives if v is not None),
         modules=s.modules,
+        requeue=s.requeue_grace is not None,
     )
 
 

@@ -115,6 +115,9 @@ class Slurm(Model):
     output: Directive = "slurm-%j.out"
     error: Directive | None = None
     modules: tuple[Directive, ...] = ()
+    requeue_grace: Seconds | None = Field(
+        300, description="Ask Slurm for USR1 this long before preemption or the time limit; the job then "
+                         "stops cleanly and requeues itself, and verl resumes from its checkpoints. null: off.")
 
 
 class Cluster(Model):

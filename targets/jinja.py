@@ -22,7 +22,7 @@ class Rendered(str):
 
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_DIRECTIVE = re.compile(r"--[a-z-]+=[A-Za-z0-9_.,:%@+=/\[\]{}~-]+")
+_DIRECTIVE = re.compile(r"--[a-z-]+(=[A-Za-z0-9_.,:%@+=/\[\]{}~-]+)?")
 
 
 def sh(value: Any) -> Rendered:

@@ -64,16 +64,46 @@ def write_fixtures(root: Path) -> None:
     pq.write_table(table, root / "data" / "test.parquet")
 
 
-def build(root: Path, *, val_file: str = "data/test.parquet", wait: str = "120s") -> Path:
+def fake_venv(root: Path, *, ray_fails_on: str | None = None) -> Path:
+    """This venv, except that `ray start` fails on one node and `python3 -m verl.trainer.main_ppo`
+    only prints its argv (there is no GPU to train on): the first run then waits to be preempted,
+    a restarted run (SLURM_RESTART_COUNT > 0) exits 0 at once. Everything else is the real thing."""
+    real = Path(sys.executable).parent
+    venv = root / "venv"
+    (venv / "bin").mkdir(parents=True)
+    for entry in real.iterdir():
+        if entry.name not in ("ray", "python3"):
+            (venv / "bin" / entry.name).symlink_to(entry)
+    fail = (f'[[ ${{SLURMD_NODENAME:-}} == {ray_fails_on} && $1 == start ]] && '
+            f'{{ echo "test: ray start refused on {ray_fails_on}" >&2; exit 1; }}\n') if ray_fails_on else ""
+    (venv / "bin" / "ray").write_text(f"#!/usr/bin/env bash\n{fail}exec {real}/ray \"$@\"\n")
+    (venv / "bin" / "python3").write_text(f"""#!/usr/bin/env bash
+if [[ " $* " == *" verl.trainer.main_ppo "* ]]; then
+  echo "TRAINER restart=${{SLURM_RESTART_COUNT:-0}} argv: $*"
+  if [[ ${{SLURM_RESTART_COUNT:-0}} == 0 ]]; then sleep 600; fi
+  exit 0
+fi
+exec {real}/python3 "$@"
+""")
+    for name in ("ray", "python3"):
+        (venv / "bin" / name).chmod(0o755)
+    return venv
+
+
+def build(root: Path, *, val_file: str = "data/test.parquet", wait: str = "120s", venv: Path | None = None,
+          grace: str = "null") -> Path:
     spec = root / "spec.yaml"
     spec.write_text(f"""\
 name: e2e-{root.name[-12:].strip('_-') or 'run'}
 project: e2e
 model: {root}/model
 data: {{train_files: [data/train.parquet], val_files: [{val_file}]}}
-verl: {{actor_rollout_ref: {{rollout: {{name: vllm}}}}}}
-cluster: {{nodes: 2, gpus_per_node: 8, slurm: {{cpus_per_task: 1, output: {root}/slurm-%j.out}}}}
-container: {{runtime: none, workdir: {root}, venv: {Path(sys.prefix)}}}
+verl: {{actor_rollout_ref: {{rollout: {{name: vllm, log_prob_micro_batch_size_per_gpu: 4}},
+                            actor: {{ppo_micro_batch_size_per_gpu: 4}}}},
+       critic: {{ppo_micro_batch_size_per_gpu: 4}}}}
+cluster: {{nodes: 2, gpus_per_node: 8, slurm: {{cpus_per_task: 1, output: {root}/slurm-%j.out,
+                                               requeue_grace: {grace}}}}}
+container: {{runtime: none, workdir: {root}, venv: {venv or Path(sys.prefix)}}}
 network: {{head_interface: lo}}
 ray: {{wait_for_nodes: {wait}}}
 """)
@@ -82,18 +112,38 @@ ray: {{wait_for_nodes: {wait}}}
     return next((root / "out").glob("*/slurm/sbatch.sh"))
 
 
-def sbatch(script: Path, root: Path, stop_after: str = "preflight") -> tuple[str, str, str]:
+SUBMIT_ENV = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
+
+
+def sbatch(script: Path, root: Path, stop_after: str = "preflight", *options: str) -> tuple[str, str, str]:
     """Submit, wait, and return (job id, the job's output, Slurm's JobState)."""
-    result = subprocess.run(["sbatch", "--wait", "--parsable", str(script)], cwd=root, capture_output=True,
-                            text=True, timeout=600,
-                            env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "HOME": str(root),
-                                 "VERLC_STOP_AFTER": stop_after})
+    result = subprocess.run(["sbatch", "--wait", "--parsable", *options, str(script)], cwd=root,
+                            capture_output=True, text=True, timeout=600,
+                            env={**SUBMIT_ENV, "HOME": str(root), "VERLC_STOP_AFTER": stop_after})
     job = result.stdout.strip().split(";")[0]
     assert job.isdigit(), result.stderr
-    output = (root / f"slurm-{job}.out").read_text()
+    return job, (root / f"slurm-{job}.out").read_text(), job_state(job)
+
+
+def job_state(job: str) -> str:
     state = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
     match = re.search(r"JobState=(\w+)", state)
-    return job, output, match[1] if match else "UNKNOWN"
+    return match[1] if match else "UNKNOWN"
+
+
+def submit(script: Path, root: Path, stop_after: str = "train") -> str:
+    result = subprocess.run(["sbatch", "--parsable", str(script)], cwd=root, capture_output=True, text=True,
+                            timeout=60, env={**SUBMIT_ENV, "HOME": str(root), "VERLC_STOP_AFTER": stop_after})
+    job = result.stdout.strip().split(";")[0]
+    assert job.isdigit(), result.stderr
+    return job
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(1)
 
 
 def ray_processes() -> list[str]:
@@ -126,3 +176,58 @@ def test_missing_data_file_fails_preflight(slurm: None, tmp_path: Path) -> None:
     assert state == "FAILED", output
     assert "PREFLIGHT FAILED: data file data/missing.parquet does not exist" in output
     assert no_ray_left() == []
+
+
+def test_worker_ray_failure_fails_fast_and_names_the_node(slurm: None, tmp_path: Path) -> None:
+    write_fixtures(tmp_path)
+    script = build(tmp_path, wait="300s", venv=fake_venv(tmp_path, ray_fails_on="n2"))
+    started = time.monotonic()
+    job, output, state = sbatch(script, tmp_path)
+    assert state == "FAILED", output
+    assert "Ray on n2 exited during bring-up" in output
+    assert time.monotonic() - started < 120, "should fail well before the 300 s wait"
+    assert no_ray_left() == []
+
+
+def test_scancel_during_bring_up_cleans_up(slurm: None, tmp_path: Path) -> None:
+    write_fixtures(tmp_path)
+    job = submit(build(tmp_path), tmp_path, stop_after="preflight")
+    log = tmp_path / f"slurm-{job}.out"
+    wait_for(lambda: log.exists() and "starting Ray worker" in log.read_text(), 120, "bring-up to start")
+    subprocess.run(["scancel", job], check=True)
+    wait_for(lambda: job_state(job) == "CANCELLED", 60, "the job to be cancelled")
+    wait_for(lambda: "exit code 143" in log.read_text(), 60, "the cleanup trap to finish")
+    assert "cleaning up (exit code 143)" in log.read_text()
+    assert no_ray_left(60) == []
+
+
+def test_preemption_requeues_and_resumes(slurm: None, tmp_path: Path) -> None:
+    write_fixtures(tmp_path)
+    script = build(tmp_path, venv=fake_venv(tmp_path), grace="120s")
+    assert "#SBATCH --signal=B:USR1@120" in script.read_text()
+    job = submit(script, tmp_path)
+    log = tmp_path / f"slurm-{job}.out"
+    wait_for(lambda: log.exists() and "TRAINER restart=0" in log.read_text(), 180, "training to start")
+    # What Slurm does ahead of preemption or the time limit, as asked by --signal=B:USR1@...
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
+    wait_for(lambda: job_state(job) == "COMPLETED", 300, "the requeued job to complete")
+    text = log.read_text()
+    assert "USR1: preemption or time limit ahead" in text
+    assert f"requeueing job {job}" in text
+    assert "SLURM_RESTART_COUNT=1" in text
+    restart = re.search(r"TRAINER restart=1 argv: (.*)", text)
+    assert restart, text
+    assert "trainer.resume_mode=auto" in restart[1].split()
+    assert "trainer.default_local_dir=checkpoints/e2e/" + script.parent.parent.name in restart[1]
+    assert no_ray_left(60) == []
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    ("--nodes=1", "allocation has 1 nodes (n1), the spec asks for 2"),
+    ("--gpus-per-node=4", "Slurm gives 4 GPUs per node, the spec asks for 8"),
+])
+def test_allocation_that_differs_from_the_spec_fails_with_both_numbers(slurm: None, tmp_path: Path, option: str,
+                                                                      message: str) -> None:
+    write_fixtures(tmp_path)
+    job, output, state = sbatch(build(tmp_path), tmp_path, "preflight", option)
+    assert state == "FAILED" and message in output, output

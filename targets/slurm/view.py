@@ -33,6 +33,7 @@ class SlurmView:
 
     header: tuple[str, ...]
     directives: tuple[str, ...]
+    requeue: bool
     modules: tuple[str, ...]
     env: tuple[EnvVar, ...]
     secrets: tuple[str, ...]
@@ -131,7 +132,8 @@ def slurm_view(ir: JobIR) -> SlurmView:
     ray_env = _word("RAY_ADDRESS=", HEAD_IP, ":", RAY_PORT)
     return SlurmView(
         header=header_lines(ir),
-        directives=(*(f"--{k}={v}" for k, v in ir.slurm.directives), "--export=ALL"),
+        directives=(*(f"--{k}={v}" if v else f"--{k}" for k, v in ir.slurm.directives), "--export=ALL"),
+        requeue=ir.slurm.requeue,
         modules=ir.slurm.modules,
         env=ir.env,
         secrets=ir.secrets,

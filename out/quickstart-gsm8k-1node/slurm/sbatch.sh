@@ -12,6 +12,9 @@
 #SBATCH --gpus-per-node=8
 #SBATCH --time=24:00:00
 #SBATCH --output=slurm-%j.out
+#SBATCH --signal=B:USR1@300
+#SBATCH --requeue
+#SBATCH --open-mode=append
 #SBATCH --export=ALL
 set -euo pipefail
 
@@ -56,29 +59,44 @@ node_ip() {
 }
 
 # ---- cleanup: runs on every exit, including scancel (TERM) and Ctrl-C ----------------------------
-declare -A ray_step_node=()  # srun pid -> node, for the Ray step on each node
+declare -A ray_step_node=()  # srun pid -> node: names the node whose Ray step dies during bring-up
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
   set +e
   log "cleaning up (exit code $rc)"
-  if ((${#ray_step_node[@]})); then
-    # srun forwards TERM to `ray start --block`, which stops the Ray processes it started.
-    kill -TERM "${!ray_step_node[@]}" 2>/dev/null
+  # Every step still running: srun forwards TERM to it, so the trainer stops and each
+  # `ray start --block` stops the Ray processes it started. KILL whatever is left after 30 s.
+  local pids pid alive
+  mapfile -t pids < <(jobs -p)
+  if ((${#pids[@]})); then
+    kill -TERM "${pids[@]}" 2>/dev/null
     for _ in $(seq 30); do
-      kill -0 "${!ray_step_node[@]}" 2>/dev/null || break
+      alive=0
+      for pid in "${pids[@]}"; do
+        if kill -0 "$pid" 2>/dev/null; then alive=1; fi
+      done
+      ((alive)) || break
       sleep 1
     done
-    kill -KILL "${!ray_step_node[@]}" 2>/dev/null
+    kill -KILL "${pids[@]}" 2>/dev/null
   fi
   wait
+  if ((requeue)); then
+    log "requeueing job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID" || log "scontrol requeue failed"
+  fi
   log "exit code $rc"
   exit "$rc"
 }
 nodes=()
+requeue=0  # set by the USR1 trap below
 trap cleanup EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
+# Slurm sends USR1 before preemption or the time limit (--signal): stop cleanly, then requeue;
+# the restarted job resumes from the run's checkpoints (trainer.resume_mode=auto).
+trap 'log "USR1: preemption or time limit ahead; stopping and requeueing"; requeue=1; exit 143' USR1
 
 main() {
   # ---- allocation: one Ray node per Slurm node (verl #548: one array element per host) -------------
@@ -91,7 +109,7 @@ main() {
     die "Slurm gives $SLURM_GPUS_ON_NODE GPUs per node, the spec asks for $gpus_per_node"
   fi
   readonly head_node=${nodes[0]}
-  log "job $SLURM_JOB_ID on ${nodes[*]}; head $head_node"
+  log "job $SLURM_JOB_ID on ${nodes[*]}; head $head_node; SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}"
   mkdir -p "$run_dir"
 
   # ---- environment: exported before any container or Ray process starts (verl #158) ---------------
@@ -204,11 +222,13 @@ main() {
       data.train_batch_size=512
       'data.train_files=[data/gsm8k/train.parquet]'
       'data.val_files=[data/gsm8k/test.parquet]'
+      trainer.default_local_dir=checkpoints/verl_quickstart/quickstart-gsm8k-1node
       trainer.experiment_name=quickstart-gsm8k-1node
       'trainer.logger=[console]'
       trainer.n_gpus_per_node=8
       trainer.nnodes=1
       trainer.project_name=verl_quickstart
+      trainer.resume_mode=auto
       trainer.total_epochs=3
     )
     log "training; log: $run_dir/train.log"

@@ -15,6 +15,9 @@
 #SBATCH --partition=gpu
 #SBATCH --account=my-lab
 #SBATCH --output=logs/%x-%j.out
+#SBATCH --signal=B:USR1@300
+#SBATCH --requeue
+#SBATCH --open-mode=append
 #SBATCH --export=ALL
 set -euo pipefail
 
@@ -60,29 +63,44 @@ node_ip() {
 }
 
 # ---- cleanup: runs on every exit, including scancel (TERM) and Ctrl-C ----------------------------
-declare -A ray_step_node=()  # srun pid -> node, for the Ray step on each node
+declare -A ray_step_node=()  # srun pid -> node: names the node whose Ray step dies during bring-up
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
   set +e
   log "cleaning up (exit code $rc)"
-  if ((${#ray_step_node[@]})); then
-    # srun forwards TERM to `ray start --block`, which stops the Ray processes it started.
-    kill -TERM "${!ray_step_node[@]}" 2>/dev/null
+  # Every step still running: srun forwards TERM to it, so the trainer stops and each
+  # `ray start --block` stops the Ray processes it started. KILL whatever is left after 30 s.
+  local pids pid alive
+  mapfile -t pids < <(jobs -p)
+  if ((${#pids[@]})); then
+    kill -TERM "${pids[@]}" 2>/dev/null
     for _ in $(seq 30); do
-      kill -0 "${!ray_step_node[@]}" 2>/dev/null || break
+      alive=0
+      for pid in "${pids[@]}"; do
+        if kill -0 "$pid" 2>/dev/null; then alive=1; fi
+      done
+      ((alive)) || break
       sleep 1
     done
-    kill -KILL "${!ray_step_node[@]}" 2>/dev/null
+    kill -KILL "${pids[@]}" 2>/dev/null
   fi
   wait
+  if ((requeue)); then
+    log "requeueing job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID" || log "scontrol requeue failed"
+  fi
   log "exit code $rc"
   exit "$rc"
 }
 nodes=()
+requeue=0  # set by the USR1 trap below
 trap cleanup EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
+# Slurm sends USR1 before preemption or the time limit (--signal): stop cleanly, then requeue;
+# the restarted job resumes from the run's checkpoints (trainer.resume_mode=auto).
+trap 'log "USR1: preemption or time limit ahead; stopping and requeueing"; requeue=1; exit 143' USR1
 
 main() {
   # ---- allocation: one Ray node per Slurm node (verl #548: one array element per host) -------------
@@ -95,7 +113,7 @@ main() {
     die "Slurm gives $SLURM_GPUS_ON_NODE GPUs per node, the spec asks for $gpus_per_node"
   fi
   readonly head_node=${nodes[0]}
-  log "job $SLURM_JOB_ID on ${nodes[*]}; head $head_node"
+  log "job $SLURM_JOB_ID on ${nodes[*]}; head $head_node; SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}"
   mkdir -p "$run_dir"
 
   # ---- environment: exported before any container or Ray process starts (verl #158) ---------------
@@ -212,11 +230,13 @@ main() {
       data.train_batch_size=1024
       'data.train_files=[data/gsm8k/train.parquet]'
       'data.val_files=[data/gsm8k/test.parquet]'
+      trainer.default_local_dir=checkpoints/verl_grpo/qwen2-7b-grpo-apptainer
       trainer.experiment_name=qwen2-7b-grpo-apptainer
       'trainer.logger=[console,wandb]'
       trainer.n_gpus_per_node=8
       trainer.nnodes=2
       trainer.project_name=verl_grpo
+      trainer.resume_mode=auto
       trainer.save_freq=20
       trainer.test_freq=5
       trainer.total_epochs=15
