@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import io
 from typing import Any
-
-from ruamel.yaml import YAML
 
 from verlc import __version__
 
@@ -14,6 +11,7 @@ from .ir import (
 )
 from .overrides import derived, flatten, hydra_value
 from .verl_checks import Config, engine_of, prefix
+from . import yaml_text
 from .verl_schema import VerlSchema
 from .spec import Apptainer, Engine, NoContainer, Pyxis, Spec
 
@@ -224,9 +222,4 @@ def normalized(spec: Spec) -> str:
 
 def dump_yaml(data: Any) -> str:
     """Block-style YAML in the data's own key order."""
-    yaml = YAML(typ="safe", pure=True)
-    yaml.default_flow_style = False
-    yaml.sort_base_mapping_type_on_output = False
-    buf = io.StringIO()
-    yaml.dump(data, buf)
-    return buf.getvalue()
+    return yaml_text.dump(data)

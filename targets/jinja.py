@@ -10,6 +10,7 @@ import json
 import re
 import shlex
 from collections.abc import Iterable
+from functools import cache
 from typing import Any
 
 import jinja2
@@ -83,8 +84,9 @@ def _finalize(value: Any) -> Any:
     raise TypeError(f"template printed {value!r} without an output filter (sh, argv, name, ...)")
 
 
+@cache
 def environment(package: str) -> jinja2.Environment:
-    """The strict environment for one target's templates."""
+    """The strict environment for one target's templates (built once: it caches compiled templates)."""
     env = jinja2.Environment(
         loader=jinja2.PackageLoader(package, "."),
         undefined=jinja2.StrictUndefined,

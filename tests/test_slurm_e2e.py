@@ -126,9 +126,15 @@ def sbatch(script: Path, root: Path, stop_after: str = "preflight", *options: st
 
 
 def job_state(job: str) -> str:
-    state = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
-    match = re.search(r"JobState=(\w+)", state)
-    return match[1] if match else "UNKNOWN"
+    """The job's state once final (sbatch --wait can return while it is still COMPLETING)."""
+    end = time.monotonic() + 60
+    while True:
+        shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+        match = re.search(r"JobState=(\w+)", shown)
+        state = match[1] if match else "UNKNOWN"
+        if state not in ("COMPLETING", "CONFIGURING") or time.monotonic() > end:
+            return state
+        time.sleep(0.5)
 
 
 def submit(script: Path, root: Path, stop_after: str = "train") -> str:

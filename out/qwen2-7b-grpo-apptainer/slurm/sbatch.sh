@@ -28,7 +28,7 @@ readonly wait_seconds=900
 readonly run_dir="${SLURM_SUBMIT_DIR}"/verlc-runs/qwen2-7b-grpo-apptainer-"${SLURM_JOB_ID}"
 readonly stop_after=${VERLC_STOP_AFTER:-train}
 
-log() { printf '[%s] verlc: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*"; }
+log() { printf '[%s] verlc: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)" "$*"; }
 die() { log "ERROR: $*" >&2; exit 1; }
 
 case $stop_after in
@@ -287,7 +287,8 @@ STAGES = ("ray", "data", "preflight", "train")
 
 
 def stamp() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
 
 
 def say(message: str) -> None:

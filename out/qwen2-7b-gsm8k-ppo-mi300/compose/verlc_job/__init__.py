@@ -30,7 +30,8 @@ STAGES = ("ray", "data", "preflight", "train")
 
 
 def stamp() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
 
 
 def say(message: str) -> None:

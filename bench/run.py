@@ -1,0 +1,205 @@
+"""verlc's benchmark: measured figures, written to docs/performance.md. Not a test: it asserts nothing.
+
+    .venv/bin/python bench/run.py            # the full run (about 5 minutes; uses the local Slurm)
+    .venv/bin/python bench/run.py --quick    # one repetition each, no cluster: keeps the script working
+
+Every figure is the median of --runs repetitions (default 5) on this machine, described in the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SCENARIO_A = REPO / "specs" / "qwen2-7b-gsm8k-ppo-mi300.yaml"
+PY = sys.executable
+
+
+def median_seconds(fn: Callable[[], object], runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run(*argv: str | Path, cwd: Path = REPO, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True)
+    if check and result.returncode not in (0, 2):
+        raise RuntimeError(f"{argv}: {result.stderr[-2000:]}")
+    return result
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    mem = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                   if line.startswith("MemTotal"))) // 1024 // 1024
+    return f"{os.cpu_count()} cores ({cpu}), {mem} GiB, Python {platform.python_version()}, {platform.system()}"
+
+
+def typo_spec(folder: Path) -> Path:
+    text = SCENARIO_A.read_text().replace("gpu_memory_utilization", "gpu_memory_utilisation")
+    path = folder / "typo.yaml"
+    path.write_text(text)
+    return path
+
+
+def variants(folder: Path, count: int) -> list[Path]:
+    """`count` specs that differ in name and learning rate, like the cells of a sweep."""
+    base = SCENARIO_A.read_text()
+    paths = []
+    for i in range(count):
+        path = folder / f"v{i}.yaml"
+        path.write_text(base.replace("name: qwen2-7b-gsm8k-ppo-mi300", f"name: variant-{i}")
+                        .replace("lr: 1e-6", f"lr: {1e-6 * (1 + i % 7):.3e}"))
+        paths.append(path)
+    return paths
+
+
+def in_process_builds(paths: list[Path]) -> float:
+    """Compile and render every target for each spec in one process (what a sweep costs per cell)."""
+    code = ("import sys,time; from pathlib import Path; t=time.perf_counter()\n"
+            "from verlc.compiler.pipeline import compile_spec\nfrom verlc.targets import TARGETS\n"
+            "for p in sys.argv[1:]:\n"
+            "    ir = compile_spec(Path(p), display=p, source=p, targets=TARGETS)\n"
+            "    [r(ir) for r in TARGETS.values()]\n"
+            "print(time.perf_counter()-t)")
+    return float(run(PY, "-c", code, *paths).stdout)
+
+
+def bring_up(tmp: Path) -> dict[str, float] | None:
+    """Job start -> cluster ready for the 2-node local Slurm, from the job's own timestamps."""
+    if not shutil.which("sbatch"):
+        return None
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_slurm_e2e import build, sbatch, write_fixtures  # the same fixtures the e2e tests use
+
+    write_fixtures(tmp)
+    job, output, state = sbatch(build(tmp), tmp, "ray")
+    if state != "COMPLETED":
+        raise RuntimeError(f"bring-up job {job} ended {state}:\n{output[-3000:]}")
+
+    def at(pattern: str, last: bool = False) -> float:
+        stamps = re.findall(r"\[(\S+)Z\] verlc: " + pattern, output)
+        return datetime.fromisoformat((stamps[-1] if last else stamps[0])).timestamp()
+
+    start = at("job ")
+    registered = at("node registered", last=True)
+    ready = at("cluster ready")
+    return {"start_to_ready": ready - start, "last_node_to_ready": ready - registered}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="one repetition, small sizes, no cluster")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "performance.md")
+    args = parser.parse_args()
+    runs = 1 if args.quick else args.runs
+    rows: list[tuple[str, str, str, str]] = []  # what, figure, budget, met?
+
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        # 1. cold build vs the import floor
+        floor = median_seconds(lambda: run(PY, "-c", "import pydantic, jinja2, ruamel.yaml"), runs)
+        cold = median_seconds(lambda: run(PY, "-m", "verlc", "build", SCENARIO_A, "--target", "all",
+                                          "--out", tmp / "out", "--force"), runs)
+        rows.append(("cold `verlc build` scenario A, all 3 targets", f"{cold:.3f} s",
+                     f"<= 2 x floor ({floor:.3f} s)", f"{cold / floor:.2f}x: {'met' if cold <= 2 * floor else 'NOT met'}"))
+
+        # 2. time to error for a mistyped verl key
+        typo = typo_spec(tmp)
+        ours = median_seconds(lambda: run(PY, "-m", "verlc", "validate", typo), runs)
+        line = run(PY, "-m", "verlc", "validate", typo).stderr.splitlines()[0]
+        if args.quick:
+            verl = None
+        else:
+            script = (REPO / "out" / SCENARIO_A.stem / "slurm" / "sbatch.sh").read_text()
+            start = script.index("python3 -m verl.trainer.main_ppo")
+            items = [a.strip().strip("'") for a in script[start:].splitlines()[1:]]
+            overrides = [o.replace("gpu_memory_utilization", "gpu_memory_utilisation") for o in items[:items.index(")")]]
+            verl = median_seconds(lambda: run(PY, "-m", "verl.trainer.main_ppo", *overrides, "--cfg", "job",
+                                              cwd=tmp, check=False), min(runs, 3))
+        rows.append(("time to error, mistyped verl key (`verlc validate`)", f"{ours:.3f} s",
+                     ">= 20x faster than verl's entry point",
+                     f"verl `main_ppo --cfg job`: {verl:.2f} s, {verl / ours:.0f}x: "
+                     f"{'met' if verl / ours >= 20 else 'NOT met'}" if verl else "verl not timed (--quick)"))
+
+        # 3 and 6. many specs / variants
+        sizes = [1, 10] if args.quick else [1, 10, 100]
+        cli = {}
+        for n in sizes:
+            paths = variants(tmp / f"cli{n}", n) if (tmp / f"cli{n}").mkdir() is None else []
+            cli[n] = median_seconds(lambda: run(PY, "-m", "verlc", "build", *paths, "--target", "all",
+                                                "--out", tmp / f"out{n}", "--force"), max(1, runs // 2))
+        for n in sizes:
+            rows.append((f"`verlc build` of {n} specs in one call, all targets", f"{cli[n]:.2f} s",
+                         "linear", f"{(cli[n] - cli[sizes[0]]) / max(n - 1, 1) * 1000:.1f} ms per extra spec"))
+        counts = [10, 100] if args.quick else [10, 100, 1000]
+        per = {}
+        for n in counts:
+            (tmp / f"sw{n}").mkdir()
+            per[n] = in_process_builds(variants(tmp / f"sw{n}", n))
+        for n in counts:
+            rows.append((f"{n} variants compiled + rendered in one process (all targets)", f"{per[n]:.2f} s",
+                         "1,000 in <= 3 s" if n == 1000 else "linear",
+                         f"{per[n] / n * 1000:.2f} ms per variant" + (
+                             f": {'met' if per[n] <= 3 else 'NOT met'}" if n == 1000 else "")))
+
+        # 4. live vs snapshot verl validation
+        live = None if args.quick else median_seconds(
+            lambda: run(PY, "-m", "verlc", "validate", "--verl-config", "live", SCENARIO_A), min(runs, 3))
+        rows.append(("`verlc validate` with the shipped snapshot", f"{ours:.3f} s", "", ""))
+        rows.append(("`verlc validate --verl-config live` (Hydra composes the installed verl)",
+                     f"{live:.2f} s" if live else "not timed (--quick)", "", ""))
+
+        # 5. bring-up on the local two-node Slurm
+        figures = None if args.quick else bring_up(tmp / "slurm")
+        if figures:
+            sleeps = 10 + 5 * 1
+            rows.append(("2-node Slurm: job start -> cluster ready", f"{figures['start_to_ready']:.2f} s",
+                         f"fixed sleeps would cost {sleeps} s and check nothing", ""))
+            rows.append(("2-node Slurm: last node registered -> ready", f"{figures['last_node_to_ready']:.3f} s",
+                         "< 2 s", "met" if figures["last_node_to_ready"] < 2 else "NOT met"))
+        else:
+            rows.append(("2-node Slurm bring-up", "not measured" + (" (--quick)" if args.quick else " (no sbatch)"),
+                         "", ""))
+
+    table = "\n".join(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows)
+    text = f"""# Performance
+
+Measured by `bench/run.py`{' --quick' if args.quick else ''} on {datetime.now().date()}: {machine()}.
+Each figure is the median of {runs} run(s). Reproduce with `.venv/bin/python bench/run.py`
+(the Slurm row needs the local cluster: `dev/slurm.sh start`).
+
+| what | figure | budget | result |
+| --- | --- | --- | --- |
+{table}
+
+The floor is a bare `python -c 'import pydantic, jinja2, ruamel.yaml'` in the same venv. The mistyped key
+is `actor_rollout_ref.rollout.gpu_memory_utilisation` in scenario A; verlc reports
+`{line}`.
+"""
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""Hostile strings in every string field of a spec, for every target.
+
+Each value is either refused with clean `file:line:col: path: message` lines, or it reaches the
+generated files only as data: the scripts parse, and RUNNING them with every external command
+(srun, scontrol, docker, ray, python3, ...) replaced by a recorder yields exactly the argv the
+IR intended, while the payloads (which would create a marker file) never execute.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import IN_CI, require_tool
+from test_compose import compose_binary
+from verlc.compiler.diagnostics import SpecError
+from verlc.compiler.ir import JobIR
+from verlc.compiler.pipeline import compile_spec
+from verlc.targets import TARGETS
+from verlc.targets.bundle import Bundle
+
+MARKER = Path("/tmp/verlc-hostile-marker")  # every payload tries to create this file
+PAYLOADS = [
+    f"$(touch {MARKER})", f"`touch {MARKER}`", f"x; touch {MARKER}", f"x && touch {MARKER}",
+    f"x | touch {MARKER}", f"x\ntouch {MARKER}", f"x'; touch {MARKER}; '", f'x"; touch {MARKER}; "',
+    f"${{IFS}}touch${{IFS}}{MARKER}", "*", "/*", "?", "[a-z]*", "-rf", "--help", "-", "~root",
+    "$HOME", "${HOME}", "$$", "\\", "'", '"', "%j", "${PATH:0:1}", "{a,b}", "!!", "#comment",
+    "日本語-ünïcødé-🚀", "a b\tc", "x" * 5000, " leading-space", "trailing\\", "=", "a=b", ":",
+]
+BASE: dict[str, Any] = {
+    "name": "hostile",
+    "project": "p",
+    "experiment": "e",
+    "model": "org/model",
+    "data": {"prepare": [{"dataset": "gsm8k", "dir": "data/gsm8k", "script": "prep.py"}],
+             "train_files": ["data/train.parquet"], "val_files": ["data/test.parquet"]},
+    "verl": {"actor_rollout_ref": {"actor": {"ppo_micro_batch_size_per_gpu": 4},
+                                   "rollout": {"name": "vllm", "log_prob_micro_batch_size_per_gpu": 4}},
+             "critic": {"ppo_micro_batch_size_per_gpu": 4}, "data": {"prompt_key": "prompt"}},
+    "cluster": {"nodes": 2, "gpus_per_node": 8,
+                "slurm": {"cpus_per_task": 4, "partition": "gpu", "output": "slurm-%j.out", "modules": ["cuda"]}},
+    "container": {"runtime": "docker", "image": "img:1", "workdir": "/w", "mounts": ["/a:/b"],
+                  "run_args": ["--privileged"], "build": {"dockerfile": "Dockerfile", "context": "."}},
+    "network": {"head_interface": "eth0"},
+    "env": {"SOME_VAR": "v"},
+    "secrets": ["WANDB_API_KEY"],
+    "ray": {"address": "http://head:8265", "working_dir": "."},
+}
+# Every string field of the spec, as a path into BASE.
+FIELDS: list[tuple[str | int, ...]] = [
+    ("name",), ("project",), ("experiment",), ("model",), ("data", "prepare", 0, "dir"),
+    ("data", "prepare", 0, "script"), ("data", "train_files", 0), ("data", "val_files", 0),
+    ("verl", "data", "prompt_key"), ("cluster", "slurm", "partition"), ("cluster", "slurm", "output"),
+    ("cluster", "slurm", "modules", 0), ("container", "image"), ("container", "workdir"),
+    ("container", "mounts", 0), ("container", "run_args", 0), ("container", "build", "dockerfile"),
+    ("network", "head_interface"), ("env", "SOME_VAR"), ("secrets", 0), ("ray", "address"),
+    ("ray", "working_dir"),
+]
+DIAGNOSTIC = re.compile(r"spec\.yaml:\d+:\d+: \S+: \S.*")
+
+
+def with_value(path: tuple[str | int, ...], value: str) -> dict[str, Any]:
+    spec = copy.deepcopy(BASE)
+    node: Any = spec
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value
+    return spec
+
+
+def build(tmp: Path, spec: dict[str, Any]) -> tuple[JobIR, list[Bundle]] | list[str]:
+    """Compile for every target; the diagnostics when refused."""
+    path = tmp / "spec.yaml"
+    path.write_text(json.dumps(spec, ensure_ascii=False))  # JSON is YAML
+    try:
+        ir = compile_spec(path, display="spec.yaml", source="spec.yaml", targets=TARGETS)
+    except SpecError as exc:
+        return [str(d) for d in exc.diagnostics]
+    return ir, [render(ir) for render in TARGETS.values()]
+
+
+def assert_clean_refusal(problems: list[str]) -> None:
+    assert problems
+    for line in problems:
+        assert DIAGNOSTIC.fullmatch(line), line
+        assert "Traceback" not in line
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(FIELDS),
+       value=st.one_of(st.sampled_from(PAYLOADS),
+                       st.text(st.sampled_from("$`'\"\\;&|*?[]{}()<>!#~ \t\n-=:,%@^日ü🚀xa0"), max_size=40)))
+def test_every_value_is_refused_cleanly_or_stays_data(tmp_path: Path, field: tuple[str | int, ...],
+                                                      value: str) -> None:
+    result = build(tmp_path, with_value(field, value))
+    if isinstance(result, list):
+        assert_clean_refusal(result)
+        return
+    _, bundles = result
+    for bundle in bundles:
+        for f in bundle.files:
+            if f.path.endswith(".sh"):
+                check = subprocess.run(["bash", "-n"], input=f.text, capture_output=True, text=True)
+                assert check.returncode == 0, f"{bundle.folder}/{f.path}: {check.stderr}"
+            if f.path.endswith(".json"):
+                json.loads(f.text)
+
+
+# ---- running the generated scripts against recorders -----------------------------------------
+
+RECORDER = r'''#!{python}
+"""Stands in for an external command: appends its argv to $VERLC_RECORD, then plays its part."""
+import json, os, sys, time
+name = os.path.basename(sys.argv[0])
+args = sys.argv[1:]
+with open(os.environ["VERLC_RECORD"], "a", encoding="utf-8") as fh:
+    fh.write(json.dumps([name, *args]) + "\n")
+if "-" in args or (name == "python3" and args[:1] == ["-"]):
+    sys.stdin.read()  # the embedded helper; it is tested on its own
+if name == "srun":  # run the step's command, so the commands inside it are recorded too
+    rest = [a for a in args]
+    while rest and rest[0].startswith("-"):
+        rest.pop(0)
+    os.execvp(rest[0], rest) if rest else sys.exit(0)
+if name == "scontrol" and args[:2] == ["show", "hostnames"]:
+    print("n1\nn2")
+elif name == "hostname":
+    print("127.0.0.1")
+elif name == "ip":
+    print("1: eth0    inet 127.0.0.1/8 scope host eth0")
+elif "--block" in args:  # `ray start --block` runs until the cleanup stops it
+    time.sleep(60)
+elif name == "python3" and args[:1] != ["-"] and "verl.trainer.main_ppo" not in args:
+    os.execv({python!r}, [{python!r}, *args])  # submit.sh's runtime-env merge: the real thing
+'''
+COMMANDS = ("srun", "scontrol", "docker", "podman", "apptainer", "ray", "python3", "hostname", "ip", "module")
+
+
+@pytest.fixture(scope="module")
+def fake_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("fake-bin")
+    for command in COMMANDS:
+        (folder / command).write_text(RECORDER.format(python=sys.executable))
+        (folder / command).chmod(0o755)
+    return folder
+
+
+def run_script(bundle_dir: Path, script: str, fake_bin: Path, tmp: Path) -> list[list[str]]:
+    record = tmp / "record.jsonl"
+    record.unlink(missing_ok=True)
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "HOME": str(tmp), "VERLC_RECORD": str(record),
+           "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2",
+           "SLURM_SUBMIT_DIR": str(tmp), "WANDB_API_KEY": "k", "RAY_ADDRESS": "http://127.0.0.1:8265"}
+    result = subprocess.run(["bash", str(bundle_dir / script)], cwd=tmp, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, f"{script}: {result.stdout[-3000:]}{result.stderr[-3000:]}"
+    return [json.loads(line) for line in record.read_text().splitlines()]
+
+
+def write(bundle: Bundle, root: Path) -> Path:
+    folder = root / bundle.folder
+    for f in bundle.files:
+        (folder / f.path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / f.path).write_text(f.text)
+    return folder
+
+
+CASES = [(field, payload) for payload in PAYLOADS[:12] for field in
+         (("project",), ("model",), ("data", "train_files", 0), ("env", "SOME_VAR"), ("container", "mounts", 0))]
+CASES += [(field, f"$(touch {MARKER})") for field in FIELDS]
+
+
+@pytest.mark.parametrize(("field", "value"), CASES, ids=[f"{'.'.join(map(str, f))}={v[:12]!r}" for f, v in CASES])
+def test_scripts_run_with_recorders_pass_exactly_the_intended_argv(tmp_path: Path, fake_bin: Path,
+                                                                   field: tuple[str | int, ...], value: str) -> None:
+    MARKER.unlink(missing_ok=True)
+    result = build(tmp_path, with_value(field, value))
+    if isinstance(result, list):
+        assert_clean_refusal(result)
+        return
+    ir, bundles = result
+    shellcheck = require_tool("shellcheck")
+    by_target = {b.target: write(b, tmp_path / "out") for b in bundles}
+    for folder in by_target.values():
+        for script in folder.glob("*.sh"):
+            # SC2016 says "$(...) does not expand in single quotes": for a payload that is the point.
+            # The example bundles are checked with every rule (test_examples.py).
+            lint = subprocess.run([shellcheck, "--exclude=SC2016", str(script)], capture_output=True, text=True)
+            assert lint.returncode == 0, lint.stdout
+
+    calls = run_script(by_target["slurm"], "sbatch.sh", fake_bin, tmp_path)
+    trainer = [c for c in calls if "verl.trainer.main_ppo" in c]
+    assert len(trainer) == 2  # srun's own argv, then the command it runs (docker exec ...)
+    argv = trainer[-1]
+    assert argv[argv.index("python3"):] == list(ir.trainer_argv)
+    assert argv[argv.index("env") + 1] == "RAY_ADDRESS=127.0.0.1:6379" or argv[argv.index("env") + 1].startswith(
+        "RAY_ADDRESS=127.0.0.1:")
+    starts = [c for c in calls if c[:2] == ["docker", "run"]]
+    assert len(starts) == 2  # one container per node
+    assert starts[0][-3:] == [ir.container.image.display if "$" not in ir.container.image.display
+                              else starts[0][-3], "sleep", "infinity"]
+
+    calls = run_script(by_target["ray-job"], "submit.sh", fake_bin, tmp_path)
+    submit = next(c for c in calls if c[:3] == ["ray", "job", "submit"])
+    assert submit[submit.index("--") + 1:] == ["python3", "-m", "verlc_job", "job"]
+    job = json.loads((by_target["ray-job"] / "verlc_job" / "job.json").read_text())
+    assert job["train"] == list(ir.trainer_argv)
+
+    compose = subprocess.run([compose_binary(), "-f", "compose.yaml", "config", "--format", "json"],
+                             cwd=by_target["compose"], capture_output=True, text=True, env={**os.environ})
+    assert compose.returncode == 0, compose.stderr
+    trainer_env = json.loads(compose.stdout)["services"]["trainer"]["environment"]
+    for e in ir.env:
+        expected = e.value.display.replace("${HOME}", os.environ["HOME"]).replace("${USER}", os.environ.get("USER", ""))
+        assert trainer_env[e.name] == expected
+    assert not MARKER.exists(), "a payload was executed"
+
+
+def test_recorders_would_see_an_executed_payload(tmp_path: Path, fake_bin: Path) -> None:
+    """The marker check is not vacuous: an unquoted value in a script does create it."""
+    MARKER.unlink(missing_ok=True)
+    (tmp_path / "bad.sh").write_text(f'#!/usr/bin/env bash\nvalue="$(printf %s \'$(touch {MARKER})\')"\n'
+                                     'eval "echo $value"\n')
+    subprocess.run(["bash", str(tmp_path / "bad.sh")], capture_output=True, timeout=30)
+    assert MARKER.exists()
+    MARKER.unlink()
+
+
+def test_secret_values_never_reach_a_bundle(tmp_path: Path) -> None:
+    planted = {"WANDB_API_KEY": "wandb-planted-0123456789", "HF_TOKEN": "hf-planted-9876543210"}
+    spec = with_value(("secrets", 0), "WANDB_API_KEY")
+    spec["secrets"] = list(planted)
+    (tmp_path / "spec.yaml").write_text(json.dumps(spec))
+    out = tmp_path / "out"
+    env = {**os.environ, **planted}
+    result = subprocess.run([sys.executable, "-m", "verlc", "build", "spec.yaml", "--target", "all", "--out", str(out)],
+                            cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) > 10
+    for path in files:
+        text = path.read_text()
+        for name, value in planted.items():
+            assert value not in text, f"{path} holds {name}'s value"
+    sbatch = (out / "hostile" / "slurm" / "sbatch.sh").read_text()
+    assert "--env WANDB_API_KEY\n" in sbatch and "--env HF_TOKEN\n" in sbatch  # passed by name
+
+
+def test_hand_edited_files_are_not_overwritten(tmp_path: Path) -> None:
+    (tmp_path / "spec.yaml").write_text(json.dumps(BASE))
+    def verlc(*args: str) -> subprocess.CompletedProcess[str]:  # noqa: E306
+        return subprocess.run([sys.executable, "-m", "verlc", "build", "spec.yaml", "--target", "slurm", *args],
+                              cwd=tmp_path, capture_output=True, text=True)
+    assert verlc().returncode == 0
+    script = tmp_path / "out" / "hostile" / "slurm" / "sbatch.sh"
+    edited = script.read_text().replace("set -euo pipefail", "set -euo pipefail ", 1)
+    script.write_text(edited)
+    refused = verlc()
+    assert refused.returncode == 2
+    assert "sbatch.sh: edited by hand" in refused.stderr and "--force" in refused.stderr
+    assert script.read_text() == edited
+    assert verlc("--force").returncode == 0
+    assert script.read_text() != edited
+
+
+if not shutil.which("bash") and IN_CI:  # pragma: no cover - bash is the product's runtime
+    pytest.fail("bash is required")
