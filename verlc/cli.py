@@ -37,6 +37,13 @@ def _parser() -> argparse.ArgumentParser:
                              help="check `verl:` against the shipped schema of the spec's verl_version "
                                   "(default) or against the installed verl")
     validate.add_argument("specs", nargs="+", type=Path, metavar="SPEC")
+
+    check = sub.add_parser("check", help="fail when out/ is not what the specs generate",
+                           description="Rebuild in memory and compare with out/: exit 1 with a diff and the "
+                                       "command that fixes it when a bundle is stale or was edited by hand.")
+    check.add_argument("specs", nargs="*", type=Path, metavar="SPEC|DIR", default=[Path("specs")],
+                       help="spec files or folders of them (default: specs/)")
+    check.add_argument("--out", type=Path, default=Path("out"), help="output folder (default: out)")
     return parser
 
 
@@ -45,6 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "build":
             return _build(args.specs, args.target, args.out, args.force, args.verl_config)
+        if args.command == "check":
+            return _check(args.specs, args.out)
         return _validate(args.specs, args.verl_config)
     except KeyboardInterrupt:
         print("verlc: interrupted; nothing was written", file=sys.stderr)
@@ -124,4 +133,31 @@ def _build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_conf
         return EXIT_SPEC
     for b in bundles:
         print(f"wrote {out.name}/{b.folder}/ ({len(b.files)} files)")
+    return 0
+
+
+def _check(paths: Sequence[Path], out: Path) -> int:
+    from .targets import TARGETS
+    from .targets.bundle import differences
+
+    specs = sorted({p for path in paths for p in (sorted(path.glob("*.yaml")) if path.is_dir() else [path])})
+    if not specs:
+        print(f"verlc: no specs in {' '.join(map(str, paths))}", file=sys.stderr)
+        return EXIT_SPEC
+    result = _compile_all(specs, list(TARGETS), "snapshot")
+    if isinstance(result, int):
+        return result
+    problems = []
+    for ir in result:
+        for name, render in TARGETS.items():
+            bundle = render(ir)
+            problems += differences(bundle, out / bundle.folder)
+    if problems:
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        print(f"verlc: {len(problems)} generated file(s) out of date; fix with: "
+              f"verlc build {' '.join(map(str, specs))} --target all --out {out}"
+              + (" --force" if any(": edited by hand" in p for p in problems) else ""), file=sys.stderr)
+        return 1
+    print(f"{out}/ is up to date with {len(specs)} spec(s)")
     return 0

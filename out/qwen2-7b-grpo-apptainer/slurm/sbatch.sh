@@ -47,13 +47,22 @@ begin_stage() {
   log "stage $1"
 }
 
-# on_node NODE CMD...: run CMD on NODE as a job step, inside this job's container
+# step_for NODE CMD...: sets `step` to the argv that runs CMD on NODE as a job step, inside this
+# job's container. Background steps run "${step[@]}" & directly, so that $! is srun itself and
+# the cleanup's TERM reaches it (a backgrounded function would be a subshell around it).
 step_args=()
 exec_prefix=(apptainer exec --nv --bind "${HOME}":"${HOME}" --pwd "${HOME}"/verl "${HOME}"/images/verl-vllm.sif)
-on_node() {
+step=()
+step_for() {
   local node=$1
   shift
-  srun --nodes=1 --ntasks=1 --overlap --nodelist="$node" "${step_args[@]}" "${exec_prefix[@]}" "$@"
+  step=(srun --nodes=1 --ntasks=1 --overlap --nodelist="$node" "${step_args[@]}" "${exec_prefix[@]}" "$@")
+}
+
+# on_node NODE CMD...: run CMD on NODE and wait for it
+on_node() {
+  step_for "$@"
+  "${step[@]}"
 }
 
 # node_ip NODE: the IPv4 address Ray uses on NODE (the first one when several are printed)
@@ -155,7 +164,8 @@ main() {
       --disable-usage-stats
     )
     log "starting Ray head on $head_node"
-    on_node "$head_node" "${ray_head[@]}" &
+    step_for "$head_node" "${ray_head[@]}"
+    "${step[@]}" &
     ray_step_node[$!]=$head_node
     for ((i = 1; i < ${#nodes[@]}; i++)); do
       node=${nodes[i]}
@@ -173,12 +183,14 @@ main() {
         --disable-usage-stats
       )
       log "starting Ray worker on $node ($node_ip)"
-      on_node "$node" "${ray_worker[@]}" &
+      step_for "$node" "${ray_worker[@]}"
+      "${step[@]}" &
       ray_step_node[$!]=$node
     done
 
     log "waiting up to ${wait_seconds}s for $expected_nodes nodes and $expected_gpus GPUs"
-    helper wait --address "${head_ip}":"${ray_port}" --nodes 2 --gpus 16 --timeout 900 &
+    step_for "$head_node" python3 - wait --address "${head_ip}":"${ray_port}" --nodes 2 --gpus 16 --timeout 900
+    "${step[@]}" < <(helper_source) &
     waiter=$!
     # Fail fast, naming the node, when a Ray step dies while we wait.
     while kill -0 "$waiter" 2>/dev/null; do
@@ -243,7 +255,8 @@ main() {
     )
     log "training; log: $run_dir/train.log"
     # In the background so that TERM/INT reach the traps at once instead of after training.
-    on_node "$head_node" "${train[@]}" > >(tee -a "$run_dir/train.log") 2>&1 &
+    step_for "$head_node" "${train[@]}"
+    "${step[@]}" > >(tee -a "$run_dir/train.log") 2>&1 &
     if wait "$!"; then
       log "training finished"
     else
@@ -254,9 +267,14 @@ main() {
   fi
 }
 
-# helper ARGS...: verlc's in-cluster helper (targets/incluster.py, embedded) on the head node
+# helper ARGS...: verlc's in-cluster helper on the head node, its source on stdin
 helper() {
-  on_node "$head_node" python3 - "$@" <<'VERLC_HELPER'
+  on_node "$head_node" python3 - "$@" < <(helper_source)
+}
+
+# The helper: targets/incluster.py, embedded so the job needs no other file.
+helper_source() {
+  cat <<'VERLC_HELPER'
 """verlc's in-cluster helper: runs on the head node, inside the job's container, next to verl.
 
 Generated bundles embed this file verbatim and run it as `python3 - COMMAND ...`. It needs only the
