@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict, WithJsonSchema
 
 Int = Annotated[int, Strict()]
 Bool = Annotated[bool, Strict()]
@@ -48,7 +48,8 @@ Directive = Annotated[str, Strict(), _matching(
 SlurmTime = Annotated[str, Strict(), _matching(
     r"(\d+-)?\d+(:\d{1,2}){0,2}", "a Slurm time limit such as 30-00:00:00, 48:00:00 or 90")]
 SlurmMem = Annotated[str, BeforeValidator(lambda v: _int_as_str(v)), Strict(),
-                     _matching(r"\d+[KMGT]?", "a Slurm memory size such as 200G (0: all of the node's)")]
+                     _matching(r"\d+[KMGT]?", "a Slurm memory size such as 200G (0: all of the node's)"),
+                     WithJsonSchema({"anyOf": [{"type": "string", "pattern": r"^\d+[KMGT]?$"}, {"type": "integer"}]})]
 Package = Annotated[str, Strict(), _matching(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", "a Python package name")]
 Version = Annotated[str, Strict(), _matching(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99}", "a version such as 2.6.0")]
 Size = Annotated[str, Strict(), _matching(r"\d+[bkmgBKMG]?", "a size such as 128G")]
@@ -64,7 +65,8 @@ def _seconds(value: Any) -> Any:
     return value
 
 
-Seconds = Annotated[int, BeforeValidator(_seconds), Field(ge=1, le=7 * 24 * 3600)]
+Seconds = Annotated[int, BeforeValidator(_seconds), Field(ge=1, le=7 * 24 * 3600), WithJsonSchema(
+    {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": r"^\d+\s*[smh]?$"}]})]
 
 
 def _int_as_str(value: Any) -> Any:
@@ -74,8 +76,9 @@ def _int_as_str(value: Any) -> Any:
     return value
 
 
+_STR_OR_INT = WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "integer"}]})
 EnvValue = Annotated[str, BeforeValidator(_int_as_str), Strict(), Field(max_length=4096),
-                     AfterValidator(_no_control)]
+                     AfterValidator(_no_control), _STR_OR_INT]
 
 
 class Model(BaseModel):
@@ -213,19 +216,23 @@ class Ray(Model):
 # --- the spec --------------------------------------------------------------------------------------
 
 class Spec(Model):
-    name: Name
-    verl_version: Str = "0.9.1"
+    """One verl run: what to train (model, data, verl settings) and where and how it runs."""
+
+    name: Name = Field(description="Names the bundle folder, the Slurm job, containers and Ray submissions.")
+    verl_version: Str = Field("0.9.1", description="The verl release whose config `verl:` is checked against; "
+                                                   "the preflight requires the cluster to run it.")
     project: Text = Field(description="verl's trainer.project_name (the logger's project).")
     experiment: Text | None = Field(None, description="verl's trainer.experiment_name; default: name.")
     model: Text = Field(description="HF model id or path; used for the actor, the reference and the critic.")
-    data: Data
+    data: Data = Field(description="Preprocessing to run and the parquet files verl reads.")
     verl: dict[Str, Any] = Field(default_factory=dict, description="verl's ppo_trainer config, verl's nesting.")
-    cluster: Cluster
-    container: Container = NoContainer(runtime="none")
-    compose: Compose | None = None
-    network: Network = Network()
-    env: dict[EnvName, EnvValue] = Field(default_factory=dict)
+    cluster: Cluster = Field(description="Nodes, GPUs, accelerator, and the Slurm directives.")
+    container: Container = Field(NoContainer(runtime="none"), description="Where verl runs on each node.")
+    compose: Compose | None = Field(None, description="The compose target's image when `container` has none.")
+    network: Network = Field(Network(), description="Which NIC Ray uses; NCCL/RCCL settings.")
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict, description="Set on every node before Ray starts; "
+                                         "${HOME}, ${USER} and a leading ~ expand.")
     secrets: tuple[EnvName, ...] = Field((), description="Names only; values come from the submitting shell.")
     pins: dict[Package, Version] = Field(
         default_factory=dict, description="Exact package versions every node must have (verl: verl_version).")
-    ray: Ray = Ray()
+    ray: Ray = Field(Ray(), description="Ray's ports, bring-up deadline, debugger, and the ray-job address.")

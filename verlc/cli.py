@@ -44,6 +44,10 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("specs", nargs="*", type=Path, metavar="SPEC|DIR", default=[Path("specs")],
                        help="spec files or folders of them (default: specs/)")
     check.add_argument("--out", type=Path, default=Path("out"), help="output folder (default: out)")
+
+    schema = sub.add_parser("schema", help="print the spec's JSON Schema (or its Markdown reference)",
+                            description="Print the spec's JSON Schema, for yaml-language-server and editors.")
+    schema.add_argument("--format", choices=["json", "markdown"], default="json")
     return parser
 
 
@@ -54,6 +58,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _build(args.specs, args.target, args.out, args.force, args.verl_config)
         if args.command == "check":
             return _check(args.specs, args.out)
+        if args.command == "schema":
+            from .compiler import spec_doc
+
+            sys.stdout.write(spec_doc.json_schema() if args.format == "json" else spec_doc.markdown())
+            return 0
         return _validate(args.specs, args.verl_config)
     except KeyboardInterrupt:
         print("verlc: interrupted; nothing was written", file=sys.stderr)

@@ -1,0 +1,72 @@
+"""The spec's reference, generated from the models: JSON Schema for editors, Markdown for people."""
+
+from __future__ import annotations
+
+import json
+import typing
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from .spec import Spec
+
+
+def json_schema() -> str:
+    """JSON Schema of a spec file (for yaml-language-server's `$schema=` modeline)."""
+    return json.dumps(Spec.model_json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def markdown() -> str:
+    """docs/spec.md: every section and key, its type, default and meaning."""
+    lines = ["# The verlc spec", "",
+             "Generated from `compiler/spec.py` by `verlc schema --format markdown`; do not edit.", ""]
+    seen: list[type[BaseModel]] = []
+    _collect(Spec, seen)
+    for model in seen:
+        lines += [f"## {model.__name__}", ""]
+        if model.__doc__:
+            lines += [" ".join(model.__doc__.split()), ""]
+        lines += ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+        for name, field in model.model_fields.items():
+            default = "required" if field.is_required() else (
+                "" if field.default is PydanticUndefined else f"`{json.dumps(_plain(field.default))}`")
+            if field.default_factory is not None:
+                default = f"`{json.dumps(_plain(field.default_factory()))}`"
+            lines.append(f"| `{name}` | {_type(field.annotation)} | {default} | {field.description or ''} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _plain(value: Any) -> Any:
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+
+
+def _collect(tp: Any, seen: list[type[BaseModel]]) -> None:
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        if tp in seen:
+            return
+        seen.append(tp)
+        for field in tp.model_fields.values():
+            _collect(field.annotation, seen)
+        return
+    for arg in typing.get_args(tp):
+        _collect(arg, seen)
+
+
+def _type(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return _type(typing.get_args(tp)[0])
+    if origin is typing.Literal:
+        return " \\| ".join(f"`{a}`" for a in typing.get_args(tp))
+    if origin in (typing.Union, __import__("types").UnionType):
+        return " \\| ".join(_type(a) for a in typing.get_args(tp))
+    if origin in (tuple, list):
+        return f"list of {_type(typing.get_args(tp)[0])}"
+    if origin is dict:
+        key, value = typing.get_args(tp)
+        return f"mapping {_type(key)} -> {_type(value)}"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
