@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from .diagnostics import Diagnostic, SpecError
 from .ir import parse_word
 from .load import Sourced
-from .lower import derived_environment
+from .lower import derived_environment, variant_specs
 from .overrides import critic_in_use, derived, flatten, hydra_value
 from .spec import Apptainer, Engine, NoContainer, Pyxis, Spec
 from .verl_checks import check_verl
@@ -16,11 +16,12 @@ from .verl_schema import VerlSchema
 _SECRET_NAME = re.compile(r"(?i).*(_KEY|_TOKEN|_SECRET|PASSWORD|PASSWD).*")
 
 
-def check(spec: Spec, sourced: Sourced, schema: VerlSchema, targets: Iterable[str] = ()) -> None:
+def check(spec: Spec, sourced: Sourced, schema: VerlSchema, targets: Iterable[str] = (),
+          max_variants: int = 1000) -> None:
     """Raise SpecError with every problem found in `spec` (positions from `sourced`)."""
     problems = [
         *_verl_section(spec, sourced),
-        *check_verl(spec, sourced, schema),
+        *(check_verl(spec, sourced, schema) if spec.sweep is None else _sweep(spec, sourced, schema, max_variants)),
         *_words(spec, sourced),
         *_env(spec, sourced),
         *_container(spec, sourced),
@@ -114,11 +115,53 @@ def _ray(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
         yield sourced.diagnostic(("ray", "dashboard_port"), f"same as ray.port ({r.port})")
 
 
+def _sweep(spec: Spec, sourced: Sourced, schema: VerlSchema, max_variants: int) -> Iterator[Diagnostic]:
+    """Each variant is checked like a spec of its own; problems point at the sweep value that caused them."""
+    assert spec.sweep is not None
+    matrix = spec.sweep.matrix
+    count = 1
+    for values in matrix.values():
+        count *= len(values)
+    if count > max_variants:
+        yield sourced.diagnostic(("sweep", "matrix"), f"{count} variants; more than --max-variants {max_variants}")
+        return
+    fixed = {d.key for d in derived(spec)} | {"trainer.experiment_name"}
+    given = {s.key for s in flatten(spec.verl)}
+    bad = False
+    for key in matrix:
+        verl_key = key.removeprefix("verl.")
+        if verl_key in fixed:
+            yield sourced.diagnostic(("sweep", "matrix", key), f"verlc derives {verl_key}; it cannot vary", at_key=True)
+            bad = True
+        elif verl_key in given:
+            yield sourced.diagnostic(("sweep", "matrix", key), f"{key} is also set under verl:; set it in one place",
+                                     at_key=True)
+            bad = True
+    if bad:
+        return
+    seen: set[tuple[str, str]] = set()
+    for settings, variant in variant_specs(spec):
+        for d in check_verl(variant, sourced, schema):
+            for j, (key, value) in enumerate(settings):
+                if d.path == key:
+                    index = matrix[key].index(value)
+                    line, col = sourced.position(("sweep", "matrix", key, index))
+                    d = Diagnostic(d.file, line, col, f"sweep.matrix.{key}[{index}]", d.message)
+                    break
+            if (d.path, d.message) not in seen:  # the same problem in many variants is reported once
+                seen.add((d.path, d.message))
+                yield d
+
+
 def _for_targets(spec: Spec, sourced: Sourced, targets: set[str]) -> Iterator[Diagnostic]:
     if "slurm" in targets and spec.cluster.slurm is None:
         yield sourced.diagnostic(("cluster",), "the slurm target needs cluster.slurm "
                                                "(at least cpus_per_task)")
     if "compose" in targets:
+        if spec.sweep is not None:
+            yield sourced.diagnostic(("sweep",), "the compose target runs one job on one host; build sweeps for "
+                                                 "slurm (one job array) or ray-job (one submission per variant)",
+                                     at_key=True)
         if not isinstance(spec.container, Engine) and spec.compose is None:
             yield sourced.diagnostic(("container", "runtime"), f"the compose target runs docker images; with "
                                      f"runtime {spec.container.runtime}, add compose: {{image: ..., workdir: ...}}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 # Variables a spec may reference in paths and env values; everything else is literal text.
 SPEC_VARIABLES = ("HOME", "USER")
@@ -133,6 +133,16 @@ class DataPrepIR:
 
 
 @dataclass(frozen=True)
+class VariantIR:
+    """One cell of a sweep: the overrides that differ from the base run."""
+
+    index: int
+    settings: tuple[tuple[str, Any], ...]  # (verl key, value) as the sweep gives them
+    overrides: tuple[Override, ...]  # replace the base run's overrides with the same keys
+    checkpoint_dir: str
+
+
+@dataclass(frozen=True)
 class SlurmIR:
     directives: tuple[tuple[str, str], ...]  # (option, value) in a fixed order
     modules: tuple[str, ...]
@@ -166,6 +176,26 @@ class JobIR:
     overrides: tuple[Override, ...]
     slurm: SlurmIR | None
     compose: ContainerIR | None  # the docker container the compose target runs everything in
+    variants: tuple[VariantIR, ...]  # empty without a sweep
+
+    @property
+    def varied_keys(self) -> tuple[str, ...]:
+        """The verl keys some variant of a sweep sets differently from the base run."""
+        return tuple(sorted({o.key for v in self.variants for o in v.overrides}))
+
+    def variant_overrides(self, variant: VariantIR) -> tuple[Override, ...]:
+        """Values of the varied keys for one variant (the base run's where this variant keeps them)."""
+        own = {o.key: o for o in variant.overrides}
+        base = {o.key: o for o in self.overrides}
+        return tuple(own.get(k) or base[k] for k in self.varied_keys)
+
+    def trainer_argv_for(self, variant: VariantIR | None) -> tuple[str, ...]:
+        """The trainer's argv for one variant: the base overrides, then the variant's varied keys."""
+        if variant is None:
+            return self.trainer_argv
+        varied = set(self.varied_keys)
+        merged = [*(o for o in self.overrides if o.key not in varied), *self.variant_overrides(variant)]
+        return ("python3", "-m", self.trainer_module, *(o.arg for o in merged))
 
     @property
     def total_gpus(self) -> int:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+import itertools
 from typing import Any
 
 from verlc import __version__
 
 from .ir import (
-    ContainerIR, DataPrepIR, EnvVar, ImageBuildIR, JobIR, Override, RayIR, SlurmIR, Word, parse_word,
+    ContainerIR, DataPrepIR, EnvVar, ImageBuildIR, JobIR, Override, RayIR, SlurmIR, VariantIR, Word, parse_word,
 )
 from .overrides import derived, flatten, hydra_value
 from .verl_checks import Config, engine_of, prefix
@@ -70,6 +72,7 @@ def lower(spec: Spec, schema: VerlSchema, *, spec_file: str, spec_sha256: str) -
         overrides=overrides(spec, schema, engine),
         slurm=slurm_ir(spec),
         compose=compose_container(spec),
+        variants=variants(spec, schema, engine),
     )
 
 
@@ -169,6 +172,34 @@ def container(spec: Spec) -> ContainerIR:
         workdir=parse_word(c.workdir) if c.workdir else None, shm_size=None, mounts=(), devices=(),
         gpu_args=(), run_args=(), venv=parse_word(c.venv) if c.venv else None,
     )
+
+
+def variant_specs(spec: Spec) -> list[tuple[tuple[tuple[str, Any], ...], Spec]]:
+    """Every combination of the sweep's settings, in matrix order, as (settings, the variant's spec)."""
+    if spec.sweep is None:
+        return []
+    keys = list(spec.sweep.matrix)
+    out = []
+    for index, values in enumerate(itertools.product(*spec.sweep.matrix.values())):
+        verl = copy.deepcopy(spec.verl)
+        for key, value in zip(keys, values):
+            node = verl
+            *parents, last = key.split(".")[1:]
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[last] = value
+        experiment = f"{spec.experiment or spec.name}-v{index:03d}"
+        out.append((tuple(zip(keys, values)), spec.model_copy(update={"verl": verl, "experiment": experiment})))
+    return out
+
+
+def variants(spec: Spec, schema: VerlSchema, engine: str) -> tuple[VariantIR, ...]:
+    base = {o.key: o for o in overrides(spec, schema, engine)}
+    out = []
+    for index, (settings, variant) in enumerate(variant_specs(spec)):
+        changed = tuple(o for o in overrides(variant, schema, engine) if base.get(o.key) != o)
+        out.append(VariantIR(index, settings, changed, checkpoint_dir(variant)))
+    return tuple(out)
 
 
 def compose_container(spec: Spec) -> ContainerIR | None:

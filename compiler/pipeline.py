@@ -19,7 +19,7 @@ VerlConfigSource = Literal["snapshot", "live"]
 
 
 def compile_spec(path: Path, *, display: str, source: str, targets: Iterable[str] = (),
-                 verl_config: VerlConfigSource = "snapshot") -> JobIR:
+                 verl_config: VerlConfigSource = "snapshot", max_variants: int = 1000) -> JobIR:
     """Compile one spec file; raise SpecError listing every problem.
 
     `display` names the file in diagnostics; `source` names it in the generated files.
@@ -27,7 +27,7 @@ def compile_spec(path: Path, *, display: str, source: str, targets: Iterable[str
     sourced = load(path, display)
     spec = validate(sourced)
     schema = verl_schema_for(spec, sourced, verl_config)
-    check(spec, sourced, schema, targets)
+    check(spec, sourced, schema, targets, max_variants)
     ir = lower(spec, schema, spec_file=source, spec_sha256=sourced.sha256)
     if verl_config == "live":
         _compose_live(ir, sourced)

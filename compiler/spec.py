@@ -213,6 +213,18 @@ class Ray(Model):
     debug: Literal["off", "post_mortem", "legacy"] = "off"
 
 
+# --- sweeps ----------------------------------------------------------------------------------------
+
+SweepKey = Annotated[str, Strict(), _matching(r"verl(\.[A-Za-z_][A-Za-z0-9_]*)+",
+                                              "a verl setting such as verl.actor_rollout_ref.actor.optim.lr")]
+
+
+class Sweep(Model):
+    """Every combination of these verl settings is one variant: a Slurm array task, a Ray job."""
+
+    matrix: dict[SweepKey, Annotated[tuple[Any, ...], Field(min_length=1)]] = Field(min_length=1)
+
+
 # --- the spec --------------------------------------------------------------------------------------
 
 class Spec(Model):
@@ -236,3 +248,4 @@ class Spec(Model):
     pins: dict[Package, Version] = Field(
         default_factory=dict, description="Exact package versions every node must have (verl: verl_version).")
     ray: Ray = Field(Ray(), description="Ray's ports, bring-up deadline, debugger, and the ray-job address.")
+    sweep: Sweep | None = Field(None, description="A matrix of verl settings; each combination is a variant.")

@@ -118,6 +118,8 @@ def write(bundles: Sequence[Bundle], out: Path, *, force: bool = False) -> None:
     once everything is on disk, so an interrupted build leaves the previous out/ as it was.
     """
     out.mkdir(parents=True, exist_ok=True)
+    for leftover in out.glob(".verlc-staging-*"):  # from a build that was killed
+        shutil.rmtree(leftover, ignore_errors=True)
     if not force:
         edited = [f"{b.folder}/{rel}" for b in bundles for rel in edited_files(out / b.folder)]
         if edited:
@@ -133,7 +135,6 @@ def write(bundles: Sequence[Bundle], out: Path, *, force: bool = False) -> None:
         for bundle in bundles:
             final = out / bundle.folder
             final.parent.mkdir(parents=True, exist_ok=True)
-            old = None
             if final.exists():
                 old = staging / f"{bundle.name}.{bundle.target}.old"
                 os.replace(final, old)

@@ -240,7 +240,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 def cmd_job(args: argparse.Namespace) -> int:
     """The whole job from a job.json next to this module: no shell ever parses its argv."""
-    path = args.spec or os.path.join(os.path.dirname(os.path.abspath(__file__)), "job.json")
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.join(here, "jobs", f"{int(args.variant)}.json") if args.variant else os.path.join(here, "job.json")
     with open(path, encoding="utf-8") as fh:
         job = json.load(fh)
     stop_after = os.environ.get("VERLC_STOP_AFTER") or "train"
@@ -297,7 +298,7 @@ def main(argv: list[str]) -> int:
     pre.add_argument("--record", help="write the run record (JSON) here")
     pre.add_argument("--image", help="the container image, for the run record")
     job = sub.add_parser("job")
-    job.add_argument("spec", nargs="?", help="job.json (default: the one next to this module)")
+    job.add_argument("variant", nargs="?", help="a sweep's variant index (jobs/<index>.json); default: job.json")
     args = parser.parse_args(argv)
     if args.command == "prepare":
         args.cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd

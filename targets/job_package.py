@@ -10,15 +10,16 @@ import json
 from importlib import resources
 from typing import Any
 
-from ..compiler.ir import JobIR
+from ..compiler.ir import JobIR, VariantIR
 from .bundle import File, header_lines
 
 PACKAGE = "verlc_job"
 COMMAND = ("python3", "-m", PACKAGE, "job")
 
 
-def job_description(ir: JobIR, *, address: str | None, record: str | None) -> dict[str, Any]:
-    """What `python3 -m verlc_job job` runs: wait, data, preflight, train (see targets/incluster.py)."""
+def job_description(ir: JobIR, *, address: str | None, record: str | None,
+                    variant: VariantIR | None = None) -> dict[str, Any]:
+    """What `python3 -m verlc_job job [VARIANT]` runs: wait, data, preflight, train (targets/incluster.py)."""
     return {
         "generated_from": ir.spec_file,
         "spec_sha256": ir.spec_sha256,
@@ -29,12 +30,12 @@ def job_description(ir: JobIR, *, address: str | None, record: str | None) -> di
         "wait_seconds": ir.ray.wait_seconds,
         "data_prep": [{"out_dir": p.out_dir, "argv": list(p.argv)} for p in ir.data_prep],
         "model": ir.model,
-        "checkpoint_dir": ir.checkpoint_dir,
+        "checkpoint_dir": variant.checkpoint_dir if variant else ir.checkpoint_dir,
         "data_files": list(ir.data_files),
         "pins": [f"{name}={version}" for name, version in ir.pins],
         "image": ir.image.display,
         "record": record,
-        "train": list(ir.trainer_argv),
+        "train": list(ir.trainer_argv_for(variant)),
     }
 
 
@@ -42,9 +43,11 @@ def job_package(ir: JobIR, *, address: str | None, record: str | None) -> list[F
     header = "".join(f"# {line}\n" for line in header_lines(ir))
     source = resources.files("verlc.targets").joinpath("incluster.py").read_text()
     main = "import sys\n\nfrom . import main\n\nsys.exit(main(sys.argv[1:]))\n"
-    job = job_description(ir, address=address, record=record)
+    jobs = {"job.json": job_description(ir, address=address, record=record)} if not ir.variants else {
+        f"jobs/{v.index}.json": job_description(ir, address=address, record=record, variant=v) for v in ir.variants}
     return [
         File(f"{PACKAGE}/__init__.py", header + source),
         File(f"{PACKAGE}/__main__.py", header + main),
-        File(f"{PACKAGE}/job.json", json.dumps(job, indent=2, ensure_ascii=False) + "\n"),
+        *(File(f"{PACKAGE}/{name}", json.dumps(job, indent=2, ensure_ascii=False) + "\n")
+          for name, job in jobs.items()),
     ]

@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--verl-config", choices=["snapshot", "live"], default="snapshot",
                              help="check `verl:` against the shipped schema of the spec's verl_version "
                                   "(default) or against the installed verl")
+        command.add_argument("--max-variants", type=int, default=1000, metavar="N",
+                             help="refuse sweeps with more variants than this (default 1000)")
     validate.add_argument("specs", nargs="+", type=Path, metavar="SPEC")
 
     check = sub.add_parser("check", help="fail when out/ is not what the specs generate",
@@ -55,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "build":
-            return _build(args.specs, args.target, args.out, args.force, args.verl_config)
+            return _build(args.specs, args.target, args.out, args.force, args.verl_config, args.max_variants)
         if args.command == "check":
             return _check(args.specs, args.out)
         if args.command == "schema":
@@ -63,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             sys.stdout.write(spec_doc.json_schema() if args.format == "json" else spec_doc.markdown())
             return 0
-        return _validate(args.specs, args.verl_config)
+        return _validate(args.specs, args.verl_config, args.max_variants)
     except KeyboardInterrupt:
         print("verlc: interrupted; nothing was written", file=sys.stderr)
         return 130
@@ -86,7 +88,8 @@ def _source_name(spec: Path) -> str:
     return path.name
 
 
-def _compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str) -> list | int:
+def _compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str,
+                 max_variants: int = 1000) -> list | int:
     from .compiler.diagnostics import SpecError
     from .compiler.pipeline import compile_spec
 
@@ -94,7 +97,7 @@ def _compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str
     for spec in specs:
         try:
             irs.append(compile_spec(spec, display=str(spec), source=_source_name(spec), targets=targets,
-                                    verl_config=verl_config))
+                                    verl_config=verl_config, max_variants=max_variants))
         except SpecError as exc:
             problems.extend(exc.diagnostics)
     if problems:
@@ -105,23 +108,25 @@ def _compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str
     return irs
 
 
-def _validate(specs: Sequence[Path], verl_config: str) -> int:
-    result = _compile_all(specs, (), verl_config)
+def _validate(specs: Sequence[Path], verl_config: str, max_variants: int) -> int:
+    result = _compile_all(specs, (), verl_config, max_variants)
     if isinstance(result, int):
         return result
     for ir in result:
         print(f"{ir.spec_file}: ok ({ir.name}: {ir.nodes} node(s) x {ir.gpus_per_node} GPUs, "
-              f"{len(ir.overrides)} verl overrides checked against verl {ir.verl_schema})")
+              f"{len(ir.overrides)} verl overrides checked against verl {ir.verl_schema}"
+              + (f", {len(ir.variants)} variants" if ir.variants else "") + ")")
     return 0
 
 
-def _build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_config: str) -> int:
+def _build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_config: str,
+           max_variants: int) -> int:
     from .targets import TARGETS
     from .targets.bundle import EditedError, write
 
     names = list(TARGETS) if target == "all" else [target]
     out = out.resolve()
-    result = _compile_all(specs, names, verl_config)
+    result = _compile_all(specs, names, verl_config, max_variants)
     if isinstance(result, int):
         return result
     seen: dict[str, str] = {}

@@ -28,10 +28,12 @@ class RayJobView:
     secrets: tuple[str, ...]
     entrypoint: tuple[str, ...]
     package: str
+    variants: tuple[str, ...]  # a sweep's variant indexes; each is one submission
 
 
 def ray_job_view(ir: JobIR) -> RayJobView:
-    return RayJobView(header_lines(ir), ir.name, ir.ray.address, ir.secrets, COMMAND, PACKAGE)
+    return RayJobView(header_lines(ir), ir.name, ir.ray.address, ir.secrets, COMMAND, PACKAGE,
+                      tuple(str(v.index) for v in ir.variants))
 
 
 def runtime_env(ir: JobIR) -> dict[str, Any]:

@@ -28,6 +28,14 @@ class DataStep:
 
 
 @dataclass(frozen=True)
+class VariantView:
+    index: int
+    label: str  # what the job logs, e.g. "variant 3: actor_rollout_ref.actor.optim.lr=1e-06"
+    args: Line  # overrides that replace the base run's for this array task
+    checkpoint_dir: str
+
+
+@dataclass(frozen=True)
 class SlurmView:
     """Everything `sbatch.sh.j2` prints, already resolved; built by `slurm_view`."""
 
@@ -59,6 +67,8 @@ class SlurmView:
     data_steps: tuple[DataStep, ...]
     preflight: tuple[Line, ...]
     train: tuple[Line, ...]
+    checkpoint_dir: str
+    variants: tuple[VariantView, ...]
     helper_source: str
 
 
@@ -130,9 +140,16 @@ def slurm_view(ir: JobIR) -> SlurmView:
         *ray_common,
     )
     ray_env = _word("RAY_ADDRESS=", HEAD_IP, ":", RAY_PORT)
+    # A sweep's varied keys leave the base command; each array task adds its own values back.
+    varied = set(ir.varied_keys)
+    variant_views = tuple(
+        VariantView(v.index, f"variant {v.index}: " + " ".join(f"{k.removeprefix('verl.')}={val}" for k, val in v.settings),
+                    tuple(o.arg for o in ir.variant_overrides(v)), v.checkpoint_dir)
+        for v in ir.variants)
+    array = (f"--array=0-{len(ir.variants) - 1}",) if ir.variants else ()
     return SlurmView(
         header=header_lines(ir),
-        directives=(*(f"--{k}={v}" if v else f"--{k}" for k, v in ir.slurm.directives), "--export=ALL"),
+        directives=(*(f"--{k}={v}" if v else f"--{k}" for k, v in ir.slurm.directives), *array, "--export=ALL"),
         requeue=ir.slurm.requeue,
         modules=ir.slurm.modules,
         env=ir.env,
@@ -165,12 +182,15 @@ def slurm_view(ir: JobIR) -> SlurmView:
             ("preflight", "--address", address),
             ("--nodes", str(ir.nodes), "--gpus", str(ir.total_gpus)),
             ("--model", ir.model),
-            ("--checkpoint-dir", ir.checkpoint_dir),
+            ("--checkpoint-dir", _word(Var("checkpoint_dir"))),
             *(("--pin", f"{name}={version}") for name, version in ir.pins),
             ("--image", ir.image, "--record", _word(Var("run_dir"), "/run-record.json")),
             *(("--data", f) for f in ir.data_files),
         ),
-        train=(("env", ray_env), tuple(ir.trainer_argv[:3]), *((a,) for a in ir.trainer_argv[3:])),
+        train=(("env", ray_env), ("python3", "-m", ir.trainer_module),
+               *((o.arg,) for o in ir.overrides if o.key not in varied)),
+        checkpoint_dir=ir.checkpoint_dir,
+        variants=variant_views,
         helper_source=resources.files("verlc.targets").joinpath("incluster.py").read_text(),
     )
 

@@ -124,6 +124,8 @@ main() {
   readonly head_node=${nodes[0]}
   log "job $SLURM_JOB_ID on ${nodes[*]}; head $head_node; SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}"
   mkdir -p "$run_dir"
+  checkpoint_dir=checkpoints/verl_grpo/qwen2-7b-grpo-apptainer
+  variant=()
 
   # ---- environment: exported before any container or Ray process starts (verl #158) ---------------
   export PYTHONUNBUFFERED=1  # verlc: stream trainer logs
@@ -213,7 +215,7 @@ main() {
       preflight --address "${head_ip}":"${ray_port}" \
       --nodes 2 --gpus 16 \
       --model Qwen/Qwen2-7B-Instruct \
-      --checkpoint-dir checkpoints/verl_grpo/qwen2-7b-grpo-apptainer \
+      --checkpoint-dir "${checkpoint_dir}" \
       --pin verl=0.9.1 \
       --image "${HOME}"/images/verl-vllm.sif --record "${run_dir}"/run-record.json \
       --data data/gsm8k/train.parquet \
@@ -252,6 +254,7 @@ main() {
       trainer.save_freq=20
       trainer.test_freq=5
       trainer.total_epochs=15
+      "${variant[@]}"
     )
     log "training; log: $run_dir/train.log"
     # In the background so that TERM/INT reach the traps at once instead of after training.
@@ -517,7 +520,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 def cmd_job(args: argparse.Namespace) -> int:
     """The whole job from a job.json next to this module: no shell ever parses its argv."""
-    path = args.spec or os.path.join(os.path.dirname(os.path.abspath(__file__)), "job.json")
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.join(here, "jobs", f"{int(args.variant)}.json") if args.variant else os.path.join(here, "job.json")
     with open(path, encoding="utf-8") as fh:
         job = json.load(fh)
     stop_after = os.environ.get("VERLC_STOP_AFTER") or "train"
@@ -574,7 +578,7 @@ def main(argv: list[str]) -> int:
     pre.add_argument("--record", help="write the run record (JSON) here")
     pre.add_argument("--image", help="the container image, for the run record")
     job = sub.add_parser("job")
-    job.add_argument("spec", nargs="?", help="job.json (default: the one next to this module)")
+    job.add_argument("variant", nargs="?", help="a sweep's variant index (jobs/<index>.json); default: job.json")
     args = parser.parse_args(argv)
     if args.command == "prepare":
         args.cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd

@@ -22,8 +22,6 @@ for name in "${secrets[@]}"; do
   [[ -n ${!name:-} ]] || { echo "submit.sh: $name is not set: export it first" >&2; exit 1; }
 done
 
-submission_id=quickstart-gsm8k-1node-$(date -u +%Y%m%d-%H%M%S)
-readonly submission_id
 runtime_env=$(mktemp "${TMPDIR:-/tmp}/verlc-runtime-env.XXXXXX")  # mode 0600: it holds secrets
 trap 'rm -f "$runtime_env"' EXIT
 
@@ -41,13 +39,17 @@ with open(target, "w", encoding="utf-8") as fh:
     json.dump(env, fh)
 VERLC_MERGE
 
-ray job submit --address "$address" --submission-id "$submission_id" --runtime-env "$runtime_env" \
-  --no-wait -- python3 -m verlc_job job
-
-cat <<EOF
+stamp=$(date -u +%Y%m%d-%H%M%S)
+variants=("")
+for variant in "${variants[@]}"; do
+  submission_id=quickstart-gsm8k-1node${variant:+-v$variant}-$stamp
+  ray job submit --address "$address" --submission-id "$submission_id" --runtime-env "$runtime_env" \
+    --no-wait -- python3 -m verlc_job job ${variant:+"$variant"}
+  cat <<EOF
 submitted $submission_id to $address (stages up to: $stop_after)
   status:    ray job status --address $address $submission_id
   logs:      ray job logs --address $address --follow $submission_id
   stop:      ray job stop --address $address $submission_id
   dashboard: $address
 EOF
+done

@@ -129,6 +129,8 @@ main() {
   readonly head_node=${nodes[0]}
   log "job $SLURM_JOB_ID on ${nodes[*]}; head $head_node; SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}"
   mkdir -p "$run_dir"
+  checkpoint_dir=checkpoints/verl_example/Qwen2-7B-Instruct_gsm8k
+  variant=()
 
   # ---- login environment ----------------------------------------------------------------------------
   module load rocm/6.2.0
@@ -287,7 +289,7 @@ main() {
       preflight --address "${head_ip}":"${ray_port}" \
       --nodes 2 --gpus 16 \
       --model Qwen/Qwen2-7B-Instruct \
-      --checkpoint-dir checkpoints/verl_example/Qwen2-7B-Instruct_gsm8k \
+      --checkpoint-dir "${checkpoint_dir}" \
       --pin verl=0.9.1 \
       --image verl.rocm --record "${run_dir}"/run-record.json \
       --data ../data/gsm8k/train.parquet \
@@ -324,6 +326,7 @@ main() {
       trainer.project_name=verl_example
       trainer.resume_mode=auto
       trainer.total_epochs=15
+      "${variant[@]}"
     )
     log "training; log: $run_dir/train.log"
     # In the background so that TERM/INT reach the traps at once instead of after training.
@@ -589,7 +592,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 def cmd_job(args: argparse.Namespace) -> int:
     """The whole job from a job.json next to this module: no shell ever parses its argv."""
-    path = args.spec or os.path.join(os.path.dirname(os.path.abspath(__file__)), "job.json")
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.join(here, "jobs", f"{int(args.variant)}.json") if args.variant else os.path.join(here, "job.json")
     with open(path, encoding="utf-8") as fh:
         job = json.load(fh)
     stop_after = os.environ.get("VERLC_STOP_AFTER") or "train"
@@ -646,7 +650,7 @@ def main(argv: list[str]) -> int:
     pre.add_argument("--record", help="write the run record (JSON) here")
     pre.add_argument("--image", help="the container image, for the run record")
     job = sub.add_parser("job")
-    job.add_argument("spec", nargs="?", help="job.json (default: the one next to this module)")
+    job.add_argument("variant", nargs="?", help="a sweep's variant index (jobs/<index>.json); default: job.json")
     args = parser.parse_args(argv)
     if args.command == "prepare":
         args.cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd

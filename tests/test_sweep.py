@@ -1,0 +1,96 @@
+"""Sweeps: one Slurm job array (or one Ray submission per variant), every variant checked like a spec."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_verlc
+from test_hostile import BASE, fake_bin, run_script, write  # noqa: F401 - fake_bin is a fixture
+from test_hostile import build as build_for_targets
+from test_verl_differential import PARSER, composed, hydra_loader
+
+MATRIX = {"verl.actor_rollout_ref.actor.optim.lr": [1e-6, 2e-6, 5e-7, 1e-7, 3e-6],
+          "verl.algorithm.kl_ctrl.kl_coef": [0.001, 0.0001, 0.01, 0.005, 0.0005],
+          "verl.data.seed": [1, 2, 3, 4]}
+
+
+def build(tmp: Path, spec: dict):  # noqa: ANN201
+    return build_for_targets(tmp, spec, ("slurm", "ray-job"))  # compose refuses sweeps (one host, one job)
+
+
+def sweep_spec(matrix: dict = MATRIX, **changes: object) -> dict:
+    spec = copy.deepcopy(BASE)
+    spec["sweep"] = {"matrix": matrix}
+    spec.update(changes)
+    return spec
+
+
+def test_a_100_variant_sweep_is_one_job_array_whose_variants_all_compose(tmp_path: Path) -> None:
+    ir, bundles = build(tmp_path, sweep_spec())
+    assert len(ir.variants) == 100
+    slurm = next(b for b in bundles if b.target == "slurm")
+    script = next(f.text for f in slurm.files if f.path == "sbatch.sh")
+    assert script.count("#SBATCH --array=0-99\n") == 1
+    table = next(f.text for f in slurm.files if f.path == "variants.csv")
+    rows = list(csv.reader(line for line in table.splitlines() if not line.startswith("#")))
+    assert len(rows) == 101 and rows[0][:2] == ["array_index", "experiment"]
+    assert len({row[1] for row in rows[1:]}) == 100  # one experiment name each
+    for variant in ir.variants:  # Hydra applies each array task's full override list to verl's config
+        cfg = copy.deepcopy(composed("dp"))
+        overrides = list(ir.trainer_argv_for(variant)[3:])
+        hydra_loader.ConfigLoaderImpl._apply_overrides_to_config(PARSER.parse_overrides(overrides), cfg)
+        lr, kl, seed = (value for _, value in variant.settings)
+        assert (cfg.actor_rollout_ref.actor.optim.lr, cfg.algorithm.kl_ctrl.kl_coef, cfg.data.seed) == (lr, kl, seed)
+        assert cfg.trainer.experiment_name == f"e-v{variant.index:03d}"
+
+
+def test_an_array_task_runs_its_own_variant(tmp_path: Path, fake_bin: Path) -> None:  # noqa: F811
+    ir, bundles = build(tmp_path, sweep_spec())
+    folder = write(next(b for b in bundles if b.target == "slurm"), tmp_path / "out")
+    (folder / "run.sh").write_text(f"export SLURM_ARRAY_TASK_ID=37\nexec bash {folder / 'sbatch.sh'}\n")
+    calls = run_script(folder, "run.sh", fake_bin, tmp_path)
+    argv = [c for c in calls if "verl.trainer.main_ppo" in c][-1]
+    assert argv[argv.index("python3"):] == list(ir.trainer_argv_for(ir.variants[37]))
+
+
+def test_ray_job_submits_each_variant(tmp_path: Path, fake_bin: Path) -> None:  # noqa: F811
+    matrix = {"verl.data.seed": [1, 2, 3]}
+    ir, bundles = build(tmp_path, sweep_spec(matrix))
+    folder = write(next(b for b in bundles if b.target == "ray-job"), tmp_path / "out")
+    calls = run_script(folder, "submit.sh", fake_bin, tmp_path)
+    entrypoints = [c[c.index("--") + 1:] for c in calls if c[:3] == ["ray", "job", "submit"]]
+    assert entrypoints == [["python3", "-m", "verlc_job", "job", str(i)] for i in range(3)]
+    for i in range(3):
+        job = json.loads((folder / "verlc_job" / "jobs" / f"{i}.json").read_text())
+        assert job["train"] == list(ir.trainer_argv_for(ir.variants[i]))
+
+
+def test_a_bad_value_is_reported_at_its_place_in_the_sweep(tmp_path: Path) -> None:
+    spec = sweep_spec({"verl.actor_rollout_ref.actor.ppo_mini_batch_size": [64, 2048],
+                       "verl.actor_rollout_ref.actor.optim.lr": [1e-6, "fast"]})
+    problems = build(tmp_path, spec)
+    assert isinstance(problems, list)
+    assert any(": sweep.matrix.verl.actor_rollout_ref.actor.optim.lr[1]: expects a number" in p for p in problems)
+    assert any(": sweep.matrix.verl.actor_rollout_ref.actor.ppo_mini_batch_size[1]: " in p and "(2048)" in p
+               for p in problems)
+
+
+def test_derived_keys_cannot_vary(tmp_path: Path) -> None:
+    problems = build(tmp_path, sweep_spec({"verl.trainer.nnodes": [1, 2]}))
+    assert isinstance(problems, list) and any("verlc derives trainer.nnodes" in p for p in problems)
+
+
+@pytest.mark.parametrize(("limit", "code"), [(None, 2), ("2000", 0)])
+def test_max_variants_guards_accidents(tmp_path: Path, limit: str | None, code: int) -> None:
+    matrix = {"verl.data.seed": list(range(11)), "verl.actor_rollout_ref.actor.optim.lr": [1e-6 * i for i in range(1, 11)],
+              "verl.algorithm.kl_ctrl.kl_coef": [0.001 * i for i in range(1, 11)]}  # 1,100 variants
+    (tmp_path / "spec.yaml").write_text(json.dumps(sweep_spec(matrix)))
+    result = run_verlc("validate", "spec.yaml", *(["--max-variants", limit] if limit else []), cwd=tmp_path)
+    assert result.returncode == code, result.stderr
+    if code:
+        assert "1100 variants; more than --max-variants 1000" in result.stderr
