@@ -15,6 +15,6 @@ def test_benchmark_quick_mode_writes_its_table(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     text = out.read_text()
-    for row in ("cold `verlc build` scenario A", "time to error, mistyped verl key", "variants compiled"):
+    for row in ("cold `verlc build` scenario A", "time to error, mistyped verl key", "variant sweep"):
         assert row in text
     assert "has no key 'gpu_memory_utilisation'" in text
