@@ -104,9 +104,10 @@ def _container(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     if isinstance(c, Pyxis) and spec.cluster.accelerator == "rocm":
         yield sourced.diagnostic(("container", "runtime"),
                                  "pyxis/enroot exposes NVIDIA GPUs only; use docker, podman or apptainer on ROCm")
-    for i, mount in enumerate(getattr(c, "mounts", ())):
-        if ":" not in mount:
-            yield sourced.diagnostic(("container", "mounts", i), "a mount is SRC:DST[:OPTIONS]")
+    for section, mounts in (("container", getattr(c, "mounts", ())), ("compose", getattr(spec.compose, "mounts", ()))):
+        for i, mount in enumerate(mounts):
+            if ":" not in mount:
+                yield sourced.diagnostic((section, "mounts", i), "a mount is SRC:DST[:OPTIONS]")
 
 
 def _ray(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
@@ -169,9 +170,6 @@ def _for_targets(spec: Spec, sourced: Sourced, targets: set[str]) -> Iterator[Di
             yield sourced.diagnostic(("name",), "the compose target uses the name as the Compose project "
                                                 "name: lowercase letters, digits, '-' and '_' only")
     if spec.compose is not None:
-        for i, mount in enumerate(spec.compose.mounts):
-            if ":" not in mount:
-                yield sourced.diagnostic(("compose", "mounts", i), "a mount is SRC:DST[:OPTIONS]")
         for loc, text in ((("compose", "image"), spec.compose.image), (("compose", "workdir"), spec.compose.workdir),
                           *((("compose", "mounts", i), m) for i, m in enumerate(spec.compose.mounts))):
             try:
