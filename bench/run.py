@@ -95,6 +95,7 @@ def bring_up(tmp: Path) -> dict[str, float] | None:
     sys.path.insert(0, str(REPO / "tests"))
     from test_slurm_e2e import build, sbatch, write_fixtures  # the same fixtures the e2e tests use
 
+    tmp.mkdir(parents=True, exist_ok=True)
     write_fixtures(tmp)
     job, output, state = sbatch(build(tmp), tmp, "ray")
     if state != "COMPLETED":

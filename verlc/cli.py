@@ -47,6 +47,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="spec files or folders of them (default: specs/)")
     check.add_argument("--out", type=Path, default=Path("out"), help="output folder (default: out)")
 
+    diff = sub.add_parser("diff", help="what differs between two runs (specs or bundle folders)",
+                          description="A semantic diff of two specs, or two bundles (their spec.yaml), grouped "
+                                      "into verl settings, resources, container, environment and stages.")
+    diff.add_argument("a", type=Path, metavar="A")
+    diff.add_argument("b", type=Path, metavar="B")
+    diff.add_argument("--format", choices=["text", "markdown"], default="text")
+
     schema = sub.add_parser("schema", help="print the spec's JSON Schema (or its Markdown reference)",
                             description="Print the spec's JSON Schema, for yaml-language-server and editors.")
     schema.add_argument("--format", choices=["json", "markdown"], default="json")
@@ -60,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _build(args.specs, args.target, args.out, args.force, args.verl_config, args.max_variants)
         if args.command == "check":
             return _check(args.specs, args.out)
+        if args.command == "diff":
+            return _diff(args.a, args.b, args.format == "markdown")
         if args.command == "schema":
             from .compiler import spec_doc
 
@@ -175,3 +184,16 @@ def _check(paths: Sequence[Path], out: Path) -> int:
         return 1
     print(f"{out}/ is up to date with {len(specs)} spec(s)")
     return 0
+
+
+def _diff(a: Path, b: Path, markdown: bool) -> int:
+    """Exit 0 when A and B describe the same run, 1 when they differ, 2 on bad input."""
+    from .compiler import diff
+
+    specs = [p / "spec.yaml" if p.is_dir() else p for p in (a, b)]  # a bundle carries its normalized spec
+    result = _compile_all(specs, (), "snapshot", max_variants=10**9)
+    if isinstance(result, int):
+        return result
+    changes = diff.changes(result[0], result[1])
+    sys.stdout.write(diff.render(str(a), str(b), changes, markdown))
+    return 1 if changes else 0
