@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from .diagnostics import Diagnostic, SpecError
 from .ir import parse_word
 from .load import Sourced
-from .lower import derived_environment, variant_specs
+from .lower import DETERMINISM, derived_environment, variant_specs
 from .overrides import critic_in_use, derived, flatten, hydra_value
 from .spec import Apptainer, Engine, NoContainer, Pyxis, Spec
 from .verl_checks import check_verl
@@ -26,6 +26,7 @@ def check(spec: Spec, sourced: Sourced, schema: VerlSchema, targets: Iterable[st
         *_env(spec, sourced),
         *_container(spec, sourced),
         *_ray(spec, sourced),
+        *_reproducible(spec, sourced),
         *_for_targets(spec, sourced, set(targets)),
     ]
     if problems:
@@ -108,6 +109,26 @@ def _container(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
         for i, mount in enumerate(mounts):
             if ":" not in mount:
                 yield sourced.diagnostic((section, "mounts", i), "a mount is SRC:DST[:OPTIONS]")
+
+
+def _reproducible(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    if not spec.reproducible:
+        return
+    image = getattr(spec.container, "image", None)
+    if image is None:
+        yield sourced.diagnostic(("container",), "reproducible: true needs a container image pinned by digest "
+                                                 "(runtime docker, podman, pyxis or apptainer with image@sha256:...)")
+    elif not re.search(r"@sha256:[0-9a-f]{64}$", image):
+        yield sourced.diagnostic(("container", "image"), f"reproducible: true needs the image pinned by digest "
+                                                         f"({image}@sha256:<64 hex digits>); a tag can move")
+    if "verl_version" not in sourced.data:
+        yield sourced.diagnostic(("reproducible",), "reproducible: true needs verl_version written in the spec, "
+                                                    "not taken from verlc's default", at_key=True)
+    given = {s.key: s for s in flatten(spec.verl)}
+    for key in DETERMINISM:
+        s = given.get(key)
+        if s is not None and isinstance(s.value, bool) and s.value is False:
+            yield sourced.diagnostic(s.loc, "set to false here, but reproducible: true needs it on")
 
 
 def _ray(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:

@@ -157,6 +157,7 @@ class JobIR:
     normalized_spec: str  # YAML text of the validated spec with every default filled in
     verl_config: str  # YAML text of verl's config with the overrides applied (what `--cfg job` shows)
     verl_schema: str  # which schema checked it: "<version> (snapshot|live)"
+    reproducible: bool  # re-runs must match the first run's record (image, versions)
     verlc_version: str
     verl_version: str
     nodes: int

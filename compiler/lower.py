@@ -35,7 +35,9 @@ def lower(spec: Spec, schema: VerlSchema, *, spec_file: str, spec_sha256: str) -
         spec_file=spec_file,
         spec_sha256=spec_sha256,
         normalized_spec=normalized(spec),
-        verl_config=dump_yaml(Config(schema.engines[engine], verl_values(spec)).tree),
+        verl_config=dump_yaml(Config(schema.engines[engine],
+                                     {**determinism_defaults(spec, schema), **verl_values(spec)}).tree),
+        reproducible=spec.reproducible,
         verl_schema=f"{schema.version} ({schema.source})",
         verlc_version=__version__,
         verl_version=spec.verl_version,
@@ -86,7 +88,37 @@ def overrides(spec: Spec, schema: VerlSchema, engine: str) -> tuple[Override, ..
                                        prefix(schema, engine, s.key)))
     for key, value in resume_defaults(spec).items():
         out.setdefault(key, Override(key, hydra_value(value), "verlc: a requeued job resumes from its checkpoints"))
+    for key, value in determinism_defaults(spec, schema).items():
+        out.setdefault(key, Override(key, hydra_value(value), "reproducible"))
     return tuple(out[k] for k in sorted(out, key=lambda k: (k != "model_engine", k)))
+
+
+# verl's determinism settings (verl docs/advance/determinism.md; issues #3126, #997): a seed only
+# shuffles data, so reproducible runs also need the engines' full determinism.
+DETERMINISM = {
+    "data.seed": 42,
+    "actor_rollout_ref.rollout.seed": 42,
+    "actor_rollout_ref.rollout.full_determinism": True,
+    "actor_rollout_ref.actor.fsdp_config.full_determinism": True,
+    "actor_rollout_ref.ref.fsdp_config.full_determinism": True,
+    "critic.fsdp.full_determinism": True,
+}
+
+
+def determinism_defaults(spec: Spec, schema: VerlSchema) -> dict[str, Any]:
+    """With `reproducible: true`, verl's determinism settings the spec's engine has."""
+    if not spec.reproducible:
+        return {}
+    base = schema.engines[engine_of(spec, schema)]
+    return {k: v for k, v in DETERMINISM.items() if _has(base, k)}
+
+
+def _has(tree: dict[str, Any], key: str) -> bool:
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return False
+        tree = tree[part]
+    return True
 
 
 def resume_defaults(spec: Spec) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from ..compiler.ir import JobIR, VariantIR
 from .bundle import File, header_lines
 
 PACKAGE = "verlc_job"
+REFERENCE = "verlc-first-run.json"  # a reproducible job's first run record, next to its checkpoints
 COMMAND = ("python3", "-m", PACKAGE, "job")
 
 
@@ -35,6 +36,8 @@ def job_description(ir: JobIR, *, address: str | None, record: str | None,
         "pins": [f"{name}={version}" for name, version in ir.pins],
         "image": ir.image.display,
         "record": record,
+        "reference": f"{variant.checkpoint_dir if variant else ir.checkpoint_dir}/{REFERENCE}"
+        if ir.reproducible else None,
         "train": list(ir.trainer_argv_for(variant)),
     }
 

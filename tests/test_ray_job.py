@@ -58,14 +58,15 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, env=ray_env(), timeout=120)
 
 
-def build(root: Path, val_file: str = "data/test.parquet") -> Path:
+def build(root: Path, val_file: str = "data/test.parquet", checkpoints: str | None = None, **extra: object) -> Path:
+    trainer = {"trainer": {"default_local_dir": checkpoints}} if checkpoints else {}
     spec = root / "spec.yaml"
-    spec.write_text(json.dumps({
+    spec.write_text(json.dumps({**extra,
         "name": "rayjob-e2e", "project": "e2e", "model": str(root / "model"),
         "data": {"train_files": ["data/train.parquet"], "val_files": [val_file]},
         "verl": {"actor_rollout_ref": {"rollout": {"name": "vllm", "log_prob_micro_batch_size_per_gpu": 4},
                                        "actor": {"ppo_micro_batch_size_per_gpu": 4}},
-                 "critic": {"ppo_micro_batch_size_per_gpu": 4}},
+                 "critic": {"ppo_micro_batch_size_per_gpu": 4}, **trainer},
         "cluster": {"nodes": 1, "gpus_per_node": 8},
         "ray": {"working_dir": str(root), "wait_for_nodes": "60s"},
     }))
@@ -117,3 +118,24 @@ def test_missing_data_file_fails_the_job(ray_head: str, tmp_path: Path) -> None:
     status, logs = submit_and_wait(build(tmp_path, val_file="data/nope.parquet"), ray_head)
     assert status == "FAILED", logs
     assert "PREFLIGHT FAILED: data file data/nope.parquet does not exist" in logs
+
+
+def test_reproducible_reruns_must_match_the_first_run(ray_head: str, tmp_path: Path) -> None:
+    """The first run writes its record next to its checkpoints; a re-run that sees other versions fails."""
+    write_fixtures(tmp_path)
+    script = build(tmp_path, reproducible=True, verl_version="0.9.1",
+                   container={"runtime": "docker", "image": "verl@sha256:" + "0" * 64, "workdir": "/w"},
+                   checkpoints=str(tmp_path / "ckpt"))
+    status, logs = submit_and_wait(script, ray_head)
+    assert status == "SUCCEEDED", logs
+    # Ray runs the job in a copy of working_dir: a shared, absolute checkpoint folder outlives it.
+    reference = tmp_path / "ckpt" / "verlc-first-run.json"
+    assert "first run of a reproducible job" in logs and reference.exists()
+    status, logs = submit_and_wait(script, ray_head)
+    assert status == "SUCCEEDED", logs
+    first = json.loads(reference.read_text())
+    first["versions"]["verl"] = "0.9.0"
+    reference.write_text(json.dumps(first))
+    status, logs = submit_and_wait(script, ray_head)
+    assert status == "FAILED", logs
+    assert "PREFLIGHT FAILED: verl 0.9.1, but the first run" in logs and "had 0.9.0" in logs

@@ -80,12 +80,13 @@ def test_unknown_verl_version_names_the_known_ones(tmp_path: Path) -> None:
 
 def test_bundled_config_is_what_verl_prints_with_cfg_job(tmp_path: Path) -> None:
     """verl-config.yaml equals `python -m verl.trainer.main_ppo <overrides> --cfg job` for scenario A."""
+    from verlc.compiler.pipeline import compile_spec
+
     spec = REPO / "specs" / "qwen2-7b-gsm8k-ppo-mi300.yaml"
     bundle = REPO / "out" / spec.stem / "slurm"
-    script = (bundle / "sbatch.sh").read_text()
-    start = script.index("python3 -m verl.trainer.main_ppo")
-    args = [line.strip().strip("'") for line in script[start:].splitlines()[1:]]
-    overrides = args[:args.index(")")]
+    overrides = list(compile_spec(spec, display="a", source="a").trainer_argv[3:])
+    assert all(f"    {o}\n" in (bundle / "sbatch.sh").read_text() or f"'{o}'" in (bundle / "sbatch.sh").read_text()
+               for o in overrides)
     printed = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *overrides, "--cfg", "job"],
                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert printed.returncode == 0, printed.stderr[-2000:]

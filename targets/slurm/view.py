@@ -11,6 +11,7 @@ from importlib import resources
 
 from ...compiler.ir import Arg, EnvVar, JobIR, Var, Word
 from ..bundle import header_lines
+from ..job_package import REFERENCE
 
 # Shell variables the template sets before it uses the argv below.
 HEAD_IP, NODE_IP, RAY_PORT, DASHBOARD_PORT = Var("head_ip"), Var("node_ip"), Var("ray_port"), Var("dashboard_port")
@@ -185,6 +186,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
             ("--checkpoint-dir", _word(Var("checkpoint_dir"))),
             *(("--pin", f"{name}={version}") for name, version in ir.pins),
             ("--image", ir.image, "--record", _word(Var("run_dir"), "/run-record.json")),
+            *((("--reference", _word(Var("checkpoint_dir"), f"/{REFERENCE}")),) if ir.reproducible else ()),
             *(("--data", f) for f in ir.data_files),
         ),
         train=(("env", ray_env), ("python3", "-m", ir.trainer_module),

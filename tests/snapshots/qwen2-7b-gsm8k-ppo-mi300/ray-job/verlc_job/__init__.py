@@ -181,6 +181,23 @@ def version_problems(seen: dict, pins: dict[str, str]) -> list[str]:
     return problems
 
 
+def reference_problems(record: dict, path: str) -> list[str]:
+    """A reproducible job's re-run must see the image and package versions its first run saw."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as fh:
+        first = json.load(fh)
+    problems = []
+    if record["image"] != first.get("image"):
+        problems.append(f"image {record['image']}, but the first run ({path}) used {first.get('image')}")
+    for name, version in sorted(record["versions"].items()):
+        before = first.get("versions", {}).get(name)
+        if version != before:
+            problems.append(f"{name} {version or 'not installed'}, but the first run ({path}) had "
+                            f"{before or 'none'}")
+    return problems
+
+
 def cmd_preflight(args: argparse.Namespace) -> int:
     started = stamp()
     problems: list[str] = []
@@ -225,6 +242,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         "pins": pins,
         "problems": problems,
     }
+    if args.reference:
+        problems += reference_problems(record, args.reference)
     text = json.dumps(record, indent=1, sort_keys=True)
     say("run record: " + json.dumps(record, sort_keys=True))
     if args.record:
@@ -235,6 +254,11 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         say(f"PREFLIGHT FAILED: {p}")
     if problems:
         return 1
+    if args.reference and not os.path.exists(args.reference):
+        os.makedirs(os.path.dirname(os.path.abspath(args.reference)), exist_ok=True)
+        with open(args.reference, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+        say(f"first run of a reproducible job: its record is now {args.reference}")
     say(f"preflight passed: {len(nodes)} nodes, {gpus:g} GPUs, {len(args.data)} data files, "
         f"model {args.model}")
     return 0
@@ -265,7 +289,7 @@ def cmd_job(args: argparse.Namespace) -> int:
             rc = cmd_preflight(argparse.Namespace(
                 address=address, nodes=job["nodes"], gpus=job["gpus"], model=job["model"],
                 checkpoint_dir=job["checkpoint_dir"], data=job["data_files"], pin=job["pins"],
-                record=job["record"], image=job["image"]))
+                record=job["record"], image=job["image"], reference=job.get("reference")))
         else:
             say("training: " + " ".join(job["train"]))
             rc = subprocess.call(job["train"], env={**os.environ, "RAY_ADDRESS": address})
@@ -299,6 +323,8 @@ def main(argv: list[str]) -> int:
     pre.add_argument("--pin", action="append", default=[], help="PACKAGE=VERSION every node must have")
     pre.add_argument("--record", help="write the run record (JSON) here")
     pre.add_argument("--image", help="the container image, for the run record")
+    pre.add_argument("--reference", help="reproducible jobs: the first run's record; written by the first run, "
+                                         "compared by every later one")
     job = sub.add_parser("job")
     job.add_argument("variant", nargs="?", help="a sweep's variant index (jobs/<index>.json); default: job.json")
     args = parser.parse_args(argv)
