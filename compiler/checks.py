@@ -167,8 +167,8 @@ def _sweep(spec: Spec, sourced: Sourced, schema: VerlSchema, max_variants: int) 
             for j, (key, value) in enumerate(settings):
                 if d.path == key:
                     index = matrix[key].index(value)
-                    line, col = sourced.position(("sweep", "matrix", key, index))
-                    d = Diagnostic(d.file, line, col, f"sweep.matrix.{key}[{index}]", d.message)
+                    d = sourced.diagnostic(("sweep", "matrix", key, index), d.message)
+                    d = Diagnostic(d.file, d.line, d.col, f"sweep.matrix.{key}[{index}]", d.message)
                     break
             if (d.path, d.message) not in seen:  # the same problem in many variants is reported once
                 seen.add((d.path, d.message))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,44 +22,66 @@ MAX_SPEC_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class Sourced:
-    """A loaded spec: plain Python values plus the YAML tree that knows where each came from."""
+    """A loaded spec: plain Python values, plus the YAML trees that know where each value came from.
 
-    file: str  # as shown in diagnostics
+    `layers` runs from the furthest base (`extends:`) to the spec itself; a value's position is
+    taken from the last layer that sets it.
+    """
+
+    file: str  # the spec itself, as shown in diagnostics
     data: dict[str, Any]
-    tree: CommentedMap
+    layers: tuple[tuple[str, CommentedMap], ...]
     sha256: str
 
-    def position(self, loc: Sequence[str | int], *, at_key: bool = False) -> tuple[int, int]:
-        """1-based (line, col) of the value at `loc`, or of its key when `at_key`.
+    def locate(self, loc: Sequence[str | int], *, at_key: bool = False) -> tuple[str, int, int]:
+        """(file, line, col), 1-based, of the value at `loc` (of its key when `at_key`).
 
-        A location that does not exist in the file (a missing field) points at the nearest parent.
+        A location that is in no file (a missing field) points at the nearest parent that is.
         """
-        node: Any = self.tree
-        best = (1, 1)
-        for i, part in enumerate(loc):
-            last = i == len(loc) - 1
-            if isinstance(node, CommentedMap) and part in node:
-                line, col = node.lc.key(part) if (last and at_key) else node.lc.value(part)
-                best = (line + 1, col + 1)
-                node = node[part]
-            elif isinstance(node, CommentedSeq) and isinstance(part, int) and 0 <= part < len(node):
-                line, col = node.lc.item(part)
-                best = (line + 1, col + 1)
-                node = node[part]
-            elif isinstance(node, CommentedMap):
-                # pydantic adds union tags (e.g. 'docker') to locations; they are not in the file.
-                continue
-            else:
-                break
-        return best
+        best = (-1, self.file, 1, 1)
+        for shown, tree in reversed(self.layers):
+            depth, (line, col) = _walk(tree, loc, at_key)
+            if depth > best[0]:
+                best = (depth, shown, line, col)
+        return best[1], best[2], best[3]
+
+    def position(self, loc: Sequence[str | int], *, at_key: bool = False) -> tuple[int, int]:
+        _, line, col = self.locate(loc, at_key=at_key)
+        return line, col
 
     def diagnostic(self, loc: Sequence[str | int], message: str, *, at_key: bool = False) -> Diagnostic:
-        line, col = self.position(loc, at_key=at_key)
-        return Diagnostic(self.file, line, col, dotted(loc), message)
+        file, line, col = self.locate(loc, at_key=at_key)
+        return Diagnostic(file, line, col, dotted(loc), message)
 
 
-def load(path: Path, display: str | None = None) -> Sourced:
-    """Load one spec file or raise SpecError with a positioned message."""
+def _walk(tree: CommentedMap, loc: Sequence[str | int], at_key: bool) -> tuple[int, tuple[int, int]]:
+    """How many parts of `loc` this tree has, and the position of the deepest one."""
+    node: Any = tree
+    best, depth = (1, 1), 0
+    for i, part in enumerate(loc):
+        last = i == len(loc) - 1
+        if isinstance(node, CommentedMap) and part in node:
+            line, col = node.lc.key(part) if (last and at_key) else node.lc.value(part)
+        elif isinstance(node, CommentedSeq) and isinstance(part, int) and 0 <= part < len(node):
+            line, col = node.lc.item(part)
+        elif isinstance(node, CommentedMap):
+            continue  # pydantic adds union tags (e.g. 'docker') to locations; they are not in the file
+        else:
+            break
+        best, depth, node = (line + 1, col + 1), depth + 1, node[part]
+    return depth, best
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base`: mappings merge key by key; lists and scalars are replaced whole."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def load(path: Path, display: str | None = None, _chain: tuple[Path, ...] = ()) -> Sourced:
+    """Load one spec file (and the bases it `extends:`), or raise SpecError with positioned messages."""
     shown = display or str(path)
 
     def fail(message: str, line: int = 1, col: int = 1) -> SpecError:
@@ -104,7 +127,37 @@ def load(path: Path, display: str | None = None) -> Sourced:
     data = _plain(tree, (), shown, problems)
     if problems:
         raise SpecError(problems)
-    return Sourced(shown, data, tree, hashlib.sha256(raw).hexdigest())
+    own = Sourced(shown, data, ((shown, tree),), hashlib.sha256(raw).hexdigest())
+    if "extends" not in data:
+        return own
+    return _extend(path, own, _chain)
+
+
+def _extend(path: Path, own: Sourced, chain: tuple[Path, ...]) -> Sourced:
+    """The spec on top of its bases, in the order `extends:` lists them."""
+    refs = own.data["extends"]
+    refs = [refs] if isinstance(refs, str) else refs
+    if not isinstance(refs, list) or not refs or not all(isinstance(r, str) for r in refs):
+        raise SpecError([own.diagnostic(("extends",), "extends is a spec file or a list of them")])
+    here = path.resolve()
+    data: dict[str, Any] = {}
+    layers: list[tuple[str, CommentedMap]] = []
+    digest = hashlib.sha256()
+    for i, ref in enumerate(refs):
+        loc = ("extends",) if isinstance(own.data["extends"], str) else ("extends", i)
+        base_path = path.parent / ref
+        if base_path.resolve() in (*chain, here):
+            names = " -> ".join(p.name for p in (*chain, here, base_path.resolve()))
+            raise SpecError([own.diagnostic(loc, f"extends cycle: {names}")])
+        if not base_path.is_file():
+            raise SpecError([own.diagnostic(loc, f"extends {ref}: no such spec file")])
+        base = load(base_path, os.path.normpath(os.path.join(os.path.dirname(own.file), ref)), (*chain, here))
+        data = merge(data, base.data)
+        layers += base.layers
+        digest.update(base.sha256.encode())
+    data = merge(data, {k: v for k, v in own.data.items() if k != "extends"})
+    digest.update(own.sha256.encode())
+    return Sourced(own.file, data, (*layers, *own.layers), digest.hexdigest())
 
 
 def _kind(value: Any) -> str:

@@ -230,6 +230,9 @@ class Sweep(Model):
 class Spec(Model):
     """One verl run: what to train (model, data, verl settings) and where and how it runs."""
 
+    extends: Text | tuple[Text, ...] | None = Field(
+        None, description="Base spec file(s), relative to this one: their settings first, this file's on top "
+                          "(mappings merge, lists are replaced).")
     name: Name = Field(description="Names the bundle folder, the Slurm job, containers and Ray submissions.")
     verl_version: Str = Field("0.9.1", description="The verl release whose config `verl:` is checked against; "
                                                    "the preflight requires the cluster to run it.")
