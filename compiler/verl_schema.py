@@ -13,6 +13,7 @@ Both hold, per `model_engine` choice, the composed (unresolved) ppo_trainer conf
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -38,7 +39,7 @@ ALLOWED_FACTS: dict[str, tuple[str, ...]] = {
 class VerlSchema:
     version: str
     default_engine: str
-    engines: dict[str, dict[str, Any]]  # model_engine choice -> composed config
+    engines: Mapping[str, dict[str, Any]]  # model_engine choice -> composed config
     allowed: dict[str, tuple[Any, ...]]
     source: str  # "snapshot" or "live"
 
@@ -107,22 +108,52 @@ def _default_engine() -> str:
     raise RuntimeError("no model_engine default in ppo_trainer.yaml")
 
 
+class _Composed(Mapping[str, dict[str, Any]]):
+    """Engine name -> verl's config for it, composed by Hydra the first time a check asks (~0.6 s each)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self._names = names
+        self._configs: dict[str, dict[str, Any]] = {}
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        if name not in self._names:
+            raise KeyError(name)
+        if name not in self._configs:
+            self._configs[name] = compose([f"model_engine={name}"])
+        return self._configs[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 @cache
 def live() -> VerlSchema:
-    """The schema of the installed verl, composed now."""
-    engines = {name: compose([f"model_engine={name}"]) for name in engine_choices()}
-    return VerlSchema(installed_version(), _default_engine(), engines, _allowed(), "live")
+    """The schema of the installed verl, each engine composed when first needed."""
+    return VerlSchema(installed_version(), _default_engine(), _Composed(engine_choices()), _allowed(), "live")
 
 
 def _allowed() -> dict[str, tuple[Any, ...]]:
     allowed = dict(ALLOWED_FACTS)
-    try:  # the estimator registry lives in code that imports torch; worth it when generating
-        from verl.trainer.ppo.core_algos import AdvantageEstimator
-
-        allowed["algorithm.adv_estimator"] = tuple(sorted(e.value for e in AdvantageEstimator))
-    except ImportError:
-        pass
+    estimators = _enum_values("trainer/ppo/core_algos.py", "AdvantageEstimator")
+    if estimators:
+        allowed["algorithm.adv_estimator"] = estimators
     return allowed
+
+
+def _enum_values(module: str, enum: str) -> tuple[str, ...]:
+    """String values of an Enum class in verl's source, read with ast: importing it would import torch."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(config_dir()).parent.parent / module).read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == enum:
+            return tuple(sorted(stmt.value.value for stmt in node.body if isinstance(stmt, ast.Assign)
+                                and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)))
+    return ()
 
 
 def snapshot_json(schema: VerlSchema) -> str:
@@ -131,6 +162,6 @@ def snapshot_json(schema: VerlSchema) -> str:
         "verl_version": schema.version,
         "default_engine": schema.default_engine,
         "allowed": {k: list(v) for k, v in sorted(schema.allowed.items())},
-        "engines": schema.engines,
+        "engines": dict(schema.engines),
     }
     return json.dumps(data, indent=1, ensure_ascii=False) + "\n"
