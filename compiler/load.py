@@ -127,6 +127,8 @@ def load(path: Path, display: str | None = None, _chain: tuple[Path, ...] = ()) 
     data = _plain(tree, (), shown, problems)
     if problems:
         raise SpecError(problems)
+    if data.get("extends", ...) is None:  # `extends: null` extends nothing
+        del data["extends"]
     own = Sourced(shown, data, ((shown, tree),), hashlib.sha256(raw).hexdigest())
     if "extends" not in data:
         return own

@@ -279,8 +279,8 @@ def slurm_ir(spec: Spec) -> SlurmIR | None:
 
 
 def normalized(spec: Spec) -> str:
-    """The spec with every default filled in, as YAML: what the bundle was built from."""
-    return dump_yaml(spec.model_dump(mode="json"))
+    """The spec with every default filled in and its bases merged in, as YAML: what the bundle was built from."""
+    return dump_yaml(spec.model_dump(mode="json", exclude={"extends"}))
 
 
 def dump_yaml(data: Any) -> str:
