@@ -70,6 +70,9 @@ def _words(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
                        (("container", "build", "context"), c.build.context)]
     if isinstance(c, NoContainer):
         places += [(("container", "workdir"), c.workdir), (("container", "venv"), c.venv)]
+    if spec.compose is not None:
+        places += [(("compose", "image"), spec.compose.image), (("compose", "workdir"), spec.compose.workdir)]
+        places += [(("compose", "mounts", i), m) for i, m in enumerate(spec.compose.mounts)]
     for loc, text in places:
         if text is None:
             continue
@@ -164,7 +167,7 @@ def _sweep(spec: Spec, sourced: Sourced, schema: VerlSchema, max_variants: int) 
     seen: set[tuple[str, str]] = set()
     for settings, variant in variant_specs(spec):
         for d in check_verl(variant, sourced, schema):
-            for j, (key, value) in enumerate(settings):
+            for key, value in settings:
                 if d.path == key:
                     index = matrix[key].index(value)
                     d = sourced.diagnostic(("sweep", "matrix", key, index), d.message)
@@ -190,10 +193,4 @@ def _for_targets(spec: Spec, sourced: Sourced, targets: set[str]) -> Iterator[Di
         if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", spec.name):
             yield sourced.diagnostic(("name",), "the compose target uses the name as the Compose project "
                                                 "name: lowercase letters, digits, '-' and '_' only")
-    if spec.compose is not None:
-        for loc, text in ((("compose", "image"), spec.compose.image), (("compose", "workdir"), spec.compose.workdir),
-                          *((("compose", "mounts", i), m) for i, m in enumerate(spec.compose.mounts))):
-            try:
-                parse_word(text)
-            except ValueError as exc:
-                yield sourced.diagnostic(loc, str(exc))
+

@@ -27,12 +27,11 @@ class RayJobView:
     address: str | None
     secrets: tuple[str, ...]
     entrypoint: tuple[str, ...]
-    package: str
     variants: tuple[str, ...]  # a sweep's variant indexes; each is one submission
 
 
 def ray_job_view(ir: JobIR) -> RayJobView:
-    return RayJobView(header_lines(ir), ir.name, ir.ray.address, ir.secrets, COMMAND, PACKAGE,
+    return RayJobView(header_lines(ir), ir.name, ir.ray.address, ir.secrets, COMMAND,
                       tuple(str(v.index) for v in ir.variants))
 
 
