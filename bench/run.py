@@ -9,7 +9,6 @@ Every figure is the median of --runs repetitions (default 5) on this machine, de
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import re
@@ -160,18 +159,19 @@ def main() -> int:
         sizes = [1, 10] if args.quick else [1, 10, 100]
         cli = {}
         for n in sizes:
-            paths = variants(tmp / f"cli{n}", n) if (tmp / f"cli{n}").mkdir() is None else []
-            cli[n] = median_seconds(lambda: run(PY, "-m", "verlc", "build", *paths, "--target", "all",
-                                                "--out", tmp / f"out{n}", "--force"), max(1, runs // 2))
+            (tmp / f"cli{n}").mkdir()
+            build = (PY, "-m", "verlc", "build", *variants(tmp / f"cli{n}", n), "--target", "all",
+                     "--out", tmp / f"out{n}", "--force")
+            cli[n] = median_seconds(lambda argv=build: run(*argv), max(1, runs // 2))
         for n in sizes:
             rows.append((f"`verlc build` of {n} specs in one call, all targets", f"{cli[n]:.2f} s",
                          "linear", f"{(cli[n] - cli[sizes[0]]) / max(n - 1, 1) * 1000:.1f} ms per extra spec"))
         counts = [10, 100] if args.quick else [10, 100, 1000]
         per = {}
         for n in counts:
-            spec = sweep_spec(tmp, n)
-            per[n] = median_seconds(lambda: run(PY, "-m", "verlc", "build", spec, "--target", "slurm",
-                                                "--out", tmp / f"sw{n}", "--force"), max(1, runs // 2))
+            build = (PY, "-m", "verlc", "build", sweep_spec(tmp, n), "--target", "slurm", "--out", tmp / f"sw{n}",
+                     "--force")
+            per[n] = median_seconds(lambda argv=build: run(*argv), max(1, runs // 2))
         for n in counts:
             rows.append((f"`verlc build` of a {n}-variant sweep (one Slurm array, cold)", f"{per[n]:.2f} s",
                          "1,000 in <= 3 s" if n == 1000 else "linear",

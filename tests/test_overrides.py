@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, SPECS
+from conftest import SPECS
 from verlc.compiler.overrides import hydra_value
 from verlc.compiler.pipeline import compile_spec
 

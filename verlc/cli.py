@@ -172,7 +172,7 @@ def _check(paths: Sequence[Path], out: Path) -> int:
         return result
     problems = []
     for ir in result:
-        for name, render in TARGETS.items():
+        for render in TARGETS.values():
             bundle = render(ir)
             problems += differences(bundle, out / bundle.folder)
     if problems:
