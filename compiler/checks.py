@@ -5,42 +5,57 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from .diagnostics import Diagnostic, SpecError
+from .derive import DETERMINISM, critic_in_use, derived, derived_environment, variant_specs
 from .ir import parse_word
 from .load import Sourced
-from .lower import DETERMINISM, derived_environment, variant_specs
-from .overrides import critic_in_use, derived, flatten, hydra_value
 from .spec import Apptainer, Engine, NoContainer, Pyxis, Spec
-from .verl_checks import check_verl
-from .verl_schema import VerlSchema
+from .verl.check import Selection, check_verl, select, settings
+from .verl.hydra import hydra_value
+from .verl.release import Release
 
 _SECRET_NAME = re.compile(r"(?i).*(_KEY|_TOKEN|_SECRET|PASSWORD|PASSWD).*")
 
 
-def check(spec: Spec, sourced: Sourced, schema: VerlSchema, targets: Iterable[str] = (),
+def check(spec: Spec, sourced: Sourced, release: Release, targets: Iterable[str] = (),
           max_variants: int = 1000) -> None:
     """Raise SpecError with every problem found in `spec` (positions from `sourced`)."""
+    chosen = select(spec.verl, release)
+    if isinstance(chosen, str):
+        verl_problems: Iterable[Diagnostic] = [sourced.diagnostic(("verl", "model_engine"), chosen)]
+    elif spec.sweep is None:
+        verl_problems = _check_verl(spec, sourced, chosen)
+    else:
+        verl_problems = _sweep(spec, sourced, chosen, max_variants)
     problems = [
-        *_verl_section(spec, sourced),
-        *(check_verl(spec, sourced, schema) if spec.sweep is None else _sweep(spec, sourced, schema, max_variants)),
+        *_verl_section(spec, sourced, chosen),
+        *verl_problems,
         *_words(spec, sourced),
         *_env(spec, sourced),
         *_container(spec, sourced),
         *_ray(spec, sourced),
-        *_reproducible(spec, sourced),
+        *_reproducible(spec, sourced, chosen),
         *_for_targets(spec, sourced, set(targets)),
     ]
     if problems:
         raise SpecError(problems)
 
 
-def _verl_section(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
-    settings = list(flatten(spec.verl))
-    for s in settings:
+def _check_verl(spec: Spec, sourced: Sourced, chosen: Selection) -> Iterator[Diagnostic]:
+    found = derived(spec)
+    return check_verl(spec.verl, {d.key: d.value for d in found}, sourced, chosen,
+                      {d.key: d.source for d in found}, critic_in_use(spec.verl))
+
+
+def _verl_section(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
+    if isinstance(chosen, str):
+        return
+    leaves = settings(spec.verl, chosen.walker)
+    for s in leaves:
         try:
             hydra_value(s.value)
         except (TypeError, ValueError) as exc:
             yield sourced.diagnostic(s.loc, str(exc))
-    given = {s.key: s for s in settings}
+    given = {s.key: s for s in leaves}
     for d in derived(spec):
         s = given.get(d.key)
         if s is not None and s.value != d.value:
@@ -114,7 +129,7 @@ def _container(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
                 yield sourced.diagnostic((section, "mounts", i), "a mount is SRC:DST[:OPTIONS]")
 
 
-def _reproducible(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+def _reproducible(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
     if not spec.reproducible:
         return
     image = getattr(spec.container, "image", None)
@@ -127,7 +142,7 @@ def _reproducible(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     if "verl_version" not in sourced.data:
         yield sourced.diagnostic(("reproducible",), "reproducible: true needs verl_version written in the spec, "
                                                     "not taken from verlc's default", at_key=True)
-    given = {s.key: s for s in flatten(spec.verl)}
+    given = {s.key: s for s in settings(spec.verl, chosen.walker)} if isinstance(chosen, Selection) else {}
     for key in DETERMINISM:
         s = given.get(key)
         if s is not None and isinstance(s.value, bool) and s.value is False:
@@ -140,7 +155,7 @@ def _ray(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
         yield sourced.diagnostic(("ray", "dashboard_port"), f"same as ray.port ({r.port})")
 
 
-def _sweep(spec: Spec, sourced: Sourced, schema: VerlSchema, max_variants: int) -> Iterator[Diagnostic]:
+def _sweep(spec: Spec, sourced: Sourced, chosen: Selection, max_variants: int) -> Iterator[Diagnostic]:
     """Each variant is checked like a spec of its own; problems point at the sweep value that caused them."""
     assert spec.sweep is not None
     matrix = spec.sweep.matrix
@@ -151,7 +166,7 @@ def _sweep(spec: Spec, sourced: Sourced, schema: VerlSchema, max_variants: int) 
         yield sourced.diagnostic(("sweep", "matrix"), f"{count} variants; more than --max-variants {max_variants}")
         return
     fixed = {d.key for d in derived(spec)} | {"trainer.experiment_name"}
-    given = {s.key for s in flatten(spec.verl)}
+    given = {s.key for s in settings(spec.verl, chosen.walker)}
     bad = False
     for key in matrix:
         verl_key = key.removeprefix("verl.")
@@ -166,7 +181,7 @@ def _sweep(spec: Spec, sourced: Sourced, schema: VerlSchema, max_variants: int) 
         return
     seen: set[tuple[str, str]] = set()
     for settings, variant in variant_specs(spec):
-        for d in check_verl(variant, sourced, schema):
+        for d in _check_verl(variant, sourced, chosen):
             for key, value in settings:
                 if d.path == key:
                     index = matrix[key].index(value)

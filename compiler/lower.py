@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-import itertools
 from typing import Any
 
 from verlc import __version__
@@ -11,11 +9,14 @@ from verlc import __version__
 from .ir import (
     ContainerIR, DataPrepIR, EnvVar, ImageBuildIR, JobIR, Override, RayIR, SlurmIR, VariantIR, Word, parse_word,
 )
-from .overrides import derived, flatten, hydra_value
-from .verl_checks import Config, engine_of, prefix
 from . import yaml_text
-from .verl_schema import VerlSchema
+from .derive import DETERMINISM, checkpoint_dir, derived, derived_environment, resume_defaults, variant_specs
 from .spec import Apptainer, Engine, NoContainer, Pyxis, Spec
+from .verl.check import Selection, select, settings
+from .verl.hydra import hydra_value, verl_value
+from .verl.place import KNOWN
+from .verl.release import Release
+from .verl.rules import Config
 
 TRAINER_MODULE = "verl.trainer.main_ppo"
 
@@ -26,19 +27,20 @@ PREPARE_SCRIPTS = {
 }
 
 
-def lower(spec: Spec, schema: VerlSchema, *, spec_file: str, spec_sha256: str) -> JobIR:
+def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str) -> JobIR:
     """Resolve a checked spec into the IR every target renders from."""
     slurm = spec.cluster.slurm
-    engine = engine_of(spec, schema)
+    chosen = select(spec.verl, release)
+    assert isinstance(chosen, Selection), "the checks refuse a spec whose verl config cannot be chosen"
     return JobIR(
         name=spec.name,
         spec_file=spec_file,
         spec_sha256=spec_sha256,
         normalized_spec=normalized(spec),
-        verl_config=dump_yaml(Config(schema.engines[engine],
-                                     {**determinism_defaults(spec, schema), **verl_values(spec)}).tree),
+        verl_config=dump_yaml(Config(chosen.tree, {k: verl_value(v) for k, v in
+                                                   {**determinism_defaults(spec, chosen), **verl_values(spec, chosen)}.items()}).tree),
         reproducible=spec.reproducible,
-        verl_schema=f"{schema.version} ({schema.source})",
+        verl_schema=f"{release.version} ({release.source})",
         verlc_version=__version__,
         verl_version=spec.verl_version,
         nodes=spec.cluster.nodes,
@@ -71,106 +73,49 @@ def lower(spec: Spec, schema: VerlSchema, *, spec_file: str, spec_sha256: str) -
         pins=tuple(sorted({"verl": spec.verl_version, **spec.pins}.items())),
         image=parse_word(getattr(spec.container, "image", None) or "none"),
         trainer_module=TRAINER_MODULE,
-        overrides=overrides(spec, schema, engine),
+        overrides=overrides(spec, chosen),
         slurm=slurm_ir(spec),
         compose=compose_container(spec),
-        variants=variants(spec, schema, engine),
+        variants=variants(spec, chosen),
     )
 
 
-def overrides(spec: Spec, schema: VerlSchema, engine: str) -> tuple[Override, ...]:
+def overrides(spec: Spec, chosen: Selection) -> tuple[Override, ...]:
     """Derived keys plus the spec's `verl:` leaves, sorted by key: one stable line each.
 
     The config group choice `model_engine` comes first: Hydra applies it before the keys it selects."""
     out = {d.key: Override(d.key, hydra_value(d.value), d.source) for d in derived(spec)}
-    for s in flatten(spec.verl):
-        out.setdefault(s.key, Override(s.key, hydra_value(s.value), ".".join(map(str, s.loc)),
-                                       prefix(schema, engine, s.key)))
+    if "model_engine" in spec.verl:
+        out["model_engine"] = Override("model_engine", hydra_value(spec.verl["model_engine"]), "verl.model_engine")
+    for s in settings(spec.verl, chosen.walker):
+        out.setdefault(s.key, Override(s.key, hydra_value(verl_value(s.value)), ".".join(map(str, s.loc)),
+                                       "+" if s.plus else ""))
     for key, value in resume_defaults(spec).items():
         out.setdefault(key, Override(key, hydra_value(value), "verlc: a requeued job resumes from its checkpoints"))
-    for key, value in determinism_defaults(spec, schema).items():
+    for key, value in determinism_defaults(spec, chosen).items():
         out.setdefault(key, Override(key, hydra_value(value), "reproducible"))
     return tuple(out[k] for k in sorted(out, key=lambda k: (k != "model_engine", k)))
 
 
-# verl's determinism settings (verl docs/advance/determinism.md; issues #3126, #997): a seed only
-# shuffles data, so reproducible runs also need the engines' full determinism.
-DETERMINISM = {
-    "data.seed": 42,
-    "actor_rollout_ref.rollout.seed": 42,
-    "actor_rollout_ref.rollout.full_determinism": True,
-    "actor_rollout_ref.actor.fsdp_config.full_determinism": True,
-    "actor_rollout_ref.ref.fsdp_config.full_determinism": True,
-    "critic.fsdp.full_determinism": True,
-}
-
-
-def determinism_defaults(spec: Spec, schema: VerlSchema) -> dict[str, Any]:
-    """With `reproducible: true`, verl's determinism settings the spec's engine has."""
+def determinism_defaults(spec: Spec, chosen: Selection) -> dict[str, Any]:
+    """With `reproducible: true`, verl's determinism settings that the spec's release and engine have."""
     if not spec.reproducible:
         return {}
-    base = schema.engines[engine_of(spec, schema)]
-    return {k: v for k, v in DETERMINISM.items() if _has(base, k)}
+    walker = chosen.walker
+    return {k: v for k, v in DETERMINISM.items()
+            if (p := walker.place(k.split("."))).status == KNOWN and p.in_yaml}
 
 
-def _has(tree: dict[str, Any], key: str) -> bool:
-    for part in key.split("."):
-        if not isinstance(tree, dict) or part not in tree:
-            return False
-        tree = tree[part]
-    return True
-
-
-def resume_defaults(spec: Spec) -> dict[str, Any]:
-    """Written out unless the spec sets them, so that a requeued or re-run job finds its checkpoints
-    where the first run put them (verl's own default interpolates names that could change)."""
-    return {"trainer.default_local_dir": checkpoint_dir(spec), "trainer.resume_mode": "auto"}
-
-
-def verl_values(spec: Spec) -> dict[str, Any]:
+def verl_values(spec: Spec, chosen: Selection) -> dict[str, Any]:
     """Every verl key the spec sets, derived ones included, as dotted key -> value."""
-    values = {**resume_defaults(spec), **{s.key: s.value for s in flatten(spec.verl) if s.key != "model_engine"}}
+    values = {**resume_defaults(spec), **{s.key: s.value for s in settings(spec.verl, chosen.walker)}}
     values.update({d.key: d.value for d in derived(spec)})
     return values
-
-
-def checkpoint_dir(spec: Spec) -> str:
-    """Where verl saves checkpoints: trainer.default_local_dir, or verl's default for this run."""
-    trainer = spec.verl.get("trainer")
-    given = trainer.get("default_local_dir") if isinstance(trainer, dict) else None
-    return str(given) if given else f"checkpoints/{spec.project}/{spec.experiment or spec.name}"
 
 
 def environment(spec: Spec) -> tuple[EnvVar, ...]:
     """Env for every node, set before Ray starts (verl #158): derived first, then the spec's own."""
     return (*derived_environment(spec), *(EnvVar(n, parse_word(v), "env") for n, v in spec.env.items()))
-
-
-def derived_environment(spec: Spec) -> tuple[EnvVar, ...]:
-    """The env vars verlc sets itself, each with the spec path it follows from."""
-    env: list[EnvVar] = [EnvVar("PYTHONUNBUFFERED", Word(("1",)), "verlc: stream trainer logs")]
-    if spec.cluster.accelerator == "rocm":
-        devices = Word((",".join(str(i) for i in range(spec.cluster.gpus_per_node)),))
-        for name in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
-            env.append(EnvVar(name, devices, "cluster.gpus_per_node"))
-        # Ray >= 2.45 would otherwise rewrite HIP_VISIBLE_DEVICES per actor (verl #1471, #1575).
-        env.append(EnvVar("RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES", Word(("1",)), "cluster.accelerator"))
-        env.append(EnvVar("HSA_NO_SCRATCH_RECLAIM", Word(("1",)), "cluster.accelerator"))
-    nccl = spec.network.nccl
-    for name, value, field in (
-        ("NCCL_IB_HCA", ",".join(nccl.ib_hca) or None, "ib_hca"),
-        ("NCCL_IB_GID_INDEX", nccl.ib_gid_index, "ib_gid_index"),
-        ("NCCL_CROSS_NIC", nccl.cross_nic, "cross_nic"),
-        ("NCCL_PROTO", nccl.proto, "proto"),
-        ("NCCL_SOCKET_IFNAME", nccl.socket_ifname, "socket_ifname"),
-    ):
-        if value is not None:
-            env.append(EnvVar(name, Word((str(value),)), f"network.nccl.{field}"))
-    if spec.ray.debug == "post_mortem":
-        env.append(EnvVar("RAY_DEBUG_POST_MORTEM", Word(("1",)), "ray.debug"))
-    elif spec.ray.debug == "legacy":
-        env.append(EnvVar("RAY_DEBUG", Word(("legacy",)), "ray.debug"))
-    return tuple(env)
 
 
 def container(spec: Spec) -> ContainerIR:
@@ -206,31 +151,12 @@ def container(spec: Spec) -> ContainerIR:
     )
 
 
-def variant_specs(spec: Spec) -> list[tuple[tuple[tuple[str, Any], ...], Spec]]:
-    """Every combination of the sweep's settings, in matrix order, as (settings, the variant's spec)."""
-    if spec.sweep is None:
-        return []
-    keys = list(spec.sweep.matrix)
+def variants(spec: Spec, chosen: Selection) -> tuple[VariantIR, ...]:
+    base = {o.key: o for o in overrides(spec, chosen)}
     out = []
-    for index, values in enumerate(itertools.product(*spec.sweep.matrix.values())):
-        verl = copy.deepcopy(spec.verl)
-        for key, value in zip(keys, values):
-            node = verl
-            *parents, last = key.split(".")[1:]
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[last] = value
-        experiment = f"{spec.experiment or spec.name}-v{index:03d}"
-        out.append((tuple(zip(keys, values)), spec.model_copy(update={"verl": verl, "experiment": experiment})))
-    return out
-
-
-def variants(spec: Spec, schema: VerlSchema, engine: str) -> tuple[VariantIR, ...]:
-    base = {o.key: o for o in overrides(spec, schema, engine)}
-    out = []
-    for index, (settings, variant) in enumerate(variant_specs(spec)):
-        changed = tuple(o for o in overrides(variant, schema, engine) if base.get(o.key) != o)
-        out.append(VariantIR(index, settings, changed, checkpoint_dir(variant)))
+    for index, (matrix_values, variant) in enumerate(variant_specs(spec)):
+        changed = tuple(o for o in overrides(variant, chosen) if base.get(o.key) != o)
+        out.append(VariantIR(index, matrix_values, changed, checkpoint_dir(variant)))
     return tuple(out)
 
 

@@ -13,7 +13,7 @@ from .load import Sourced, load
 from .lower import lower
 from .spec import Spec
 from .validate import validate
-from .verl_schema import VerlSchema, known_versions, live, snapshot
+from .verl.release import Release, known_versions, live, snapshot
 
 VerlConfigSource = Literal["snapshot", "live"]
 
@@ -26,25 +26,26 @@ def compile_spec(path: Path, *, display: str, source: str, targets: Iterable[str
     """
     sourced = load(path, display)
     spec = validate(sourced)
-    schema = verl_schema_for(spec, sourced, verl_config)
-    check(spec, sourced, schema, targets, max_variants)
-    ir = lower(spec, schema, spec_file=source, spec_sha256=sourced.sha256)
+    release = verl_release_for(spec, sourced, verl_config)
+    check(spec, sourced, release, targets, max_variants)
+    ir = lower(spec, release, spec_file=source, spec_sha256=sourced.sha256)
     if verl_config == "live":
         _compose_live(ir, sourced)
     return ir
 
 
-def verl_schema_for(spec: Spec, sourced: Sourced, source: VerlConfigSource) -> VerlSchema:
-    """The shipped snapshot of the spec's verl_version, or the installed verl's config."""
+def verl_release_for(spec: Spec, sourced: Sourced, source: VerlConfigSource) -> Release:
+    """The shipped schema of the spec's verl_version, or the installed verl's own files."""
     if source == "live":
         try:
-            schema = live()
+            release = live()
         except Exception as exc:  # no verl, or a verl whose config does not compose
-            raise SpecError([sourced.diagnostic(("verl_version",), f"--verl-config live: {exc}")]) from None
-        if schema.version != spec.verl_version:
+            message = " ".join(str(exc).split())
+            raise SpecError([sourced.diagnostic(("verl_version",), f"--verl-config live: {message}")]) from None
+        if release.version != spec.verl_version:
             raise SpecError([sourced.diagnostic(("verl_version",), f"the spec targets verl {spec.verl_version} "
-                                                f"but verl {schema.version} is installed")])
-        return schema
+                                                f"but verl {release.version} is installed")])
+        return release
     try:
         return snapshot(spec.verl_version)
     except KeyError:
@@ -56,10 +57,11 @@ def verl_schema_for(spec: Spec, sourced: Sourced, source: VerlConfigSource) -> V
 
 def _compose_live(ir: JobIR, sourced: Sourced) -> None:
     """Hydra's own verdict on the exact overrides the bundle will pass."""
-    from .verl_schema import compose
+    from .verl.extract import compose
+    from .verl.release import DEFAULT_CONFIG, installed_package
 
     try:
-        compose([o.arg for o in ir.overrides])
+        compose(installed_package() / "trainer" / "config", DEFAULT_CONFIG, [o.arg for o in ir.overrides])
     except Exception as exc:
         message = " ".join(str(exc).split())
         raise SpecError([sourced.diagnostic(("verl",), f"verl's config refuses the overrides: {message}",

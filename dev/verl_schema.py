@@ -1,34 +1,59 @@
-"""Write compiler/verl_schemas/<version>.json from the installed verl.
+"""Write compiler/verl/schemas/<version>.json.gz for every verl release verlc supports.
 
-    .venv/bin/python dev/verl_schema.py          # the installed verl's version
-    .venv/bin/python dev/verl_schema.py --check  # exit 1 if the shipped snapshot differs
+    .venv/bin/python dev/verl_schema.py                 # every release in compiler/verl/release.py
+    .venv/bin/python dev/verl_schema.py 0.4.1 0.9.1     # some of them
+    .venv/bin/python dev/verl_schema.py --check         # exit 1 if a shipped schema differs
 
-tests/test_verl_schema.py runs the check, so a snapshot cannot silently drift from verl.
+Each release comes from PyPI as `pip install --no-deps --target .cache/verl-releases/<version>`
+(seconds; cached), and is read from its own files: Hydra composes its trainer configs, `ast` reads its
+dataclasses. verl and torch are never imported. tests/test_verl_schema.py runs the check.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
-from verlc.compiler import verl_schema
+from verlc.compiler.verl.extract import extract
+from verlc.compiler.verl.release import RELEASES, pack
 
 REPO = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("VERLC_RELEASE_CACHE", REPO / ".cache" / "verl-releases"))
+
+
+def release_package(version: str) -> Path:
+    """The verl package folder of one release, installed without dependencies into the cache."""
+    target = CACHE / version
+    package = target / "verl"
+    if not (package / "trainer" / "config").is_dir():
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                        "--no-deps", "--no-compile", "--target", str(target), f"verl=={version}"], check=True)
+    return package
 
 
 def main(argv: list[str]) -> int:
-    schema = verl_schema.live()
-    path = REPO / "compiler" / "verl_schemas" / f"{schema.version}.json"
-    text = verl_schema.snapshot_json(schema)
-    if "--check" in argv:
-        if not path.exists() or path.read_text(encoding="utf-8") != text:
-            print(f"{path.relative_to(REPO)} is not what verl {schema.version} composes; "
-                  f"run: .venv/bin/python dev/verl_schema.py", file=sys.stderr)
-            return 1
-        print(f"{path.relative_to(REPO)} matches the installed verl {schema.version}")
-        return 0
-    path.write_text(text, encoding="utf-8")
-    print(f"wrote {path.relative_to(REPO)}: {len(schema.engines)} engines, {len(schema.allowed)} restricted keys")
+    check = "--check" in argv
+    versions = [a for a in argv if not a.startswith("--")] or list(RELEASES)
+    stale = []
+    for version in versions:
+        started = time.perf_counter()
+        blob = pack(version, extract(release_package(version)))
+        path = REPO / "compiler" / "verl" / "schemas" / f"{version}.json.gz"
+        name = path.relative_to(REPO)
+        if check:
+            same = path.exists() and path.read_bytes() == blob
+            if not same:
+                stale.append(version)
+            print(f"{name}: {'matches' if same else 'DIFFERS FROM'} verl {version}'s own files", flush=True)
+        else:
+            path.write_bytes(blob)
+            print(f"wrote {name} ({len(blob) / 1024:.0f} KiB, {time.perf_counter() - started:.1f} s)", flush=True)
+    if stale:
+        print(f"regenerate with: .venv/bin/python dev/verl_schema.py {' '.join(stale)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import SPECS
-from verlc.compiler.overrides import hydra_value
+from verlc.compiler.verl.hydra import hydra_value
 from verlc.compiler.pipeline import compile_spec
 
 hydra = pytest.importorskip("hydra", reason="hydra-core comes with verl; the test command installs it")

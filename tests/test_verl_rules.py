@@ -12,7 +12,7 @@ from ruamel.yaml import YAML
 
 from conftest import REPO, SPECS, run_verlc
 from test_verl_differential import verlc_problems
-from verlc.compiler.verl_checks import WORKERS_NOTE
+from verlc.compiler.verl.rules import WORKERS_NOTE
 
 INVALID = sorted((REPO / "tests" / "invalid").glob("*.yaml"))
 GOOD = {"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 64, "ppo_micro_batch_size_per_gpu": 4},

@@ -1,0 +1,123 @@
+"""Values verlc derives from a spec, needed by both the checks and the lowering.
+
+Below both stages: the checks refuse a spec that contradicts a derived value, and the lowering writes
+them out. Nothing here looks at verl's schema; verl's facts live in compiler/verl/.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from .ir import EnvVar, Word
+from .spec import Spec
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A verl key whose value verlc fills in from another part of the spec."""
+
+    key: str
+    value: Any
+    source: str  # the spec path it is derived from
+
+
+def critic_in_use(verl: dict[str, Any]) -> bool:
+    """verl builds a critic for GAE (its default estimator) unless critic.enable says otherwise."""
+    enable = verl.get("critic", {}).get("enable") if isinstance(verl.get("critic"), dict) else None
+    if enable is not None:
+        return bool(enable)
+    algorithm = verl.get("algorithm") if isinstance(verl.get("algorithm"), dict) else {}
+    return algorithm.get("adv_estimator", "gae") == "gae"
+
+
+def derived(spec: Spec) -> tuple[Derived, ...]:
+    """Every verl key verlc sets itself; setting one to another value under `verl:` is an error."""
+    items = [
+        Derived("trainer.nnodes", spec.cluster.nodes, "cluster.nodes"),
+        Derived("trainer.n_gpus_per_node", spec.cluster.gpus_per_node, "cluster.gpus_per_node"),
+        Derived("trainer.project_name", spec.project, "project"),
+        Derived("trainer.experiment_name", spec.experiment or spec.name,
+                "experiment" if spec.experiment else "name"),
+        Derived("actor_rollout_ref.model.path", spec.model, "model"),
+        Derived("data.train_files", list(spec.data.train_files), "data.train_files"),
+        Derived("data.val_files", list(spec.data.val_files), "data.val_files"),
+    ]
+    if critic_in_use(spec.verl):
+        items.append(Derived("critic.model.path", spec.model, "model"))
+    return tuple(items)
+
+
+def checkpoint_dir(spec: Spec) -> str:
+    """Where verl saves checkpoints: trainer.default_local_dir, or verl's default for this run."""
+    trainer = spec.verl.get("trainer")
+    given = trainer.get("default_local_dir") if isinstance(trainer, dict) else None
+    return str(given) if given else f"checkpoints/{spec.project}/{spec.experiment or spec.name}"
+
+
+def resume_defaults(spec: Spec) -> dict[str, Any]:
+    """Written out unless the spec sets them, so that a requeued or re-run job finds its checkpoints
+    where the first run put them (verl's own default interpolates names that could change)."""
+    return {"trainer.default_local_dir": checkpoint_dir(spec), "trainer.resume_mode": "auto"}
+
+
+# verl's determinism settings (verl docs/advance/determinism.md; issues #3126, #997): a seed only
+# shuffles data, so reproducible runs also need the engines' full determinism. Each is passed only
+# where the spec's release and engine have it.
+DETERMINISM = {
+    "data.seed": 42,
+    "actor_rollout_ref.rollout.seed": 42,
+    "actor_rollout_ref.rollout.full_determinism": True,
+    "actor_rollout_ref.actor.fsdp_config.full_determinism": True,
+    "actor_rollout_ref.ref.fsdp_config.full_determinism": True,
+    "critic.fsdp.full_determinism": True,
+}
+
+
+def derived_environment(spec: Spec) -> tuple[EnvVar, ...]:
+    """The env vars verlc sets itself, each with the spec path it follows from."""
+    env: list[EnvVar] = [EnvVar("PYTHONUNBUFFERED", Word(("1",)), "verlc: stream trainer logs")]
+    if spec.cluster.accelerator == "rocm":
+        devices = Word((",".join(str(i) for i in range(spec.cluster.gpus_per_node)),))
+        for name in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+            env.append(EnvVar(name, devices, "cluster.gpus_per_node"))
+        # Ray >= 2.45 would otherwise rewrite HIP_VISIBLE_DEVICES per actor (verl #1471, #1575).
+        env.append(EnvVar("RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES", Word(("1",)), "cluster.accelerator"))
+        env.append(EnvVar("HSA_NO_SCRATCH_RECLAIM", Word(("1",)), "cluster.accelerator"))
+    nccl = spec.network.nccl
+    for name, value, field in (
+        ("NCCL_IB_HCA", ",".join(nccl.ib_hca) or None, "ib_hca"),
+        ("NCCL_IB_GID_INDEX", nccl.ib_gid_index, "ib_gid_index"),
+        ("NCCL_CROSS_NIC", nccl.cross_nic, "cross_nic"),
+        ("NCCL_PROTO", nccl.proto, "proto"),
+        ("NCCL_SOCKET_IFNAME", nccl.socket_ifname, "socket_ifname"),
+    ):
+        if value is not None:
+            env.append(EnvVar(name, Word((str(value),)), f"network.nccl.{field}"))
+    if spec.ray.debug == "post_mortem":
+        env.append(EnvVar("RAY_DEBUG_POST_MORTEM", Word(("1",)), "ray.debug"))
+    elif spec.ray.debug == "legacy":
+        env.append(EnvVar("RAY_DEBUG", Word(("legacy",)), "ray.debug"))
+    return tuple(env)
+
+
+def variant_specs(spec: Spec) -> list[tuple[tuple[tuple[str, Any], ...], Spec]]:
+    """Every combination of the sweep's settings, in matrix order, as (settings, the variant's spec)."""
+    if spec.sweep is None:
+        return []
+    keys = list(spec.sweep.matrix)
+    out = []
+    for index, values in enumerate(itertools.product(*spec.sweep.matrix.values())):
+        verl = copy.deepcopy(spec.verl)
+        for key, value in zip(keys, values):
+            node = verl
+            *parents, last = key.split(".")[1:]
+            for part in parents:
+                child = node.get(part)
+                node = node.setdefault(part, {}) if isinstance(child, dict) or child is None else {}
+            node[last] = value
+        experiment = f"{spec.experiment or spec.name}-v{index:03d}"
+        out.append((tuple(zip(keys, values)), spec.model_copy(update={"verl": verl, "experiment": experiment})))
+    return out

@@ -1,0 +1,306 @@
+"""A spec's `verl:` section against one verl release: keys, types, allowed and mandatory values,
+interpolations, then verl's consistency rules. Every problem is a positioned Diagnostic."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..diagnostics import Diagnostic, did_you_mean
+from ..load import Sourced
+from .hydra import KEY, hydra_value, verl_value
+from .place import KNOWN, UNDER_VALUE, UNKNOWN, Place, Walker
+from .release import DEFAULT_CONFIG, MISSING, RELEASES, Release, snapshot
+from .rules import WORKERS, WORKERS_NOTE, Config, absolute, rules
+
+ENGINE_KEY = "model_engine"
+_INTERPOLATION = re.compile(r"\$\{([^{}]*)\}")
+_ENV = re.compile(r"(?:oc\.)?env:([A-Za-z_][A-Za-z0-9_]*)(?:,.*)?")
+_SELECT = re.compile(r"oc\.select:(\.*[A-Za-z_][\w.]*)(?:,.*)?")
+_KEY_REF = re.compile(r"\.*[A-Za-z_][\w.]*")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One leaf of the `verl:` section as verl's command line will carry it."""
+
+    key: str                       # dotted, without '+'
+    value: Any
+    loc: tuple[str | int, ...]     # where the spec sets it
+    plus: bool                     # Hydra needs `+key=value` (the key is not in the composed YAML)
+    explicit: bool                 # the spec wrote the '+' itself: a key verl does not declare
+    place: Place
+
+    @property
+    def arg(self) -> str:
+        return f"{'+' if self.plus else ''}{self.key}={hydra_value(verl_value(self.value))}"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which of a release's composed configs a spec uses."""
+
+    release: Release
+    config: str
+    engine: str
+
+    @property
+    def walker(self) -> Walker:
+        return Walker(self.release, self.config, self.engine)
+
+    @property
+    def tree(self) -> dict[str, Any]:
+        return self.release.tree(self.config, self.engine)
+
+
+def select(verl: dict[str, Any], release: Release, config: str = DEFAULT_CONFIG) -> Selection | str:
+    """The spec's trainer config and model_engine in this release, or a message saying why not."""
+    if config not in release.configs:
+        return (f"verl {release.version} has no trainer config '{config}'; it has "
+                f"{', '.join(release.configs)}{did_you_mean(config, release.configs)}")
+    engines = release.engines(config)
+    engine = verl.get(ENGINE_KEY, release.default_engine(config))
+    if engines == ("",):
+        if ENGINE_KEY in verl:
+            return (f"verl {release.version} has no model_engine (it came in 0.7.1); choose the engine "
+                    f"with its trainer config ({', '.join(release.configs)})")
+        return Selection(release, config, "")
+    if not isinstance(engine, str) or engine not in engines:
+        return (f"unknown model_engine {hydra_value(engine)}; verl {release.version} has {', '.join(engines)}"
+                + did_you_mean(str(engine), engines))
+    return Selection(release, config, engine)
+
+
+def settings(verl: dict[str, Any], walker: Walker) -> list[Setting]:
+    """The spec's `verl:` leaves in file order, each placed in verl's config.
+
+    A mapping is walked into where verl's YAML has a mapping (or has nothing: new keys are passed one by
+    one with `+`); where verl's YAML holds a value (e.g. a null `dict` field), the mapping is one value."""
+    out: list[Setting] = []
+
+    def walk(tree: dict[str, Any], parts: list[str], loc: tuple[str | int, ...], explicit: bool) -> None:
+        for raw, value in tree.items():
+            if not parts and raw == ENGINE_KEY:
+                continue
+            name = str(raw)
+            plus_here = name.startswith("+")
+            key_parts = [*parts, name[1:] if plus_here else name]
+            here = (*loc, raw)
+            now_explicit = explicit or plus_here
+            place = walker.place(key_parts)
+            descend = isinstance(value, dict) and value and (
+                (place.status == KNOWN and not place.stop) or (place.status == UNKNOWN and now_explicit))
+            if descend:
+                walk(value, key_parts, here, now_explicit)
+            else:
+                plus = now_explicit or (place.status == KNOWN and not place.in_yaml)
+                out.append(Setting(".".join(key_parts), value, here, plus, now_explicit, place))
+
+    walk(verl, [], ("verl",), False)
+    return out
+
+
+def check_verl(verl: dict[str, Any], derived: dict[str, Any], sourced: Sourced, chosen: Selection,
+               derived_from: dict[str, str], use_critic: bool) -> Iterator[Diagnostic]:
+    """Every problem of a `verl:` section against the chosen config, then verl's consistency rules.
+
+    `derived` holds the verl keys verlc fills in itself (already checked against the spec elsewhere)."""
+    found = settings(verl, chosen.walker)
+    problems = [d for s in found for d in _setting(s, chosen, sourced)]
+    yield from problems
+    values = {s.key: s.value for s in found}
+    values.update(derived)
+    config = Config(chosen.tree, values)
+    yield from _mandatory(config, chosen, sourced)
+    if problems:
+        return  # rules over misspelt keys or mistyped values would only repeat the same problem
+    where = {s.key: s.loc for s in found}
+    try:
+        broken = list(rules(config, use_critic))
+    except (TypeError, ZeroDivisionError):  # a value the rules cannot do arithmetic on: reported above
+        return
+    for keys, message, when in broken:
+        loc = next((where[k] for k in keys if k in where), None) or next(
+            (tuple(derived_from[k].split(".")) for k in keys if k in derived_from), ("verl", *keys[0].split(".")))
+        yield sourced.diagnostic(loc, message + (WORKERS_NOTE if when == WORKERS else ""))
+
+
+def _setting(s: Setting, chosen: Selection, sourced: Sourced) -> Iterator[Diagnostic]:
+    release, place, parts = chosen.release, s.place, s.key.split(".")
+    bad = next((p for p in parts if not KEY.fullmatch(p)), None)
+    if bad is not None:
+        yield sourced.diagnostic(s.loc, f"'{bad}' cannot be a key in a verl override", at_key=True)
+        return
+    if place.status == UNDER_VALUE:
+        parent = ".".join(parts[:place.found])
+        yield sourced.diagnostic(s.loc, f"'{parent}' is a value in verl's config, not a section", at_key=True)
+        return
+    if place.status == UNKNOWN:
+        if s.explicit:
+            if place.owner is not None:
+                parent = ".".join(parts[:place.found])
+                yield sourced.diagnostic(s.loc, (
+                    f"verl {release.version} builds '{parent}' as {place.owner.name}, which has no field "
+                    f"'{parts[place.found]}': Hydra would take the '+' key, then verl would fail with an "
+                    f"unexpected keyword argument once the workers start"), at_key=True)
+            return
+        yield sourced.diagnostic(s.loc, _unknown(parts, place, chosen), at_key=True)
+        return
+    if s.explicit and place.in_yaml:
+        yield sourced.diagnostic(s.loc, f"verl {release.version} has {s.key} already; write it without '+'",
+                                 at_key=True)
+        return
+    yield from (sourced.diagnostic(s.loc, m) for m in _value(s, chosen))
+
+
+def _value(s: Setting, chosen: Selection) -> Iterator[str]:
+    release, place, value = chosen.release, s.place, s.value
+    if isinstance(value, str) and "${" in value:
+        yield from _interpolations(s, chosen)
+        return
+    problem = type_problem(place.kinds, value)
+    if problem:
+        yield f"{problem} (verl {release.version}: {_declared(s)})"
+        return
+    field = s.key.rsplit(".", 1)[-1]
+    allowed = release.allowed.get(s.key) or (place.owner.allowed(field) if place.owner else ())
+    refused = place.owner.refused(field) if place.owner else ()
+    if value is not None and allowed and value not in allowed:
+        yield (f"must be one of {', '.join(map(str, allowed))} in verl {release.version}, got "
+               f"{hydra_value(value)}{did_you_mean(str(value), [str(a) for a in allowed])}")
+    elif value in refused:
+        yield f"verl {release.version} refuses {hydra_value(value)} here ({place.owner.name}.__post_init__)"
+
+
+def _declared(s: Setting) -> str:
+    owner = s.place.owner
+    field = s.key.rsplit(".", 1)[-1]
+    if owner is not None and field in owner.fields:
+        return f"{owner.name}.{field} is {' | '.join(describe(k) for k in s.place.kinds)}"
+    return f"no dataclass types this key; its default is {hydra_value(s.place.default)}"
+
+
+_WORDS = {"int": "an integer", "float": "a number", "number": "a number", "bool": "true or false",
+          "str": "a string", "list": "a list", "dict": "a mapping", "section": "a section (a mapping)",
+          "none": "null", "any": "anything", "L": "one of its listed values"}
+
+
+def describe(kind: str) -> str:
+    if kind.startswith("C:"):
+        return f"a {kind[2:]} mapping"
+    if kind.startswith("M:"):
+        return f"a mapping of named {kind[2:]} entries"
+    return _WORDS.get(kind, kind)
+
+
+def type_problem(kinds: tuple[str, ...], value: Any) -> str | None:
+    """Why `value` does not fit any of `kinds`, or None. Python's numeric tower: a float field takes 1."""
+    if "any" in kinds or not kinds:
+        return None
+    for kind in kinds:
+        if kind == "none" and value is None:
+            return None
+        if kind == "bool" and isinstance(value, bool):
+            return None
+        if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+            return None
+        if kind in ("float", "number") and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return None
+        if kind == "str" and isinstance(value, str):
+            return None
+        if kind == "list" and isinstance(value, list):
+            return None
+        if (kind in ("dict", "section") or kind[:2] in ("C:", "M:")) and isinstance(value, dict):
+            return None
+        if kind == "L" and not isinstance(value, (dict, list)):
+            return None  # the listed values are checked next
+    if any(k in ("section",) or k.startswith("C:") for k in kinds) and not isinstance(value, dict):
+        return "is a section of verl's config; set the keys under it, not a value"
+    return f"expects {' or '.join(describe(k) for k in kinds)}, got {hydra_value(value)}"
+
+
+def _interpolations(s: Setting, chosen: Selection) -> Iterator[str]:
+    """Every ${...} must resolve in verl's config: an env var, or a key verl has."""
+    text = s.value
+    for match in _INTERPOLATION.finditer(text):
+        body = match[1].strip()
+        if _ENV.fullmatch(body):
+            continue
+        select = _SELECT.fullmatch(body)
+        ref = select[1] if select else body if _KEY_REF.fullmatch(body) else None
+        if ref is None:
+            yield (f"'{match[0]}' is not an interpolation verl can resolve: write ${{env:NAME}} for an environment "
+                   f"variable of the node, ${{a.b}} for another verl setting, or \\${{...}} for the text itself")
+            continue
+        target = absolute(s.key, ref).split(".")
+        if chosen.walker.place(target).status != KNOWN:
+            yield (f"'{match[0]}' refers to a key verl {chosen.release.version} does not have; "
+                   f"for the environment variable on the node write ${{env:{ref.lstrip('.')}}}"
+                   if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", ref) else
+                   f"'{match[0]}' refers to '{'.'.join(target)}', which verl {chosen.release.version} does not have")
+
+
+def _unknown(parts: list[str], place: Place, chosen: Selection) -> str:
+    release, walker = chosen.release, chosen.walker
+    depth = place.found
+    parent = ".".join(parts[:depth])
+    engine = f" ({chosen.engine} engine)" if chosen.engine else ""
+    where = f"under '{parent}'" if parent else "at the top level"
+    hint = did_you_mean(parts[depth], walker.keys(parts[:depth]))
+    if not hint:  # the right name in the wrong place?
+        elsewhere = [k for k in all_keys(chosen.tree) if k.rsplit(".", 1)[-1] == parts[-1]]
+        hint = f" (did you mean '{elsewhere[0]}'?)" if len(elsewhere) == 1 else ""
+    return f"verl {release.version}{engine} has no key '{parts[depth]}' {where}{hint}{other_releases(parts, release)}"
+
+
+def other_releases(parts: list[str], release: Release) -> str:
+    """'; it exists in verl 0.6.0, 0.6.1' for a key that other shipped releases have."""
+    key = ".".join(parts)
+    having = []
+    for version in RELEASES:
+        if version == release.version:
+            continue
+        other = snapshot(version)
+        if any(Walker(other, c, e).place(parts).status == KNOWN and Walker(other, c, e).place(parts).in_yaml
+               for c in other.configs for e in other.engines(c)):
+            having.append(version)
+    if not having:
+        return ""
+    return f"; {key} exists in verl {_ranges(having)}"
+
+
+def _ranges(versions: list[str]) -> str:
+    """Consecutive releases as 'A-B', others listed: '0.3.0.post1-0.6.1, 0.8.0'."""
+    index = {v: i for i, v in enumerate(RELEASES)}
+    runs: list[list[str]] = []
+    for v in versions:
+        if runs and index[v] == index[runs[-1][-1]] + 1:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    return ", ".join(r[0] if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def all_keys(tree: dict[str, Any], prefix: str = "") -> Iterator[str]:
+    for key, value in tree.items():
+        path = f"{prefix}.{key}" if prefix else key
+        yield path
+        if isinstance(value, dict):
+            yield from all_keys(value, path)
+
+
+def _mandatory(config: Config, chosen: Selection, sourced: Sourced) -> Iterator[Diagnostic]:
+    for key in all_keys(chosen.tree):
+        if config.get(key) != MISSING:
+            continue
+        parts = key.split(".")
+        # `???` inside a disabled section (e.g. reward.reward_model with enable: false) is not needed.
+        if any(config.get(".".join(parts[:i] + ["enable"])) is False for i in range(1, len(parts))):
+            continue
+        allowed = chosen.release.allowed.get(key)
+        choices = f" ({', '.join(map(str, allowed))})" if allowed else ""
+        yield sourced.diagnostic(("verl",) if "verl" in sourced.data else (),
+                                 f"verl.{key} is mandatory in verl {chosen.release.version}; set it{choices}",
+                                 at_key=True)

@@ -1,0 +1,315 @@
+"""Read one verl release's config facts from its own files, without importing verl (or torch).
+
+- the trainer configs (`ppo_trainer`, `ppo_megatron_trainer`), composed by Hydra for every
+  `model_engine` choice, unresolved: keys, defaults, `???` for mandatory values, `_target_` names;
+- the dataclasses the `_target_` names point at, read with `ast`: each field's type, so that types
+  and openness come from what verl builds, not from what a YAML default happens to look like;
+- closed value sets, where the source states them (enums, `Literal` fields, `__post_init__` checks).
+
+Used by `dev/verl_schema.py` (one release at a time, from a scratch install) and by
+`--verl-config live` (the installed verl). Needs hydra-core; the shipped schemas need nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+TRAINER_CONFIGS = ("ppo_trainer", "ppo_megatron_trainer")
+SCALARS = {"int": "int", "float": "float", "bool": "bool", "str": "str"}
+LISTS = {"list", "List", "tuple", "Tuple", "Sequence", "ListConfig", "set", "Set"}
+DICTS = {"dict", "Dict", "Mapping", "MutableMapping", "DictConfig"}
+ANY = {"Any", "object"}
+
+
+def extract(package: Path) -> dict[str, Any]:
+    """The schema data of the verl package at `package` (the folder holding verl/__init__.py)."""
+    config_dir = package / "trainer" / "config"
+    classes = read_dataclasses(package)
+    configs: dict[str, Any] = {}
+    for name in TRAINER_CONFIGS:
+        if (config_dir / f"{name}.yaml").exists():
+            configs[name] = _compose_variants(config_dir, name)
+    return {
+        "configs": configs,
+        "groups": _groups(config_dir),
+        "classes": {name: info for name, info in sorted(classes.items()) if _used(name, configs, classes)},
+        "allowed": _allowed(package, classes, configs),
+    }
+
+
+# --- Hydra ------------------------------------------------------------------------------------
+
+def compose(config_dir: Path, name: str, overrides: list[str]) -> dict[str, Any]:
+    """Hydra's composition (unresolved), exactly as `main_ppo --config-name NAME --cfg job` prints it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        cfg = hydra_compose(name, overrides=overrides)
+    return OmegaConf.to_container(cfg, resolve=False)  # type: ignore[return-value]
+
+
+def _compose_variants(config_dir: Path, name: str) -> dict[str, Any]:
+    """{"default_engine": choice or "", "engines": {choice: composed tree}} ("" when there is no group)."""
+    default = compose(config_dir, name, [])
+    engine = default.get("model_engine")
+    choices = sorted(p.stem for p in (config_dir / "model_engine").glob("*.yaml"))
+    if not choices or not isinstance(engine, str):
+        return {"default_engine": "", "engines": {"": default}}
+    return {"default_engine": engine,
+            "engines": {c: default if c == engine else compose(config_dir, name, [f"model_engine={c}"])
+                        for c in choices}}
+
+
+def _groups(config_dir: Path) -> dict[str, list[str]]:
+    """Every config group (a folder of YAML files) and its options: what `group@package=option` may name."""
+    out: dict[str, list[str]] = {}
+    for folder in sorted(p for p in config_dir.rglob("*") if p.is_dir() and p.name != "__pycache__"):
+        options = sorted(f.stem for f in folder.glob("*.yaml"))
+        if options:
+            out[folder.relative_to(config_dir).as_posix()] = options
+    return out
+
+
+# --- dataclasses, read with ast --------------------------------------------------------------
+
+def read_dataclasses(package: Path) -> dict[str, dict[str, Any]]:
+    """Every dataclass in the package: {name: {"module", "fields": {field: type}, "literals", "doc"}}.
+
+    A type is a `|`-joined set of: int, float, bool, str, none, any, list, dict (any keys),
+    C:<class> (a nested config), M:<class> (a map of named configs), L (a Literal: see "literals").
+    Inherited fields are included; a later definition of a name replaces an earlier one."""
+    found: dict[str, tuple[str, ast.ClassDef]] = {}
+    for path in sorted(package.rglob("*.py")):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+        module = ".".join(("verl", *path.relative_to(package).with_suffix("").parts)).removesuffix(".__init__")
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and (_is_dataclass(node) or node.name in found):
+                found.setdefault(node.name, (module, node))
+    names = set(found)
+    out: dict[str, dict[str, Any]] = {}
+
+    def resolve(name: str, seen: frozenset[str] = frozenset()) -> dict[str, Any]:
+        if name in out:
+            return out[name]
+        module, node = found[name]
+        fields: dict[str, str] = {}
+        literals: dict[str, list[Any]] = {}
+        for base in node.bases:
+            base_name = _name(base)
+            if base_name in found and base_name not in seen:
+                parent = resolve(base_name, seen | {name})
+                fields.update(parent["fields"])
+                literals.update(parent["literals"])
+        for stmt in node.body:
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                if _name(stmt.annotation) == "ClassVar" or stmt.target.id.startswith("__"):
+                    continue
+                kinds, values = _type(stmt.annotation, names)
+                fields[stmt.target.id] = "|".join(kinds)
+                if values:
+                    literals[stmt.target.id] = values
+                else:
+                    literals.pop(stmt.target.id, None)
+        literals.update(_post_init_choices(node))
+        out[name] = {"module": module, "fields": fields, "literals": literals}
+        return out[name]
+
+    for name in sorted(found):
+        resolve(name)
+    return {n: v for n, v in out.items() if _is_dataclass(found[n][1]) or v["fields"]}
+
+
+def _is_dataclass(node: ast.ClassDef) -> bool:
+    for deco in node.decorator_list:
+        target = deco.func if isinstance(deco, ast.Call) else deco
+        if _name(target) == "dataclass":
+            return True
+    return False
+
+
+def _name(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Subscript):
+        return _name(node.value)
+    return ""
+
+
+def _type(node: ast.expr | None, classes: set[str]) -> tuple[list[str], list[Any]]:
+    """(kinds, literal values) of an annotation."""
+    if node is None:
+        return ["any"], []
+    if isinstance(node, ast.Constant):
+        if node.value is None:
+            return ["none"], []
+        if isinstance(node.value, str):  # a forward reference
+            try:
+                return _type(ast.parse(node.value, mode="eval").body, classes)
+            except SyntaxError:
+                return ["any"], []
+        return ["any"], []
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        left, lv = _type(node.left, classes)
+        right, rv = _type(node.right, classes)
+        return _union(left + right), lv + rv
+    name = _name(node)
+    args: list[ast.expr] = []
+    if isinstance(node, ast.Subscript):
+        inner = node.slice
+        args = list(inner.elts) if isinstance(inner, ast.Tuple) else [inner]
+    if name in ("Optional", "Union"):
+        kinds: list[str] = ["none"] if name == "Optional" else []
+        values: list[Any] = []
+        for arg in args:
+            k, v = _type(arg, classes)
+            kinds += k
+            values += v
+        return _union(kinds), values
+    if name == "Literal":
+        values = [a.value for a in args if isinstance(a, ast.Constant)]
+        return _union(["L"] + (["none"] if None in values else [])), [v for v in values if v is not None]
+    if name in ("Annotated", "Final", "InitVar"):
+        return _type(args[0] if args else None, classes)
+    if name in SCALARS:
+        return [SCALARS[name]], []
+    if name in LISTS:
+        return ["list"], []
+    if name in DICTS:
+        if len(args) == 2 and _name(args[1]) in classes:
+            return [f"M:{_name(args[1])}"], []
+        return ["dict"], []
+    if name in classes:
+        return [f"C:{name}"], []
+    return ["any"], []
+
+
+def _union(kinds: list[str]) -> list[str]:
+    return ["any"] if "any" in kinds else sorted(set(kinds))
+
+
+def _post_init_choices(node: ast.ClassDef) -> dict[str, list[Any]]:
+    """Fields whose `__post_init__` raises unless the value is in a literal set (e.g. loss_agg_mode),
+    and, as `!field`, values it raises on (e.g. rollout mode "sync" in 0.9)."""
+    out: dict[str, list[Any]] = {}
+    for fn in node.body:
+        if not (isinstance(fn, ast.FunctionDef) and fn.name == "__post_init__"):
+            continue
+        lists = {t.id: _strings(stmt.value) for stmt in ast.walk(fn) if isinstance(stmt, ast.Assign)
+                 for t in stmt.targets if isinstance(t, ast.Name) and _strings(stmt.value)}
+        for stmt in ast.walk(fn):
+            if not (isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare)
+                    and any(isinstance(s, ast.Raise) for s in ast.walk(ast.Module(body=stmt.body, type_ignores=[])))):
+                continue
+            test = stmt.test
+            left = test.left
+            if not (isinstance(left, ast.Attribute) and isinstance(left.value, ast.Name) and left.value.id == "self"
+                    and len(test.ops) == 1):
+                continue
+            right = test.comparators[0]
+            if isinstance(test.ops[0], ast.NotEq) and isinstance(right, ast.Constant) and isinstance(right.value, str):
+                out[left.attr] = [right.value]
+            elif isinstance(test.ops[0], ast.Eq) and isinstance(right, ast.Constant) and isinstance(right.value, str):
+                out[f"!{left.attr}"] = [*out.get(f"!{left.attr}", []), right.value]  # a value it refuses
+            elif isinstance(test.ops[0], ast.NotIn):
+                values = lists.get(right.id) if isinstance(right, ast.Name) else _strings(right)
+                if values:
+                    out[left.attr] = values
+    return out
+
+
+def _strings(node: ast.expr) -> list[str]:
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)) and node.elts and all(
+            isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
+        return [e.value for e in node.elts]  # type: ignore[attr-defined]
+    return []
+
+
+def _targets(tree: Any) -> Iterator[str]:
+    if isinstance(tree, dict):
+        if isinstance(tree.get("_target_"), str):
+            yield tree["_target_"].rsplit(".", 1)[-1]
+        for value in tree.values():
+            yield from _targets(value)
+
+
+def _used(name: str, configs: dict[str, Any], classes: dict[str, dict[str, Any]]) -> bool:
+    """Whether a config tree names the class, directly or through another used class's field types."""
+    roots = {t for c in configs.values() for tree in c["engines"].values() for t in _targets(tree)}
+    seen: set[str] = set()
+    todo = [r for r in roots if r in classes]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for kind in (k for t in classes[current]["fields"].values() for k in t.split("|")):
+            if kind[:2] in ("C:", "M:") and kind[2:] in classes:
+                todo.append(kind[2:])
+    return name in seen
+
+
+# --- closed value sets --------------------------------------------------------------------------
+
+def _allowed(package: Path, classes: dict[str, dict[str, Any]], configs: dict[str, Any]) -> dict[str, list[str]]:
+    """Settings verl restricts outside any dataclass, each read from where this release states it."""
+    out: dict[str, list[str]] = {}
+    estimators = _enum_values(package, "AdvantageEstimator")
+    if estimators:  # verl looks the estimator up by this enum's values
+        out["algorithm.adv_estimator"] = estimators
+    registry = _rollout_registry(package)
+    if registry and "sync" in classes.get("RolloutConfig", {}).get("literals", {}).get("!mode", []):
+        # Once sync mode is refused, every rollout is built from this registry of (name, mode) pairs;
+        # before that, sync rollouts were built elsewhere and the registry did not list them all.
+        out["actor_rollout_ref.rollout.name"] = sorted({n for n, _ in registry})
+        out["actor_rollout_ref.rollout.mode"] = sorted({m for _, m in registry})
+    loss_modes = _loss_agg_modes(package)
+    if loss_modes and "loss_agg_mode" not in classes.get("ActorConfig", {}).get("literals", {}):
+        out["actor_rollout_ref.actor.loss_agg_mode"] = loss_modes
+    return out
+
+
+def _enum_values(package: Path, enum: str) -> list[str]:
+    for path in sorted(package.rglob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if f"class {enum}" not in text:
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.name == enum:
+                return sorted(s.value.value for s in node.body if isinstance(s, ast.Assign)
+                              and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str))
+    return []
+
+
+def _rollout_registry(package: Path) -> list[tuple[str, str]]:
+    path = package / "workers" / "rollout" / "base.py"
+    if not path.exists():
+        return []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_ROLLOUT_REGISTRY"
+                                                 for t in node.targets) and isinstance(node.value, ast.Dict)):
+            return [(k.elts[0].value, k.elts[1].value) for k in node.value.keys
+                    if isinstance(k, ast.Tuple) and len(k.elts) == 2
+                    and all(isinstance(e, ast.Constant) for e in k.elts)]
+    return []
+
+
+def _loss_agg_modes(package: Path) -> list[str]:
+    """0.4-0.5 check loss_agg_mode against a literal list in ray_trainer.py (`assert ... in [...]`)."""
+    path = package / "trainer" / "ppo" / "ray_trainer.py"
+    if not path.exists():
+        return []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.In)
+                and ast.unparse(node.left).endswith("loss_agg_mode") and _strings(node.comparators[0])):
+            return _strings(node.comparators[0])
+    return []

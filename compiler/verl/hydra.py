@@ -1,0 +1,75 @@
+"""verl's command line: Python values in Hydra's override grammar (`key=value` after main_ppo)."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+# Plain Hydra values that need no quoting; anything else is single-quoted.
+_BARE = re.compile(r"[A-Za-z_/.][A-Za-z0-9_./+@-]*")
+# Bare words Hydra would read as something other than a string.
+_NOT_A_STRING = re.compile(r"(?i)(true|false|null|[-+]?(inf|nan)|[-+]?[0-9_.]+(e[-+]?[0-9]+)?)")
+KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def hydra_value(value: Any) -> str:
+    """A Python value in Hydra override syntax."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        if _BARE.fullmatch(value) and not _NOT_A_STRING.fullmatch(value):
+            return value
+        return _quote(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_key(k)}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"no Hydra syntax for {type(value).__name__}")
+
+
+def verl_value(value: Any) -> Any:
+    """verlc's `${env:NAME}` as OmegaConf's `${oc.env:NAME}`, which verl resolves on the node it runs on."""
+    if isinstance(value, str):
+        return _ENV.sub("${oc.env:", value)
+    if isinstance(value, list):
+        return [verl_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: verl_value(v) for k, v in value.items()}
+    return value
+
+
+_ENV = re.compile(r"\$\{env:(?=[A-Za-z_])")
+
+
+def _key(key: str) -> str:
+    if not KEY.fullmatch(key):
+        raise ValueError(f"{key!r} cannot be a key in a Hydra dict value")
+    return key
+
+
+def _quote(text: str) -> str:
+    # Hydra's quoted strings: backslashes only escape when they precede a quote or end the string.
+    out = []
+    run = 0
+    for ch in text:
+        if ch == "\\":
+            run += 1
+            continue
+        if ch == "'":
+            out.append("\\" * (2 * run) + "\\'")
+        else:
+            out.append("\\" * run + ch)
+        run = 0
+    out.append("\\" * (2 * run))
+    return "'" + "".join(out) + "'"

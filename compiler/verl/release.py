@@ -1,0 +1,153 @@
+"""The verl releases verlc knows, and one release's config facts.
+
+A shipped schema is `schemas/<version>.json.gz`, written by `dev/verl_schema.py` from that release's
+own files. Trees are stored interned: every mapping appears once in `nodes` and is referenced by its
+index as `{"&": i}` ("&" cannot be a Hydra key), so the engines and trainer configs of a release,
+which share most of their structure, cost little. Loading one release reads one small file.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+MISSING = "???"
+DEFAULT_CONFIG = "ppo_trainer"
+# Every release on PyPI from the first one papers still pin; dev/verl_schema.py writes one schema each.
+RELEASES = ("0.3.0.post1", "0.4.0", "0.4.1", "0.5.0", "0.6.0", "0.6.1", "0.7.0", "0.7.1", "0.8.0", "0.9.0",
+            "0.9.1")
+REF = "&"
+
+
+@dataclass(frozen=True)
+class DataClass:
+    """A dataclass verl builds from a config node: its fields' types and the values some fields allow."""
+
+    name: str
+    module: str
+    fields: Mapping[str, str]          # field -> kinds joined by "|" (see extract.read_dataclasses)
+    literals: Mapping[str, tuple[Any, ...]]
+
+    def allowed(self, name: str) -> tuple[Any, ...]:
+        return self.literals.get(name, ())
+
+    def refused(self, name: str) -> tuple[Any, ...]:
+        return self.literals.get(f"!{name}", ())
+
+
+@dataclass(frozen=True)
+class Release:
+    """One verl release: its trainer configs (per model_engine choice), dataclasses and closed sets."""
+
+    version: str
+    source: str  # "snapshot" or "live"
+    configs: Mapping[str, tuple[str, Mapping[str, Any]]]  # config name -> (default engine, engine -> tree)
+    classes: Mapping[str, DataClass]
+    allowed: Mapping[str, tuple[Any, ...]]
+    groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def default_engine(self, config: str) -> str:
+        return self.configs[config][0]
+
+    def engines(self, config: str) -> tuple[str, ...]:
+        return tuple(self.configs[config][1])
+
+    def tree(self, config: str, engine: str) -> dict[str, Any]:
+        return self.configs[config][1][engine]
+
+
+def known_versions() -> tuple[str, ...]:
+    return RELEASES
+
+
+@cache
+def snapshot(version: str) -> Release:
+    """The shipped schema of one verl release; KeyError when verlc has none for it."""
+    if version not in RELEASES:
+        raise KeyError(version)
+    blob = resources.files("verlc.compiler.verl").joinpath("schemas", f"{version}.json.gz").read_bytes()
+    return from_data(version, unpack(json.loads(zlib.decompress(blob, wbits=31))), "snapshot")
+
+
+@cache
+def live() -> Release:
+    """The installed verl's facts, read from its files (Hydra composes; verl is not imported)."""
+    from importlib.metadata import version
+
+    from .extract import extract
+
+    return from_data(version("verl"), extract(installed_package()), "live")
+
+
+def installed_package() -> Any:
+    """The installed verl's package folder, found without running verl/__init__ (which imports torch)."""
+    import importlib.util
+    from pathlib import Path
+
+    found = importlib.util.find_spec("verl")
+    if found is None or not found.submodule_search_locations:
+        raise RuntimeError("verl is not installed; use the shipped schema (drop --verl-config live)")
+    return Path(next(iter(found.submodule_search_locations)))
+
+
+def from_data(version: str, data: dict[str, Any], source: str) -> Release:
+    return Release(
+        version=version, source=source,
+        configs={name: (c["default_engine"], c["engines"]) for name, c in data["configs"].items()},
+        classes={name: DataClass(name, c["module"], c["fields"], {k: tuple(v) for k, v in c["literals"].items()})
+                 for name, c in data["classes"].items()},
+        allowed={k: tuple(v) for k, v in data["allowed"].items()},
+        groups={k: tuple(v) for k, v in data.get("groups", {}).items()},
+    )
+
+
+def pack(version: str, data: dict[str, Any]) -> bytes:
+    """A release's extracted facts as the bytes of its shipped file: interned, sorted, gzip'd, stable."""
+    nodes: list[dict[str, Any]] = []
+    index: dict[str, int] = {}
+
+    def intern(tree: Any) -> Any:
+        if isinstance(tree, dict):
+            node = {k: intern(v) for k, v in tree.items()}
+            key = json.dumps(node, sort_keys=True)
+            if key not in index:
+                index[key] = len(nodes)
+                nodes.append(node)
+            return {REF: index[key]}
+        if isinstance(tree, list):
+            return [intern(v) for v in tree]
+        return tree
+
+    configs = {name: {"default_engine": c["default_engine"],
+                      "engines": {e: intern(t) for e, t in c["engines"].items()}}
+               for name, c in data["configs"].items()}
+    doc = {"verl_version": version, "configs": configs, "nodes": nodes, "groups": data["groups"],
+           "classes": data["classes"], "allowed": data["allowed"]}
+    text = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+    squeeze = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip framing, no timestamp: the same bytes every time
+    return squeeze.compress(text) + squeeze.flush()
+
+
+def unpack(doc: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of pack(): trees rebuilt from the node table, each place its own object (a caller
+    that edits one engine's tree, or one of two equal sections, must not edit the other)."""
+    nodes = doc["nodes"]
+
+    def build(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: build(v) for k, v in nodes[value[REF]].items()}
+        if isinstance(value, list):
+            return [build(v) for v in value]
+        return value
+
+    return {
+        "configs": {name: {"default_engine": c["default_engine"],
+                           "engines": {e: build(t) for e, t in c["engines"].items()}}
+                    for name, c in doc["configs"].items()},
+        "groups": doc["groups"], "classes": doc["classes"], "allowed": doc["allowed"],
+    }
