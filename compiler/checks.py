@@ -9,7 +9,7 @@ from .derive import DETERMINISM, critic_in_use, derived, derived_environment, va
 from .ir import parse_word
 from .load import Sourced
 from .spec import Apptainer, Engine, NoContainer, Pyxis, Spec
-from .verl.check import Selection, check_verl, select, settings
+from .verl.check import NOTE, Selection, check_groups, check_verl, select, settings
 from .verl.hydra import hydra_value
 from .verl.release import Release
 
@@ -17,16 +17,20 @@ _SECRET_NAME = re.compile(r"(?i).*(_KEY|_TOKEN|_SECRET|PASSWORD|PASSWD).*")
 
 
 def check(spec: Spec, sourced: Sourced, release: Release, targets: Iterable[str] = (),
-          max_variants: int = 1000) -> None:
-    """Raise SpecError with every problem found in `spec` (positions from `sourced`)."""
-    chosen = select(spec.verl, release)
+          max_variants: int = 1000) -> tuple[Diagnostic, ...]:
+    """Raise SpecError with every problem found in `spec` (positions from `sourced`); return the notes
+    (what verlc could not check and why)."""
+    chosen = select(spec.verl, release, spec.hydra.config_name)
+    group_errors, notes, unchecked = check_groups(dict(spec.hydra.groups), spec.hydra.searchpath, release, sourced)
     if isinstance(chosen, str):
-        verl_problems: Iterable[Diagnostic] = [sourced.diagnostic(("verl", "model_engine"), chosen)]
+        where = ("hydra", "config_name") if spec.hydra.config_name not in release.configs else ("verl", "model_engine")
+        verl_problems: Iterable[Diagnostic] = [sourced.diagnostic(where, chosen)]
     elif spec.sweep is None:
-        verl_problems = _check_verl(spec, sourced, chosen)
+        verl_problems = _check_verl(spec, sourced, chosen, unchecked)
     else:
-        verl_problems = _sweep(spec, sourced, chosen, max_variants)
+        verl_problems = _sweep(spec, sourced, chosen, max_variants, unchecked)
     problems = [
+        *group_errors,
         *_verl_section(spec, sourced, chosen),
         *verl_problems,
         *_words(spec, sourced),
@@ -36,14 +40,17 @@ def check(spec: Spec, sourced: Sourced, release: Release, targets: Iterable[str]
         *_reproducible(spec, sourced, chosen),
         *_for_targets(spec, sourced, set(targets)),
     ]
+    notes += [p for p in problems if p.message.startswith(NOTE)]
+    problems = [p for p in problems if not p.message.startswith(NOTE)]
     if problems:
         raise SpecError(problems)
+    return tuple(sorted(set(notes)))
 
 
-def _check_verl(spec: Spec, sourced: Sourced, chosen: Selection) -> Iterator[Diagnostic]:
+def _check_verl(spec: Spec, sourced: Sourced, chosen: Selection, unchecked: tuple[str, ...]) -> Iterator[Diagnostic]:
     found = derived(spec)
     return check_verl(spec.verl, {d.key: d.value for d in found}, sourced, chosen,
-                      {d.key: d.source for d in found}, critic_in_use(spec.verl))
+                      {d.key: d.source for d in found}, critic_in_use(spec.verl), unchecked)
 
 
 def _verl_section(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
@@ -65,7 +72,7 @@ def _verl_section(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iter
     critic = spec.verl.get("critic")
     if isinstance(critic, dict) and critic and not critic_in_use(spec.verl):
         yield sourced.diagnostic(("verl", "critic"),
-                                 "critic settings given, but the advantage estimator uses no critic "
+                                 f"{NOTE}critic settings given, but the advantage estimator uses no critic "
                                  "(only gae does); remove verl.critic or set algorithm.adv_estimator: gae",
                                  at_key=True)
 
@@ -155,7 +162,8 @@ def _ray(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
         yield sourced.diagnostic(("ray", "dashboard_port"), f"same as ray.port ({r.port})")
 
 
-def _sweep(spec: Spec, sourced: Sourced, chosen: Selection, max_variants: int) -> Iterator[Diagnostic]:
+def _sweep(spec: Spec, sourced: Sourced, chosen: Selection, max_variants: int,
+           unchecked: tuple[str, ...]) -> Iterator[Diagnostic]:
     """Each variant is checked like a spec of its own; problems point at the sweep value that caused them."""
     assert spec.sweep is not None
     matrix = spec.sweep.matrix
@@ -181,7 +189,7 @@ def _sweep(spec: Spec, sourced: Sourced, chosen: Selection, max_variants: int) -
         return
     seen: set[tuple[str, str]] = set()
     for settings, variant in variant_specs(spec):
-        for d in _check_verl(variant, sourced, chosen):
+        for d in _check_verl(variant, sourced, chosen, unchecked):
             for key, value in settings:
                 if d.path == key:
                     index = matrix[key].index(value)

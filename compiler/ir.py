@@ -174,10 +174,12 @@ class JobIR:
     pins: tuple[tuple[str, str], ...]  # (package, exact version) every node must have
     image: Word  # the image a run record names ("none" without a container)
     trainer_module: str
+    config_name: str  # verl's Hydra config (`--config-name`, the first override when not ppo_trainer)
     overrides: tuple[Override, ...]
     slurm: SlurmIR | None
     compose: ContainerIR | None  # the docker container the compose target runs everything in
     variants: tuple[VariantIR, ...]  # empty without a sweep
+    notes: tuple[str, ...] = ()  # what verlc could not check, and why (shown by validate and build)
 
     @property
     def varied_keys(self) -> tuple[str, ...]:

@@ -15,7 +15,7 @@ from .spec import Apptainer, Engine, NoContainer, Pyxis, Spec
 from .verl.check import Selection, select, settings
 from .verl.hydra import hydra_value, verl_value
 from .verl.place import KNOWN
-from .verl.release import Release
+from .verl.release import DEFAULT_CONFIG, Release
 from .verl.rules import Config
 
 TRAINER_MODULE = "verl.trainer.main_ppo"
@@ -27,10 +27,10 @@ PREPARE_SCRIPTS = {
 }
 
 
-def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str) -> JobIR:
+def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, notes: tuple[str, ...] = ()) -> JobIR:
     """Resolve a checked spec into the IR every target renders from."""
     slurm = spec.cluster.slurm
-    chosen = select(spec.verl, release)
+    chosen = select(spec.verl, release, spec.hydra.config_name)
     assert isinstance(chosen, Selection), "the checks refuse a spec whose verl config cannot be chosen"
     return JobIR(
         name=spec.name,
@@ -73,20 +73,30 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str) -> 
         pins=tuple(sorted({"verl": spec.verl_version, **spec.pins}.items())),
         image=parse_word(getattr(spec.container, "image", None) or "none"),
         trainer_module=TRAINER_MODULE,
+        config_name=spec.hydra.config_name,
         overrides=overrides(spec, chosen),
         slurm=slurm_ir(spec),
         compose=compose_container(spec),
         variants=variants(spec, chosen),
+        notes=notes,
     )
 
 
 def overrides(spec: Spec, chosen: Selection) -> tuple[Override, ...]:
     """Derived keys plus the spec's `verl:` leaves, sorted by key: one stable line each.
 
-    The config group choice `model_engine` comes first: Hydra applies it before the keys it selects."""
-    out = {d.key: Override(d.key, hydra_value(d.value), d.source) for d in derived(spec)}
+    What selects the config comes first, in the order Hydra reads it: `--config-name` (when not verl's
+    default), the plugin search path, then config group choices (model_engine among them)."""
+    head: list[Override] = []
+    if spec.hydra.config_name != DEFAULT_CONFIG:
+        head.append(Override("--config-name", spec.hydra.config_name, "hydra.config_name"))
+    if spec.hydra.searchpath:
+        head.append(Override("hydra.searchpath", hydra_value(list(spec.hydra.searchpath)), "hydra.searchpath"))
+    groups = {k: Override(k, v, f"hydra.groups.{k}") for k, v in spec.hydra.groups.items()}
     if "model_engine" in spec.verl:
-        out["model_engine"] = Override("model_engine", hydra_value(spec.verl["model_engine"]), "verl.model_engine")
+        groups["model_engine"] = Override("model_engine", hydra_value(spec.verl["model_engine"]), "verl.model_engine")
+    head += [groups[k] for k in sorted(groups)]
+    out = {d.key: Override(d.key, hydra_value(d.value), d.source) for d in derived(spec)}
     for s in settings(spec.verl, chosen.walker):
         out.setdefault(s.key, Override(s.key, hydra_value(verl_value(s.value)), ".".join(map(str, s.loc)),
                                        "+" if s.plus else ""))
@@ -94,7 +104,7 @@ def overrides(spec: Spec, chosen: Selection) -> tuple[Override, ...]:
         out.setdefault(key, Override(key, hydra_value(value), "verlc: a requeued job resumes from its checkpoints"))
     for key, value in determinism_defaults(spec, chosen).items():
         out.setdefault(key, Override(key, hydra_value(value), "reproducible"))
-    return tuple(out[k] for k in sorted(out, key=lambda k: (k != "model_engine", k)))
+    return (*head, *(out[k] for k in sorted(out)))
 
 
 def determinism_defaults(spec: Spec, chosen: Selection) -> dict[str, Any]:

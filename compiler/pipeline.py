@@ -27,8 +27,8 @@ def compile_spec(path: Path, *, display: str, source: str, targets: Iterable[str
     sourced = load(path, display)
     spec = validate(sourced)
     release = verl_release_for(spec, sourced, verl_config)
-    check(spec, sourced, release, targets, max_variants)
-    ir = lower(spec, release, spec_file=source, spec_sha256=sourced.sha256)
+    notes = check(spec, sourced, release, targets, max_variants)
+    ir = lower(spec, release, spec_file=source, spec_sha256=sourced.sha256, notes=tuple(map(str, notes)))
     if verl_config == "live":
         _compose_live(ir, sourced)
     return ir
@@ -58,10 +58,11 @@ def verl_release_for(spec: Spec, sourced: Sourced, source: VerlConfigSource) -> 
 def _compose_live(ir: JobIR, sourced: Sourced) -> None:
     """Hydra's own verdict on the exact overrides the bundle will pass."""
     from .verl.extract import compose
-    from .verl.release import DEFAULT_CONFIG, installed_package
+    from .verl.release import installed_package
 
     try:
-        compose(installed_package() / "trainer" / "config", DEFAULT_CONFIG, [o.arg for o in ir.overrides])
+        compose(installed_package() / "trainer" / "config", ir.config_name,
+                [o.arg for o in ir.overrides if not o.key.startswith("--")])
     except Exception as exc:
         message = " ".join(str(exc).split())
         raise SpecError([sourced.diagnostic(("verl",), f"verl's config refuses the overrides: {message}",

@@ -225,6 +225,29 @@ class Sweep(Model):
     matrix: dict[SweepKey, Annotated[tuple[Any, ...], Field(min_length=1)]] = Field(min_length=1)
 
 
+# --- verl's Hydra composition -------------------------------------------------------------------
+
+GroupKey = Annotated[str, Strict(), _matching(
+    r"[A-Za-z_][A-Za-z0-9_/]*(@[A-Za-z_][A-Za-z0-9_.]*)?", "a Hydra config group, optionally @package "
+    "(e.g. actor@actor_rollout_ref.actor)")]
+GroupOption = Annotated[str, Strict(), _matching(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", "a config group option name")]
+SearchPath = Annotated[str, Strict(), _matching(
+    r"(pkg|file)://[A-Za-z0-9_./-]{1,255}", "a Hydra search path such as pkg://my_plugin.config or "
+    "file:///opt/plugin/config")]
+
+
+class Hydra(Model):
+    """How Hydra composes verl's config: main_ppo's --config-name, config group choices, plugin search paths."""
+
+    config_name: Name = Field("ppo_trainer", description="verl's trainer config (e.g. ppo_megatron_trainer on "
+                                                        "releases before model_engine).")
+    groups: dict[GroupKey, GroupOption] = Field(
+        default_factory=dict, description="Config group choices, as `group@package: option` (model_engine is "
+                                          "verl.model_engine).")
+    searchpath: tuple[SearchPath, ...] = Field((), description="Where Hydra also looks for configs (a plugin's "
+                                                                "groups); passed as hydra.searchpath.")
+
+
 # --- the spec --------------------------------------------------------------------------------------
 
 class Spec(Model):
@@ -240,7 +263,9 @@ class Spec(Model):
     experiment: Text | None = Field(None, description="verl's trainer.experiment_name; default: name.")
     model: Text = Field(description="HF model id or path; used for the actor, the reference and the critic.")
     data: Data = Field(description="Preprocessing to run and the parquet files verl reads.")
-    verl: dict[Str, Any] = Field(default_factory=dict, description="verl's ppo_trainer config, verl's nesting.")
+    verl: dict[Str, Any] = Field(default_factory=dict, description="verl's trainer config, verl's nesting; a "
+                                 "key written +key is one verl does not declare (Hydra's +key=value).")
+    hydra: Hydra = Field(Hydra(), description="Which verl config Hydra composes: config name, groups, plugins.")
     cluster: Cluster = Field(description="Nodes, GPUs, accelerator, and the Slurm directives.")
     container: Container = Field(NoContainer(runtime="none"), description="Where verl runs on each node.")
     compose: Compose | None = Field(None, description="The compose target's image when `container` has none.")

@@ -114,6 +114,9 @@ def _compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str
             print(d, file=sys.stderr)
         print(f"verlc: {len(problems)} problem(s); nothing written", file=sys.stderr)
         return EXIT_SPEC
+    for ir in irs:
+        for note in ir.notes:
+            print(note, file=sys.stderr)
     return irs
 
 

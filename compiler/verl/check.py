@@ -16,6 +16,7 @@ from .release import DEFAULT_CONFIG, MISSING, RELEASES, Release, snapshot
 from .rules import WORKERS, WORKERS_NOTE, Config, absolute, rules
 
 ENGINE_KEY = "model_engine"
+NOTE = "note: "  # a message that informs without failing the build (verlc cannot know, or verl would not care)
 _INTERPOLATION = re.compile(r"\$\{([^{}]*)\}")
 _ENV = re.compile(r"(?:oc\.)?env:([A-Za-z_][A-Za-z0-9_]*)(?:,.*)?")
 _SELECT = re.compile(r"oc\.select:(\.*[A-Za-z_][\w.]*)(?:,.*)?")
@@ -73,6 +74,39 @@ def select(verl: dict[str, Any], release: Release, config: str = DEFAULT_CONFIG)
     return Selection(release, config, engine)
 
 
+def check_groups(groups: dict[str, str], searchpath: tuple[str, ...], release: Release,
+                 sourced: Sourced) -> tuple[list[Diagnostic], list[Diagnostic], tuple[str, ...]]:
+    """(errors, notes, packages whose keys verlc cannot check) for the spec's config group choices.
+
+    The shipped schema holds each release's default composition: a group swapped for another option (or a
+    plugin's group) changes the keys below its package, which only Hydra can compose (--verl-config live)."""
+    errors, notes, unchecked = [], [], []
+    for key, option in groups.items():
+        group, _, package = key.partition("@")
+        loc = ("hydra", "groups", key)
+        if group == ENGINE_KEY:
+            errors.append(sourced.diagnostic(loc, "write the model_engine choice as verl.model_engine", at_key=True))
+            continue
+        package = package or group.replace("/", ".")
+        options = release.groups.get(group)
+        if options is None and not searchpath:
+            errors.append(sourced.diagnostic(loc, f"verl {release.version} has no config group '{group}'"
+                                             + did_you_mean(group, release.groups), at_key=True))
+            continue
+        if options is not None and option not in options and not searchpath:
+            errors.append(sourced.diagnostic(loc, f"config group '{group}' of verl {release.version} has no option "
+                                                  f"'{option}'; it has {', '.join(options)}"
+                                             + did_you_mean(option, options)))
+            continue
+        where = "a plugin's" if options is None or option not in options else f"verl {release.version}'s"
+        unchecked.append(package)
+        notes.append(sourced.diagnostic(loc, f"note: keys under verl.{package} come from {where} '{group}/{option}', "
+                                             f"which the shipped schema does not compose: verlc leaves them to "
+                                             f"Hydra; `verlc validate --verl-config live` composes them with the "
+                                             f"installed verl{' and plugin' if searchpath else ''}", at_key=True))
+    return errors, notes, tuple(unchecked)
+
+
 def settings(verl: dict[str, Any], walker: Walker) -> list[Setting]:
     """The spec's `verl:` leaves in file order, each placed in verl's config.
 
@@ -103,18 +137,23 @@ def settings(verl: dict[str, Any], walker: Walker) -> list[Setting]:
 
 
 def check_verl(verl: dict[str, Any], derived: dict[str, Any], sourced: Sourced, chosen: Selection,
-               derived_from: dict[str, str], use_critic: bool) -> Iterator[Diagnostic]:
+               derived_from: dict[str, str], use_critic: bool, unchecked: tuple[str, ...] = ()) -> Iterator[Diagnostic]:
     """Every problem of a `verl:` section against the chosen config, then verl's consistency rules.
 
-    `derived` holds the verl keys verlc fills in itself (already checked against the spec elsewhere)."""
-    found = settings(verl, chosen.walker)
-    problems = [d for s in found for d in _setting(s, chosen, sourced)]
-    yield from problems
+    `derived` holds the verl keys verlc fills in itself (already checked against the spec elsewhere);
+    keys under `unchecked` packages (swapped config groups) are left to Hydra, and so are the rules."""
+    found = [s for s in settings(verl, chosen.walker)
+             if not any(s.key == p or s.key.startswith(p + ".") for p in unchecked)]
+    spec_keys = frozenset({s.key for s in found} | set(derived))
     values = {s.key: s.value for s in found}
     values.update(derived)
     config = Config(chosen.tree, values)
+    every = [d for s in found for d in _setting(s, chosen, sourced, spec_keys, config)]
+    problems = [d for d in every if not d.message.startswith(NOTE)]
+    yield from (d for d in every if d.message.startswith(NOTE))
+    yield from problems
     yield from _mandatory(config, chosen, sourced)
-    if problems:
+    if problems or unchecked:
         return  # rules over misspelt keys or mistyped values would only repeat the same problem
     where = {s.key: s.loc for s in found}
     try:
@@ -127,7 +166,8 @@ def check_verl(verl: dict[str, Any], derived: dict[str, Any], sourced: Sourced, 
         yield sourced.diagnostic(loc, message + (WORKERS_NOTE if when == WORKERS else ""))
 
 
-def _setting(s: Setting, chosen: Selection, sourced: Sourced) -> Iterator[Diagnostic]:
+def _setting(s: Setting, chosen: Selection, sourced: Sourced, spec_keys: frozenset[str],
+             config: Config) -> Iterator[Diagnostic]:
     release, place, parts = chosen.release, s.place, s.key.split(".")
     bad = next((p for p in parts if not KEY.fullmatch(p)), None)
     if bad is not None:
@@ -139,12 +179,17 @@ def _setting(s: Setting, chosen: Selection, sourced: Sourced) -> Iterator[Diagno
         return
     if place.status == UNKNOWN:
         if s.explicit:
-            if place.owner is not None:
-                parent = ".".join(parts[:place.found])
+            parent = ".".join(parts[:place.found])
+            if place.owner is not None and place.built:
                 yield sourced.diagnostic(s.loc, (
                     f"verl {release.version} builds '{parent}' as {place.owner.name}, which has no field "
                     f"'{parts[place.found]}': Hydra would take the '+' key, then verl would fail with an "
                     f"unexpected keyword argument once the workers start"), at_key=True)
+            elif place.owner is not None:
+                yield sourced.diagnostic(s.loc, (
+                    f"{NOTE}verl {release.version} hands '{parent}' on as a mapping, described by "
+                    f"{place.owner.name}, which has no field '{parts[place.found]}'; verlc cannot tell whether "
+                    f"the code reading it expects one"), at_key=True)
             return
         yield sourced.diagnostic(s.loc, _unknown(parts, place, chosen), at_key=True)
         return
@@ -152,15 +197,30 @@ def _setting(s: Setting, chosen: Selection, sourced: Sourced) -> Iterator[Diagno
         yield sourced.diagnostic(s.loc, f"verl {release.version} has {s.key} already; write it without '+'",
                                  at_key=True)
         return
-    yield from (sourced.diagnostic(s.loc, m) for m in _value(s, chosen))
+    yield from (sourced.diagnostic(s.loc, m) for m in _value(s, chosen, spec_keys, config))
 
 
-def _value(s: Setting, chosen: Selection) -> Iterator[str]:
+def _value(s: Setting, chosen: Selection, spec_keys: frozenset[str], config: Config) -> Iterator[str]:
     release, place, value = chosen.release, s.place, s.value
     if isinstance(value, str) and "${" in value:
-        yield from _interpolations(s, chosen)
+        broken = list(_interpolations(s, chosen, spec_keys))
+        yield from broken
+        resolved = config.get(s.key)
+        if broken or resolved is None or resolved == MISSING:
+            return
+        value = resolved  # what verl will see: the referenced setting, or a string with the env var in it
+    shape = hydra_shape(place, value)
+    if shape:
+        yield shape
         return
     problem = type_problem(place.kinds, value)
+    if problem and not (_typed(s) and place.built) and place.kinds != ("section",):
+        # No dataclass that verl builds types this key: verl reads the value as it comes. A note, not a verdict.
+        why = (f"{place.owner.name} describes it as {' | '.join(describe(k) for k in place.kinds)}, but verl hands "
+               f"the mapping on as it is" if _typed(s) else
+               f"no dataclass types this key; its default is {hydra_value(place.default)}")
+        yield f"{NOTE}verl {release.version}: {why}; verl will read {hydra_value(value)} as it comes"
+        return
     if problem:
         yield f"{problem} (verl {release.version}: {_declared(s)})"
         return
@@ -172,6 +232,22 @@ def _value(s: Setting, chosen: Selection) -> Iterator[str]:
                f"{hydra_value(value)}{did_you_mean(str(value), [str(a) for a in allowed])}")
     elif value in refused:
         yield f"verl {release.version} refuses {hydra_value(value)} here ({place.owner.name}.__post_init__)"
+
+
+def hydra_shape(place: Place, value: Any) -> str | None:
+    """What Hydra itself refuses: a mapping onto a list node, a list or a value onto a mapping node."""
+    default = place.default
+    if isinstance(default, list) and isinstance(value, dict):
+        return f"is a list in verl's config (default {hydra_value(default)}); Hydra cannot merge a mapping into it"
+    if isinstance(default, dict) and default and not isinstance(value, dict):
+        return "is a section of verl's config; set the keys under it, not a value"
+    return None
+
+
+def _typed(s: Setting) -> bool:
+    """Whether a dataclass declares this key's type (otherwise the type is a YAML default's)."""
+    owner = s.place.owner
+    return owner is not None and s.key.rsplit(".", 1)[-1] in owner.fields
 
 
 def _declared(s: Setting) -> str:
@@ -221,7 +297,7 @@ def type_problem(kinds: tuple[str, ...], value: Any) -> str | None:
     return f"expects {' or '.join(describe(k) for k in kinds)}, got {hydra_value(value)}"
 
 
-def _interpolations(s: Setting, chosen: Selection) -> Iterator[str]:
+def _interpolations(s: Setting, chosen: Selection, spec_keys: frozenset[str]) -> Iterator[str]:
     """Every ${...} must resolve in verl's config: an env var, or a key verl has."""
     text = s.value
     for match in _INTERPOLATION.finditer(text):
@@ -235,7 +311,8 @@ def _interpolations(s: Setting, chosen: Selection) -> Iterator[str]:
                    f"variable of the node, ${{a.b}} for another verl setting, or \\${{...}} for the text itself")
             continue
         target = absolute(s.key, ref).split(".")
-        if chosen.walker.place(target).status != KNOWN:
+        found = chosen.walker.place(target)
+        if not (found.status == KNOWN and found.in_yaml) and ".".join(target) not in spec_keys:
             yield (f"'{match[0]}' refers to a key verl {chosen.release.version} does not have; "
                    f"for the environment variable on the node write ${{env:{ref.lstrip('.')}}}"
                    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", ref) else

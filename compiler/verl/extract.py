@@ -27,16 +27,19 @@ ANY = {"Any", "object"}
 def extract(package: Path) -> dict[str, Any]:
     """The schema data of the verl package at `package` (the folder holding verl/__init__.py)."""
     config_dir = package / "trainer" / "config"
-    classes = read_dataclasses(package)
+    classes, source = read_dataclasses(package)
     configs: dict[str, Any] = {}
     for name in TRAINER_CONFIGS:
         if (config_dir / f"{name}.yaml").exists():
             configs[name] = _compose_variants(config_dir, name)
+    written = sorted({t for c in configs.values() for tree in c["engines"].values() for t in _targets(tree)})
+    targets = {t: q for t in written if (q := source.target(t)) in classes}
     return {
         "configs": configs,
         "groups": _groups(config_dir),
-        "classes": {name: info for name, info in sorted(classes.items()) if _used(name, configs, classes)},
-        "allowed": _allowed(package, classes, configs),
+        "targets": targets,
+        "classes": {q: info for q, info in sorted(classes.items()) if _used(q, set(targets.values()), classes)},
+        "allowed": _allowed(package, classes),
     }
 
 
@@ -77,54 +80,98 @@ def _groups(config_dir: Path) -> dict[str, list[str]]:
 
 # --- dataclasses, read with ast --------------------------------------------------------------
 
-def read_dataclasses(package: Path) -> dict[str, dict[str, Any]]:
-    """Every dataclass in the package: {name: {"module", "fields": {field: type}, "literals", "doc"}}.
+class _Source:
+    """A package's modules read with ast: the classes each defines and the names each imports."""
+
+    def __init__(self, package: Path) -> None:
+        self.classes: dict[str, tuple[str, ast.ClassDef]] = {}  # qualified name -> (module, node)
+        self.imports: dict[str, dict[str, str]] = {}            # module -> local name -> "module.name"
+        self.stars: dict[str, list[str]] = {}                   # module -> modules it `import *`s
+        for path in sorted(package.rglob("*.py")):
+            try:
+                tree = ast.parse(path.read_text(encoding="utf-8"))
+            except (SyntaxError, UnicodeDecodeError):
+                continue
+            parts = ("verl", *path.relative_to(package).with_suffix("").parts)
+            is_package = parts[-1] == "__init__"
+            module = ".".join(parts[:-1] if is_package else parts)
+            names: dict[str, str] = {}
+            for node in tree.body:
+                if isinstance(node, ast.ClassDef):
+                    self.classes[f"{module}.{node.name}"] = (module, node)
+                elif isinstance(node, ast.ImportFrom):
+                    here = module.split(".") if is_package else module.split(".")[:-1]
+                    base = here[:len(here) - node.level + 1] if node.level else []
+                    source = ".".join([*base, *([node.module] if node.module else [])])
+                    for alias in node.names:
+                        if alias.name == "*":
+                            self.stars.setdefault(module, []).append(source)
+                        else:
+                            names[alias.asname or alias.name] = f"{source}.{alias.name}"
+            self.imports[module] = names
+
+    def resolve(self, module: str, name: str, depth: int = 0) -> str | None:
+        """The qualified name of the class `name` means in `module`, following imports and re-exports."""
+        if f"{module}.{name}" in self.classes:
+            return f"{module}.{name}"
+        if depth > 10:
+            return None
+        target = self.imports.get(module, {}).get(name)
+        if target is not None:
+            source, _, attr = target.rpartition(".")
+            return self.resolve(source, attr, depth + 1)
+        for source in self.stars.get(module, ()):
+            found = self.resolve(source, name, depth + 1)
+            if found:
+                return found
+        return None
+
+    def target(self, dotted: str) -> str | None:
+        """A `_target_` string's class."""
+        module, _, name = dotted.rpartition(".")
+        return self.resolve(module, name)
+
+
+def read_dataclasses(package: Path) -> tuple[dict[str, dict[str, Any]], _Source]:
+    """Every dataclass in the package, by qualified name: {"name", "fields": {field: type}, "literals"}.
 
     A type is a `|`-joined set of: int, float, bool, str, none, any, list, dict (any keys),
     C:<class> (a nested config), M:<class> (a map of named configs), L (a Literal: see "literals").
-    Inherited fields are included; a later definition of a name replaces an earlier one."""
-    found: dict[str, tuple[str, ast.ClassDef]] = {}
-    for path in sorted(package.rglob("*.py")):
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError):
-            continue
-        module = ".".join(("verl", *path.relative_to(package).with_suffix("").parts)).removesuffix(".__init__")
-        for node in tree.body:
-            if isinstance(node, ast.ClassDef) and (_is_dataclass(node) or node.name in found):
-                found.setdefault(node.name, (module, node))
-    names = set(found)
+    Inherited fields are included; a subclass's definition of a field replaces its base's."""
+    source = _Source(package)
     out: dict[str, dict[str, Any]] = {}
 
-    def resolve(name: str, seen: frozenset[str] = frozenset()) -> dict[str, Any]:
-        if name in out:
-            return out[name]
-        module, node = found[name]
+    def resolve(qual: str, seen: frozenset[str] = frozenset()) -> dict[str, Any]:
+        if qual in out:
+            return out[qual]
+        module, node = source.classes[qual]
         fields: dict[str, str] = {}
         literals: dict[str, list[Any]] = {}
+        is_dataclass = _is_dataclass(node)
         for base in node.bases:
-            base_name = _name(base)
-            if base_name in found and base_name not in seen:
-                parent = resolve(base_name, seen | {name})
+            base_qual = source.resolve(module, _name(base)) if _name(base) else None
+            if base_qual and base_qual not in seen:
+                parent = resolve(base_qual, seen | {qual})
                 fields.update(parent["fields"])
                 literals.update(parent["literals"])
+                is_dataclass = is_dataclass or parent["dataclass"]
         for stmt in node.body:
             if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
                 if _name(stmt.annotation) == "ClassVar" or stmt.target.id.startswith("__"):
                     continue
-                kinds, values = _type(stmt.annotation, names)
+                kinds, values = _type(stmt.annotation, lambda n: source.resolve(module, n))
                 fields[stmt.target.id] = "|".join(kinds)
                 if values:
                     literals[stmt.target.id] = values
                 else:
                     literals.pop(stmt.target.id, None)
         literals.update(_post_init_choices(node))
-        out[name] = {"module": module, "fields": fields, "literals": literals}
-        return out[name]
+        out[qual] = {"name": node.name, "fields": fields, "literals": literals, "dataclass": is_dataclass}
+        return out[qual]
 
-    for name in sorted(found):
-        resolve(name)
-    return {n: v for n, v in out.items() if _is_dataclass(found[n][1]) or v["fields"]}
+    for qual in sorted(source.classes):
+        resolve(qual)
+    return {q: {k: v for k, v in c.items() if k != "dataclass"} for q, c in out.items() if c["dataclass"]}, source
 
 
 def _is_dataclass(node: ast.ClassDef) -> bool:
@@ -145,8 +192,8 @@ def _name(node: ast.expr) -> str:
     return ""
 
 
-def _type(node: ast.expr | None, classes: set[str]) -> tuple[list[str], list[Any]]:
-    """(kinds, literal values) of an annotation."""
+def _type(node: ast.expr | None, classes: Any) -> tuple[list[str], list[Any]]:
+    """(kinds, literal values) of an annotation; `classes(name)` is the qualified class a name means."""
     if node is None:
         return ["any"], []
     if isinstance(node, ast.Constant):
@@ -185,12 +232,12 @@ def _type(node: ast.expr | None, classes: set[str]) -> tuple[list[str], list[Any
     if name in LISTS:
         return ["list"], []
     if name in DICTS:
-        if len(args) == 2 and _name(args[1]) in classes:
-            return [f"M:{_name(args[1])}"], []
-        return ["dict"], []
-    if name in classes:
-        return [f"C:{name}"], []
-    return ["any"], []
+        entry = classes(_name(args[1])) if len(args) == 2 and _name(args[1]) else None
+        return ([f"M:{entry}"] if entry else ["dict"]), []
+    if name in ANY or not name:
+        return ["any"], []
+    qual = classes(name)
+    return ([f"C:{qual}"] if qual else ["any"]), []
 
 
 def _union(kinds: list[str]) -> list[str]:
@@ -237,14 +284,13 @@ def _strings(node: ast.expr) -> list[str]:
 def _targets(tree: Any) -> Iterator[str]:
     if isinstance(tree, dict):
         if isinstance(tree.get("_target_"), str):
-            yield tree["_target_"].rsplit(".", 1)[-1]
+            yield tree["_target_"]
         for value in tree.values():
             yield from _targets(value)
 
 
-def _used(name: str, configs: dict[str, Any], classes: dict[str, dict[str, Any]]) -> bool:
+def _used(name: str, roots: set[str], classes: dict[str, dict[str, Any]]) -> bool:
     """Whether a config tree names the class, directly or through another used class's field types."""
-    roots = {t for c in configs.values() for tree in c["engines"].values() for t in _targets(tree)}
     seen: set[str] = set()
     todo = [r for r in roots if r in classes]
     while todo:
@@ -260,20 +306,26 @@ def _used(name: str, configs: dict[str, Any], classes: dict[str, dict[str, Any]]
 
 # --- closed value sets --------------------------------------------------------------------------
 
-def _allowed(package: Path, classes: dict[str, dict[str, Any]], configs: dict[str, Any]) -> dict[str, list[str]]:
+def _by_name(classes: dict[str, dict[str, Any]], name: str) -> dict[str, Any]:
+    """The one class of this name that verl's configs use (RolloutConfig, ActorConfig), or {}."""
+    found = [c for c in classes.values() if c["name"] == name]
+    return found[0] if len(found) == 1 else {}
+
+
+def _allowed(package: Path, classes: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
     """Settings verl restricts outside any dataclass, each read from where this release states it."""
     out: dict[str, list[str]] = {}
     estimators = _enum_values(package, "AdvantageEstimator")
     if estimators:  # verl looks the estimator up by this enum's values
         out["algorithm.adv_estimator"] = estimators
     registry = _rollout_registry(package)
-    if registry and "sync" in classes.get("RolloutConfig", {}).get("literals", {}).get("!mode", []):
+    if registry and "sync" in _by_name(classes, "RolloutConfig").get("literals", {}).get("!mode", []):
         # Once sync mode is refused, every rollout is built from this registry of (name, mode) pairs;
         # before that, sync rollouts were built elsewhere and the registry did not list them all.
         out["actor_rollout_ref.rollout.name"] = sorted({n for n, _ in registry})
         out["actor_rollout_ref.rollout.mode"] = sorted({m for _, m in registry})
     loss_modes = _loss_agg_modes(package)
-    if loss_modes and "loss_agg_mode" not in classes.get("ActorConfig", {}).get("literals", {}):
+    if loss_modes and "loss_agg_mode" not in _by_name(classes, "ActorConfig").get("literals", {}):
         out["actor_rollout_ref.actor.loss_agg_mode"] = loss_modes
     return out
 

@@ -10,7 +10,7 @@ from typing import Any
 _BARE = re.compile(r"[A-Za-z_/.][A-Za-z0-9_./+@-]*")
 # Bare words Hydra would read as something other than a string.
 _NOT_A_STRING = re.compile(r"(?i)(true|false|null|[-+]?(inf|nan)|[-+]?[0-9_.]+(e[-+]?[0-9]+)?)")
-KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")  # Hydra's ID token (verl has keys such as cuda-graph-trace)
 
 
 def hydra_value(value: Any) -> str:

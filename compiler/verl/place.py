@@ -30,10 +30,12 @@ class Mapping_:
     """The mapping a walk is in: its YAML node (None when the YAML has none) and what verl builds from it."""
 
     node: dict[str, Any] | None
-    cls: DataClass | None = None       # the dataclass built from it
+    cls: DataClass | None = None       # the dataclass that describes it
     entries: DataClass | None = None   # a keyed map of these
     open: bool = False
     is_mapping: bool = True
+    built: bool = False                # verl builds `cls` from it (a `_target_`, or a keyed-map entry);
+                                       # otherwise verl hands the mapping on as a dict and `cls` only informs
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,9 @@ class Place:
     kinds: tuple[str, ...] = ("any",)  # the leaf's accepted types
     default: Any = None                # the leaf's YAML default (None when not in the YAML)
     in_yaml: bool = True               # every part is in the composed YAML (no `+` needed)
-    owner: DataClass | None = None     # the dataclass the last mapping is built as
+    owner: DataClass | None = None     # the dataclass that describes the last mapping
     stop: bool = False                 # the YAML has a non-mapping value here: a spec mapping is one value
+    built: bool = False                # verl builds `owner` from that mapping (see Mapping_.built)
 
 
 class Walker:
@@ -59,37 +62,45 @@ class Walker:
         self.release = release
         self.tree = release.tree(config, engine)
 
-    def _cls(self, name: str) -> DataClass | None:
-        return self.release.classes.get(name.rsplit(".", 1)[-1])
+    def built(self, node: Any) -> DataClass | None:
+        """The dataclass verl builds from a YAML mapping: its `_target_`, when the mapping's own keys all
+        fit it (0.6's global_profiler names ProfilerConfig yet has keys it lacks: verl reads it as is)."""
+        target = node.get("_target_") if isinstance(node, dict) else None
+        cls = self.release.target(target) if isinstance(target, str) else None
+        if cls is None or not set(node) - {"_target_"} <= set(cls.fields):
+            return None
+        return cls
 
     def enter(self, at: Mapping_, part: str) -> tuple[Mapping_ | None, tuple[str, ...], Any, bool]:
         """(the child's context, its kinds, its YAML default, whether the YAML has it); None if unknown."""
-        if at.open:
-            return Mapping_(None, open=True), ("any",), None, False
         in_yaml = at.node is not None and part in at.node
         field = at.cls.fields.get(part) if at.cls else None
         if not in_yaml and field is None:
-            if at.entries is not None:  # a new named entry of a keyed map
-                return Mapping_(None, cls=at.entries), (f"C:{at.entries.name}",), None, False
+            if at.entries is not None:  # a new named entry of a keyed map: verl builds each entry
+                return Mapping_(None, cls=at.entries, built=True), (f"C:{at.entries.qualname}",), None, False
+            if at.open:
+                return Mapping_(None, open=True), ("any",), None, False
             return None, (), None, False
         child = at.node[part] if in_yaml and at.node is not None else None
-        kinds = tuple(field.split("|")) if field else kinds_of(child)
-        target = child.get("_target_") if isinstance(child, dict) else None
-        cls = self._cls(target) if isinstance(target, str) else None
+        kinds = tuple(field.split("|")) if field else ("any",) if at.open else kinds_of(child)
+        cls = self.built(child)
+        built = cls is not None or (at.entries is not None and in_yaml)
         entries = None
         is_open = False
         for kind in kinds:
             if kind.startswith("C:") and cls is None:
-                cls = self._cls(kind[2:])
+                cls = self.release.classes.get(kind[2:])
             elif kind.startswith("M:"):
-                entries = self._cls(kind[2:])
-            elif kind in ("dict", "any") and field is not None:
+                entries = self.release.classes.get(kind[2:])
+            elif kind in ("dict", "any") and (field is not None or at.open):
                 is_open = True
         if field is None and isinstance(child, dict) and cls is None:
-            is_open = not child or part in OPEN_NAMES
+            # a mapping no dataclass describes: open when empty, free-form by name, or inside an open one
+            is_open = is_open or not child or part in OPEN_NAMES
         is_mapping = isinstance(child, dict) or cls is not None or entries is not None or is_open
         node = child if isinstance(child, dict) else None
-        return Mapping_(node, cls, entries, is_open and cls is None and entries is None, is_mapping), kinds, child, in_yaml
+        return (Mapping_(node, cls, entries, is_open and cls is None and entries is None, is_mapping, built),
+                kinds, child, in_yaml)
 
     def place(self, parts: list[str]) -> Place:
         at = Mapping_(self.tree)
@@ -99,14 +110,16 @@ class Walker:
         for depth, part in enumerate(parts):
             if not at.is_mapping:
                 return Place(UNDER_VALUE, depth, kinds, default, all_yaml, at.cls)
-            owner = at.cls
+            owner, built = at.cls, at.built
             child, kinds, default, in_yaml = self.enter(at, part)
             if child is None:
-                return Place(UNKNOWN, depth, (), None, all_yaml, owner)
+                return Place(UNKNOWN, depth, (), None, all_yaml, owner, built=built)
+            if not in_yaml and at.open and depth < len(parts) - 1:  # inside a free-form mapping: anything
+                return Place(KNOWN, len(parts), ("any",), None, False, None)
             all_yaml = all_yaml and in_yaml
             if depth == len(parts) - 1:
                 return Place(KNOWN, len(parts), kinds, default, all_yaml, owner,
-                             stop=in_yaml and not isinstance(default, dict))
+                             stop=in_yaml and not isinstance(default, dict), built=built)
             at = child
         return Place(KNOWN, len(parts), kinds, default, all_yaml, at.cls)
 

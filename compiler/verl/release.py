@@ -28,8 +28,8 @@ REF = "&"
 class DataClass:
     """A dataclass verl builds from a config node: its fields' types and the values some fields allow."""
 
-    name: str
-    module: str
+    name: str                          # as verl's source spells it (messages)
+    qualname: str                      # module.name: what field types and `_target_`s resolve to
     fields: Mapping[str, str]          # field -> kinds joined by "|" (see extract.read_dataclasses)
     literals: Mapping[str, tuple[Any, ...]]
 
@@ -50,6 +50,11 @@ class Release:
     classes: Mapping[str, DataClass]
     allowed: Mapping[str, tuple[Any, ...]]
     groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    targets: Mapping[str, str] = field(default_factory=dict)  # `_target_` string -> class qualname
+
+    def target(self, dotted: str) -> DataClass | None:
+        qual = self.targets.get(dotted)
+        return self.classes.get(qual) if qual else None
 
     def default_engine(self, config: str) -> str:
         return self.configs[config][0]
@@ -99,8 +104,9 @@ def from_data(version: str, data: dict[str, Any], source: str) -> Release:
     return Release(
         version=version, source=source,
         configs={name: (c["default_engine"], c["engines"]) for name, c in data["configs"].items()},
-        classes={name: DataClass(name, c["module"], c["fields"], {k: tuple(v) for k, v in c["literals"].items()})
-                 for name, c in data["classes"].items()},
+        classes={qual: DataClass(c["name"], qual, c["fields"], {k: tuple(v) for k, v in c["literals"].items()})
+                 for qual, c in data["classes"].items()},
+        targets=data["targets"],
         allowed={k: tuple(v) for k, v in data["allowed"].items()},
         groups={k: tuple(v) for k, v in data.get("groups", {}).items()},
     )
@@ -127,7 +133,7 @@ def pack(version: str, data: dict[str, Any]) -> bytes:
                       "engines": {e: intern(t) for e, t in c["engines"].items()}}
                for name, c in data["configs"].items()}
     doc = {"verl_version": version, "configs": configs, "nodes": nodes, "groups": data["groups"],
-           "classes": data["classes"], "allowed": data["allowed"]}
+           "targets": data["targets"], "classes": data["classes"], "allowed": data["allowed"]}
     text = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
     squeeze = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip framing, no timestamp: the same bytes every time
     return squeeze.compress(text) + squeeze.flush()
@@ -149,5 +155,5 @@ def unpack(doc: dict[str, Any]) -> dict[str, Any]:
         "configs": {name: {"default_engine": c["default_engine"],
                            "engines": {e: build(t) for e, t in c["engines"].items()}}
                     for name, c in doc["configs"].items()},
-        "groups": doc["groups"], "classes": doc["classes"], "allowed": doc["allowed"],
+        "groups": doc["groups"], "targets": doc["targets"], "classes": doc["classes"], "allowed": doc["allowed"],
     }

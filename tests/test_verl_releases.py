@@ -1,0 +1,271 @@
+"""verlc's verdict on `verl:` sections equals verl's own, for every shipped release.
+
+For each release, a corpus of override sets drawn from that release's config surface (real keys with
+their values and other types, misspellings, new keys in closed, open and dataclass-built sections,
+explicit `+` keys, declared-but-unlisted dataclass fields, keyed-map entries, mappings for null
+defaults, interpolations) plus the cases users reported, is judged twice:
+- by verlc (the whole compiler, as `verlc validate` runs it), and
+- by tests/verl_oracle.py: that release's own files, in one process per release: Hydra applies the
+  overrides verlc would pass, OmegaConf resolves them, and the dataclasses verl builds take their
+  keys (0.9.1: verl's own classes, imported; older releases: read from their source with ast).
+Both must agree on every case, and a rejection must name the key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO
+from verlc.compiler.diagnostics import SpecError
+from verlc.compiler.pipeline import compile_spec
+from verlc.compiler.verl.check import select, settings
+from verlc.compiler.verl.place import KNOWN, Walker
+from verlc.compiler.verl.release import MISSING, RELEASES, snapshot
+
+sys.path.insert(0, str(REPO / "dev"))
+from verl_schema import release_package  # noqa: E402
+
+# The release the test environment installs: its dataclasses can be imported (torch is there).
+IMPORTABLE = "0.9.1"
+CASES_PER_RELEASE = int(os.environ.get("VERLC_CASES", "160"))
+# Keys that verl's consistency rules read, or that verlc derives: their verdicts are tested elsewhere
+# (test_verl_rules.py, test_check.py); here a key's own verdict must not depend on a rule.
+RULED = ("batch_size", "parallel_size", "nnodes", "n_gpus", "use_dynamic_bsz", "use_kl", "use_remove_padding",
+         "strategy", "do_sample", "loss_agg_mode", "enable", "adv_estimator", "model_engine", ".path",
+         "_files", "project_name", "experiment_name", "rollout.n", "temperature", "_target_", "default_local_dir",
+         "resume_mode", "critic.", "mode", "name", "total_training_steps", "ulysses")
+ENV_ON_NODE = {"VERLC_TEST_SCRATCH": "/scratch/verlc"}
+
+
+def baseline(version: str) -> dict[str, Any]:
+    return {"algorithm": {"adv_estimator": "grpo"},
+            "actor_rollout_ref": {"actor": {"ppo_micro_batch_size_per_gpu": 4},
+                                  "rollout": {"name": "vllm", "log_prob_micro_batch_size_per_gpu": 4}}}
+
+
+def nest(flat: dict[str, Any], into: dict[str, Any]) -> dict[str, Any]:
+    tree = json.loads(json.dumps(into))
+    for key, value in flat.items():
+        node = tree
+        *parents, last = key.split(".")
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[last] = value
+    return tree
+
+
+def leaves(tree: dict[str, Any], path: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for key, value in tree.items():
+        here = f"{path}.{key}" if path else key
+        if isinstance(value, dict) and value:
+            out += leaves(value, here)
+        elif not isinstance(value, dict):
+            out.append((here, value))
+    return out
+
+
+def sections(tree: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for key, value in tree.items():
+        here = f"{path}.{key}" if path else key
+        if isinstance(value, dict):
+            out.append((here, value))
+            out += sections(value, here)
+    return out
+
+
+def other_type(value: Any) -> Any:
+    if isinstance(value, bool):
+        return "yes"
+    if isinstance(value, int):
+        return 0.5
+    if isinstance(value, float):
+        return 1  # an int where a float is declared: accepted
+    if isinstance(value, str):
+        return 3
+    if isinstance(value, list):
+        return {"a": 1}
+    return None
+
+
+def corpus(version: str) -> list[dict[str, Any]]:
+    """Cases drawn from the release's composed configs and dataclasses (seeded: the same every run)."""
+    release = snapshot(version)
+    rng = random.Random(f"verlc-{version}-{os.environ.get('VERLC_SEED', '')}")
+    cases: list[dict[str, Any]] = []
+    combos = [(c, e) for c in release.configs for e in release.engines(c)]
+    while len(cases) < CASES_PER_RELEASE:
+        config, engine = rng.choice(combos)
+        tree = release.tree(config, engine)
+        walker = Walker(release, config, engine)
+        real = [(k, v) for k, v in leaves(tree) if not any(r in k for r in RULED)
+                and v != MISSING and not (isinstance(v, str) and "${" in v)]
+        kind = rng.choice(["real", "real", "type", "typo", "new-closed", "plus-plain", "plus-dataclass",
+                           "declared", "open", "entry", "null-dict", "interp"])
+        key, default = rng.choice(real)
+        parts = key.split(".")
+        flat: dict[str, Any] = {}
+        if kind == "real":
+            flat[key] = default
+        elif kind == "type":
+            flat[key] = other_type(default)
+        elif kind == "typo":
+            i = rng.randrange(len(parts))
+            word = parts[i]
+            j = rng.randrange(len(word))
+            parts[i] = word[:j] + word[j + 1:] if len(word) > 1 and rng.random() < 0.5 else word[:j] + "x" + word[j:]
+            flat[".".join(parts)] = default
+        elif kind == "new-closed":
+            flat[".".join([*parts[:-1], "brand_new_setting"])] = 1
+        elif kind in ("plus-plain", "plus-dataclass"):
+            wanted = kind == "plus-dataclass"
+            candidates = [p for p, node in sections(tree) if ("_target_" in node) == wanted and node
+                          and not any(r in p for r in ("critic",))]
+            if not candidates:
+                continue
+            flat[f"{rng.choice(candidates)}.+my_plugin_flag"] = True
+        elif kind == "declared":
+            found = [(p, f) for p, node in sections(tree) if isinstance(node.get("_target_"), str)
+                     for cls in [release.classes.get(node["_target_"].rsplit(".", 1)[-1])] if cls
+                     for f in cls.fields if f not in node and not f.startswith("_")
+                     and not any(r in f"{p}.{f}" for r in RULED)]
+            if not found:
+                continue
+            path, field = rng.choice(found)
+            place = walker.place(f"{path}.{field}".split("."))
+            sample = {"int": 1, "float": 0.5, "bool": True, "str": "x", "list": ["a"], "dict": {"k": 1},
+                      "none": None}
+            kinds = [k for k in place.kinds if k in sample]
+            if not kinds:
+                continue
+            flat[f"{path}.{field}"] = sample[rng.choice(kinds)]
+        elif kind == "open":
+            candidates = [p for p, node in sections(tree) if walker.context(p.split(".")) is not None
+                          and walker.context(p.split(".")).open]
+            if not candidates:
+                continue
+            flat[f"{rng.choice(candidates)}.SOME_SETTING"] = "on"
+        elif kind == "entry":
+            maps = [(p, f) for p, node in sections(tree) for f in [walker.place(p.split("."))]
+                    if any(k.startswith("M:") for k in f.kinds)]
+            if not maps:
+                continue
+            path, place = rng.choice(maps)
+            cls = release.classes[next(k for k in place.kinds if k.startswith("M:"))[2:]]
+            field = rng.choice([f for f in cls.fields if not f.startswith("_")] + ["not_a_field"])
+            flat[f"{path}.second_entry.{field}"] = None
+        elif kind == "null-dict":
+            nulls = [k for k, v in leaves(tree) if v is None and "dict" in walker.place(k.split(".")).kinds]
+            if not nulls:
+                continue
+            flat[rng.choice(nulls)] = {"some_option": 1.0}
+        elif kind == "interp":
+            strings = [k for k, v in real if isinstance(v, str) or v is None]
+            if not strings:
+                continue
+            target = rng.choice(strings)
+            flat[target] = rng.choice(["/lustre/${USER}/x", "${env:VERLC_TEST_SCRATCH}/x", "${trainer.project_name}",
+                                       "${oc.select:trainer.project_name,x}", "${no_such.key}", "${.no_such_sibling}"])
+        cases.append({"kind": kind, "config": config, "engine": engine, "flat": flat})
+    return cases + reported(version)
+
+
+def reported(version: str) -> list[dict[str, Any]]:
+    """What users reported verlc got wrong (issue: verl checks you can trust), where the release has the key."""
+    cases = [
+        {"actor_rollout_ref.actor.entropy_coeff": 0.001},
+        {"actor_rollout_ref.rollout.top_p": 0.9},
+        {"actor_rollout_ref.rollout.val_kwargs.temperature": 0.6},
+        {"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": "bf16"},
+        {"actor_rollout_ref.actor.fsdp_config.turbo_config.enable": True},
+        {"distillation.teacher_models.teacher_math.model_path": "/models/t"},
+        {"trainer.logger": "console"},
+        {"trainer.default_local_dir": "/lustre/${USER}/ckpt"},
+        {"trainer.default_local_dir": "/lustre/${env:VERLC_TEST_SCRATCH}/ckpt"},
+        {"actor_rollout_ref.actor.optim.override_optimizer_config": {"offload_fraction": 1.0}},
+        {"algorithm.gdpo_reward_keys": ["acc", "format"]},
+        {"trainer.+my_plugin_flag": True},
+        {"actor_rollout_ref.actor.+my_plugin_flag": True},
+    ]
+    release = snapshot(version)
+    out = []
+    for flat in cases:
+        key = next(iter(flat)).replace("+", "")
+        parts = key.split(".")
+        # keep a case only where the release has its section (the key itself may be unknown)
+        if Walker(release, "ppo_trainer", release.default_engine("ppo_trainer")).context(parts[:2]) is None:
+            continue
+        out.append({"kind": "reported", "config": "ppo_trainer", "engine": release.default_engine("ppo_trainer"),
+                    "flat": flat})
+    return out
+
+
+def verlc_verdict(tmp: Path, version: str, case: dict[str, Any]) -> tuple[list[str], list[str], list[str], dict]:
+    """(problems, the overrides verlc would pass for the verl section, the keys set, key -> value)."""
+    release = snapshot(version)
+    verl = nest(case["flat"], baseline(version))
+    if case["engine"] != release.default_engine(case["config"]) and case["engine"]:
+        verl["model_engine"] = case["engine"]
+    spec = tmp / "spec.yaml"
+    spec.write_text(json.dumps({"name": "diff", "project": "p", "model": "m", "verl_version": version,
+                                "hydra": {"config_name": case["config"]}, "verl": verl,
+                                "data": {"train_files": ["t.parquet"], "val_files": ["v.parquet"]},
+                                "cluster": {"nodes": 1, "gpus_per_node": 8}}))
+    try:
+        compile_spec(spec, display="spec.yaml", source="spec.yaml")
+        problems: list[str] = []
+    except SpecError as exc:
+        problems = [f"{d.path}: {d.message}" for d in exc.diagnostics]
+    chosen = select(verl, release, case["config"])
+    assert not isinstance(chosen, str), chosen
+    found = settings(verl, chosen.walker)
+    return problems, [s.arg for s in found], [s.key for s in found], {s.key: s.value for s in found}
+
+
+def oracle(version: str, cases: list[dict[str, Any]]) -> list[str]:
+    package = release_package(version)
+    if version == IMPORTABLE:
+        from verlc.compiler.verl.release import installed_package
+
+        package = installed_package()
+    args = [sys.executable, str(REPO / "tests" / "verl_oracle.py"), str(package)]
+    if version == IMPORTABLE:
+        args.append("--import")
+    result = subprocess.run(args, input=json.dumps(cases), capture_output=True, text=True, timeout=900,
+                            env={**os.environ, **ENV_ON_NODE, "HYDRA_FULL_ERROR": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_verlc_and_verl_agree_on_every_case(tmp_path: Path, version: str) -> None:
+    cases = corpus(version)
+    judged = []
+    for case in cases:
+        problems, overrides, keys, values = verlc_verdict(tmp_path, version, case)
+        judged.append((case, problems))
+        case.update(overrides=overrides, keys=keys, values=values)
+    verdicts = oracle(version, [{k: c[k] for k in ("config", "engine", "overrides", "keys", "values")}
+                                for c in cases])
+    disagreements = []
+    for (case, problems), verl_says in zip(judged, verdicts):
+        named = all(any(("verl." + k.replace("+", "")).startswith(p.split(": ")[0].replace("+", "")) for p in problems)
+                    for k in case["flat"]) if problems else True
+        if bool(problems) != bool(verl_says) or not named:
+            disagreements.append(f"{case['kind']} {case['config']}/{case['engine']} {case['flat']}\n"
+                                 f"  verlc: {problems or 'accepts'}\n  verl:  {verl_says or 'accepts'}")
+    kinds = sorted({c["kind"] for c in cases})
+    print(f"verl {version}: {len(cases)} cases ({', '.join(kinds)}), "
+          f"{sum(bool(v) for v in verdicts)} rejected by verl")
+    assert not disagreements, f"{len(disagreements)} of {len(cases)} cases:\n" + "\n".join(disagreements[:25])
