@@ -188,9 +188,9 @@ def _sweep(spec: Spec, sourced: Sourced, chosen: Selection, max_variants: int,
     if bad:
         return
     seen: set[tuple[str, str]] = set()
-    for settings, variant in variant_specs(spec):
+    for matrix_values, variant in variant_specs(spec):
         for d in _check_verl(variant, sourced, chosen, unchecked):
-            for key, value in settings:
+            for key, value in matrix_values:
                 if d.path == key:
                     index = matrix[key].index(value)
                     d = sourced.diagnostic(("sweep", "matrix", key, index), d.message)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
@@ -49,10 +50,12 @@ def verl_release_for(spec: Spec, sourced: Sourced, source: VerlConfigSource) -> 
     try:
         return snapshot(spec.verl_version)
     except KeyError:
-        known = ", ".join(known_versions())
+        known = known_versions()
+        near = difflib.get_close_matches(spec.verl_version, known, n=1, cutoff=0.6)
         raise SpecError([sourced.diagnostic(
-            ("verl_version",), f"verlc has no schema for verl {spec.verl_version}; known: {known} "
-                               f"(or check against an installed verl with --verl-config live)")]) from None
+            ("verl_version",), f"verlc has no schema for verl {spec.verl_version}; known: {', '.join(known)} "
+                               f"({f'did you mean {near[0]}? ' if near else ''}or check against an installed "
+                               f"verl with --verl-config live)")]) from None
 
 
 def _compose_live(ir: JobIR, sourced: Sourced) -> None:

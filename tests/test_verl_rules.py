@@ -12,6 +12,7 @@ from ruamel.yaml import YAML
 
 from conftest import REPO, SPECS, run_verlc
 from test_verl_differential import verlc_problems
+from verlc.compiler.verl.release import RELEASES
 from verlc.compiler.verl.rules import WORKERS_NOTE
 
 INVALID = sorted((REPO / "tests" / "invalid").glob("*.yaml"))
@@ -55,10 +56,20 @@ def test_rules_verl_finds_only_once_workers_start(tmp_path: Path, changes: dict,
     assert any(expected in p and p.endswith(WORKERS_NOTE) for p in problems), problems
 
 
-def test_snapshot_is_what_installed_verl_composes() -> None:
+def test_every_shipped_schema_is_what_its_release_says() -> None:
+    """dev/verl_schema.py regenerates every release's schema from its own files; any drift fails."""
     result = subprocess.run([sys.executable, str(REPO / "dev" / "verl_schema.py"), "--check"],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("matches") == len(RELEASES)
+
+
+def test_live_reads_the_installed_verl_as_the_snapshot_does() -> None:
+    from verlc.compiler.verl.release import live, snapshot
+
+    installed, shipped = live(), snapshot(live().version)
+    assert (installed.configs, installed.classes, installed.allowed, installed.targets) == (
+        shipped.configs, shipped.classes, shipped.allowed, shipped.targets)
 
 
 def test_live_and_snapshot_give_the_same_verdicts() -> None:
@@ -75,7 +86,7 @@ def test_live_and_snapshot_give_the_same_verdicts() -> None:
 
 def test_unknown_verl_version_names_the_known_ones(tmp_path: Path) -> None:
     result = run_verlc("validate", REPO / "tests" / "invalid" / "verl-unknown-version.yaml")
-    assert result.returncode == 2 and "known: 0.9.1" in result.stderr
+    assert result.returncode == 2 and f"known: {', '.join(RELEASES)}" in result.stderr
 
 
 def test_bundled_config_is_what_verl_prints_with_cfg_job(tmp_path: Path) -> None:
