@@ -9,8 +9,8 @@ from .derive import DETERMINISM, critic_in_use, derived, derived_environment, va
 from .ir import parse_word
 from .load import Sourced
 from .spec import Apptainer, Engine, NoContainer, Pyxis, Spec
-from .verl.check import NOTE, Selection, check_groups, check_verl, select, settings
-from .verl.hydra import hydra_value
+from .verl.check import NOTE, Selection, Setting, check_groups, check_verl, select, settings
+from .verl.hydra import hydra_value, shown
 from .verl.release import Release
 
 _SECRET_NAME = re.compile(r"(?i).*(_KEY|_TOKEN|_SECRET|PASSWORD|PASSWD).*")
@@ -57,24 +57,29 @@ def _verl_section(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iter
     if isinstance(chosen, str):
         return
     leaves = settings(spec.verl, chosen.walker)
-    for s in leaves:
-        try:
-            hydra_value(s.value)
-        except (TypeError, ValueError) as exc:
-            yield sourced.diagnostic(s.loc, str(exc))
+    yield from _unspellable(leaves, sourced)
     given = {s.key: s for s in leaves}
     for d in derived(spec):
         s = given.get(d.key)
         if s is not None and s.value != d.value:
             yield sourced.diagnostic(
-                s.loc, f"set to {hydra_value(s.value)} here, but verlc derives it from {d.source} "
-                       f"({hydra_value(d.value)}); remove it from verl: or change {d.source}")
+                s.loc, f"set to {shown(s.value)} here, but verlc derives it from {d.source} "
+                       f"({shown(d.value)}); remove it from verl: or change {d.source}")
     critic = spec.verl.get("critic")
     if isinstance(critic, dict) and critic and not critic_in_use(spec.verl):
         yield sourced.diagnostic(("verl", "critic"),
                                  f"{NOTE}critic settings given, but the advantage estimator uses no critic "
                                  "(only gae does); remove verl.critic or set algorithm.adv_estimator: gae",
                                  at_key=True)
+
+
+def _unspellable(leaves: Iterable[Setting], sourced: Sourced) -> Iterator[Diagnostic]:
+    """Values Hydra's override syntax cannot carry (e.g. a mapping key such as '+b' or '1x')."""
+    for s in leaves:
+        try:
+            hydra_value(s.value)
+        except (TypeError, ValueError) as exc:
+            yield sourced.diagnostic(s.loc, str(exc))
 
 
 def _words(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
@@ -189,7 +194,9 @@ def _sweep(spec: Spec, sourced: Sourced, chosen: Selection, max_variants: int,
         return
     seen: set[tuple[str, str]] = set()
     for matrix_values, variant in variant_specs(spec):
-        for d in _check_verl(variant, sourced, chosen, unchecked):
+        leaves = settings(variant.verl, chosen.walker)
+        unspellable = list(_unspellable(leaves, sourced))
+        for d in unspellable or _check_verl(variant, sourced, chosen, unchecked):
             for key, value in matrix_values:
                 if d.path == key:
                     index = matrix[key].index(value)

@@ -115,8 +115,9 @@ def variant_specs(spec: Spec) -> list[tuple[tuple[tuple[str, Any], ...], Spec]]:
             node = verl
             *parents, last = key.split(".")[1:]
             for part in parents:
-                child = node.get(part)
-                node = node.setdefault(part, {}) if isinstance(child, dict) or child is None else {}
+                if not isinstance(node.get(part), dict):
+                    node[part] = {}  # a null default (or a value) that the sweep fills with keys
+                node = node[part]
             node[last] = value
         experiment = f"{spec.experiment or spec.name}-v{index:03d}"
         out.append((tuple(zip(keys, values)), spec.model_copy(update={"verl": verl, "experiment": experiment})))

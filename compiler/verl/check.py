@@ -10,7 +10,7 @@ from typing import Any
 
 from ..diagnostics import Diagnostic, did_you_mean
 from ..load import Sourced
-from .hydra import KEY, hydra_value, verl_value
+from .hydra import KEY, hydra_value, shown, verl_value
 from .place import KNOWN, UNDER_VALUE, UNKNOWN, Place, Walker
 from .release import DEFAULT_CONFIG, MISSING, RELEASES, Release, snapshot
 from .rules import WORKERS, WORKERS_NOTE, Config, absolute, rules
@@ -69,7 +69,7 @@ def select(verl: dict[str, Any], release: Release, config: str = DEFAULT_CONFIG)
                     f"with its trainer config ({', '.join(release.configs)})")
         return Selection(release, config, "")
     if not isinstance(engine, str) or engine not in engines:
-        return (f"unknown model_engine {hydra_value(engine)}; verl {release.version} has {', '.join(engines)}"
+        return (f"unknown model_engine {shown(engine)}; verl {release.version} has {', '.join(engines)}"
                 + did_you_mean(str(engine), engines))
     return Selection(release, config, engine)
 
@@ -218,8 +218,8 @@ def _value(s: Setting, chosen: Selection, spec_keys: frozenset[str], config: Con
         # No dataclass that verl builds types this key: verl reads the value as it comes. A note, not a verdict.
         why = (f"{place.owner.name} describes it as {' | '.join(describe(k) for k in place.kinds)}, but verl hands "
                f"the mapping on as it is" if _typed(s) else
-               f"no dataclass types this key; its default is {hydra_value(place.default)}")
-        yield f"{NOTE}verl {release.version}: {why}; verl will read {hydra_value(value)} as it comes"
+               f"no dataclass types this key; its default is {shown(place.default)}")
+        yield f"{NOTE}verl {release.version}: {why}; verl will read {shown(value)} as it comes"
         return
     if problem:
         yield f"{problem} (verl {release.version}: {_declared(s)})"
@@ -229,16 +229,16 @@ def _value(s: Setting, chosen: Selection, spec_keys: frozenset[str], config: Con
     refused = place.owner.refused(field) if place.owner else ()
     if value is not None and allowed and value not in allowed:
         yield (f"must be one of {', '.join(map(str, allowed))} in verl {release.version}, got "
-               f"{hydra_value(value)}{did_you_mean(str(value), [str(a) for a in allowed])}")
+               f"{shown(value)}{did_you_mean(str(value), [str(a) for a in allowed])}")
     elif value in refused:
-        yield f"verl {release.version} refuses {hydra_value(value)} here ({place.owner.name}.__post_init__)"
+        yield f"verl {release.version} refuses {shown(value)} here ({place.owner.name}.__post_init__)"
 
 
 def hydra_shape(place: Place, value: Any) -> str | None:
     """What Hydra itself refuses: a mapping onto a list node, a list or a value onto a mapping node."""
     default = place.default
     if isinstance(default, list) and isinstance(value, dict):
-        return f"is a list in verl's config (default {hydra_value(default)}); Hydra cannot merge a mapping into it"
+        return f"is a list in verl's config (default {shown(default)}); Hydra cannot merge a mapping into it"
     if isinstance(default, dict) and default and not isinstance(value, dict):
         return "is a section of verl's config; set the keys under it, not a value"
     return None
@@ -255,7 +255,7 @@ def _declared(s: Setting) -> str:
     field = s.key.rsplit(".", 1)[-1]
     if owner is not None and field in owner.fields:
         return f"{owner.name}.{field} is {' | '.join(describe(k) for k in s.place.kinds)}"
-    return f"no dataclass types this key; its default is {hydra_value(s.place.default)}"
+    return f"no dataclass types this key; its default is {shown(s.place.default)}"
 
 
 _WORDS = {"int": "an integer", "float": "a number", "number": "a number", "bool": "true or false",
@@ -294,7 +294,7 @@ def type_problem(kinds: tuple[str, ...], value: Any) -> str | None:
             return None  # the listed values are checked next
     if any(k in ("section",) or k.startswith("C:") for k in kinds) and not isinstance(value, dict):
         return "is a section of verl's config; set the keys under it, not a value"
-    return f"expects {' or '.join(describe(k) for k in kinds)}, got {hydra_value(value)}"
+    return f"expects {' or '.join(describe(k) for k in kinds)}, got {shown(value)}"
 
 
 def _interpolations(s: Setting, chosen: Selection, spec_keys: frozenset[str]) -> Iterator[str]:
@@ -326,10 +326,31 @@ def _unknown(parts: list[str], place: Place, chosen: Selection) -> str:
     engine = f" ({chosen.engine} engine)" if chosen.engine else ""
     where = f"under '{parent}'" if parent else "at the top level"
     hint = did_you_mean(parts[depth], walker.keys(parts[:depth]))
-    if not hint:  # the right name in the wrong place?
-        elsewhere = [k for k in all_keys(chosen.tree) if k.rsplit(".", 1)[-1] == parts[-1]]
-        hint = f" (did you mean '{elsewhere[0]}'?)" if len(elsewhere) == 1 else ""
+    if not hint:  # the right name in the wrong place (a key that moved)?
+        moved = elsewhere(parts, chosen.tree)
+        hint = f" (did you mean '{moved}'?)" if moved else ""
     return f"verl {release.version}{engine} has no key '{parts[depth]}' {where}{hint}{other_releases(parts, release)}"
+
+
+def elsewhere(parts: list[str], tree: dict[str, Any]) -> str | None:
+    """The one key of `tree` ending like `parts` does, with the longest shared ending (at least the leaf):
+    reward_model.micro_batch_size_per_gpu -> reward.reward_model.micro_batch_size_per_gpu."""
+    def shared(key: str) -> int:
+        other = key.split(".")
+        n = 0
+        while n < min(len(other), len(parts)) and other[-1 - n] == parts[-1 - n]:
+            n += 1
+        return n
+
+    scored: dict[int, list[str]] = {}
+    for key in all_keys(tree):
+        n = shared(key)
+        if n and key != ".".join(parts):
+            scored.setdefault(n, []).append(key)
+    if not scored:
+        return None
+    best = scored[max(scored)]
+    return best[0] if len(best) == 1 else None
 
 
 def other_releases(parts: list[str], release: Release) -> str:

@@ -38,6 +38,14 @@ def hydra_value(value: Any) -> str:
     raise TypeError(f"no Hydra syntax for {type(value).__name__}")
 
 
+def shown(value: Any) -> str:
+    """A value for a message: Hydra's syntax where it has one, else Python's (never raises)."""
+    try:
+        return hydra_value(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
 def verl_value(value: Any) -> Any:
     """verlc's `${env:NAME}` as OmegaConf's `${oc.env:NAME}`, which verl resolves on the node it runs on."""
     if isinstance(value, str):

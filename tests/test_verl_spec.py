@@ -1,0 +1,229 @@
+"""The `verl:` and `hydra:` sections as users write them, on several releases: what passes, what fails
+(with the line and the fix), what verlc says it cannot know, and that no input crashes the compiler."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import run_verlc
+from verlc.compiler.diagnostics import SpecError
+from verlc.compiler.pipeline import compile_spec
+from verlc.compiler.verl.place import Walker
+from verlc.compiler.verl.release import RELEASES, snapshot
+
+MICRO = {"actor_rollout_ref": {"actor": {"ppo_micro_batch_size_per_gpu": 4},
+                               "rollout": {"name": "vllm", "log_prob_micro_batch_size_per_gpu": 4}},
+         "algorithm": {"adv_estimator": "grpo"}}
+
+
+def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = json.loads(json.dumps(base))
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def spec_text(verl: dict[str, Any], version: str = "0.9.1", **top: Any) -> str:
+    lines = ["name: s", "project: p", "model: m", f"verl_version: '{version}'",
+             "data: {train_files: [t.parquet], val_files: [v.parquet]}",
+             "cluster: {nodes: 1, gpus_per_node: 8, slurm: {cpus_per_task: 4}}"]
+    lines += [f"{k}: {json.dumps(v)}" for k, v in top.items()]
+    lines.append(f"verl: {json.dumps(merge(MICRO, verl))}")
+    return "\n".join(lines) + "\n"
+
+
+ACCEPTED = {
+    "float-field-takes-int-and-float": ({"actor_rollout_ref": {"actor": {"entropy_coeff": 0.001},
+                                                               "rollout": {"top_p": 0.9, "val_kwargs": {
+                                                                   "temperature": 0.6}}}}, "0.9.1", {}),
+    "open-dict-fields": ({"actor_rollout_ref": {"actor": {"fsdp_config": {
+        "mixed_precision": {"param_dtype": "bf16"}, "turbo_config": {"enable": True}}}}}, "0.9.1", {}),
+    "keyed-map-entry": ({"distillation": {"teacher_models": {"math_teacher": {"model_path": "/m/t"}}}}, "0.9.1", {}),
+    "logger-as-one-string": ({"trainer": {"logger": "console"}}, "0.9.1", {}),
+    "null-default-dict": ({"actor_rollout_ref": {"actor": {"optim": {"override_optimizer_config": {
+        "offload_fraction": 1.0}}}}}, "0.9.1", {}),
+    "declared-not-in-yaml": ({"algorithm": {"gdpo_reward_keys": ["acc", "format"]}}, "0.9.1", {}),
+    "explicit-plus-in-plain-section": ({"trainer": {"+my_plugin_flag": True}}, "0.9.1", {}),
+    "env-var-on-the-node": ({"trainer": {"default_local_dir": "/lustre/${env:USER}/ckpt"}}, "0.9.1", {}),
+    "interpolation-of-a-key": ({"trainer": {"default_local_dir": "/ckpt/${trainer.project_name}"}}, "0.9.1", {}),
+    "old-release-megatron-config": ({"actor_rollout_ref": {"actor": {"megatron": {
+        "tensor_model_parallel_size": 2}}}}, "0.4.1", {"hydra": {"config_name": "ppo_megatron_trainer"}}),
+    "old-release-float": ({"actor_rollout_ref": {"actor": {"entropy_coeff": 0.001}}}, "0.3.0.post1", {}),
+}
+REJECTED = {
+    "shell-variable-in-a-verl-value": ({"trainer": {"default_local_dir": "/lustre/${USER}/ckpt"}}, "0.9.1", {},
+                                       "'${USER}' refers to a key verl 0.9.1 does not have; for the environment "
+                                       "variable on the node write ${env:USER}"),
+    "explicit-plus-under-a-dataclass": ({"actor_rollout_ref": {"actor": {"+my_plugin_flag": 1}}}, "0.9.1", {},
+                                        "builds 'actor_rollout_ref.actor' as FSDPActorConfig, which has no field "
+                                        "'my_plugin_flag'"),
+    "plus-on-an-existing-key": ({"trainer": {"+total_epochs": 2}}, "0.9.1", {},
+                                "verl 0.9.1 has trainer.total_epochs already; write it without '+'"),
+    "string-for-a-float": ({"actor_rollout_ref": {"actor": {"entropy_coeff": "high"}}}, "0.9.1", {},
+                           "expects a number, got high (verl 0.9.1: FSDPActorConfig.entropy_coeff is a number)"),
+    "unknown-entry-field": ({"distillation": {"teacher_models": {"t": {"model_pth": "/m"}}}}, "0.9.1", {},
+                            "has no key 'model_pth' under 'distillation.teacher_models.t' (did you mean 'model_path'?)"),
+    "newer-key-on-an-old-release": ({"trainer": {"use_v1": True}}, "0.4.1", {},
+                                    "verl 0.4.1 has no key 'use_v1' under 'trainer'; trainer.use_v1 exists in verl "
+                                    "0.9.0-0.9.1"),
+    "older-key-on-a-new-release": ({"reward_model": {"launch_reward_fn_async": True}}, "0.9.1", {},
+                                   "reward_model.launch_reward_fn_async exists in verl 0.4.0-0.7.0"),
+    "moved-key": ({"algorithm": {"rollout_is_threshold": 2.0}}, "0.9.1", {},
+                  "(did you mean 'algorithm.rollout_correction.rollout_is_threshold'?); "
+                  "algorithm.rollout_is_threshold exists in verl 0.6.0"),
+    "engine-before-model-engine-existed": ({"model_engine": "megatron"}, "0.6.1", {},
+                                           "verl 0.6.1 has no model_engine (it came in 0.7.1)"),
+    "unknown-config-name": ({}, "0.9.1", {"hydra": {"config_name": "ppo_megatron_trainr"}},
+                            "has no trainer config 'ppo_megatron_trainr'; it has ppo_trainer, ppo_megatron_trainer "
+                            "(did you mean 'ppo_megatron_trainer'?)"),
+    "unknown-group-option": ({}, "0.9.1", {"hydra": {"groups": {"actor@actor_rollout_ref.actor": "megatron_actr"}}},
+                             "has no option 'megatron_actr'"),
+    "unknown-group": ({}, "0.9.1", {"hydra": {"groups": {"actr@actor_rollout_ref.actor": "dp_actor"}}},
+                      "verl 0.9.1 has no config group 'actr' (did you mean 'actor'?)"),
+}
+
+
+def test_what_verl_accepts_verlc_accepts(tmp_path: Path) -> None:
+    for name, (verl, version, top) in ACCEPTED.items():
+        (tmp_path / f"{name}.yaml").write_text(spec_text(verl, version, **top))
+    result = run_verlc("validate", *sorted(p.name for p in tmp_path.glob("*.yaml")), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count(": ok (") == len(ACCEPTED)
+
+
+def test_what_verl_refuses_verlc_refuses_at_its_line(tmp_path: Path) -> None:
+    for name, (verl, version, top, _) in REJECTED.items():
+        (tmp_path / f"{name}.yaml").write_text(spec_text(verl, version, **top))
+    result = run_verlc("validate", *sorted(p.name for p in tmp_path.glob("*.yaml")), cwd=tmp_path)
+    assert result.returncode == 2
+    for name, (*_, expected) in REJECTED.items():
+        lines = [line for line in result.stderr.splitlines() if line.startswith(f"{name}.yaml:")]
+        assert any(expected in line for line in lines), f"{name}: {lines}"
+        assert all(line.split(":")[1].isdigit() and line.split(":")[1] != "1" for line in lines), lines
+
+
+def test_overrides_carry_the_plus_hydra_needs(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(spec_text({
+        "trainer": {"+my_plugin_flag": True, "default_local_dir": "/lustre/${env:USER}/ckpt"},
+        "algorithm": {"gdpo_reward_keys": ["acc"]},
+        "actor_rollout_ref": {"actor": {"optim": {"override_optimizer_config": {"offload_fraction": 1.0}}}},
+        "distillation": {"teacher_models": {"math_teacher": {"model_path": "/m/t"}}}},
+        hydra={"searchpath": ["pkg://my_plugin.config"]}))
+    argv = compile_spec(path, display="s.yaml", source="s.yaml").trainer_argv
+    assert argv[3] == "hydra.searchpath=['pkg://my_plugin.config']"
+    for arg in ("+trainer.my_plugin_flag=true", "+algorithm.gdpo_reward_keys=[acc]",
+                "actor_rollout_ref.actor.optim.override_optimizer_config={offload_fraction:1.0}",
+                "+distillation.teacher_models.math_teacher.model_path=/m/t",
+                "trainer.default_local_dir='/lustre/${oc.env:USER}/ckpt'"):
+        assert arg in argv, (arg, argv)
+
+
+def test_the_config_name_comes_first(tmp_path: Path) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text(spec_text({}, "0.6.1", hydra={"config_name": "ppo_megatron_trainer"}))
+    argv = compile_spec(path, display="m.yaml", source="m.yaml").trainer_argv
+    assert argv[:4] == ("python3", "-m", "verl.trainer.main_ppo", "--config-name=ppo_megatron_trainer")
+
+
+def test_a_swapped_group_is_a_note_and_live_mode_is_named(tmp_path: Path) -> None:
+    (tmp_path / "g.yaml").write_text(spec_text(
+        {"actor_rollout_ref": {"actor": {"some_megatron_key": 1}}}, "0.9.1",
+        hydra={"groups": {"actor@actor_rollout_ref.actor": "megatron_actor"}}))
+    result = run_verlc("validate", "g.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "g.yaml:7:20: hydra.groups.actor@actor_rollout_ref.actor: note: keys under verl.actor_rollout_ref.actor " \
+           "come from verl 0.9.1's 'actor/megatron_actor'" in result.stderr
+    assert "--verl-config live" in result.stderr
+
+
+def test_critic_settings_without_a_critic_are_a_note(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text(spec_text({"critic": {"optim": {"lr": 1e-5}}}))
+    result = run_verlc("validate", "c.yaml", cwd=tmp_path)
+    assert result.returncode == 0 and "verl.critic: note: critic settings given" in result.stderr
+
+
+# --- no input crashes the compiler -------------------------------------------------------------------
+
+def _known_keys(version: str) -> list[str]:
+    release = snapshot(version)
+    tree = release.tree("ppo_trainer", release.default_engine("ppo_trainer"))
+    out: list[str] = []
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        for key, value in node.items():
+            here = f"{path}.{key}" if path else key
+            out.append(here)
+            if isinstance(value, dict):
+                walk(value, here)
+    walk(tree, "")
+    return out
+
+
+KEYS = {v: _known_keys(v) for v in ("0.3.0.post1", "0.6.0", "0.9.1")}
+values = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 10**6) | st.floats(allow_nan=True) |
+    st.sampled_from(["", "x", "${USER}", "${env:HOME}", "${oc.select:a.b,1}", "${", "${a.b}", "???", "+x", "a=b"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["a", "+b", "enable", "_target_", "x-y", "1"]), inner, max_size=3), max_leaves=6)
+
+
+@st.composite
+def verl_sections(draw: st.DrawFn) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    version = draw(st.sampled_from(sorted(KEYS)))
+    flat = {}
+    for _ in range(draw(st.integers(1, 4))):
+        key = draw(st.sampled_from(KEYS[version]))
+        if draw(st.booleans()):
+            key += "." + draw(st.sampled_from(["x", "+y", "_target_", "enable"]))
+        flat[key] = draw(values)
+    tree: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = tree
+        *parents, last = key.split(".")
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[last] = value
+    if draw(st.booleans()):
+        tree["model_engine"] = draw(st.sampled_from(["dp", "megatron", "nope", 3]))
+    sweep = {}
+    if draw(st.booleans()):  # a sweep checks every variant like a spec
+        sweep = {"matrix": {f"verl.{draw(st.sampled_from(KEYS[version]))}": draw(st.lists(values, min_size=1,
+                                                                                          max_size=3))}}
+    return version, tree, sweep
+
+
+@settings(max_examples=int(os.environ.get("VERLC_EXAMPLES", "400")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(verl_sections())
+def test_no_verl_section_crashes_the_compiler(tmp_path: Path, case: tuple[str, dict[str, Any], dict]) -> None:
+    version, verl, sweep = case
+    path = tmp_path / "s.yaml"
+    path.write_text(spec_text(verl, version, **({"sweep": sweep} if sweep else {})))
+    try:
+        compile_spec(path, display="s.yaml", source="s.yaml")
+    except SpecError as exc:
+        assert all(d.line >= 1 and d.message for d in exc.diagnostics)
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_every_release_builds_its_default_config(tmp_path: Path, version: str) -> None:
+    """With only the micro batch sizes every release needs, each release and trainer config builds."""
+    release = snapshot(version)
+    for config in release.configs:
+        path = tmp_path / f"{config}.yaml"
+        path.write_text(spec_text({}, version, hydra={"config_name": config}))
+        ir = compile_spec(path, display=path.name, source=path.name)
+        assert ir.verl_schema == f"{version} (snapshot)"
+        assert Walker(release, config, release.default_engine(config)).place(["trainer", "nnodes"]).in_yaml
