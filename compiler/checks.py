@@ -83,9 +83,13 @@ def _unspellable(leaves: Iterable[Setting], sourced: Sourced) -> Iterator[Diagno
 
 
 def _words(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
-    """Paths and env values that may use ${HOME}/${USER}/~ must use nothing else."""
+    """Paths and env values may reference env vars of the node (`${env:NAME}`, ${HOME}, ${USER}, ~) and
+    nothing else that would expand."""
     places: list[tuple[tuple[str | int, ...], str | None]] = [
         (("env", name), value) for name, value in spec.env.items()]
+    places += [(("model",), spec.model)]
+    places += [(("data", part, i), f) for part in ("train_files", "val_files")
+               for i, f in enumerate(getattr(spec.data, part))]
     c = spec.container
     if isinstance(c, (Engine, Apptainer, Pyxis)):
         places += [(("container", "image"), c.image), (("container", "workdir"), c.workdir)]

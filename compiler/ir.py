@@ -10,8 +10,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-# Variables a spec may reference in paths and env values; everything else is literal text.
-SPEC_VARIABLES = ("HOME", "USER")
+# `${env:NAME}` is the environment variable NAME on the node where the value is used. ${HOME}, ${USER}
+# and a leading ~ are kept as short spellings of the two every node has.
+SHORT_VARIABLES = ("HOME", "USER")
 
 
 @dataclass(frozen=True)
@@ -32,15 +33,24 @@ class Word:
         """For people and for formats that expand ${NAME} themselves (Ray env_vars, Compose)."""
         return "".join(p if isinstance(p, str) else f"${{{p.name}}}" for p in self.parts)
 
+    @property
+    def variables(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.parts if isinstance(p, Var))
+
+    def as_json(self) -> list[str | dict[str, str]]:
+        """For the in-cluster helper, which expands {"env": NAME} on the node and nothing else."""
+        return [p if isinstance(p, str) else {"env": p.name} for p in self.parts]
+
 
 
 Arg = str | Word
 
-_REFERENCE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$")
+_REFERENCE = re.compile(r"\$\$|\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)\}|\$")
 
 
 def parse_word(text: str) -> Word:
-    """Split `text` into literal parts and ${HOME}/${USER} references; a leading `~/` means ${HOME}/.
+    """Split `text` into literal parts and variable references: `${env:NAME}`, ${HOME}, ${USER}, and a
+    leading `~/` for ${HOME}/.
 
     `$$` is a literal `$`. Any other `$` is rejected so that nothing expands by accident.
     """
@@ -54,11 +64,12 @@ def parse_word(text: str) -> Word:
             parts.append(text[pos:match.start()])
         if match[0] == "$$":
             parts.append("$")
-        elif match[1] in SPEC_VARIABLES:
+        elif match[1] and (match[0].startswith("${env:") or match[1] in SHORT_VARIABLES):
             parts.append(Var(match[1]))
         else:
-            allowed = ", ".join(f"${{{v}}}" for v in SPEC_VARIABLES)
-            raise ValueError(f"only {allowed} and a leading ~ expand here; write $$ for a literal $")
+            name = f" for the variable {match[1]}" if match[1] else ""
+            raise ValueError(f"write ${{env:NAME}}{name} (the environment variable on the node; ${{HOME}}, "
+                             f"${{USER}} and a leading ~ also work); write $$ for a literal $")
         pos = match.end()
     if pos < len(text):
         parts.append(text[pos:])
@@ -139,7 +150,7 @@ class VariantIR:
     index: int
     settings: tuple[tuple[str, Any], ...]  # (verl key, value) as the sweep gives them
     overrides: tuple[Override, ...]  # replace the base run's overrides with the same keys
-    checkpoint_dir: str
+    checkpoint_dir: Word
 
 
 @dataclass(frozen=True)
@@ -168,9 +179,10 @@ class JobIR:
     container: ContainerIR
     ray: RayIR
     data_prep: tuple[DataPrepIR, ...]
-    model: str
-    data_files: tuple[str, ...]  # train then val, checked by the preflight
-    checkpoint_dir: str  # verl's trainer.default_local_dir, resolved
+    model: Word
+    data_files: tuple[Word, ...]  # train then val, checked by the preflight
+    checkpoint_dir: Word  # verl's trainer.default_local_dir, resolved (env vars expand on the node)
+    node_env: tuple[str, ...]  # env vars the spec reads on the nodes: the preflight requires them set
     pins: tuple[tuple[str, str], ...]  # (package, exact version) every node must have
     image: Word  # the image a run record names ("none" without a container)
     trainer_module: str

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from verlc import __version__
 
 from .ir import (
-    ContainerIR, DataPrepIR, EnvVar, ImageBuildIR, JobIR, Override, RayIR, SlurmIR, VariantIR, Word, parse_word,
+    ContainerIR, DataPrepIR, EnvVar, ImageBuildIR, JobIR, Override, RayIR, SlurmIR, VariantIR, Var, Word,
+    parse_word,
 )
 from . import yaml_text
 from .derive import DETERMINISM, checkpoint_dir, derived, derived_environment, resume_defaults, variant_specs
@@ -16,7 +18,7 @@ from .verl.check import Selection, select, settings
 from .verl.hydra import hydra_value, verl_value
 from .verl.place import KNOWN
 from .verl.release import DEFAULT_CONFIG, Release
-from .verl.rules import Config
+from .verl.rules import Config, absolute
 
 TRAINER_MODULE = "verl.trainer.main_ppo"
 
@@ -67,9 +69,10 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
             ))
             for p in spec.data.prepare
         ),
-        model=spec.model,
-        data_files=(*spec.data.train_files, *spec.data.val_files),
-        checkpoint_dir=checkpoint_dir(spec),
+        model=parse_word(spec.model),
+        data_files=tuple(parse_word(f) for f in (*spec.data.train_files, *spec.data.val_files)),
+        checkpoint_dir=checkpoint_word(spec, chosen),
+        node_env=node_env(spec, chosen),
         pins=tuple(sorted({"verl": spec.verl_version, **spec.pins}.items())),
         image=parse_word(getattr(spec.container, "image", None) or "none"),
         trainer_module=TRAINER_MODULE,
@@ -96,12 +99,13 @@ def overrides(spec: Spec, chosen: Selection) -> tuple[Override, ...]:
     if "model_engine" in spec.verl:
         groups["model_engine"] = Override("model_engine", hydra_value(spec.verl["model_engine"]), "verl.model_engine")
     head += [groups[k] for k in sorted(groups)]
-    out = {d.key: Override(d.key, hydra_value(d.value), d.source) for d in derived(spec)}
+    out = {d.key: Override(d.key, hydra_value(verl_value(d.value)), d.source) for d in derived(spec)}
     for s in settings(spec.verl, chosen.walker):
         out.setdefault(s.key, Override(s.key, hydra_value(verl_value(s.value)), ".".join(map(str, s.loc)),
                                        "+" if s.plus else ""))
     for key, value in resume_defaults(spec).items():
-        out.setdefault(key, Override(key, hydra_value(value), "verlc: a requeued job resumes from its checkpoints"))
+        out.setdefault(key, Override(key, hydra_value(verl_value(value)),
+                                     "verlc: a requeued job resumes from its checkpoints"))
     for key, value in determinism_defaults(spec, chosen).items():
         out.setdefault(key, Override(key, hydra_value(value), "reproducible"))
     return (*head, *(out[k] for k in sorted(out)))
@@ -121,6 +125,59 @@ def verl_values(spec: Spec, chosen: Selection) -> dict[str, Any]:
     values = {**resume_defaults(spec), **{s.key: s.value for s in settings(spec.verl, chosen.walker)}}
     values.update({d.key: d.value for d in derived(spec)})
     return values
+
+
+_INTERPOLATION = re.compile(r"\$\{([^{}]*)\}")
+_ENV_REF = re.compile(r"(?:oc\.)?env:([A-Za-z_][A-Za-z0-9_]*)(?:,.*)?")
+
+
+def checkpoint_word(spec: Spec, chosen: Selection) -> Word:
+    """verl's checkpoint folder as the preflight must see it: references to other verl settings resolved
+    now (their values are known), `${env:NAME}` left to expand on the node."""
+    raw = checkpoint_dir(spec)
+    config = Config(chosen.tree, verl_values(spec, chosen))
+    parts: list[str | Var] = []
+    pos = 0
+    for match in _INTERPOLATION.finditer(raw):
+        parts.append(raw[pos:match.start()])
+        env = _ENV_REF.fullmatch(match[1].strip())
+        if env:
+            parts.append(Var(env[1]))
+        else:
+            ref = match[1].strip().removeprefix("oc.select:").split(",")[0]
+            parts.append(str(config.get(absolute("trainer.default_local_dir", ref))))
+        pos = match.end()
+    parts.append(raw[pos:])
+    return Word(tuple(p for p in parts if p != ""))
+
+
+def node_env(spec: Spec, chosen: Selection) -> tuple[str, ...]:
+    """Every environment variable the spec reads on the nodes (`${env:NAME}` anywhere): the preflight
+    requires each set and non-empty on every node, and containers get them from the host."""
+    found: set[str] = set()
+    words = [*(e.value for e in environment(spec)), checkpoint_word(spec, chosen), parse_word(spec.model),
+             *(parse_word(f) for f in (*spec.data.train_files, *spec.data.val_files))]
+    c = container(spec)
+    words += [w for w in (c.image, c.workdir, c.venv, *c.mounts, *c.run_args) if w is not None]
+    if spec.compose is not None:
+        words += [parse_word(spec.compose.image), parse_word(spec.compose.workdir),
+                  *(parse_word(m) for m in spec.compose.mounts)]
+    for word in words:
+        found.update(word.variables)
+    for s in settings(spec.verl, chosen.walker):
+        for text in _strings(s.value):
+            found.update(m[1] for m in (_ENV_REF.fullmatch(i.strip()) for i in _INTERPOLATION.findall(text)) if m)
+    return tuple(sorted(found - {"HOME", "USER"}))
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [t for v in value for t in _strings(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _strings(v)]
+    return []
 
 
 def environment(spec: Spec) -> tuple[EnvVar, ...]:
@@ -166,7 +223,7 @@ def variants(spec: Spec, chosen: Selection) -> tuple[VariantIR, ...]:
     out = []
     for index, (matrix_values, variant) in enumerate(variant_specs(spec)):
         changed = tuple(o for o in overrides(variant, chosen) if base.get(o.key) != o)
-        out.append(VariantIR(index, matrix_values, changed, checkpoint_dir(variant)))
+        out.append(VariantIR(index, matrix_values, changed, checkpoint_word(variant, chosen)))
     return tuple(out)
 
 

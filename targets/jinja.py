@@ -26,17 +26,25 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DIRECTIVE = re.compile(r"--[a-z-]+(=[A-Za-z0-9_.,:%@+=/\[\]{}~-]+)?")
 
 
+def _literal(text: str) -> str:
+    """Literal text as shell: single quotes, or, when it holds a `$` meant for a later reader (verl's
+    `${oc.env:X}`), double quotes with every special character escaped (shellcheck reads that as intended)."""
+    if "$" in text or "`" in text:
+        return '"' + re.sub(r'([\\"$`])', r"\\\1", text) + '"'
+    return shlex.quote(text)
+
+
 def sh(value: Any) -> Rendered:
-    """One shell word: literals single-quoted, variable references double-quoted."""
+    """One shell word: literals quoted, variable references double-quoted."""
     if isinstance(value, bool) or not isinstance(value, (str, int, Word)):
         raise TypeError(f"sh: cannot quote {type(value).__name__}")
     if isinstance(value, int):
         return Rendered(str(value))
     if isinstance(value, str):
-        return Rendered(shlex.quote(value))
+        return Rendered(_literal(value))
     if not value.parts:
         return Rendered("''")
-    return Rendered("".join(f'"${{{p.name}}}"' if isinstance(p, Var) else shlex.quote(p) for p in value.parts))
+    return Rendered("".join(f'"${{{p.name}}}"' if isinstance(p, Var) else _literal(p) for p in value.parts))
 
 
 def argv(values: Iterable[Any]) -> Rendered:

@@ -10,7 +10,7 @@ import json
 from importlib import resources
 from typing import Any
 
-from ..compiler.ir import JobIR, VariantIR
+from ..compiler.ir import JobIR, VariantIR, Word
 from .bundle import File, header_lines
 
 PACKAGE = "verlc_job"
@@ -21,6 +21,7 @@ COMMAND = ("python3", "-m", PACKAGE, "job")
 def job_description(ir: JobIR, *, address: str | None, record: str | None,
                     variant: VariantIR | None = None) -> dict[str, Any]:
     """What `python3 -m verlc_job job [VARIANT]` runs: wait, data, preflight, train (targets/incluster.py)."""
+    checkpoints = variant.checkpoint_dir if variant else ir.checkpoint_dir
     return {
         "generated_from": ir.spec_file,
         "spec_sha256": ir.spec_sha256,
@@ -30,14 +31,15 @@ def job_description(ir: JobIR, *, address: str | None, record: str | None,
         "gpus": ir.total_gpus,
         "wait_seconds": ir.ray.wait_seconds,
         "data_prep": [{"out_dir": p.out_dir, "argv": list(p.argv)} for p in ir.data_prep],
-        "model": ir.model,
-        "checkpoint_dir": variant.checkpoint_dir if variant else ir.checkpoint_dir,
-        "data_files": list(ir.data_files),
+        # Paths as parts: text, and {"env": NAME} that the helper expands on the node.
+        "model": ir.model.as_json(),
+        "checkpoint_dir": checkpoints.as_json(),
+        "data_files": [f.as_json() for f in ir.data_files],
+        "require_env": list(ir.node_env),
         "pins": [f"{name}={version}" for name, version in ir.pins],
         "image": ir.image.display,
         "record": record,
-        "reference": f"{variant.checkpoint_dir if variant else ir.checkpoint_dir}/{REFERENCE}"
-        if ir.reproducible else None,
+        "reference": Word((*checkpoints.parts, f"/{REFERENCE}")).as_json() if ir.reproducible else None,
         "train": list(ir.trainer_argv_for(variant)),
     }
 

@@ -69,8 +69,8 @@ def test_example_overrides_compose_in_installed_verl(spec: Path) -> None:
         cfg = compose("ppo_trainer", overrides=[o.arg for o in ir.overrides])
     assert cfg.trainer.nnodes == ir.nodes
     assert cfg.trainer.n_gpus_per_node == ir.gpus_per_node
-    assert cfg.actor_rollout_ref.model.path == ir.model
-    assert list(cfg.data.train_files) == list(ir.data_files[:1])
+    assert cfg.actor_rollout_ref.model.path == ir.model.display
+    assert list(cfg.data.train_files) == [f.display for f in ir.data_files[:1]]
 
 
 def test_a_typo_does_not_compose() -> None:

@@ -38,7 +38,8 @@ def _gpu_settings(ir: JobIR, c: ContainerIR, node: int) -> dict[str, Any]:
 
 def _service(ir: JobIR, c: ContainerIR, command: list[str], node: int | None) -> dict[str, Any]:
     assert c.image is not None
-    env = [f"{e.name}={text(e.value)}" for e in ir.env] + list(ir.secrets)  # a bare NAME: from the host
+    # a bare NAME comes from the host: secrets, and the env vars the spec reads on "the node" (this host)
+    env = [f"{e.name}={text(e.value)}" for e in ir.env] + list(ir.secrets) + list(ir.node_env)
     service: dict[str, Any] = {
         "image": text(c.image),
         "init": True,
@@ -70,7 +71,8 @@ def compose_file(ir: JobIR) -> dict[str, Any]:
         services[f"ray-worker-{node}"] = worker
     trainer = _service(ir, c, list(COMMAND), None)
     trainer["environment"] += [f"PYTHONPATH={HELPER_DIR}", "VERLC_STOP_AFTER=${VERLC_STOP_AFTER:-train}"]
-    checkpoints = ir.checkpoint_dir if ir.checkpoint_dir.startswith("/") else \
+    absolute = isinstance(ir.checkpoint_dir.parts[0], Var) or ir.checkpoint_dir.parts[0].startswith("/")
+    checkpoints = text(ir.checkpoint_dir) if absolute else \
         f"{text(c.workdir)}/{text(ir.checkpoint_dir)}"  # verl writes relative to its working dir
     trainer["volumes"] += [f"./{PACKAGE}:{HELPER_DIR}/{PACKAGE}:ro", f"checkpoints:{checkpoints}",
                            "./runs:/verlc/runs"]

@@ -30,5 +30,6 @@ def variants_table(ir: JobIR) -> str:
     writer.writerow(["array_index", "experiment", "checkpoint_dir", *keys])
     for v in ir.variants:
         experiment = next(o.value for o in v.overrides if o.key == "trainer.experiment_name")
-        writer.writerow([v.index, experiment, v.checkpoint_dir, *(json.dumps(val) for _, val in v.settings)])
+        writer.writerow([v.index, experiment, v.checkpoint_dir.display,
+                         *(json.dumps(val) for _, val in v.settings)])
     return buf.getvalue()

@@ -33,7 +33,7 @@ class VariantView:
     index: int
     label: str  # what the job logs, e.g. "variant 3: actor_rollout_ref.actor.optim.lr=1e-06"
     args: Line  # overrides that replace the base run's for this array task
-    checkpoint_dir: str
+    checkpoint_dir: Word
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class SlurmView:
     data_steps: tuple[DataStep, ...]
     preflight: tuple[Line, ...]
     train: tuple[Line, ...]
-    checkpoint_dir: str
+    checkpoint_dir: Word
     variants: tuple[VariantView, ...]
     helper_source: str
 
@@ -81,7 +81,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
     assert ir.slurm is not None, "checks require cluster.slurm for the slurm target"
     c = ir.container
     address = _word(HEAD_IP, ":", RAY_PORT)
-    env_names = (*(e.name for e in ir.env), *ir.secrets)
+    env_names = (*(e.name for e in ir.env), *ir.secrets, *ir.node_env)
 
     image_build: Line | None = None
     container_start: tuple[Line, ...] | None = None
@@ -188,6 +188,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
             ("--image", ir.image, "--record", _word(Var("run_dir"), "/run-record.json")),
             *((("--reference", _word(Var("checkpoint_dir"), f"/{REFERENCE}")),) if ir.reproducible else ()),
             *(("--data", f) for f in ir.data_files),
+            *(("--require-env", n) for n in ir.node_env),
         ),
         train=(("env", ray_env), ("python3", "-m", ir.trainer_module),
                *((o.arg,) for o in ir.overrides if o.key not in varied)),

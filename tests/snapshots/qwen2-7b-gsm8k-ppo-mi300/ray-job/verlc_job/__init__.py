@@ -198,6 +198,30 @@ def reference_problems(record: dict, path: str) -> list[str]:
     return problems
 
 
+def expand(word: list) -> str:
+    """A path from job.json: text parts as they are, {"env": NAME} as this node's NAME."""
+    return "".join(p if isinstance(p, str) else os.environ.get(p["env"], "") for p in word)
+
+
+def environment_of(names: list[str]) -> dict:
+    return {"host": platform.node(), "missing": [n for n in names if not os.environ.get(n)]}
+
+
+def missing_env_per_node(ray, nodes: list[dict], names: list[str]) -> list[str]:  # noqa: ANN001
+    """The env vars the spec reads on the nodes that a node lacks (unset or empty), from a zero-CPU task."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    probe = ray.remote(num_cpus=0)(environment_of)
+    refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+            .remote(names) for n in nodes]
+    problems = []
+    for ref in refs:
+        seen = ray.get(ref, timeout=300)
+        problems += [f"node {seen['host']}: environment variable {n} is not set (the spec reads ${{env:{n}}})"
+                     for n in seen["missing"]]
+    return problems
+
+
 def cmd_preflight(args: argparse.Namespace) -> int:
     started = stamp()
     problems: list[str] = []
@@ -211,6 +235,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     pins = dict(p.split("=", 1) for p in args.pin)
     seen = versions_per_node(ray, nodes)
     problems += version_problems(seen, pins)
+    if args.require_env:
+        problems += missing_env_per_node(ray, nodes, args.require_env)
     for path in args.data:
         if not os.path.isfile(path):
             problems.append(f"data file {path} does not exist (cwd {os.getcwd()})")
@@ -287,9 +313,10 @@ def cmd_job(args: argparse.Namespace) -> int:
                 rc = rc or cmd_prepare(argparse.Namespace(out_dir=step["out_dir"], cmd=step["argv"]))
         elif stage == "preflight":
             rc = cmd_preflight(argparse.Namespace(
-                address=address, nodes=job["nodes"], gpus=job["gpus"], model=job["model"],
-                checkpoint_dir=job["checkpoint_dir"], data=job["data_files"], pin=job["pins"],
-                record=job["record"], image=job["image"], reference=job.get("reference")))
+                address=address, nodes=job["nodes"], gpus=job["gpus"], model=expand(job["model"]),
+                checkpoint_dir=expand(job["checkpoint_dir"]), data=[expand(f) for f in job["data_files"]],
+                pin=job["pins"], record=job["record"], image=job["image"], require_env=job["require_env"],
+                reference=expand(job["reference"]) if job.get("reference") else None))
         else:
             say("training: " + " ".join(job["train"]))
             rc = subprocess.call(job["train"], env={**os.environ, "RAY_ADDRESS": address})
@@ -323,6 +350,8 @@ def main(argv: list[str]) -> int:
     pre.add_argument("--pin", action="append", default=[], help="PACKAGE=VERSION every node must have")
     pre.add_argument("--record", help="write the run record (JSON) here")
     pre.add_argument("--image", help="the container image, for the run record")
+    pre.add_argument("--require-env", action="append", default=[],
+                     help="an env var the spec reads on the nodes: set and non-empty on every one")
     pre.add_argument("--reference", help="reproducible jobs: the first run's record; written by the first run, "
                                          "compared by every later one")
     job = sub.add_parser("job")
