@@ -27,6 +27,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+NODE_VARIABLE = "VERLC_TEST_NODE_SCRATCH"
+NODE_ENV: dict[str, str] = {}  # the head node's own environment, set by the ray_head fixture
+
+
 def ray_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "RAY_USAGE_STATS_ENABLED": "0", **(extra or {})}
 
@@ -39,10 +43,13 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.fail(message) if IN_CI else pytest.skip(message)
     temp = Path("/tmp") / f"verlc-test-ray-{os.getpid()}"  # short: Ray's socket paths have a length limit
     port, dashboard = free_port(), free_port()
+    # The node's own environment, as a cluster's $SCRATCH would be: what ${env:NAME} reads there.
+    node_env = {NODE_VARIABLE: str(tmp_path_factory.mktemp("node-scratch"))}
     subprocess.run([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
                     "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", "--num-gpus=8",
                     "--num-cpus=2", f"--temp-dir={temp}", "--disable-usage-stats"],
-                   check=True, capture_output=True, env=ray_env(), timeout=120)
+                   check=True, capture_output=True, env=ray_env(node_env), timeout=120)
+    NODE_ENV.update(node_env)
     try:
         deadline = time.monotonic() + 60  # `ray start` returns before resources are reported
         while time.monotonic() < deadline:
@@ -111,6 +118,27 @@ def test_job_runs_preflight_on_a_real_ray_cluster(ray_head: str, tmp_path: Path)
     assert record["gpus"] == 8
     assert record["versions"]["ray"] == ray.__version__
     assert record["pins"] == {"verl": "0.9.1"} and record["versions"]["verl"] == "0.9.1"
+
+
+def test_env_vars_of_the_node_expand_there_and_are_required(ray_head: str, tmp_path: Path) -> None:
+    """${env:NAME} in the checkpoint folder: the preflight creates it under the node's value (not a folder
+    named '${...}'), verl gets ${oc.env:NAME}; a variable the node lacks fails the preflight, named."""
+    write_fixtures(tmp_path)
+    status, logs = submit_and_wait(build(tmp_path, checkpoints=f"${{env:{NODE_VARIABLE}}}/ckpt"), ray_head)
+    assert status == "SUCCEEDED", logs
+    scratch = Path(NODE_ENV[NODE_VARIABLE])
+    assert (scratch / "ckpt").is_dir()
+    assert not list(tmp_path.rglob("*${*")), "a folder named after the unexpanded variable"
+    job = json.loads((tmp_path / "out" / "rayjob-e2e" / "ray-job" / "verlc_job" / "job.json").read_text())
+    assert f"trainer.default_local_dir='${{oc.env:{NODE_VARIABLE}}}/ckpt'" in job["train"]
+
+    missing = tmp_path / "missing"
+    missing.mkdir()
+    write_fixtures(missing)
+    status, logs = submit_and_wait(build(missing, checkpoints="${env:VERLC_TEST_NOT_ON_THE_NODE}/ckpt"), ray_head)
+    assert status == "FAILED", logs
+    assert "environment variable VERLC_TEST_NOT_ON_THE_NODE is not set (the spec reads " \
+           "${env:VERLC_TEST_NOT_ON_THE_NODE})" in logs
 
 
 def test_missing_data_file_fails_the_job(ray_head: str, tmp_path: Path) -> None:
