@@ -68,5 +68,11 @@ def _compose_live(ir: JobIR, sourced: Sourced) -> None:
                 [o.arg for o in ir.overrides if not o.key.startswith("--")])
     except Exception as exc:
         message = " ".join(str(exc).split())
-        raise SpecError([sourced.diagnostic(("verl",), f"verl's config refuses the overrides: {message}",
-                                            at_key=True)]) from None
+        named = [o for o in ir.overrides if f"'{o.key}'" in message or f"'{o.arg}'" in message]
+        loc: tuple[str | int, ...] = ("verl",)
+        if named and named[0].origin.startswith("hydra.groups."):
+            loc = ("hydra", "groups", named[0].origin.removeprefix("hydra.groups."))
+        elif named and named[0].origin.startswith(("verl.", "hydra.")):
+            loc = tuple(named[0].origin.split("."))
+        raise SpecError([sourced.diagnostic(loc, f"verl's config (composed by Hydra with the installed verl) "
+                                                 f"refuses this: {message}", at_key=True)]) from None

@@ -227,3 +227,24 @@ def test_every_release_builds_its_default_config(tmp_path: Path, version: str) -
         ir = compile_spec(path, display=path.name, source=path.name)
         assert ir.verl_schema == f"{version} (snapshot)"
         assert Walker(release, config, release.default_engine(config)).place(["trainer", "nnodes"]).in_yaml
+
+
+def test_a_plugin_group_is_left_to_hydra_and_live_mode_judges_it(tmp_path: Path) -> None:
+    """A plugin's config group (a hydra.searchpath entry): the shipped schema cannot see it, so verlc says
+    so; `--verl-config live` composes the exact overrides with the installed verl and the plugin."""
+    plugin = tmp_path / "plugin" / "actor"
+    plugin.mkdir(parents=True)
+    (plugin / "my_actor.yaml").write_text("defaults:\n  - dp_actor\n  - _self_\n\nmy_plugin_setting: 1\n")
+    hydra = {"searchpath": [f"file://{tmp_path / 'plugin'}"], "groups": {"actor@actor_rollout_ref.actor": "my_actor"}}
+    for name, key in (("good", "my_plugin_setting"), ("typo", "my_plugin_settin")):
+        (tmp_path / f"{name}.yaml").write_text(spec_text({"actor_rollout_ref": {"actor": {key: 2}}}, hydra=hydra))
+    snapshot_mode = run_verlc("validate", "good.yaml", "typo.yaml", cwd=tmp_path)
+    assert snapshot_mode.returncode == 0, snapshot_mode.stderr
+    assert snapshot_mode.stderr.count("note: keys under verl.actor_rollout_ref.actor come from a plugin's "
+                                      "'actor/my_actor'") == 2
+    live = run_verlc("validate", "--verl-config", "live", "good.yaml", "typo.yaml", cwd=tmp_path)
+    assert live.returncode == 2
+    assert live.stderr.startswith("typo.yaml:8:")
+    assert "verl.actor_rollout_ref.actor.my_plugin_settin: verl's config (composed by Hydra with the installed " \
+           "verl) refuses this: Could not override 'actor_rollout_ref.actor.my_plugin_settin'" in live.stderr
+    assert "good.yaml" not in live.stderr and "note:" not in live.stderr

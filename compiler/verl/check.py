@@ -100,6 +100,8 @@ def check_groups(groups: dict[str, str], searchpath: tuple[str, ...], release: R
             continue
         where = "a plugin's" if options is None or option not in options else f"verl {release.version}'s"
         unchecked.append(package)
+        if release.source == "live":
+            continue  # Hydra composes the exact overrides with the installed verl (and plugin) next
         notes.append(sourced.diagnostic(loc, f"note: keys under verl.{package} come from {where} '{group}/{option}', "
                                              f"which the shipped schema does not compose: verlc leaves them to "
                                              f"Hydra; `verlc validate --verl-config live` composes them with the "
