@@ -147,7 +147,7 @@ class Engine(Model):
     build: ImageBuild | None = None
     workdir: Text = Field(description="Working directory inside the container, e.g. the verl checkout.")
     shm_size: Size = "64G"
-    mounts: tuple[Text, ...] = Field((), description="SRC:DST[:OPTS]; ${HOME}, ${USER} and ~ expand.")
+    mounts: tuple[Text, ...] = Field((), description="SRC:DST[:OPTS]; ${env:NAME}, ${HOME}, ${USER} and ~ expand.")
     devices: tuple[Text, ...] = Field((), description="Extra devices, e.g. /dev/infiniband.")
     run_args: tuple[Text, ...] = Field((), description="Extra `run` arguments, one word each.")
 
@@ -271,7 +271,7 @@ class Spec(Model):
     compose: Compose | None = Field(None, description="The compose target's image when `container` has none.")
     network: Network = Field(Network(), description="Which NIC Ray uses; NCCL/RCCL settings.")
     env: dict[EnvName, EnvValue] = Field(default_factory=dict, description="Set on every node before Ray starts; "
-                                         "${HOME}, ${USER} and a leading ~ expand.")
+                                         "${env:NAME} (and ${HOME}, ${USER}, a leading ~) expand on the node.")
     secrets: tuple[EnvName, ...] = Field((), description="Names only; values come from the submitting shell.")
     pins: dict[Package, Version] = Field(
         default_factory=dict, description="Exact package versions every node must have (verl: verl_version).")
