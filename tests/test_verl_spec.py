@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import run_verlc
+from test_verl_releases import nest
 from verlc.compiler.diagnostics import SpecError
 from verlc.compiler.pipeline import compile_spec
 from verlc.compiler.verl.place import Walker
@@ -187,15 +188,7 @@ def verl_sections(draw: st.DrawFn) -> tuple[str, dict[str, Any], dict[str, Any]]
         if draw(st.booleans()):
             key += "." + draw(st.sampled_from(["x", "+y", "_target_", "enable"]))
         flat[key] = draw(values)
-    tree: dict[str, Any] = {}
-    for key, value in flat.items():
-        node = tree
-        *parents, last = key.split(".")
-        for part in parents:
-            if not isinstance(node.get(part), dict):
-                node[part] = {}
-            node = node[part]
-        node[last] = value
+    tree = nest(flat, {})
     if draw(st.booleans()):
         tree["model_engine"] = draw(st.sampled_from(["dp", "megatron", "nope", 3]))
     sweep = {}
