@@ -137,7 +137,7 @@ def corpus(version: str) -> list[dict[str, Any]]:
             flat[f"{rng.choice(candidates)}.+my_plugin_flag"] = True
         elif kind == "declared":
             found = [(p, f) for p, node in sections(tree) if isinstance(node.get("_target_"), str)
-                     for cls in [release.classes.get(node["_target_"].rsplit(".", 1)[-1])] if cls
+                     for cls in [walker.built(node)] if cls
                      for f in cls.fields if f not in node and not f.startswith("_")
                      and not any(r in f"{p}.{f}" for r in RULED)]
             if not found:
