@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Literal
 
 from .checks import check
-from .diagnostics import SpecError
+from pydantic import ValidationError
+
+from .diagnostics import Diagnostic, SpecError
 from .ir import JobIR
 from .load import Sourced, load
 from .lower import lower
-from .spec import Spec
+from .spec import Hydra, Spec
+from .verl.check import check_verl_keys, select
 from .validate import validate
 from .verl.release import Release, known_versions, live, snapshot
 
@@ -26,13 +29,34 @@ def compile_spec(path: Path, *, display: str, source: str, targets: Iterable[str
     `display` names the file in diagnostics; `source` names it in the generated files.
     """
     sourced = load(path, display)
-    spec = validate(sourced)
+    try:
+        spec = validate(sourced)
+    except SpecError as exc:
+        raise SpecError([*exc.diagnostics, *_verl_problems_anyway(sourced, exc.diagnostics)]) from None
     release = verl_release_for(spec, sourced, verl_config)
     notes = check(spec, sourced, release, targets, max_variants)
     ir = lower(spec, release, spec_file=source, spec_sha256=sourced.sha256, notes=tuple(map(str, notes)))
     if verl_config == "live":
         _compose_live(ir, sourced)
     return ir
+
+
+def _verl_problems_anyway(sourced: Sourced, found: Iterable[Diagnostic]) -> list[Diagnostic]:
+    """The `verl:` section's own problems when other sections failed validation but verl, verl_version and
+    hydra did not: spec mistakes must not hide verl mistakes. Checked against the shipped schema."""
+    data = sourced.data if isinstance(sourced.data, dict) else {}
+    if any(d.path.split(".")[0].split("[")[0] in ("verl", "verl_version", "hydra", "<spec>", "") for d in found):
+        return []
+    try:
+        hydra = Hydra.model_validate(data.get("hydra", {}))
+        release = snapshot(str(data.get("verl_version", Spec.model_fields["verl_version"].default)))
+    except (ValidationError, KeyError):
+        return []
+    verl = data.get("verl", {})
+    chosen = select(verl, release, hydra.config_name) if isinstance(verl, dict) else "no verl section"
+    if isinstance(chosen, str) or hydra.groups:
+        return []
+    return check_verl_keys(verl, sourced, chosen)
 
 
 def verl_release_for(spec: Spec, sourced: Sourced, source: VerlConfigSource) -> Release:

@@ -241,3 +241,16 @@ def test_a_plugin_group_is_left_to_hydra_and_live_mode_judges_it(tmp_path: Path)
     assert "verl.actor_rollout_ref.actor.my_plugin_settin: verl's config (composed by Hydra with the installed " \
            "verl) refuses this: Could not override 'actor_rollout_ref.actor.my_plugin_settin'" in live.stderr
     assert "good.yaml" not in live.stderr and "note:" not in live.stderr
+
+
+def test_validate_runs_a_targets_checks_when_asked(tmp_path: Path) -> None:
+    """`validate` and `build` agree: the compose target's own checks run under `validate --target`."""
+    (tmp_path / "s.yaml").write_text(spec_text({}, container={"runtime": "pyxis", "image": "nvcr.io#nvidia/pytorch",
+                                                             "workdir": "/w"}))
+    assert run_verlc("validate", "s.yaml", cwd=tmp_path).returncode == 0
+    for target in ("compose", "all"):
+        refused = run_verlc("validate", "s.yaml", "--target", target, cwd=tmp_path)
+        built = run_verlc("build", "s.yaml", "--target", target, "--out", tmp_path / "out", cwd=tmp_path)
+        assert refused.returncode == built.returncode == 2
+        assert "the compose target runs docker images" in refused.stderr
+        assert refused.stderr == built.stderr

@@ -39,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--max-variants", type=int, default=1000, metavar="N",
                              help="refuse sweeps with more variants than this (default 1000)")
     validate.add_argument("specs", nargs="+", type=Path, metavar="SPEC")
+    validate.add_argument("--target", choices=[*TARGETS, "all"],
+                          help="also run the checks of this target (what `build --target` would refuse)")
 
     check = sub.add_parser("check", help="fail when out/ is not what the specs generate",
                            description="Rebuild in memory and compare with out/: exit 1 with a diff and the "
@@ -74,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             sys.stdout.write(spec_doc.json_schema() if args.format == "json" else spec_doc.markdown())
             return 0
-        return _validate(args.specs, args.verl_config, args.max_variants)
+        return _validate(args.specs, args.target, args.verl_config, args.max_variants)
     except KeyboardInterrupt:
         print("verlc: interrupted; nothing was written", file=sys.stderr)
         return 130
@@ -120,8 +122,11 @@ def _compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str
     return irs
 
 
-def _validate(specs: Sequence[Path], verl_config: str, max_variants: int) -> int:
-    result = _compile_all(specs, (), verl_config, max_variants)
+def _validate(specs: Sequence[Path], target: str | None, verl_config: str, max_variants: int) -> int:
+    from .targets import TARGETS
+
+    targets = list(TARGETS) if target == "all" else [target] if target else []
+    result = _compile_all(specs, targets, verl_config, max_variants)
     if isinstance(result, int):
         return result
     for ir in result:

@@ -144,16 +144,9 @@ def check_verl(verl: dict[str, Any], derived: dict[str, Any], sourced: Sourced, 
 
     `derived` holds the verl keys verlc fills in itself (already checked against the spec elsewhere);
     keys under `unchecked` packages (swapped config groups) are left to Hydra, and so are the rules."""
-    found = [s for s in settings(verl, chosen.walker)
-             if not any(s.key == p or s.key.startswith(p + ".") for p in unchecked)]
-    spec_keys = frozenset({s.key for s in found} | set(derived))
-    values = {s.key: s.value for s in found}
-    values.update(derived)
-    config = Config(chosen.tree, values)
-    every = [d for s in found for d in _setting(s, chosen, sourced, spec_keys, config)]
+    found, config, every = _each_setting(verl, derived, sourced, chosen, unchecked)
     problems = [d for d in every if not d.message.startswith(NOTE)]
-    yield from (d for d in every if d.message.startswith(NOTE))
-    yield from problems
+    yield from every
     yield from _mandatory(config, chosen, sourced)
     if problems or unchecked:
         return  # rules over misspelt keys or mistyped values would only repeat the same problem
@@ -166,6 +159,24 @@ def check_verl(verl: dict[str, Any], derived: dict[str, Any], sourced: Sourced, 
         loc = next((where[k] for k in keys if k in where), None) or next(
             (tuple(derived_from[k].split(".")) for k in keys if k in derived_from), ("verl", *keys[0].split(".")))
         yield sourced.diagnostic(loc, message + (WORKERS_NOTE if when == WORKERS else ""))
+
+
+def _each_setting(verl: dict[str, Any], derived: dict[str, Any], sourced: Sourced, chosen: Selection,
+                  unchecked: tuple[str, ...]) -> tuple[list[Setting], Config, list[Diagnostic]]:
+    """The settings, the config they make, and each one's own problems and notes (keys, types, values)."""
+    found = [s for s in settings(verl, chosen.walker)
+             if not any(s.key == p or s.key.startswith(p + ".") for p in unchecked)]
+    values = {s.key: s.value for s in found}
+    values.update(derived)
+    config = Config(chosen.tree, values)
+    spec_keys = frozenset(values)
+    return found, config, [d for s in found for d in _setting(s, chosen, sourced, spec_keys, config)]
+
+
+def check_verl_keys(verl: dict[str, Any], sourced: Sourced, chosen: Selection) -> list[Diagnostic]:
+    """Only each setting's own problems: for a spec whose other sections did not validate (nothing can be
+    derived from them, so no rules and no mandatory values), so that one run still reports every problem."""
+    return [d for d in _each_setting(verl, {}, sourced, chosen, ())[2] if not d.message.startswith(NOTE)]
 
 
 def _setting(s: Setting, chosen: Selection, sourced: Sourced, spec_keys: frozenset[str],

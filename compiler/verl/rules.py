@@ -189,4 +189,4 @@ def rules(cfg: Config, use_critic: bool) -> Iterator[tuple[tuple[str, ...], str,
         elif n_gpus % (tp * dp * pp):
             yield (f"{rollout}.tensor_model_parallel_size", "trainer.nnodes"), (
                 f"{n_gpus} GPUs are not divisible by rollout TP x DP x PP = {tp} x {dp} x {pp} "
-                f"(verl #1191, #1785: fails once the workers start)"), WORKERS
+                f"(verl #1191, #1785)"), WORKERS
