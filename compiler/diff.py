@@ -3,40 +3,58 @@ resources, container, environment, stages. Text for terminals, Markdown for PR c
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+from ruamel.yaml import YAML
 
 from .ir import JobIR
 
 Facts = dict[str, dict[str, str]]
 
+# Every top-level section of a spec, and the group its leaves are shown in. `verl` leaves are shown as the
+# overrides they become ("verl settings", which also holds what verlc derives). tests/test_diff.py fails
+# when a spec field is missing here, and a leaf of an unlisted section would still show, under "other".
+SECTION_GROUPS = {
+    "verl": None, "name": "run", "verl_version": "run", "project": "run", "experiment": "run", "model": "run",
+    "hydra": "run", "reproducible": "run", "sweep": "run", "data": "stages", "ray": "stages", "pins": "stages",
+    "cluster": "resources", "container": "container", "compose": "container", "env": "environment",
+    "secrets": "environment", "network": "environment",
+}
+
 
 def facts(ir: JobIR) -> Facts:
-    """What a run is, as group -> {item: value}; two runs with equal facts run the same way."""
-    c = ir.container
-    return {
-        "verl settings": {o.key: o.value for o in ir.overrides},
-        "resources": {"nodes": str(ir.nodes), "gpus_per_node": str(ir.gpus_per_node),
-                      "accelerator": ir.accelerator,
-                      **({f"slurm --{k}": v for k, v in ir.slurm.directives} if ir.slurm else {}),
-                      **({f"slurm module {m}": "load" for m in ir.slurm.modules} if ir.slurm else {})},
-        "container": {"runtime": c.runtime, "image": ir.image.display,
-                      **({"workdir": c.workdir.display} if c.workdir else {}),
-                      **{f"mount {m.display}": "yes" for m in c.mounts},
-                      **{f"run arg {a.display}": "yes" for a in c.run_args}},
-        "environment": {**{e.name: e.value.display for e in ir.env},
-                        **{s: "(secret, from the submitting shell)" for s in ir.secrets}},
-        "stages": {**{f"prepare {p.dataset}": " ".join(p.argv) for p in ir.data_prep},
-                   "wait for nodes": f"{ir.ray.wait_seconds}s",
-                   **{f"pin {n}": v for n, v in ir.pins},
-                   **({"sweep variants": str(len(ir.variants))} if ir.variants else {})},
-    }
+    """What a run is, as group -> {item: value}: every leaf of the normalized spec, in the group of its
+    section, plus the overrides verl gets and the environment verlc derives. Equal facts, equal runs."""
+    out: Facts = {"verl settings": {o.key: o.value for o in ir.overrides}}
+    for group in SECTION_GROUPS.values():
+        if group:
+            out.setdefault(group, {})
+    out["environment"].update({f"{e.name} (verlc, from {e.origin})": e.value.display for e in ir.env
+                               if e.origin != "env"})
+    for path, value in _leaves(YAML(typ="safe", pure=True).load(ir.normalized_spec)):
+        section = path.split(".")[0].split("[")[0]
+        group = SECTION_GROUPS.get(section, "other")
+        if group:
+            out.setdefault(group, {})[path] = value
+    return out
+
+
+def _leaves(tree: Any, path: str = "") -> list[tuple[str, str]]:
+    if isinstance(tree, dict) and tree:
+        return [leaf for k, v in tree.items() for leaf in _leaves(v, f"{path}.{k}" if path else str(k))]
+    if isinstance(tree, list) and tree:
+        return [leaf for i, v in enumerate(tree) for leaf in _leaves(v, f"{path}[{i}]")]
+    return [(path, json.dumps(tree, ensure_ascii=False) if not isinstance(tree, str) else tree)]
 
 
 def changes(a: JobIR, b: JobIR) -> dict[str, list[tuple[str, str | None, str | None]]]:
     """group -> [(item, before, after)] for every item added, removed or changed."""
     fa, fb = facts(a), facts(b)
     out: dict[str, list[tuple[str, str | None, str | None]]] = {}
-    for group in fa:
+    for group in [*fa, *(g for g in fb if g not in fa)]:
+        fa.setdefault(group, {})
+        fb.setdefault(group, {})
         rows = [(k, fa[group].get(k), fb[group].get(k)) for k in sorted(fa[group].keys() | fb[group].keys())
                 if fa[group].get(k) != fb[group].get(k)]
         if rows:

@@ -24,7 +24,117 @@ def test_changes_are_grouped_and_marked(tmp_path: Path) -> None:
     text = result.stdout
     assert "verl settings:\n" in text and "  ~ actor_rollout_ref.actor.optim.lr: 1e-06 -> 2e-06" in text
     assert "  ~ trainer.nnodes: 2 -> 1" in text
-    assert "resources:\n" in text and "  ~ nodes: 2 -> 1" in text
-    assert "environment:\n" in text and "  - NCCL_DEBUG = INFO" in text
+    assert "resources:\n" in text and "  ~ cluster.nodes: 2 -> 1" in text
+    assert "environment:\n" in text and "  - env.NCCL_DEBUG = INFO" in text
     markdown = run_verlc("diff", A, changed, "--format", "markdown").stdout
     assert "| ~ | `actor_rollout_ref.actor.optim.lr` | `1e-06` | `2e-06` |" in markdown
+
+
+def test_every_spec_field_has_a_group() -> None:
+    """Complete by construction: a new spec field must be given a group (or shown through the overrides)."""
+    from verlc.compiler.diff import SECTION_GROUPS
+    from verlc.compiler.spec import Spec
+
+    assert set(SECTION_GROUPS) == set(Spec.model_fields) - {"extends"}
+
+
+def test_network_and_compose_changes_are_not_hidden(tmp_path: Path) -> None:
+    changed = tmp_path / "b.yaml"
+    changed.write_text(A.read_text().replace("verl.rocm", "verl.rocm2").replace("network:\n", "network:\n"
+                                                                                  "  head_interface: ib1\n"))
+    result = run_verlc("diff", A, changed)
+    assert result.returncode == 1
+    assert "  ~ container.image: verl.rocm -> verl.rocm2" in result.stdout
+    assert "network.head_interface" in result.stdout
+
+
+# --- property: whenever a generated file changes, diff names the edited spec path ----------------------
+
+import json  # noqa: E402
+import random  # noqa: E402
+
+from hypothesis import HealthCheck, event, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from ruamel.yaml import YAML  # noqa: E402
+
+from verlc.compiler import yaml_text  # noqa: E402
+from verlc.compiler.diagnostics import SpecError  # noqa: E402
+from verlc.compiler.diff import changes  # noqa: E402
+from verlc.compiler.pipeline import compile_spec  # noqa: E402
+from verlc.targets import TARGETS  # noqa: E402
+
+SPECS = sorted((REPO / "specs").glob("*.yaml"))
+
+
+def _normalized(spec: Path) -> dict:
+    return YAML(typ="safe", pure=True).load(compile_spec(spec, display="a", source="a.yaml").normalized_spec)
+
+
+NORMALIZED = {p.stem: _normalized(p) for p in SPECS}
+
+
+def _paths(tree: object, path: tuple = ()) -> list[tuple]:
+    if isinstance(tree, dict):
+        return [p for k, v in tree.items() for p in _paths(v, (*path, k))]
+    if isinstance(tree, list):
+        return [p for i, v in enumerate(tree) for p in _paths(v, (*path, i))]
+    return [path] if tree is not None else []
+
+
+def _edit(value: object, rng: random.Random) -> object:
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + rng.choice([1, 2, -1])
+    if isinstance(value, float):
+        return value * 2
+    return f"{value}x" if rng.random() < 0.7 else f"{value}/y"
+
+
+def _files(ir) -> dict[str, str]:  # noqa: ANN001
+    """Every generated file without the lines that carry the spec's digest (the header) and the manifest."""
+    out = {}
+    for render in TARGETS.values():
+        for f in render(ir).files:
+            if f.path != "manifest.json":
+                out[f"{render.__name__}/{f.path}"] = "\n".join(
+                    line for line in f.text.splitlines() if ir.spec_sha256 not in line)
+    return out
+
+
+def _dotted(path: tuple) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(sorted(NORMALIZED)), st.integers(0, 10**6))
+def test_diff_names_every_edit_that_changes_a_generated_file(tmp_path: Path, name: str, seed: int) -> None:
+    rng = random.Random(seed)
+    base = NORMALIZED[name]
+    path = rng.choice(_paths(base))
+    edited = json.loads(json.dumps(base))
+    node = edited
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = _edit(node[path[-1]], rng)
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(yaml_text.dump(base))
+    b.write_text(yaml_text.dump(edited))
+    try:
+        ir_a = compile_spec(a, display="a", source="a.yaml", targets=list(TARGETS))
+        ir_b = compile_spec(b, display="b", source="a.yaml", targets=list(TARGETS))
+    except SpecError:
+        event("the edit made an invalid spec")
+        return
+    if _files(ir_a) == _files(ir_b):
+        event("no generated file changed")
+        return
+    event("a generated file changed")
+    dotted = _dotted(path)
+    items = [item for rows in changes(ir_a, ir_b).values() for item, _, _ in rows]
+    # a verl leaf is named by the override it is part of (a list element: the list's key)
+    assert any(item == dotted or (dotted.startswith("verl.") and (dotted == f"verl.{item}" or dotted.startswith(
+        (f"verl.{item}.", f"verl.{item}[")))) for item in items), (dotted, items)
