@@ -92,7 +92,9 @@ def bring_up(tmp: Path) -> dict[str, float] | None:
     if not shutil.which("sbatch"):
         return None
     sys.path.insert(0, str(REPO / "tests"))
-    from test_slurm_e2e import build, sbatch, write_fixtures  # the same fixtures the e2e tests use
+    from test_slurm_e2e import SLURM_CONF, build, sbatch, write_fixtures  # the e2e tests' own fixtures
+
+    os.environ.setdefault("SLURM_CONF", SLURM_CONF)  # dev/slurm.sh's cluster, in its own state folder
 
     tmp.mkdir(parents=True, exist_ok=True)
     write_fixtures(tmp)

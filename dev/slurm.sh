@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # A real two-node Slurm cluster on this one machine, for the end-to-end tests and for developers.
 #
-#   dev/slurm.sh start    install slurm-wlm + munge if missing (apt, as root), write the config,
-#                         start munged, slurmctld and two slurmd (n1, n2; 8 fake GPUs each), wait for idle
-#   dev/slurm.sh stop     stop the daemons started by `start`
+#   dev/slurm.sh start    install slurm-wlm + munge if missing (apt, as root), write the config into the
+#                         state folder, start munged, slurmctld and two slurmd (n1, n2; 8 fake GPUs each)
+#   dev/slurm.sh stop     stop exactly the daemons `start` started (by their pid files)
+#   dev/slurm.sh env      print `export SLURM_CONF=...`: every Slurm command reads this cluster's config
 #   dev/slurm.sh status   sinfo
 #
-# The nodes share this host: n1 and n2 listen on ports 17001 and 17002 of 127.0.0.1. GPUs are gres
-# entries backed by /dev/tty0..7 (Slurm drops file-less GPUs); nothing here needs a real GPU.
+# Nothing outside the state folder (default /tmp/verlc-slurm, or $VERLC_SLURM_STATE) is written or
+# read: config, gres.conf, state, spool, logs and pid files live there, and so do munge's own key and
+# socket (slurm.conf's AuthInfo points Slurm at that socket). /etc and any system Slurm or munged are
+# left alone. The nodes share this host: n1 and n2 listen on ports 17001 and 17002 of 127.0.0.1, the
+# controller on 17817. GPUs are gres entries backed by /dev/tty0..7 (Slurm drops file-less GPUs).
 set -euo pipefail
 
-state=${VERLC_SLURM_STATE:-/var/tmp/verlc-slurm}
-conf=/etc/slurm/slurm.conf
+state=${VERLC_SLURM_STATE:-/tmp/verlc-slurm}
+conf=$state/slurm.conf
+munge_dir=$state/munge
+export SLURM_CONF=$conf
 
 log() { printf 'dev/slurm.sh: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -27,17 +33,20 @@ install() {
 }
 
 write_config() {
-  mkdir -p "$state" /etc/slurm
+  mkdir -p "$state/ctld"
   local host cpus mem
   host=$(hostname)
   cpus=$(nproc)
   mem=$(($(awk '/MemTotal/ { print int($2 / 1024) }' /proc/meminfo) / 4))
   cat >"$conf" <<EOF
-# Written by verlc's dev/slurm.sh: two nodes on one host, for tests.
+# Written by verlc's dev/slurm.sh: two nodes on one host, for tests. Use with SLURM_CONF=$conf.
 ClusterName=verlc-test
 SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=17817
 SlurmUser=root
 AuthType=auth/munge
+AuthInfo=socket=$munge_dir/munge.socket
+CredType=cred/munge
 StateSaveLocation=$state/ctld
 SlurmctldPidFile=$state/slurmctld.pid
 SlurmctldLogFile=$state/slurmctld.log
@@ -62,22 +71,31 @@ NodeName=n1 NodeHostname=$host NodeAddr=127.0.0.1 Port=17001 CPUs=$cpus RealMemo
 NodeName=n2 NodeHostname=$host NodeAddr=127.0.0.1 Port=17002 CPUs=$cpus RealMemory=$mem Gres=gpu:8 State=UNKNOWN
 PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
-  cat >/etc/slurm/gres.conf <<'EOF'
+  # Slurm reads gres.conf (and would read cgroup.conf) from slurm.conf's own folder.
+  cat >"$state/gres.conf" <<'EOF'
 NodeName=n[1-2] Name=gpu File=/dev/tty[0-7]
 EOF
-  rm -f /etc/slurm/cgroup.conf  # proctrack/linuxproc and task/none: no cgroups needed
-  mkdir -p "$state/ctld"
+}
+
+start_munge() {
+  # munged's own key and socket: its folder must be owned by munge and searchable by all (0711).
+  mkdir -p "$munge_dir"
+  if [[ ! -s $munge_dir/munge.key ]]; then
+    head -c 1024 /dev/urandom >"$munge_dir/munge.key"
+  fi
+  chown -R munge:munge "$munge_dir"
+  chmod 0711 "$munge_dir"
+  chmod 0400 "$munge_dir/munge.key"
+  runuser -u munge -- /usr/sbin/munged --socket="$munge_dir/munge.socket" --key-file="$munge_dir/munge.key" \
+    --pid-file="$munge_dir/munged.pid" --log-file="$munge_dir/munged.log" --seed-file="$munge_dir/munged.seed" ||
+    die "munged did not start; see $munge_dir/munged.log"
 }
 
 start() {
   install
   stop_daemons
   write_config
-  mkdir -p /run/munge
-  chown munge:munge /run/munge
-  if ! pgrep -x munged >/dev/null; then
-    runuser -u munge -- /usr/sbin/munged
-  fi
+  start_munge
   slurmctld -f "$conf" || die "slurmctld did not start; see $state/slurmctld.log"
   slurmd -f "$conf" -N n1 || die "slurmd n1 did not start; see $state/slurmd-n1.log"
   slurmd -f "$conf" -N n2 || die "slurmd n2 did not start; see $state/slurmd-n2.log"
@@ -85,7 +103,7 @@ start() {
   while ((SECONDS < deadline)); do
     states=$(sinfo -h -N -o '%N %T' 2>/dev/null | sort -u | tr '\n' ' ')
     if [[ $states == "n1 idle n2 idle " ]]; then
-      log "cluster ready: $states"
+      log "cluster ready: $states (export SLURM_CONF=$conf)"
       return
     fi
     sleep 0.5
@@ -95,7 +113,7 @@ start() {
 
 stop_daemons() {
   local pidfile pid
-  for pidfile in "$state"/slurmd-n1.pid "$state"/slurmd-n2.pid "$state"/slurmctld.pid; do
+  for pidfile in "$state"/slurmd-n1.pid "$state"/slurmd-n2.pid "$state"/slurmctld.pid "$munge_dir"/munged.pid; do
     [[ -f $pidfile ]] || continue
     pid=$(<"$pidfile")
     kill "$pid" 2>/dev/null || true
@@ -110,6 +128,7 @@ stop_daemons() {
 case ${1:-} in
   start) start ;;
   stop) stop_daemons ;;
+  env) printf 'export SLURM_CONF=%q\n' "$conf" ;;
   status) sinfo ;;
-  *) die "usage: dev/slurm.sh start|stop|status" ;;
+  *) die "usage: dev/slurm.sh start|stop|env|status" ;;
 esac

@@ -7,6 +7,7 @@ job itself printed and what Slurm recorded.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -27,9 +28,16 @@ def _slurm_up() -> bool:
     return states.returncode == 0 and "n1 idle" in states.stdout and "n2 idle" in states.stdout
 
 
+# dev/slurm.sh keeps the test cluster in its own state folder; every Slurm command finds it via SLURM_CONF.
+SLURM_CONF = str(Path(os.environ.get("VERLC_SLURM_STATE", "/tmp/verlc-slurm")) / "slurm.conf")
+
+
 @pytest.fixture(scope="session")
 def slurm() -> Iterator[None]:
-    """A running two-node cluster: reuse one that is up, else start it with dev/slurm.sh."""
+    """A running two-node cluster: reuse one that is up, else start it with dev/slurm.sh (and stop it after).
+    Every Slurm command of the tests (and of the jobs they submit) reads the test cluster's SLURM_CONF."""
+    before = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = SLURM_CONF
     started = False
     if not _slurm_up():
         result = subprocess.run(["bash", str(REPO / "dev" / "slurm.sh"), "start"], capture_output=True,
@@ -43,6 +51,10 @@ def slurm() -> Iterator[None]:
     yield
     if started:
         subprocess.run(["bash", str(REPO / "dev" / "slurm.sh"), "stop"], timeout=120)
+    if before is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = before
 
 
 def write_fixtures(root: Path) -> None:
@@ -112,7 +124,7 @@ ray: {{wait_for_nodes: {wait}}}
     return next((root / "out").glob("*/slurm/sbatch.sh"))
 
 
-SUBMIT_ENV = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
+SUBMIT_ENV = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "SLURM_CONF": SLURM_CONF}
 
 
 def sbatch(script: Path, root: Path, stop_after: str = "preflight", *options: str) -> tuple[str, str, str]:
