@@ -48,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("specs", nargs="*", type=Path, metavar="SPEC|DIR", default=[Path("specs")],
                        help="spec files or folders of them (default: specs/)")
     check.add_argument("--out", type=Path, default=Path("out"), help="output folder (default: out)")
+    check.add_argument("--diff", action="store_true", help="print each out-of-date file's unified diff")
 
     diff = sub.add_parser("diff", help="what differs between two runs (specs or bundle folders)",
                           description="A semantic diff of two specs, or two bundles (their spec.yaml), grouped "
@@ -68,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "build":
             return _build(args.specs, args.target, args.out, args.force, args.verl_config, args.max_variants)
         if args.command == "check":
-            return _check(args.specs, args.out)
+            return _check(args.specs, args.out, args.diff)
         if args.command == "diff":
             return _diff(args.a, args.b, args.format == "markdown")
         if args.command == "schema":
@@ -142,7 +143,7 @@ def _build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_conf
     from .targets.bundle import EditedError, write
 
     names = list(TARGETS) if target == "all" else [target]
-    out = out.resolve()
+    shown, out = out, out.resolve()  # messages name the folder as the user gave it
     result = _compile_all(specs, names, verl_config, max_variants)
     if isinstance(result, int):
         return result
@@ -163,11 +164,11 @@ def _build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_conf
               file=sys.stderr)
         return EXIT_SPEC
     for b in bundles:
-        print(f"wrote {out.name}/{b.folder}/ ({len(b.files)} files)")
+        print(f"wrote {shown / b.folder}/ ({len(b.files)} files)")
     return 0
 
 
-def _check(paths: Sequence[Path], out: Path) -> int:
+def _check(paths: Sequence[Path], out: Path, show_diff: bool) -> int:
     from .targets import TARGETS
     from .targets.bundle import differences
 
@@ -184,11 +185,15 @@ def _check(paths: Sequence[Path], out: Path) -> int:
             bundle = render(ir)
             problems += differences(bundle, out / bundle.folder)
     if problems:
-        for problem in problems:
-            print(problem, file=sys.stderr)
-        print(f"verlc: {len(problems)} generated file(s) out of date; fix with: "
+        for summary, _ in problems:
+            print(summary, file=sys.stderr)
+        for _, diff_text in problems if show_diff else ():
+            if diff_text:
+                print(diff_text, file=sys.stderr)
+        print(f"verlc: {len(problems)} generated file(s) out of date"
+              + ("" if show_diff else " (`verlc check --diff` shows the changes)") + "; fix with: "
               f"verlc build {' '.join(map(str, specs))} --target all --out {out}"
-              + (" --force" if any(": edited by hand" in p for p in problems) else ""), file=sys.stderr)
+              + (" --force" if any(": edited by hand" in s for s, _ in problems) else ""), file=sys.stderr)
         return 1
     print(f"{out}/ is up to date with {len(specs)} spec(s)")
     return 0
