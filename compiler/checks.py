@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Iterator
 from .diagnostics import Diagnostic, SpecError
-from .derive import DETERMINISM, critic_in_use, derived, derived_environment, variant_specs
+from .derive import DETERMINISM, critic_in_use, derived, derived_environment, slurm_log_dirs, variant_specs
 from .ir import parse_word
 from .load import Sourced
 from .spec import Apptainer, Engine, NoContainer, Pyxis, Spec
@@ -216,6 +217,14 @@ def _for_targets(spec: Spec, sourced: Sourced, targets: set[str]) -> Iterator[Di
     if "slurm" in targets and spec.cluster.slurm is None:
         yield sourced.diagnostic(("cluster",), "the slurm target needs cluster.slurm "
                                                "(at least cpus_per_task)")
+    if "slurm" in targets:
+        for folder in slurm_log_dirs(spec):
+            if "%" not in folder and not os.path.isdir(folder):  # relative to where sbatch is run
+                field = "output" if spec.cluster.slurm and folder == os.path.dirname(spec.cluster.slurm.output) \
+                    else "error"
+                yield sourced.diagnostic(("cluster", "slurm", field), (
+                    f"{NOTE}Slurm does not create the folder {folder}/ and the job dies without a log when it "
+                    f"is missing: run `mkdir -p {folder}` where you run sbatch (here: {os.getcwd()})"))
     if "compose" in targets:
         if spec.sweep is not None:
             yield sourced.diagnostic(("sweep",), "the compose target runs one job on one host; build sweeps for "

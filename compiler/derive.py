@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,3 +123,12 @@ def variant_specs(spec: Spec) -> list[tuple[tuple[tuple[str, Any], ...], Spec]]:
         experiment = f"{spec.experiment or spec.name}-v{index:03d}"
         out.append((tuple(zip(keys, values)), spec.model_copy(update={"verl": verl, "experiment": experiment})))
     return out
+
+
+def slurm_log_dirs(spec: Spec) -> tuple[str, ...]:
+    """The folders of the job's --output/--error files. Slurm opens them before the script runs, so it
+    cannot create them, and a missing one kills the job with no log at all."""
+    s = spec.cluster.slurm
+    if s is None:
+        return ()
+    return tuple(sorted({os.path.dirname(f) for f in (s.output, s.error) if f and os.path.dirname(f)}))

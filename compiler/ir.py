@@ -156,6 +156,7 @@ class VariantIR:
 @dataclass(frozen=True)
 class SlurmIR:
     directives: tuple[tuple[str, str], ...]  # (option, value) in a fixed order
+    log_dirs: tuple[str, ...]  # folders of --output/--error: Slurm opens the files before the script runs
     modules: tuple[str, ...]
     requeue: bool  # on USR1: clean up, then `scontrol requeue`
 

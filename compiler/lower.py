@@ -12,7 +12,9 @@ from .ir import (
     parse_word,
 )
 from . import yaml_text
-from .derive import DETERMINISM, checkpoint_dir, derived, derived_environment, resume_defaults, variant_specs
+from .derive import (
+    DETERMINISM, checkpoint_dir, derived, derived_environment, resume_defaults, slurm_log_dirs, variant_specs,
+)
 from .spec import Apptainer, Engine, NoContainer, Pyxis, Spec
 from .verl.check import Selection, select, settings
 from .verl.hydra import hydra_value, verl_value
@@ -266,6 +268,7 @@ def slurm_ir(spec: Spec) -> SlurmIR | None:
         ]
     return SlurmIR(
         directives=tuple((k, str(v)) for k, v in directives if v is not None),
+        log_dirs=slurm_log_dirs(spec),
         modules=s.modules,
         requeue=s.requeue_grace is not None,
     )

@@ -62,3 +62,19 @@ def test_build_names_the_output_folder_as_given(tmp_path: Path) -> None:
     result = run_verlc("build", REPO / "specs" / "quickstart-gsm8k-1node.yaml", "--target", "slurm", "--out", out)
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"wrote {out}/quickstart-gsm8k-1node/slurm/ (4 files)\n"
+
+
+def test_a_missing_slurm_log_folder_is_named_before_the_queue(tmp_path: Path) -> None:
+    """Slurm opens --output before the script runs and cannot create its folder: a note at build (relative
+    to where sbatch runs) and a line in the script's header; none once the folder exists."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text((REPO / "specs" / "quickstart-gsm8k-1node.yaml").read_text()
+                    .replace("slurm: {", "slurm: {output: runlogs/%x-%j.out, ", 1))
+    missing = run_verlc("build", "s.yaml", "--target", "slurm", cwd=tmp_path)
+    assert missing.returncode == 0, missing.stderr
+    assert "cluster.slurm.output: note: Slurm does not create the folder runlogs/" in missing.stderr
+    script = next(tmp_path.glob("out/*/slurm/sbatch.sh")).read_text()
+    assert "#          you run sbatch, first:  mkdir -p runlogs\n" in script
+    (tmp_path / "runlogs").mkdir()
+    present = run_verlc("build", "s.yaml", "--target", "slurm", cwd=tmp_path)
+    assert present.returncode == 0 and "note:" not in present.stderr

@@ -42,6 +42,7 @@ class SlurmView:
 
     header: tuple[str, ...]
     directives: tuple[str, ...]
+    log_dirs: tuple[str, ...]
     requeue: bool
     modules: tuple[str, ...]
     env: tuple[EnvVar, ...]
@@ -150,6 +151,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
     array = (f"--array=0-{len(ir.variants) - 1}",) if ir.variants else ()
     return SlurmView(
         header=header_lines(ir),
+        log_dirs=ir.slurm.log_dirs,
         directives=(*(f"--{k}={v}" if v else f"--{k}" for k, v in ir.slurm.directives), *array, "--export=ALL"),
         requeue=ir.slurm.requeue,
         modules=ir.slurm.modules,

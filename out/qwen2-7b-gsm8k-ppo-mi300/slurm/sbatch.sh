@@ -5,6 +5,8 @@
 # Submit:  sbatch sbatch.sh
 # Stages:  containers -> ray -> data -> preflight -> train. To run only the first ones, e.g. bring-up
 #          and checks without training:  VERLC_STOP_AFTER=preflight sbatch sbatch.sh
+# Logs:    Slurm opens the log files before this script runs and does not create their folder; where
+#          you run sbatch, first:  mkdir -p ../verl_log
 #SBATCH --job-name=qwen2-7b-gsm8k-ppo-mi300
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
