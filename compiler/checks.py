@@ -168,6 +168,10 @@ def _reproducible(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iter
 
 def _ray(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     r = spec.ray
+    if r.expose_dashboard:
+        yield sourced.diagnostic(("ray", "expose_dashboard"), (
+            f"{NOTE}Ray's dashboard and Jobs API will answer on every address of the head node, without "
+            f"authentication: anyone who reaches it can run code as you (the 'ShadowRay' attacks)"))
     if r.port is not None and r.port == r.dashboard_port:
         yield sourced.diagnostic(("ray", "dashboard_port"), f"same as ray.port ({r.port})")
 

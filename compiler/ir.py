@@ -129,6 +129,7 @@ class RayIR:
     working_dir: str
     port: int | None  # None: derived from the job id where the job runs
     dashboard_port: int | None
+    expose_dashboard: bool  # False: the dashboard and Jobs API answer on the head's loopback only
     wait_seconds: int
     head_interface: str | None
     num_cpus: int | None

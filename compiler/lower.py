@@ -58,6 +58,7 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
             working_dir=spec.ray.working_dir,
             port=spec.ray.port,
             dashboard_port=spec.ray.dashboard_port,
+            expose_dashboard=spec.ray.expose_dashboard,
             wait_seconds=spec.ray.wait_for_nodes,
             head_interface=spec.network.head_interface,
             num_cpus=slurm.cpus_per_task if slurm else None,

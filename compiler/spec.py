@@ -209,6 +209,9 @@ class Ray(Model):
                                                "(relative to where submit.sh runs; verl's checkout in verl's docs).")
     port: Int | None = Field(None, ge=1024, le=65535, description="GCS port; default: derived from the job id.")
     dashboard_port: Int | None = Field(None, ge=1024, le=65535)
+    expose_dashboard: Bool = Field(
+        False, description="slurm/compose targets: serve Ray's dashboard and Jobs API on every address of the "
+                           "head (anyone who reaches it can then run code as you); default: loopback only.")
     wait_for_nodes: Seconds = Field(600, description="Deadline for every node and GPU to register.")
     debug: Literal["off", "post_mortem", "legacy"] = "off"
 

@@ -7,6 +7,7 @@ job itself printed and what Slurm recorded.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -103,13 +104,13 @@ exec {real}/python3 "$@"
 
 
 def build(root: Path, *, val_file: str = "data/test.parquet", wait: str = "120s", venv: Path | None = None,
-          grace: str = "null") -> Path:
+          grace: str = "null", prepare: str = "") -> Path:
     spec = root / "spec.yaml"
     spec.write_text(f"""\
 name: e2e-{root.name[-12:].strip('_-') or 'run'}
 project: e2e
 model: {root}/model
-data: {{train_files: [data/train.parquet], val_files: [{val_file}]}}
+data: {{train_files: [data/train.parquet], val_files: [{val_file}]{prepare}}}
 verl: {{actor_rollout_ref: {{rollout: {{name: vllm, log_prob_micro_batch_size_per_gpu: 4}},
                             actor: {{ppo_micro_batch_size_per_gpu: 4}}}},
        critic: {{ppo_micro_batch_size_per_gpu: 4}}}}
@@ -252,3 +253,47 @@ def test_allocation_that_differs_from_the_spec_fails_with_both_numbers(slurm: No
     write_fixtures(tmp_path)
     job, output, state = sbatch(build(tmp_path), tmp_path, "preflight", option)
     assert state == "FAILED" and message in output, output
+
+
+PROBE = """\
+# Runs as the job's data step, on the head node while Ray is up: where does the dashboard listen?
+import json, os, shutil, socket, sys
+import psutil
+
+out = sys.argv[sys.argv.index("--local_save_dir") + 1]
+os.makedirs(out, exist_ok=True)
+listening = {}
+for c in psutil.net_connections("tcp"):
+    if c.status == "LISTEN" and c.pid:
+        try:
+            cmd = " ".join(psutil.Process(c.pid).cmdline())
+        except psutil.Error:
+            continue
+        # the dashboard's HTTP port (the Jobs API); its internal gRPC port, like the GCS, serves the cluster
+        if "dashboard/dashboard.py" in cmd and f"--port={c.laddr.port}" in cmd:
+            listening.setdefault(str(c.laddr.port), []).append(c.laddr.ip)
+others = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+          if a.family == socket.AF_INET and not a.address.startswith("127.")]
+reachable = {}
+for port in listening:
+    for ip in others:
+        with socket.socket() as s:
+            s.settimeout(2)
+            reachable[f"{ip}:{port}"] = s.connect_ex((ip, int(port))) == 0
+json.dump({"listening": listening, "reachable": reachable, "others": others}, open(f"{out}/probe.json", "w"))
+for name in ("train.parquet", "test.parquet"):
+    shutil.copy(f"data/{name}", f"{out}/{name}")
+"""
+
+
+def test_the_dashboard_answers_on_the_head_loopback_only(slurm: None, tmp_path: Path) -> None:
+    """The Jobs API runs code as the job's user: by default nothing but the head node itself reaches it."""
+    write_fixtures(tmp_path)
+    (tmp_path / "probe.py").write_text(PROBE)
+    script = build(tmp_path, prepare=f", prepare: [{{dataset: gsm8k, dir: probe, script: {tmp_path}/probe.py}}]")
+    job, output, state = sbatch(script, tmp_path, "data")
+    assert state == "COMPLETED", output
+    probe = json.loads((tmp_path / "probe" / "probe.json").read_text())
+    assert probe["listening"], f"no dashboard found listening: {probe}"
+    assert all(ips == ["127.0.0.1"] for ips in probe["listening"].values()), probe
+    assert probe["others"] and not any(probe["reachable"].values()), probe

@@ -60,7 +60,9 @@ def compose_file(ir: JobIR) -> dict[str, Any]:
     ray_common = [f"--num-gpus={ir.gpus_per_node}", "--disable-usage-stats"]
     head = _service(ir, c, ["ray", "start", "--head", "--block", f"--port={GCS_PORT}",
                             "--dashboard-host=0.0.0.0", f"--dashboard-port={DASHBOARD_PORT}", *ray_common], 0)
-    head["ports"] = [f"{DASHBOARD_PORT}:{DASHBOARD_PORT}"]
+    # The dashboard serves the Jobs API (code runs as the container's user): published on the host's
+    # loopback only, unless the spec opens it.
+    head["ports"] = [f"{'' if ir.ray.expose_dashboard else '127.0.0.1:'}{DASHBOARD_PORT}:{DASHBOARD_PORT}"]
     head["healthcheck"] = {"test": ["CMD", "ray", "status", f"--address=127.0.0.1:{GCS_PORT}"],
                            "interval": "5s", "timeout": "10s", "retries": 60, "start_period": "10s"}
     healthy = {HEAD: {"condition": "service_healthy"}}

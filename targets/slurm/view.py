@@ -53,6 +53,7 @@ class SlurmView:
     wait_seconds: int
     ray_port: int | None
     dashboard_port: int | None
+    expose_dashboard: bool
     head_interface: str | None
     container_name: Word | None  # runtimes with a long-lived, job-scoped container
     run_dir: Word
@@ -131,7 +132,9 @@ def slurm_view(ir: JobIR) -> SlurmView:
     ray_head = (
         ("ray", "start", "--head", "--block"),
         (_word("--node-ip-address=", HEAD_IP), _word("--port=", RAY_PORT)),
-        ("--dashboard-host=0.0.0.0", _word("--dashboard-port=", DASHBOARD_PORT)),
+        # The dashboard serves the Jobs API, which runs code as this user: loopback unless the spec opens it.
+        (f"--dashboard-host={'0.0.0.0' if ir.ray.expose_dashboard else '127.0.0.1'}",
+         _word("--dashboard-port=", DASHBOARD_PORT)),
         (_word("--ray-client-server-port=", CLIENT_PORT),),
         *ray_common,
         *((("--ray-debugger-external",),) if ir.ray.debugger_external else ()),
@@ -163,6 +166,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
         wait_seconds=ir.ray.wait_seconds,
         ray_port=ir.ray.port,
         dashboard_port=ir.ray.dashboard_port,
+        expose_dashboard=ir.ray.expose_dashboard,
         head_interface=ir.ray.head_interface,
         container_name=(_word(f"verlc-{ir.name}-", Var("SLURM_JOB_ID"))
                         if c.runtime in ("docker", "podman", "pyxis") else None),

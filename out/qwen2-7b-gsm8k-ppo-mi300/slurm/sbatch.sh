@@ -169,7 +169,7 @@ main() {
   head_ip=$(node_ip "$head_node")
   [[ -n $head_ip ]] || die "no IPv4 address found for $head_node"
   readonly head_ip
-  log "Ray head $head_ip:$ray_port, dashboard http://$head_ip:$dashboard_port"
+  log "Ray head $head_ip:$ray_port, dashboard http://127.0.0.1:$dashboard_port on $head_node only"
 
   if begin_stage containers; then
     for node in "${nodes[@]}"; do
@@ -231,7 +231,7 @@ main() {
     ray_head=(
       ray start --head --block
       --node-ip-address="${head_ip}" --port="${ray_port}"
-      --dashboard-host=0.0.0.0 --dashboard-port="${dashboard_port}"
+      --dashboard-host=127.0.0.1 --dashboard-port="${dashboard_port}"
       --ray-client-server-port="${client_port}"
       --num-gpus=8
       --num-cpus=28
