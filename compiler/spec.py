@@ -90,16 +90,16 @@ class Model(BaseModel):
 class DataPrep(Model):
     """One of verl's preprocessing scripts, run once before training; skipped when its output exists."""
 
-    dataset: Literal["gsm8k", "math"]
+    dataset: Literal["gsm8k", "math"] = Field(description="Which of verl's preprocessing scripts to run.")
     dir: Text = Field(description="Output folder for train.parquet and test.parquet (relative to workdir).")
     script: Text | None = Field(None, description="Script path; default: verl's examples/data_preprocess/.")
     local_dataset_path: Text | None = Field(None, description="Read the raw dataset from here, not the hub.")
 
 
 class Data(Model):
-    prepare: tuple[DataPrep, ...] = ()
-    train_files: tuple[Text, ...] = Field(min_length=1)
-    val_files: tuple[Text, ...] = Field(min_length=1)
+    prepare: tuple[DataPrep, ...] = Field((), description="Preprocessing run in the data stage, in order.")
+    train_files: tuple[Text, ...] = Field(min_length=1, description="Parquet files verl trains on (data.train_files).")
+    val_files: tuple[Text, ...] = Field(min_length=1, description="Parquet files verl validates on (data.val_files).")
 
 
 # --- cluster ---------------------------------------------------------------------------------------
@@ -108,26 +108,27 @@ class Slurm(Model):
     """sbatch directives and the login environment; only the Slurm target reads them."""
 
     cpus_per_task: Int = Field(ge=1, description="CPUs of the one task per node; Ray gets exactly these.")
-    mem: SlurmMem | None = None
-    time: SlurmTime | None = None
-    partition: Directive | None = None
-    account: Directive | None = None
-    qos: Directive | None = None
-    nodelist: Directive | None = None
-    exclude: Directive | None = None
-    output: Directive = "slurm-%j.out"
-    error: Directive | None = None
-    modules: tuple[Directive, ...] = ()
+    mem: SlurmMem | None = Field(None, description="#SBATCH --mem per node, e.g. 200G (0: all of the node's).")
+    time: SlurmTime | None = Field(None, description="#SBATCH --time, e.g. 2-00:00:00.")
+    partition: Directive | None = Field(None, description="#SBATCH --partition.")
+    account: Directive | None = Field(None, description="#SBATCH --account.")
+    qos: Directive | None = Field(None, description="#SBATCH --qos.")
+    nodelist: Directive | None = Field(None, description="#SBATCH --nodelist: run on exactly these nodes.")
+    exclude: Directive | None = Field(None, description="#SBATCH --exclude: never these nodes.")
+    output: Directive = Field("slurm-%j.out", description="#SBATCH --output; its folder must exist where sbatch "
+                                                          "runs (Slurm does not create it).")
+    error: Directive | None = Field(None, description="#SBATCH --error; default: with the output.")
+    modules: tuple[Directive, ...] = Field((), description="Environment modules to `module load` first.")
     requeue_grace: Seconds | None = Field(
         300, description="Ask Slurm for USR1 this long before preemption or the time limit; the job then "
                          "stops cleanly and requeues itself, and verl resumes from its checkpoints. null: off.")
 
 
 class Cluster(Model):
-    nodes: Int = Field(ge=1, le=4096)
-    gpus_per_node: Int = Field(ge=1, le=64)
-    accelerator: Literal["cuda", "rocm"] = "cuda"
-    slurm: Slurm | None = None
+    nodes: Int = Field(ge=1, le=4096, description="Nodes of the run; verl's trainer.nnodes.")
+    gpus_per_node: Int = Field(ge=1, le=64, description="GPUs per node; verl's trainer.n_gpus_per_node.")
+    accelerator: Literal["cuda", "rocm"] = Field("cuda", description="NVIDIA (cuda) or AMD (rocm) GPUs.")
+    slurm: Slurm | None = Field(None, description="sbatch directives; the slurm target needs them.")
 
 
 # --- container -------------------------------------------------------------------------------------
@@ -135,41 +136,43 @@ class Cluster(Model):
 class ImageBuild(Model):
     """Build the image on a node only when that node does not have it yet."""
 
-    dockerfile: Text
-    context: Text = "."
+    dockerfile: Text = Field(description="The Dockerfile to build from.")
+    context: Text = Field(".", description="The build context folder.")
 
 
 class Engine(Model):
     """A long-lived container per node under Docker or Podman (host network, --init)."""
 
-    runtime: Literal["docker", "podman"]
-    image: Text
-    build: ImageBuild | None = None
+    runtime: Literal["docker", "podman"] = Field(description="The container engine on every node.")
+    image: Text = Field(description="The image: verl, ray and verl's data-prep scripts at workdir.")
+    build: ImageBuild | None = Field(None, description="Build the image on nodes that lack it.")
     workdir: Text = Field(description="Working directory inside the container, e.g. the verl checkout.")
-    shm_size: Size = "64G"
+    shm_size: Size = Field("64G", description="Shared memory of the container (--shm-size).")
     mounts: tuple[Text, ...] = Field((), description="SRC:DST[:OPTS]; ${env:NAME}, ${HOME}, ${USER} and ~ expand.")
     devices: tuple[Text, ...] = Field((), description="Extra devices, e.g. /dev/infiniband.")
     run_args: tuple[Text, ...] = Field((), description="Extra `run` arguments, one word each.")
 
 
 class Apptainer(Model):
-    runtime: Literal["apptainer"]
+    runtime: Literal["apptainer"] = Field(description="apptainer exec on every node.")
     image: Text = Field(description="Path to the .sif image.")
-    workdir: Text
-    mounts: tuple[Text, ...] = ()
+    workdir: Text = Field(description="Working directory inside the container (--pwd).")
+    mounts: tuple[Text, ...] = Field((), description="--bind SRC:DST[:OPTS]; ${env:NAME}, ${HOME}, ${USER} and ~ "
+                                                     "expand.")
 
 
 class Pyxis(Model):
     """srun --container-image (NVIDIA Pyxis/enroot)."""
 
-    runtime: Literal["pyxis"]
-    image: Text
-    workdir: Text
-    mounts: tuple[Text, ...] = ()
+    runtime: Literal["pyxis"] = Field(description="srun --container-image (NVIDIA Pyxis/enroot).")
+    image: Text = Field(description="An enroot image: nvcr.io#nvidia/pytorch:24.05-py3 (registry#image), or a "
+                                     ".sqsh path.")
+    workdir: Text = Field(description="Working directory inside the container (--container-workdir).")
+    mounts: tuple[Text, ...] = Field((), description="--container-mounts SRC:DST[:OPTS].")
 
 
 class NoContainer(Model):
-    runtime: Literal["none"]
+    runtime: Literal["none"] = Field(description="Run on the nodes' own Python.")
     workdir: Text | None = Field(None, description="Default: the directory sbatch was called from.")
     venv: Text | None = Field(None, description="A virtualenv whose bin/ goes first on PATH.")
 
@@ -180,26 +183,26 @@ Container = Annotated[Union[Engine, Apptainer, Pyxis, NoContainer], Field(discri
 class Compose(Model):
     """The compose target's image when `container` is not docker or podman (e.g. verl's own image)."""
 
-    image: Text
+    image: Text = Field(description="A Docker image with verl, ray and verl's data-prep scripts at workdir.")
     workdir: Text = Field(description="Working directory inside the container, e.g. the verl checkout.")
-    shm_size: Size = "64G"
-    mounts: tuple[Text, ...] = ()
+    shm_size: Size = Field("64G", description="Shared memory of each container.")
+    mounts: tuple[Text, ...] = Field((), description="SRC:DST[:OPTS] volumes.")
 
 
 # --- network, ray ----------------------------------------------------------------------------------
 
 class Nccl(Model):
-    ib_hca: tuple[Directive, ...] = ()
-    ib_gid_index: Int | None = Field(None, ge=0)
-    cross_nic: Literal[0, 1, 2] | None = None
-    proto: Literal["Simple", "LL", "LL128"] | None = None
-    socket_ifname: Directive | None = None
+    ib_hca: tuple[Directive, ...] = Field((), description="NCCL_IB_HCA: the InfiniBand adapters to use.")
+    ib_gid_index: Int | None = Field(None, ge=0, description="NCCL_IB_GID_INDEX (RoCE).")
+    cross_nic: Literal[0, 1, 2] | None = Field(None, description="NCCL_CROSS_NIC.")
+    proto: Literal["Simple", "LL", "LL128"] | None = Field(None, description="NCCL_PROTO.")
+    socket_ifname: Directive | None = Field(None, description="NCCL_SOCKET_IFNAME: the NIC for NCCL's sockets.")
 
 
 class Network(Model):
     head_interface: Directive | None = Field(
         None, description="NIC whose IPv4 address Ray uses on every node; default: the host name's first address.")
-    nccl: Nccl = Nccl()
+    nccl: Nccl = Field(Nccl(), description="NCCL/RCCL settings, exported on every node before Ray starts.")
 
 
 class Ray(Model):
@@ -208,12 +211,14 @@ class Ray(Model):
     working_dir: Text = Field(".", description="ray-job target: uploaded as the job's working directory "
                                                "(relative to where submit.sh runs; verl's checkout in verl's docs).")
     port: Int | None = Field(None, ge=1024, le=65535, description="GCS port; default: derived from the job id.")
-    dashboard_port: Int | None = Field(None, ge=1024, le=65535)
+    dashboard_port: Int | None = Field(None, ge=1024, le=65535, description="Dashboard port; default: derived "
+                                                                            "from the job id.")
     expose_dashboard: Bool = Field(
         False, description="slurm/compose targets: serve Ray's dashboard and Jobs API on every address of the "
                            "head (anyone who reaches it can then run code as you); default: loopback only.")
     wait_for_nodes: Seconds = Field(600, description="Deadline for every node and GPU to register.")
-    debug: Literal["off", "post_mortem", "legacy"] = "off"
+    debug: Literal["off", "post_mortem", "legacy"] = Field("off", description="Ray's debugger: post_mortem on "
+                                                                              "exceptions, or legacy `ray debug`.")
 
 
 # --- sweeps ----------------------------------------------------------------------------------------
@@ -225,7 +230,8 @@ SweepKey = Annotated[str, Strict(), _matching(r"verl(\.[A-Za-z_][A-Za-z0-9_]*)+"
 class Sweep(Model):
     """Every combination of these verl settings is one variant: a Slurm array task, a Ray job."""
 
-    matrix: dict[SweepKey, Annotated[tuple[Any, ...], Field(min_length=1)]] = Field(min_length=1)
+    matrix: dict[SweepKey, Annotated[tuple[Any, ...], Field(min_length=1)]] = Field(
+        min_length=1, description="verl.<key>: [values]; every combination is one variant.")
 
 
 # --- verl's Hydra composition -------------------------------------------------------------------

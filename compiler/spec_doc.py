@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from .spec import Spec
+from .spec import Seconds, Spec
 
 
 def json_schema() -> str:
@@ -33,7 +33,8 @@ def markdown() -> str:
                 "" if field.default is PydanticUndefined else f"`{json.dumps(_plain(field.default))}`")
             if field.default_factory is not None:
                 default = f"`{json.dumps(_plain(field.default_factory()))}`"
-            lines.append(f"| `{name}` | {_type(field.annotation)} | {default} | {field.description or ''} |")
+            shown = _type(Seconds) if typing.get_args(Seconds)[1] in field.metadata else _type(field.annotation)
+            lines.append(f"| `{name}` | {shown} | {default} | {field.description or ''} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -56,6 +57,8 @@ def _collect(tp: Any, seen: list[type[BaseModel]]) -> None:
 
 def _type(tp: Any) -> str:
     origin = typing.get_origin(tp)
+    if tp is Seconds:
+        return "seconds (int) or a duration (90s, 10m, 1h)"
     if origin is typing.Annotated:
         return _type(typing.get_args(tp)[0])
     if origin is typing.Literal:

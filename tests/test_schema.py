@@ -25,3 +25,9 @@ def test_examples_carry_the_modeline_and_validate(spec) -> None:  # noqa: ANN001
     assert text.startswith("# yaml-language-server: $schema=../verlc.schema.json\n")
     schema = json.loads((REPO / "verlc.schema.json").read_text())
     jsonschema.validate(YAML(typ="safe", pure=True).load(text), schema)
+
+
+def test_every_key_has_a_description() -> None:
+    rows = [line for line in run_verlc("schema", "--format", "markdown").stdout.splitlines()
+            if line.startswith("| `")]
+    assert rows and all(not line.endswith("|  |") for line in rows), [r for r in rows if r.endswith("|  |")]
