@@ -6,7 +6,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 from .diagnostics import Diagnostic, SpecError
-from .derive import DETERMINISM, critic_in_use, derived, derived_environment, slurm_log_dirs, variant_specs
+from .derive import DETERMINISM, checkpoint_dir, critic_in_use, derived, derived_environment, slurm_log_dirs, variant_specs
 from .ir import parse_word
 from .load import Sourced
 from .spec import Apptainer, Engine, NoContainer, Pyxis, Spec
@@ -39,6 +39,7 @@ def check(spec: Spec, sourced: Sourced, release: Release, targets: Iterable[str]
         *_container(spec, sourced),
         *_ray(spec, sourced),
         *_reproducible(spec, sourced, chosen),
+        *_container_paths(spec, sourced),
         *_for_targets(spec, sourced, set(targets)),
     ]
     notes += [p for p in problems if p.message.startswith(NOTE)]
@@ -215,6 +216,41 @@ def _sweep(spec: Spec, sourced: Sourced, chosen: Selection, max_variants: int,
             if (d.path, d.message) not in seen:  # the same problem in many variants is reported once
                 seen.add((d.path, d.message))
                 yield d
+
+
+def _container_paths(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    """Docker/podman containers are removed with the job: data, checkpoints and the model cache written
+    inside them, and not under a mount, are lost. A note names the path and a mount that keeps it."""
+    c = spec.container
+    if not isinstance(c, Engine):
+        return
+    workdir = parse_word(c.workdir).display
+    targets = [parse_word(m.split(":")[1]).display.rstrip("/") for m in c.mounts if m.count(":") >= 1]
+
+    def inside(path: str) -> str:
+        text = parse_word(path).display
+        return text if text.startswith(("/", "${")) else f"{workdir.rstrip('/')}/{text}"
+
+    places: list[tuple[tuple[str | int, ...], str, str]] = [
+        (("data", part, i), f, "data file") for part in ("train_files", "val_files")
+        for i, f in enumerate(getattr(spec.data, part))]
+    places += [(("data", "prepare", i, "dir"), p.dir, "prepared data") for i, p in enumerate(spec.data.prepare)]
+    trainer = spec.verl.get("trainer") if isinstance(spec.verl.get("trainer"), dict) else {}
+    given = trainer.get("default_local_dir") if isinstance(trainer, dict) else None
+    places.append((("verl", "trainer", "default_local_dir") if given else ("container", "workdir"),
+                   checkpoint_dir(spec), "checkpoint folder"))
+    if "/" not in spec.model or spec.model.count("/") == 1 and not spec.model.startswith((".", "/", "~", "$")):
+        cache = spec.env.get("HF_HOME", "/root/.cache/huggingface")  # the image's user: root by default
+        places.append((("env", "HF_HOME") if "HF_HOME" in spec.env else ("model",), cache, "model download cache"))
+    for loc, path, what in places:
+        if "${oc." in path or "${" in path and "${env:" not in path and not path.startswith("${"):
+            continue  # a verl interpolation: where it lands is verl's to resolve
+        full = inside(path)
+        if not any(full == t or full.startswith(t + "/") for t in targets):
+            folder = full.rsplit("/", 1)[0] or "/" if what == "data file" else full
+            yield sourced.diagnostic(loc, (
+                f"{NOTE}the {what} {full} is inside the container only and is lost when the job's container "
+                f"is removed; mount it, e.g. mounts: [\"/host/path:{folder}\"]"))
 
 
 def _for_targets(spec: Spec, sourced: Sourced, targets: set[str]) -> Iterator[Diagnostic]:

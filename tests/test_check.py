@@ -78,3 +78,33 @@ def test_a_missing_slurm_log_folder_is_named_before_the_queue(tmp_path: Path) ->
     (tmp_path / "runlogs").mkdir()
     present = run_verlc("build", "s.yaml", "--target", "slurm", cwd=tmp_path)
     assert present.returncode == 0 and "note:" not in present.stderr
+
+
+CONTAINER_SPEC = """\
+name: m
+project: p
+model: Qwen/Qwen2.5-0.5B-Instruct
+data: {train_files: [data/train.parquet], val_files: [data/test.parquet], prepare: [{dataset: gsm8k, dir: data}]}
+cluster: {nodes: 1, gpus_per_node: 8, slurm: {cpus_per_task: 4}}
+container: {runtime: docker, image: verl:1, workdir: /workspace/verl, mounts: MOUNTS}
+verl:
+  algorithm: {adv_estimator: grpo}
+  actor_rollout_ref: {actor: {ppo_micro_batch_size_per_gpu: 4}, rollout: {name: vllm, log_prob_micro_batch_size_per_gpu: 4}}
+"""
+
+
+def test_paths_a_container_would_lose_are_named_and_strict_refuses_them(tmp_path: Path) -> None:
+    (tmp_path / "lost.yaml").write_text(CONTAINER_SPEC.replace("MOUNTS", "[]"))
+    loose = run_verlc("build", "lost.yaml", "--target", "slurm", cwd=tmp_path)
+    assert loose.returncode == 0, loose.stderr
+    for where, what in (("model", "model download cache /root/.cache/huggingface"),
+                        ("data.prepare[0].dir", "prepared data /workspace/verl/data"),
+                        ("container.workdir", "checkpoint folder /workspace/verl/checkpoints/p/m")):
+        assert f"{where}: note: the {what} is inside the container only" in loose.stderr, loose.stderr
+    strict = run_verlc("build", "lost.yaml", "--target", "slurm", "--strict", "--out", "strict", cwd=tmp_path)
+    assert strict.returncode == 2 and "--strict; nothing written" in strict.stderr
+    assert not (tmp_path / "strict").exists()
+    (tmp_path / "kept.yaml").write_text(CONTAINER_SPEC.replace(
+        "MOUNTS", '["/lustre/verl:/workspace/verl", "/lustre/hf:/root/.cache/huggingface"]'))
+    kept = run_verlc("validate", "kept.yaml", "--strict", cwd=tmp_path)
+    assert kept.returncode == 0 and "note:" not in kept.stderr, kept.stderr

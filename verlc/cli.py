@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--verl-config", choices=["snapshot", "live"], default="snapshot",
                              help="check `verl:` against the shipped schema of the spec's verl_version "
                                   "(default) or against the installed verl")
+        command.add_argument("--strict", action="store_true",
+                             help="treat notes (what verlc cannot check, paths a container would lose) as errors")
         command.add_argument("--max-variants", type=int, default=1000, metavar="N",
                              help="refuse sweeps with more variants than this (default 1000)")
     validate.add_argument("specs", nargs="+", type=Path, metavar="SPEC")
@@ -67,7 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "build":
-            return _build(args.specs, args.target, args.out, args.force, args.verl_config, args.max_variants)
+            return _build(args.specs, args.target, args.out, args.force, args.verl_config, args.max_variants,
+                          args.strict)
         if args.command == "check":
             return _check(args.specs, args.out, args.diff)
         if args.command == "diff":
@@ -77,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             sys.stdout.write(spec_doc.json_schema() if args.format == "json" else spec_doc.markdown())
             return 0
-        return _validate(args.specs, args.target, args.verl_config, args.max_variants)
+        return _validate(args.specs, args.target, args.verl_config, args.max_variants, args.strict)
     except KeyboardInterrupt:
         print("verlc: interrupted; nothing was written", file=sys.stderr)
         return 130
@@ -101,7 +104,7 @@ def _source_name(spec: Path) -> str:
 
 
 def _compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str,
-                 max_variants: int = 1000) -> list | int:
+                 max_variants: int = 1000, strict: bool = False) -> list | int:
     from .compiler.diagnostics import SpecError
     from .compiler.pipeline import compile_spec
 
@@ -117,17 +120,21 @@ def _compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str
             print(d, file=sys.stderr)
         print(f"verlc: {len(problems)} problem(s); nothing written", file=sys.stderr)
         return EXIT_SPEC
-    for ir in irs:
-        for note in ir.notes:
-            print(note, file=sys.stderr)
+    notes = [note for ir in irs for note in ir.notes]
+    for note in notes:
+        print(note, file=sys.stderr)
+    if strict and notes:
+        print(f"verlc: {len(notes)} note(s) and --strict; nothing written", file=sys.stderr)
+        return EXIT_SPEC
     return irs
 
 
-def _validate(specs: Sequence[Path], target: str | None, verl_config: str, max_variants: int) -> int:
+def _validate(specs: Sequence[Path], target: str | None, verl_config: str, max_variants: int,
+              strict: bool) -> int:
     from .targets import TARGETS
 
     targets = list(TARGETS) if target == "all" else [target] if target else []
-    result = _compile_all(specs, targets, verl_config, max_variants)
+    result = _compile_all(specs, targets, verl_config, max_variants, strict)
     if isinstance(result, int):
         return result
     for ir in result:
@@ -138,13 +145,13 @@ def _validate(specs: Sequence[Path], target: str | None, verl_config: str, max_v
 
 
 def _build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_config: str,
-           max_variants: int) -> int:
+           max_variants: int, strict: bool) -> int:
     from .targets import TARGETS
     from .targets.bundle import EditedError, write
 
     names = list(TARGETS) if target == "all" else [target]
     shown, out = out, out.resolve()  # messages name the folder as the user gave it
-    result = _compile_all(specs, names, verl_config, max_variants)
+    result = _compile_all(specs, names, verl_config, max_variants, strict)
     if isinstance(result, int):
         return result
     seen: dict[str, str] = {}
