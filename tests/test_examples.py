@@ -4,6 +4,7 @@ update cannot approve (bash -n, shellcheck, determinism across processes, out/ k
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -102,3 +103,18 @@ def test_header_names_spec_and_hash(example_spec: Path) -> None:
             assert f"from specs/{example_spec.name} (sha256 " in head, f.path
             assert "Do not edit" in head, f.path
     assert os.sep not in bundles(example_spec)[0].name
+
+
+def test_derived_ray_ports_stay_below_the_ephemeral_range() -> None:
+    """Every port the script derives (the job's block of 100, per-node agent ports for any node count)
+    lies in 20000-32767: above Ray's worker ports, below Linux's ephemeral range."""
+    script = (REPO / "out" / "qwen2-7b-gsm8k-ppo-mi300" / "slurm" / "sbatch.sh").read_text()
+    base = re.search(r"port_base=\$\(\((.*)\)\)\n", script)[1]
+    agent = re.search(r"agent_port=\$\(\((port_base \+ 10 \+ i.*?)\)\)", script)[1]
+    offsets = [int(o) for o in re.findall(r"\$\(\(port_base \+ (\d+)\)\)", script)]
+    program = "".join(f"SLURM_JOB_ID={job}; port_base=$(({base})); i={i}; echo $((port_base)) $(({agent}))\n"
+                      for job in (0, 1, 126, 127, 4095, 10**6 + 125, 2**31 - 1) for i in (1, 89, 90, 4095))
+    values = [int(v) for v in subprocess.run(["bash", "-c", program], capture_output=True, text=True,
+                                             check=True).stdout.split()]
+    ports = values + [v + o for v in values[::2] for o in offsets]
+    assert offsets and min(ports) >= 20000 and max(ports) <= 32767, (min(ports), max(ports))

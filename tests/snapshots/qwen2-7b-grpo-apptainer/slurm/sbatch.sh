@@ -137,7 +137,10 @@ main() {
   [[ -n ${WANDB_API_KEY:-} ]] || die "WANDB_API_KEY is not set: export it before sbatch"
 
   # ---- Ray addresses: per-job ports so two jobs sharing a node do not collide ----------------------
-  port_base=$((20000 + (SLURM_JOB_ID % 400) * 100))
+  # Each job owns the 100 ports from port_base: 127 blocks between Ray's worker ports (10002-19999) and
+  # Linux's ephemeral range (32768-60999). Two jobs on one node collide only when their ids differ by a
+  # multiple of 127; ray.port and ray.dashboard_port pin the ports instead.
+  port_base=$((20000 + (SLURM_JOB_ID % 127) * 100))
   readonly ray_port=$port_base
   readonly dashboard_port=$((port_base + 1))
   readonly client_port=$((port_base + 2))
@@ -175,7 +178,7 @@ main() {
       node=${nodes[i]}
       node_ip=$(node_ip "$node")
       [[ -n $node_ip ]] || die "no IPv4 address found for $node"
-      agent_port=$((port_base + 10 + i))
+      agent_port=$((port_base + 10 + i % 90))  # stays in the job's block, however many nodes
       ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-$i
       ray_worker=(
         ray start --block --address="${head_ip}":"${ray_port}"
