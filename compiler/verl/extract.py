@@ -13,7 +13,8 @@ Used by `dev/verl_schema.py` (one release at a time, from a scratch install) and
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +25,19 @@ DICTS = {"dict", "Dict", "Mapping", "MutableMapping", "DictConfig"}
 ANY = {"Any", "object"}
 
 
-def extract(package: Path) -> dict[str, Any]:
-    """The schema data of the verl package at `package` (the folder holding verl/__init__.py)."""
+def extract(package: Path, *, lazy: bool = False) -> dict[str, Any]:
+    """The schema data of the verl package at `package` (the folder holding verl/__init__.py).
+
+    `lazy`: compose each model_engine's config only when it is first asked for (`--verl-config live`
+    needs one; the shipped schemas hold them all)."""
     config_dir = package / "trainer" / "config"
     classes, source = read_dataclasses(package)
     configs: dict[str, Any] = {}
     for name in TRAINER_CONFIGS:
         if (config_dir / f"{name}.yaml").exists():
-            configs[name] = _compose_variants(config_dir, name)
-    written = sorted({t for c in configs.values() for tree in c["engines"].values() for t in _targets(tree)})
+            configs[name] = _compose_variants(config_dir, name, lazy)
+    written = sorted({m[1] for path in config_dir.rglob("*.yaml")
+                      for m in _TARGET.finditer(path.read_text(encoding="utf-8", errors="replace"))})
     targets = {t: q for t in written if (q := source.target(t)) in classes}
     return {
         "configs": configs,
@@ -56,16 +61,39 @@ def compose(config_dir: Path, name: str, overrides: list[str]) -> dict[str, Any]
     return OmegaConf.to_container(cfg, resolve=False)  # type: ignore[return-value]
 
 
-def _compose_variants(config_dir: Path, name: str) -> dict[str, Any]:
+_TARGET = re.compile(r"^\s*_target_:\s*([A-Za-z_][\w.]*)\s*$", re.M)
+
+
+class _Composed(Mapping[str, dict[str, Any]]):
+    """model_engine choice -> that config, composed by Hydra the first time it is asked for."""
+
+    def __init__(self, config_dir: Path, name: str, choices: list[str], default: tuple[str, dict[str, Any]]) -> None:
+        self._where, self._choices = (config_dir, name), choices
+        self._trees = dict([default])
+
+    def __getitem__(self, choice: str) -> dict[str, Any]:
+        if choice not in self._choices:
+            raise KeyError(choice)
+        if choice not in self._trees:
+            self._trees[choice] = compose(*self._where, [f"model_engine={choice}"])
+        return self._trees[choice]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._choices)
+
+    def __len__(self) -> int:
+        return len(self._choices)
+
+
+def _compose_variants(config_dir: Path, name: str, lazy: bool) -> dict[str, Any]:
     """{"default_engine": choice or "", "engines": {choice: composed tree}} ("" when there is no group)."""
     default = compose(config_dir, name, [])
     engine = default.get("model_engine")
     choices = sorted(p.stem for p in (config_dir / "model_engine").glob("*.yaml"))
     if not choices or not isinstance(engine, str):
         return {"default_engine": "", "engines": {"": default}}
-    return {"default_engine": engine,
-            "engines": {c: default if c == engine else compose(config_dir, name, [f"model_engine={c}"])
-                        for c in choices}}
+    engines = _Composed(config_dir, name, choices, (engine, default))
+    return {"default_engine": engine, "engines": engines if lazy else dict(engines)}
 
 
 def _groups(config_dir: Path) -> dict[str, list[str]]:
@@ -279,14 +307,6 @@ def _strings(node: ast.expr) -> list[str]:
             isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
         return [e.value for e in node.elts]  # type: ignore[attr-defined]
     return []
-
-
-def _targets(tree: Any) -> Iterator[str]:
-    if isinstance(tree, dict):
-        if isinstance(tree.get("_target_"), str):
-            yield tree["_target_"]
-        for value in tree.values():
-            yield from _targets(value)
 
 
 def _used(name: str, roots: set[str], classes: dict[str, dict[str, Any]]) -> bool:

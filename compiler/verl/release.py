@@ -86,7 +86,7 @@ def live() -> Release:
 
     from .extract import extract
 
-    return from_data(version("verl"), extract(installed_package()), "live")
+    return from_data(version("verl"), extract(installed_package(), lazy=True), "live")
 
 
 def installed_package() -> Any:
