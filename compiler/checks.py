@@ -224,11 +224,22 @@ def _container_paths(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     c = spec.container
     if not isinstance(c, Engine):
         return
-    workdir = parse_word(c.workdir).display
-    targets = [parse_word(m.split(":")[1]).display.rstrip("/") for m in c.mounts if m.count(":") >= 1]
 
-    def inside(path: str) -> str:
-        text = parse_word(path).display
+    def shown(text: str) -> str | None:
+        try:
+            return parse_word(text).display
+        except ValueError:
+            return None  # _words reports it
+
+    workdir = shown(c.workdir)
+    targets = [t.rstrip("/") for m in c.mounts if m.count(":") >= 1 and (t := shown(m.split(":")[1])) is not None]
+    if workdir is None:
+        return
+
+    def inside(path: str) -> str | None:
+        text = shown(path)
+        if text is None:
+            return None
         return text if text.startswith(("/", "${")) else f"{workdir.rstrip('/')}/{text}"
 
     places: list[tuple[tuple[str | int, ...], str, str]] = [
@@ -246,7 +257,7 @@ def _container_paths(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
         if "${oc." in path or "${" in path and "${env:" not in path and not path.startswith("${"):
             continue  # a verl interpolation: where it lands is verl's to resolve
         full = inside(path)
-        if not any(full == t or full.startswith(t + "/") for t in targets):
+        if full is not None and not any(full == t or full.startswith(t + "/") for t in targets):
             folder = full.rsplit("/", 1)[0] or "/" if what == "data file" else full
             yield sourced.diagnostic(loc, (
                 f"{NOTE}the {what} {full} is inside the container only and is lost when the job's container "
