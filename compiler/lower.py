@@ -138,7 +138,7 @@ def checkpoint_word(spec: Spec, chosen: Selection) -> Word:
     """verl's checkpoint folder as the preflight must see it: references to other verl settings resolved
     now (their values are known), `${env:NAME}` left to expand on the node."""
     raw = checkpoint_dir(spec)
-    config = Config(chosen.tree, verl_values(spec, chosen))
+    config: Config | None = None  # built only for a reference to another setting: copying verl's tree costs
     parts: list[str | Var] = []
     pos = 0
     for match in _INTERPOLATION.finditer(raw):
@@ -147,6 +147,7 @@ def checkpoint_word(spec: Spec, chosen: Selection) -> Word:
         if env:
             parts.append(Var(env[1]))
         else:
+            config = config or Config(chosen.tree, verl_values(spec, chosen))
             ref = match[1].strip().removeprefix("oc.select:").split(",")[0]
             parts.append(str(config.get(absolute("trainer.default_local_dir", ref))))
         pos = match.end()
