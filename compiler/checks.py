@@ -225,19 +225,19 @@ def _container_paths(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     if not isinstance(c, Engine):
         return
 
-    def shown(text: str) -> str | None:
+    def as_text(word: str) -> str | None:
         try:
-            return parse_word(text).display
+            return parse_word(word).display
         except ValueError:
-            return None  # _words reports it
+            return None  # _words reports it; a verl interpolation lands where verl resolves it
 
-    workdir = shown(c.workdir)
-    targets = [t.rstrip("/") for m in c.mounts if m.count(":") >= 1 and (t := shown(m.split(":")[1])) is not None]
+    workdir = as_text(c.workdir)
+    targets = [t.rstrip("/") for m in c.mounts if m.count(":") >= 1 and (t := as_text(m.split(":")[1])) is not None]
     if workdir is None:
         return
 
     def inside(path: str) -> str | None:
-        text = shown(path)
+        text = as_text(path)
         if text is None:
             return None
         return text if text.startswith(("/", "${")) else f"{workdir.rstrip('/')}/{text}"
@@ -254,8 +254,6 @@ def _container_paths(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
         cache = spec.env.get("HF_HOME", "/root/.cache/huggingface")  # the image's user: root by default
         places.append((("env", "HF_HOME") if "HF_HOME" in spec.env else ("model",), cache, "model download cache"))
     for loc, path, what in places:
-        if "${oc." in path or "${" in path and "${env:" not in path and not path.startswith("${"):
-            continue  # a verl interpolation: where it lands is verl's to resolve
         full = inside(path)
         if full is not None and not any(full == t or full.startswith(t + "/") for t in targets):
             folder = full.rsplit("/", 1)[0] or "/" if what == "data file" else full

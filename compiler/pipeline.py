@@ -17,7 +17,7 @@ from .lower import lower
 from .spec import Hydra, Spec
 from .verl.check import check_verl_keys, select
 from .validate import validate
-from .verl.release import Release, known_versions, live, snapshot
+from .verl.release import RELEASES, Release, live, snapshot
 
 VerlConfigSource = Literal["snapshot", "live"]
 
@@ -74,7 +74,7 @@ def verl_release_for(spec: Spec, sourced: Sourced, source: VerlConfigSource) -> 
     try:
         return snapshot(spec.verl_version)
     except KeyError:
-        known = known_versions()
+        known = RELEASES
         near = difflib.get_close_matches(spec.verl_version, known, n=1, cutoff=0.6)
         raise SpecError([sourced.diagnostic(
             ("verl_version",), f"verlc has no schema for verl {spec.verl_version}; known: {', '.join(known)} "

@@ -30,7 +30,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 hydra_loader = pytest.importorskip("hydra._internal.config_loader_impl",
                                    reason="hydra-core comes with verl; the test command installs it")
 from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
 
 PARSER = OverridesParser.create()
 BASELINE = {"actor_rollout_ref": {"actor": {"ppo_micro_batch_size_per_gpu": 4},

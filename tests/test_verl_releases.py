@@ -27,7 +27,7 @@ from conftest import REPO
 from verlc.compiler.diagnostics import SpecError
 from verlc.compiler.pipeline import compile_spec
 from verlc.compiler.verl.check import select, settings
-from verlc.compiler.verl.place import KNOWN, Walker
+from verlc.compiler.verl.place import Walker
 from verlc.compiler.verl.release import MISSING, RELEASES, snapshot
 
 sys.path.insert(0, str(REPO / "dev"))

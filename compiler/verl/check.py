@@ -374,8 +374,8 @@ def other_releases(parts: list[str], release: Release) -> str:
         if version == release.version:
             continue
         other = snapshot(version)
-        if any(Walker(other, c, e).place(parts).status == KNOWN and Walker(other, c, e).place(parts).in_yaml
-               for c in other.configs for e in other.engines(c)):
+        places = (Walker(other, c, e).place(parts) for c in other.configs for e in other.engines(c))
+        if any(p.status == KNOWN and p.in_yaml for p in places):
             having.append(version)
     if not having:
         return ""

@@ -26,7 +26,7 @@ KNOWN, UNKNOWN, UNDER_VALUE = "known", "unknown", "under-value"
 
 
 @dataclass(frozen=True)
-class Mapping_:
+class Scope:
     """The mapping a walk is in: its YAML node (None when the YAML has none) and what verl builds from it."""
 
     node: dict[str, Any] | None
@@ -52,7 +52,7 @@ class Place:
     in_yaml: bool = True               # every part is in the composed YAML (no `+` needed)
     owner: DataClass | None = None     # the dataclass that describes the last mapping
     stop: bool = False                 # the YAML has a non-mapping value here: a spec mapping is one value
-    built: bool = False                # verl builds `owner` from that mapping (see Mapping_.built)
+    built: bool = False                # verl builds `owner` from that mapping (see Scope.built)
 
 
 class Walker:
@@ -71,15 +71,15 @@ class Walker:
             return None
         return cls
 
-    def enter(self, at: Mapping_, part: str) -> tuple[Mapping_ | None, tuple[str, ...], Any, bool]:
+    def enter(self, at: Scope, part: str) -> tuple[Scope | None, tuple[str, ...], Any, bool]:
         """(the child's context, its kinds, its YAML default, whether the YAML has it); None if unknown."""
         in_yaml = at.node is not None and part in at.node
         field = at.cls.fields.get(part) if at.cls else None
         if not in_yaml and field is None:
             if at.entries is not None:  # a new named entry of a keyed map: verl builds each entry
-                return Mapping_(None, cls=at.entries, built=True), (f"C:{at.entries.qualname}",), None, False
+                return Scope(None, cls=at.entries, built=True), (f"C:{at.entries.qualname}",), None, False
             if at.open:
-                return Mapping_(None, open=True), ("any",), None, False
+                return Scope(None, open=True), ("any",), None, False
             return None, (), None, False
         child = at.node[part] if in_yaml and at.node is not None else None
         kinds = tuple(field.split("|")) if field else ("any",) if at.open else kinds_of(child)
@@ -99,11 +99,11 @@ class Walker:
             is_open = is_open or not child or part in OPEN_NAMES
         is_mapping = isinstance(child, dict) or cls is not None or entries is not None or is_open
         node = child if isinstance(child, dict) else None
-        return (Mapping_(node, cls, entries, is_open and cls is None and entries is None, is_mapping, built),
+        return (Scope(node, cls, entries, is_open and cls is None and entries is None, is_mapping, built),
                 kinds, child, in_yaml)
 
     def place(self, parts: list[str]) -> Place:
-        at = Mapping_(self.tree)
+        at = Scope(self.tree)
         kinds: tuple[str, ...] = ("section",)
         default: Any = self.tree
         all_yaml = True
@@ -123,9 +123,9 @@ class Walker:
             at = child
         return Place(KNOWN, len(parts), kinds, default, all_yaml, at.cls)
 
-    def context(self, parts: list[str]) -> Mapping_ | None:
+    def context(self, parts: list[str]) -> Scope | None:
         """The mapping at `parts` (None when it is not a known mapping)."""
-        at: Mapping_ | None = Mapping_(self.tree)
+        at: Scope | None = Scope(self.tree)
         for part in parts:
             if at is None or not at.is_mapping:
                 return None

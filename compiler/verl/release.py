@@ -66,10 +66,6 @@ class Release:
         return self.configs[config][1][engine]
 
 
-def known_versions() -> tuple[str, ...]:
-    return RELEASES
-
-
 @cache
 def snapshot(version: str) -> Release:
     """The shipped schema of one verl release; KeyError when verlc has none for it."""
