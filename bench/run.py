@@ -126,7 +126,10 @@ def wheel_sizes(tmp: Path) -> tuple[int, int]:
     """(compressed bytes of the schemas inside the wheel, the wheel's size), from a real `pip wheel`."""
     import zipfile
 
-    run(PY, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", tmp / "wheel", REPO)
+    # setuptools writes build/ and *.egg-info next to the sources: build from a copy, not the checkout
+    source = tmp / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", ".cache", "out", "build", "*.egg-info"))
+    run(PY, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", tmp / "wheel", source)
     wheel = next((tmp / "wheel").glob("verlc-*.whl"))
     with zipfile.ZipFile(wheel) as z:
         schemas = sum(i.compress_size for i in z.infolist() if "/verl/schemas/" in i.filename)
