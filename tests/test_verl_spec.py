@@ -254,3 +254,25 @@ def test_validate_runs_a_targets_checks_when_asked(tmp_path: Path) -> None:
         assert refused.returncode == built.returncode == 2
         assert "the compose target runs docker images" in refused.stderr
         assert refused.stderr == built.stderr
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_value_verls_dataclass_refuses_is_refused(tmp_path: Path, mode: str) -> None:
+    """Values read from __post_init__ (0.9.1 RolloutConfig refuses mode 'sync'): verlc's verdict equals
+    building verl's own class with that value."""
+    from verl.workers.config import RolloutConfig
+
+    try:
+        RolloutConfig(name="vllm", mode=mode)
+        verl_refuses = False
+    except ValueError:
+        verl_refuses = True
+    path = tmp_path / "s.yaml"
+    path.write_text(spec_text({"actor_rollout_ref": {"rollout": {"mode": mode}}}))
+    try:
+        compile_spec(path, display="s.yaml", source="s.yaml")
+        problems: list[str] = []
+    except SpecError as exc:
+        problems = [f"{d.path}: {d.message}" for d in exc.diagnostics]
+    assert bool(problems) == verl_refuses, problems
+    assert all(p.startswith("verl.actor_rollout_ref.rollout.mode: ") for p in problems), problems
