@@ -41,7 +41,7 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
         spec_file=spec_file,
         spec_sha256=spec_sha256,
         normalized_spec=normalized(spec),
-        verl_config=dump_yaml(Config(chosen.tree, {k: verl_value(v) for k, v in
+        verl_config=yaml_text.dump(Config(chosen.tree, {k: verl_value(v) for k, v in
                                                    {**determinism_defaults(spec, chosen), **verl_values(spec, chosen)}.items()}).tree),
         reproducible=spec.reproducible,
         verl_schema=f"{release.version} ({release.source})",
@@ -278,9 +278,4 @@ def slurm_ir(spec: Spec) -> SlurmIR | None:
 
 def normalized(spec: Spec) -> str:
     """The spec with every default filled in and its bases merged in, as YAML: what the bundle was built from."""
-    return dump_yaml(spec.model_dump(mode="json", exclude={"extends"}))
-
-
-def dump_yaml(data: Any) -> str:
-    """Block-style YAML in the data's own key order."""
-    return yaml_text.dump(data)
+    return yaml_text.dump(spec.model_dump(mode="json", exclude={"extends"}))

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# A real two-node Slurm cluster on this one machine, for the end-to-end tests and for developers.
+# A real multi-node Slurm cluster on this one machine, for the end-to-end tests, the benchmark and developers.
 #
 #   dev/slurm.sh start    install slurm-wlm + munge if missing (apt, as root), write the config into the
-#                         state folder, start munged, slurmctld and two slurmd (n1, n2; 8 fake GPUs each)
+#                         state folder, start munged, slurmctld and one slurmd per node (n1..n8 by default,
+#                         $VERLC_SLURM_NODES to change; 8 fake GPUs each)
 #   dev/slurm.sh stop     stop exactly the daemons `start` started (by their pid files)
 #   dev/slurm.sh env      print `export SLURM_CONF=...`: every Slurm command reads this cluster's config
 #   dev/slurm.sh status   sinfo
@@ -10,12 +11,14 @@
 # Nothing outside the state folder (default /tmp/verlc-slurm, or $VERLC_SLURM_STATE) is written or
 # read: config, gres.conf, state, spool, logs and pid files live there, and so do munge's own key and
 # socket (slurm.conf's AuthInfo points Slurm at that socket). /etc and any system Slurm or munged are
-# left alone. The nodes share this host: n1 and n2 listen on ports 17001 and 17002 of 127.0.0.1, the
-# controller on 17817. GPUs are gres entries backed by /dev/tty0..7 (Slurm drops file-less GPUs).
+# left alone. The nodes share this host: node nI listens on port 17000+I of 127.0.0.1, the controller
+# on 17817. An idle slurmd costs a few MB, so the default 8 nodes are cheap; jobs use what they ask
+# for. GPUs are gres entries backed by /dev/tty0..7 (Slurm drops file-less GPUs).
 set -euo pipefail
 
 state=${VERLC_SLURM_STATE:-/tmp/verlc-slurm}
 conf=$state/slurm.conf
+count=${VERLC_SLURM_NODES:-8}
 munge_dir=$state/munge
 export SLURM_CONF=$conf
 
@@ -67,13 +70,15 @@ MinJobAge=3600
 KillWait=10
 SlurmctldTimeout=30
 SlurmdTimeout=30
-NodeName=n1 NodeHostname=$host NodeAddr=127.0.0.1 Port=17001 CPUs=$cpus RealMemory=$mem Gres=gpu:8 State=UNKNOWN
-NodeName=n2 NodeHostname=$host NodeAddr=127.0.0.1 Port=17002 CPUs=$cpus RealMemory=$mem Gres=gpu:8 State=UNKNOWN
-PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
+  local i
+  for ((i = 1; i <= count; i++)); do
+    echo "NodeName=n$i NodeHostname=$host NodeAddr=127.0.0.1 Port=$((17000 + i)) CPUs=$cpus RealMemory=$mem Gres=gpu:8 State=UNKNOWN"
+  done >>"$conf"
+  echo "PartitionName=debug Nodes=n[1-$count] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES" >>"$conf"
   # Slurm reads gres.conf (and would read cgroup.conf) from slurm.conf's own folder.
-  cat >"$state/gres.conf" <<'EOF'
-NodeName=n[1-2] Name=gpu File=/dev/tty[0-7]
+  cat >"$state/gres.conf" <<EOF
+NodeName=n[1-$count] Name=gpu File=/dev/tty[0-7]
 EOF
 }
 
@@ -97,23 +102,24 @@ start() {
   write_config
   start_munge
   slurmctld -f "$conf" || die "slurmctld did not start; see $state/slurmctld.log"
-  slurmd -f "$conf" -N n1 || die "slurmd n1 did not start; see $state/slurmd-n1.log"
-  slurmd -f "$conf" -N n2 || die "slurmd n2 did not start; see $state/slurmd-n2.log"
-  local deadline=$((SECONDS + 60)) states
+  local i deadline=$((SECONDS + 60)) idle
+  for ((i = 1; i <= count; i++)); do
+    slurmd -f "$conf" -N "n$i" || die "slurmd n$i did not start; see $state/slurmd-n$i.log"
+  done
   while ((SECONDS < deadline)); do
-    states=$(sinfo -h -N -o '%N %T' 2>/dev/null | sort -u | tr '\n' ' ')
-    if [[ $states == "n1 idle n2 idle " ]]; then
-      log "cluster ready: $states (export SLURM_CONF=$conf)"
+    idle=$(sinfo -h -N -t idle -o '%N' 2>/dev/null | sort -u | wc -l)
+    if ((idle == count)); then
+      log "cluster ready: $count nodes idle (export SLURM_CONF=$conf)"
       return
     fi
     sleep 0.5
   done
-  die "nodes not idle after 60 s (sinfo: ${states:-nothing}); see $state/*.log"
+  die "$idle of $count nodes idle after 60 s; see $state/*.log"
 }
 
 stop_daemons() {
   local pidfile pid
-  for pidfile in "$state"/slurmd-n1.pid "$state"/slurmd-n2.pid "$state"/slurmctld.pid "$munge_dir"/munged.pid; do
+  for pidfile in "$state"/slurmd-n*.pid "$state"/slurmctld.pid "$munge_dir"/munged.pid; do
     [[ -f $pidfile ]] || continue
     pid=$(<"$pidfile")
     kill "$pid" 2>/dev/null || true

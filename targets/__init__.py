@@ -1,17 +1,24 @@
-"""Targets turn a JobIR into a Bundle of files. Adding a target means adding a folder and a line here."""
+"""Targets turn a JobIR into a Bundle of files. Adding a target means adding a folder and a line here.
+
+A target's code is imported when it is first rendered, so building one target loads only that one.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from importlib import import_module
+from typing import TYPE_CHECKING
 
-from ..compiler.ir import JobIR
-from .bundle import Bundle
-from .compose import render as render_compose
-from .ray_job import render as render_ray_job
-from .slurm import render as render_slurm
+if TYPE_CHECKING:
+    from ..compiler.ir import JobIR
+    from .bundle import Bundle
 
-TARGETS: dict[str, Callable[[JobIR], Bundle]] = {
-    "slurm": render_slurm,
-    "ray-job": render_ray_job,
-    "compose": render_compose,
+TARGETS: dict[str, str] = {  # target name -> its folder under targets/, whose `render(JobIR) -> Bundle` builds it
+    "slurm": "slurm",
+    "ray-job": "ray_job",
+    "compose": "compose",
 }
+
+
+def render(target: str, ir: JobIR) -> Bundle:
+    """The bundle of `target` for one compiled spec."""
+    return import_module(f".{TARGETS[target]}", __name__).render(ir)

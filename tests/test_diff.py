@@ -61,7 +61,7 @@ from verlc.compiler import yaml_text  # noqa: E402
 from verlc.compiler.diagnostics import SpecError  # noqa: E402
 from verlc.compiler.diff import changes  # noqa: E402
 from verlc.compiler.pipeline import compile_spec  # noqa: E402
-from verlc.targets import TARGETS  # noqa: E402
+from verlc.targets import TARGETS, render  # noqa: E402
 
 SPECS = sorted((REPO / "specs").glob("*.yaml"))
 
@@ -94,10 +94,10 @@ def _edit(value: object, rng: random.Random) -> object:
 def _files(ir) -> dict[str, str]:  # noqa: ANN001
     """Every generated file without the lines that carry the spec's digest (the header) and the manifest."""
     out = {}
-    for render in TARGETS.values():
-        for f in render(ir).files:
+    for name in TARGETS:
+        for f in render(name, ir).files:
             if f.path != "manifest.json":
-                out[f"{render.__name__}/{f.path}"] = "\n".join(
+                out[f"{name}/{f.path}"] = "\n".join(
                     line for line in f.text.splitlines() if ir.spec_sha256 not in line)
     return out
 

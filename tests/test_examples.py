@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO, SPECS, require_tool, run_verlc
 from verlc.compiler.pipeline import compile_spec
-from verlc.targets import TARGETS
+from verlc.targets import TARGETS, render
 from verlc.targets.bundle import Bundle
 
 REFRESH = "pytest tests/test_examples.py --snapshot-update"
@@ -20,7 +20,7 @@ REFRESH = "pytest tests/test_examples.py --snapshot-update"
 
 def bundles(spec: Path) -> list[Bundle]:
     ir = compile_spec(spec, display=str(spec), source=spec.relative_to(REPO).as_posix(), targets=TARGETS)
-    return [render(ir) for render in TARGETS.values()]
+    return [render(name, ir) for name in TARGETS]
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))

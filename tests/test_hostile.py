@@ -27,7 +27,7 @@ from test_compose import compose_binary
 from verlc.compiler.diagnostics import SpecError
 from verlc.compiler.ir import JobIR
 from verlc.compiler.pipeline import compile_spec
-from verlc.targets import TARGETS
+from verlc.targets import TARGETS, render
 from verlc.targets.bundle import Bundle
 
 MARKER = Path("/tmp/verlc-hostile-marker")  # every payload tries to create this file
@@ -88,7 +88,7 @@ def build(tmp: Path, spec: dict[str, Any], targets: tuple[str, ...] = tuple(TARG
         ir = compile_spec(path, display="spec.yaml", source="spec.yaml", targets=targets)
     except SpecError as exc:
         return [str(d) for d in exc.diagnostics]
-    return ir, [TARGETS[name](ir) for name in targets]
+    return ir, [render(name, ir) for name in targets]
 
 
 def assert_clean_refusal(problems: list[str]) -> None:
@@ -129,11 +129,23 @@ with open(os.environ["VERLC_RECORD"], "a", encoding="utf-8") as fh:
     fh.write(json.dumps([name, *args]) + "\n")
 if "-" in args or (name == "python3" and args[:1] == ["-"]):
     sys.stdin.read()  # the embedded helper; it is tested on its own
-if name == "srun":  # run the step's command, so the commands inside it are recorded too
+if name == "srun":  # one task per node, like Slurm: the commands inside are recorded too
+    import signal, subprocess
     rest = [a for a in args]
     while rest and rest[0].startswith("-"):
         rest.pop(0)
-    os.execvp(rest[0], rest) if rest else sys.exit(0)
+    nodes = next(a.split("=", 1)[1] for a in args if a.startswith("--nodelist=")).split(",")
+    tasks = [subprocess.Popen(rest, start_new_session=True, env=dict(os.environ, SLURMD_NODENAME=node, SLURM_PROCID=str(i)))
+             for i, node in enumerate(nodes)] if rest else []
+    def forward(signum, frame):  # Slurm signals every process of the step, not only the task
+        for task in tasks:
+            try:
+                os.killpg(task.pid, signum)
+            except ProcessLookupError:
+                pass
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    sys.exit(max([task.wait() for task in tasks], default=0))
 if name == "scontrol" and args[:2] == ["show", "hostnames"]:
     print("n1\nn2")
 elif name == "hostname":

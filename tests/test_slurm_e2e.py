@@ -8,6 +8,7 @@ job itself printed and what Slurm recorded.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -22,15 +24,17 @@ import pytest
 from conftest import IN_CI, REPO, run_verlc
 
 
+# dev/slurm.sh keeps the test cluster in its own state folder; every Slurm command finds it via SLURM_CONF.
+SLURM_STATE = Path(os.environ.get("VERLC_SLURM_STATE", "/tmp/verlc-slurm"))
+SLURM_CONF = str(SLURM_STATE / "slurm.conf")
+NODES = 4  # the most any test asks for (dev/slurm.sh starts 8)
+
+
 def _slurm_up() -> bool:
     if not shutil.which("sinfo"):
         return False
-    states = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=30)
-    return states.returncode == 0 and "n1 idle" in states.stdout and "n2 idle" in states.stdout
-
-
-# dev/slurm.sh keeps the test cluster in its own state folder; every Slurm command finds it via SLURM_CONF.
-SLURM_CONF = str(Path(os.environ.get("VERLC_SLURM_STATE", "/tmp/verlc-slurm")) / "slurm.conf")
+    idle = subprocess.run(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"], capture_output=True, text=True, timeout=30)
+    return idle.returncode == 0 and {f"n{i}" for i in range(1, NODES + 1)} <= set(idle.stdout.split())
 
 
 @pytest.fixture(scope="session")
@@ -104,7 +108,7 @@ exec {real}/python3 "$@"
 
 
 def build(root: Path, *, val_file: str = "data/test.parquet", wait: str = "120s", venv: Path | None = None,
-          grace: str = "null", prepare: str = "") -> Path:
+          grace: str = "null", prepare: str = "", nodes: int = 2) -> Path:
     spec = root / "spec.yaml"
     spec.write_text(f"""\
 name: e2e-{root.name[-12:].strip('_-') or 'run'}
@@ -114,7 +118,7 @@ data: {{train_files: [data/train.parquet], val_files: [{val_file}]{prepare}}}
 verl: {{actor_rollout_ref: {{rollout: {{name: vllm, log_prob_micro_batch_size_per_gpu: 4}},
                             actor: {{ppo_micro_batch_size_per_gpu: 4}}}},
        critic: {{ppo_micro_batch_size_per_gpu: 4}}}}
-cluster: {{nodes: 2, gpus_per_node: 8, slurm: {{cpus_per_task: 1, output: {root}/slurm-%j.out,
+cluster: {{nodes: {nodes}, gpus_per_node: 8, slurm: {{cpus_per_task: 1, output: {root}/slurm-%j.out,
                                                requeue_grace: {grace}}}}}
 container: {{runtime: none, workdir: {root}, venv: {venv or Path(sys.prefix)}}}
 network: {{head_interface: lo}}
@@ -177,15 +181,43 @@ def no_ray_left(deadline: float = 30) -> list[str]:
     return ray_processes()
 
 
-def test_two_node_bring_up_and_preflight(slurm: None, tmp_path: Path) -> None:
+def steps_per_stage(job: str, output: str) -> dict[str, int]:
+    """How many job steps the job started in each stage: step launches from every slurmd's log, placed
+    between the job's own `stage NAME` lines ("setup" before the first, "cleanup" after the trap starts)."""
+    def stamp(text: str, utc: bool) -> float:
+        moment = datetime.fromisoformat(text)
+        return (moment.replace(tzinfo=timezone.utc) if utc else moment).timestamp()
+
+    marks = [(stamp(m[1], True), m[2]) for m in re.finditer(r"^\[(\S+)Z\] verlc: (stage \w+|cleaning up)", output, re.M)]
+    launches: dict[str, float] = {}
+    for log in SLURM_STATE.glob("slurmd-n*.log"):
+        for m in re.finditer(rf"^\[(\S+)\] launch task StepId={job}\.(\d+) ", log.read_text(), re.M):
+            launches[m[2]] = min(launches.get(m[2], math.inf), stamp(m[1], False))
+    counts: dict[str, int] = {}
+    for at in launches.values():
+        stage = next((name for when, name in reversed(marks) if when <= at), "setup")
+        stage = "cleanup" if stage == "cleaning up" else stage.removeprefix("stage ")
+        counts[stage] = counts.get(stage, 0) + 1
+    return counts
+
+
+# The job steps of a bring-up to the preflight (runtime none), whatever the node count: one step asks
+# every node for its address, then the Ray head, all workers, the readiness wait, the preflight.
+STEPS = {"setup": 1, "ray": 3, "preflight": 1}
+
+
+@pytest.mark.parametrize("nodes", [2, NODES])
+def test_bring_up_and_preflight_take_the_same_job_steps_on_any_node_count(slurm: None, tmp_path: Path,
+                                                                          nodes: int) -> None:
     write_fixtures(tmp_path)
-    job, output, state = sbatch(build(tmp_path), tmp_path)
+    job, output, state = sbatch(build(tmp_path, nodes=nodes), tmp_path)
     assert state == "COMPLETED", output
-    registered = re.findall(r"node registered: .* GPUs=8 \((\d)/2\)", output)
-    assert registered == ["1", "2"], output
-    assert "cluster ready: 2 nodes, 16 GPUs" in output
-    assert "preflight passed: 2 nodes, 16 GPUs, 2 data files" in output
+    registered = re.findall(rf"node registered: .* GPUs=8 \((\d)/{nodes}\)", output)
+    assert registered == [str(i) for i in range(1, nodes + 1)], output
+    assert f"cluster ready: {nodes} nodes, {8 * nodes} GPUs" in output
+    assert f"preflight passed: {nodes} nodes, {8 * nodes} GPUs, 2 data files" in output
     assert "stage train: skipped (VERLC_STOP_AFTER=preflight)" in output
+    assert steps_per_stage(job, output) == STEPS, output
     assert no_ray_left() == []
 
 
@@ -203,7 +235,8 @@ def test_worker_ray_failure_fails_fast_and_names_the_node(slurm: None, tmp_path:
     started = time.monotonic()
     job, output, state = sbatch(script, tmp_path)
     assert state == "FAILED", output
-    assert "Ray on n2 exited during bring-up" in output
+    assert "Ray on n2 exited (code 1)" in output
+    assert "Ray on a worker (named above) exited during bring-up" in output
     assert time.monotonic() - started < 120, "should fail well before the 300 s wait"
     assert no_ray_left() == []
 

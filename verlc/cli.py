@@ -146,7 +146,7 @@ def _validate(specs: Sequence[Path], target: str | None, verl_config: str, max_v
 
 def _build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_config: str,
            max_variants: int, strict: bool) -> int:
-    from .targets import TARGETS
+    from .targets import TARGETS, render
     from .targets.bundle import EditedError, write
 
     names = list(TARGETS) if target == "all" else [target]
@@ -161,7 +161,7 @@ def _build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_conf
                   f"bundles would overwrite each other", file=sys.stderr)
             return EXIT_SPEC
         seen[ir.name] = ir.spec_file
-    bundles = [TARGETS[name](ir) for ir in result for name in names]
+    bundles = [render(name, ir) for ir in result for name in names]
     try:
         write(bundles, out, force=force)
     except EditedError as exc:
@@ -176,7 +176,7 @@ def _build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_conf
 
 
 def _check(paths: Sequence[Path], out: Path, show_diff: bool) -> int:
-    from .targets import TARGETS
+    from .targets import TARGETS, render
     from .targets.bundle import differences
 
     specs = sorted({p for path in paths for p in (sorted(path.glob("*.yaml")) if path.is_dir() else [path])})
@@ -188,8 +188,8 @@ def _check(paths: Sequence[Path], out: Path, show_diff: bool) -> int:
         return result
     problems = []
     for ir in result:
-        for render in TARGETS.values():
-            bundle = render(ir)
+        for name in TARGETS:
+            bundle = render(name, ir)
             problems += differences(bundle, out / bundle.folder)
     if problems:
         for summary, _ in problems:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...compiler.ir import JobIR
-from ...compiler.lower import dump_yaml
+from ...compiler import yaml_text
 from ..bundle import Bundle, File, finish, header_lines
 from ..job_package import job_package
 from .view import JOB_ADDRESS, compose_file
@@ -16,7 +16,7 @@ def render(ir: JobIR) -> Bundle:
     usage = ("# Run:  docker compose up --abort-on-container-exit --exit-code-from trainer\n"
              "#       VERLC_STOP_AFTER=preflight docker compose up ...   (stages: ray, data, preflight, train)\n")
     files = [
-        File("compose.yaml", header + usage + dump_yaml(compose_file(ir))),
+        File("compose.yaml", header + usage + yaml_text.dump(compose_file(ir))),
         *job_package(ir, address=JOB_ADDRESS, record=RECORD),
     ]
     return finish(ir, "compose", files)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...compiler.ir import JobIR
-from ...compiler.lower import dump_yaml
+from ...compiler import yaml_text
 from ..bundle import Bundle, File, finish, header_lines
 from ..jinja import environment
 from ..job_package import job_package
@@ -15,7 +15,7 @@ def render(ir: JobIR) -> Bundle:
     header = "".join(f"# {line}\n" for line in header_lines(ir))
     files = [
         File("submit.sh", template.render(view=ray_job_view(ir)), 0o755),
-        File("runtime_env.yaml", header + dump_yaml(runtime_env(ir))),
+        File("runtime_env.yaml", header + yaml_text.dump(runtime_env(ir))),
         *job_package(ir, address=None, record=None),
     ]
     return finish(ir, "ray-job", files)

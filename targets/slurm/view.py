@@ -55,11 +55,12 @@ class SlurmView:
     dashboard_port: int | None
     expose_dashboard: bool
     head_interface: str | None
-    container_name: Word | None  # runtimes with a long-lived, job-scoped container
+    container_name: Word | None  # docker/podman: the job's container on the node named by shell variable `node`
     run_dir: Word
     workdir: Word | None  # `cd` here before anything runs (runtime none)
     venv: Word | None
-    image_build: Line | None  # engine, image, dockerfile, context
+    image_check: Line | None  # succeeds when the node has the image
+    image_build: Line | None
     container_start: tuple[Line, ...] | None
     container_remove: Line | None
     step_args: Line
@@ -85,6 +86,10 @@ def slurm_view(ir: JobIR) -> SlurmView:
     address = _word(HEAD_IP, ":", RAY_PORT)
     env_names = (*(e.name for e in ir.env), *ir.secrets, *ir.node_env)
 
+    # The job's container on each node; docker/podman add the node's name, which keeps the names apart
+    # where nodes share a host and its container store (pyxis keeps containers per node by itself).
+    job_container = (f"verlc-{ir.name}-", Var("SLURM_JOB_ID"))
+    image_check: Line | None = None
     image_build: Line | None = None
     container_start: tuple[Line, ...] | None = None
     container_remove: Line | None = None
@@ -93,7 +98,8 @@ def slurm_view(ir: JobIR) -> SlurmView:
     if c.runtime in ("docker", "podman"):
         assert c.image is not None and c.workdir is not None
         if c.build:
-            image_build = (c.runtime, c.image, c.build.dockerfile, c.build.context)
+            image_check = (c.runtime, "image", "inspect", c.image)
+            image_build = (c.runtime, "build", "--file", c.build.dockerfile, "--tag", c.image, c.build.context)
         container_start = (
             (c.runtime, "run", "--detach", "--init", "--network=host", "--ipc=host"),
             ("--name", CONTAINER_WORD),
@@ -114,7 +120,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
                        *(a for m in c.mounts for a in ("--bind", m)), "--pwd", c.workdir, c.image)
     elif c.runtime == "pyxis":
         assert c.image is not None and c.workdir is not None
-        step_args = (_word("--container-image=", *c.image.parts), _word("--container-name=", CONTAINER),
+        step_args = (_word("--container-image=", *c.image.parts), _word("--container-name=", *job_container),
                      _word("--container-workdir=", *c.workdir.parts))
         if c.mounts:
             parts: list[str | Var] = ["--container-mounts="]
@@ -168,11 +174,11 @@ def slurm_view(ir: JobIR) -> SlurmView:
         dashboard_port=ir.ray.dashboard_port,
         expose_dashboard=ir.ray.expose_dashboard,
         head_interface=ir.ray.head_interface,
-        container_name=(_word(f"verlc-{ir.name}-", Var("SLURM_JOB_ID"))
-                        if c.runtime in ("docker", "podman", "pyxis") else None),
+        container_name=_word(*job_container, "-", Var("node")) if c.runtime in ("docker", "podman") else None,
         run_dir=_word(Var("SLURM_SUBMIT_DIR"), f"/verlc-runs/{ir.name}-", Var("SLURM_JOB_ID")),
         workdir=c.workdir if c.runtime == "none" else None,
         venv=c.venv,
+        image_check=image_check,
         image_build=image_build,
         container_start=container_start,
         container_remove=container_remove,

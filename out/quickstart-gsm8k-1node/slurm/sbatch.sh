@@ -44,15 +44,23 @@ begin_stage() {
   log "stage $1"
 }
 
+# in_container NODE: sets `exec_prefix`, the argv prefix that runs a command on NODE inside this job's
+# container there.
+exec_prefix=()
+in_container() {
+  local node=$1
+  exec_prefix=()
+}
+
 # step_for NODE CMD...: sets `step` to the argv that runs CMD on NODE as a job step, inside this
 # job's container. Background steps run "${step[@]}" & directly, so that $! is srun itself and
 # the cleanup's TERM reaches it (a backgrounded function would be a subshell around it).
 step_args=()
-exec_prefix=()
 step=()
 step_for() {
   local node=$1
   shift
+  in_container "$node"
   step=(srun --nodes=1 --ntasks=1 --overlap --nodelist="$node" "${step_args[@]}" "${exec_prefix[@]}" "$@")
 }
 
@@ -62,13 +70,55 @@ on_node() {
   "${step[@]}"
 }
 
-# node_ip NODE: the IPv4 address Ray uses on NODE (the first one when several are printed)
-node_ip() {
-  srun --nodes=1 --ntasks=1 --overlap --nodelist="$1" hostname --ip-address | awk '{ print $1; exit }'
+# fan_out WHERE FUNCTION NODE...: sets `step` to ONE job step that runs FUNCTION on every NODE at once, one
+# task per node, on the host (WHERE=host) or where the job's commands run (WHERE=job: inside the
+# container for pyxis). However many nodes, each stage of the bring-up is one step, not one per node.
+# The tasks get this script's functions and the variables in `shared`; when one task fails, Slurm
+# ends the step (--kill-on-bad-exit) and the task's own message names its node.
+declare -A node_ips=()  # node -> the IPv4 address Ray uses there
+head_ip='' ray_port='' port_base=''
+readonly shared=(node_ips head_ip ray_port port_base)
+fan_out() {
+  local where=$1 fn=$2 nodelist
+  shift 2
+  nodelist=$(IFS=,; printf '%s' "$*")
+  step=(srun --nodes=$# --ntasks=$# --ntasks-per-node=1 --overlap --kill-on-bad-exit=1 --nodelist="$nodelist")
+  [[ $where == host ]] || step+=("${step_args[@]}")
+  step+=(bash -c "set -uo pipefail; $(declare -p "${shared[@]}"); $(declare -f log in_container "$fn"); $fn")
+}
+
+# Run by fan_out on each node (SLURMD_NODENAME and SLURM_PROCID are Slurm's, per task) -------------
+
+# node_address: this node's name and the IPv4 address Ray uses on it (the first one when several are printed)
+node_address() {
+  printf '%s %s\n' "$SLURMD_NODENAME" "$(hostname --ip-address | awk '{ print $1; exit }')"
+}
+
+# ray_worker: this node's Ray worker, until the cleanup stops it. It never exits 0, so that a node whose
+# Ray stops ends the workers' step at once (the log names the node).
+ray_worker() {
+  local i=$((SLURM_PROCID + 1))  # this node's place in the job; the head is 0
+  local node_ip=${node_ips[$SLURMD_NODENAME]} ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-$i
+  local agent_port=$((port_base + 10 + i % 90))  # stays in the job's block, however many nodes
+  in_container "$SLURMD_NODENAME"
+  local ray_worker=(
+    ray start --block --address="${head_ip}":"${ray_port}"
+    --node-ip-address="${node_ip}"
+    --num-gpus=8
+    --num-cpus=32
+    --temp-dir="${ray_tmp}"
+    --dashboard-agent-listen-port="${agent_port}"
+    --disable-usage-stats
+  )
+  log "starting Ray worker on $SLURMD_NODENAME ($node_ip)"
+  local rc=0
+  "${exec_prefix[@]}" "${ray_worker[@]}" || rc=$?
+  log "Ray on $SLURMD_NODENAME exited (code $rc)"
+  exit $((rc ? rc : 1))
 }
 
 # ---- cleanup: runs on every exit, including scancel (TERM) and Ctrl-C ----------------------------
-declare -A ray_step_node=()  # srun pid -> node: names the node whose Ray step dies during bring-up
+declare -A ray_steps=()  # srun pid -> which Ray: names what died during bring-up
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
@@ -137,9 +187,16 @@ main() {
   readonly dashboard_port=$((port_base + 1))
   readonly client_port=$((port_base + 2))
 
-  head_ip=$(node_ip "$head_node")
-  [[ -n $head_ip ]] || die "no IPv4 address found for $head_node"
-  readonly head_ip
+  # One job step asks every node for its address.
+  fan_out host node_address "${nodes[@]}"
+  addresses=$("${step[@]}") || die "could not ask every node for its address (the node is named above)"
+  while read -r node ip; do
+    node_ips[$node]=$ip
+  done <<<"$addresses"
+  for node in "${nodes[@]}"; do
+    [[ -n ${node_ips[$node]:-} ]] || die "no IPv4 address found for $node"
+  done
+  readonly head_ip=${node_ips[$head_node]}
   log "Ray head $head_ip:$ray_port, dashboard http://127.0.0.1:$dashboard_port on $head_node only"
 
   if begin_stage containers; then
@@ -147,7 +204,7 @@ main() {
   fi
 
   if begin_stage ray; then
-    # Per node: Ray's temp dir and dashboard agent port (nodes may share a host in small setups).
+    # The head here; each worker's own values (address, temp dir, agent port) in ray_worker above.
     node_ip=$head_ip
     agent_port=$((port_base + 10))
     ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-0
@@ -165,37 +222,22 @@ main() {
     log "starting Ray head on $head_node"
     step_for "$head_node" "${ray_head[@]}"
     "${step[@]}" &
-    ray_step_node[$!]=$head_node
-    for ((i = 1; i < ${#nodes[@]}; i++)); do
-      node=${nodes[i]}
-      node_ip=$(node_ip "$node")
-      [[ -n $node_ip ]] || die "no IPv4 address found for $node"
-      agent_port=$((port_base + 10 + i % 90))  # stays in the job's block, however many nodes
-      ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-$i
-      ray_worker=(
-        ray start --block --address="${head_ip}":"${ray_port}"
-        --node-ip-address="${node_ip}"
-        --num-gpus=8
-        --num-cpus=32
-        --temp-dir="${ray_tmp}"
-        --dashboard-agent-listen-port="${agent_port}"
-        --disable-usage-stats
-      )
-      log "starting Ray worker on $node ($node_ip)"
-      step_for "$node" "${ray_worker[@]}"
+    ray_steps[$!]="Ray on $head_node"
+    if ((${#nodes[@]} > 1)); then
+      fan_out job ray_worker "${nodes[@]:1}"
       "${step[@]}" &
-      ray_step_node[$!]=$node
-    done
+      ray_steps[$!]="Ray on a worker (named above)"
+    fi
 
     log "waiting up to ${wait_seconds}s for $expected_nodes nodes and $expected_gpus GPUs"
     step_for "$head_node" python3 - wait --address "${head_ip}":"${ray_port}" --nodes 1 --gpus 8 --timeout 600
     "${step[@]}" < <(helper_source) &
     waiter=$!
-    # Fail fast, naming the node, when a Ray step dies while we wait.
+    # Fail fast when a Ray step dies while we wait.
     while kill -0 "$waiter" 2>/dev/null; do
-      for pid in "${!ray_step_node[@]}"; do
+      for pid in "${!ray_steps[@]}"; do
         kill -0 "$pid" 2>/dev/null \
-          || die "Ray on ${ray_step_node[$pid]} exited during bring-up; its output is above"
+          || die "${ray_steps[$pid]} exited during bring-up; its output is above"
       done
       sleep 1
     done

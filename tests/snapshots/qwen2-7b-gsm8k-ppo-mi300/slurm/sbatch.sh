@@ -27,7 +27,6 @@ readonly expected_nodes=2
 readonly gpus_per_node=8
 readonly expected_gpus=16
 readonly wait_seconds=600
-readonly container=verlc-qwen2-7b-gsm8k-ppo-mi300-"${SLURM_JOB_ID}"
 readonly run_dir="${SLURM_SUBMIT_DIR}"/verlc-runs/qwen2-7b-gsm8k-ppo-mi300-"${SLURM_JOB_ID}"
 readonly stop_after=${VERLC_STOP_AFTER:-train}
 
@@ -50,15 +49,24 @@ begin_stage() {
   log "stage $1"
 }
 
+# in_container NODE: sets `exec_prefix`, the argv prefix that runs a command on NODE inside this job's
+# container there (and `container`, its name).
+exec_prefix=()
+in_container() {
+  local node=$1
+  container=verlc-qwen2-7b-gsm8k-ppo-mi300-"${SLURM_JOB_ID}"-"${node}"
+  exec_prefix=(docker exec --interactive "${container}")
+}
+
 # step_for NODE CMD...: sets `step` to the argv that runs CMD on NODE as a job step, inside this
 # job's container. Background steps run "${step[@]}" & directly, so that $! is srun itself and
 # the cleanup's TERM reaches it (a backgrounded function would be a subshell around it).
 step_args=()
-exec_prefix=(docker exec --interactive "${container}")
 step=()
 step_for() {
   local node=$1
   shift
+  in_container "$node"
   step=(srun --nodes=1 --ntasks=1 --overlap --nodelist="$node" "${step_args[@]}" "${exec_prefix[@]}" "$@")
 }
 
@@ -68,13 +76,111 @@ on_node() {
   "${step[@]}"
 }
 
-# node_ip NODE: the IPv4 address Ray uses on NODE (the first one when several are printed)
-node_ip() {
-  srun --nodes=1 --ntasks=1 --overlap --nodelist="$1" hostname --ip-address | awk '{ print $1; exit }'
+# fan_out WHERE FUNCTION NODE...: sets `step` to ONE job step that runs FUNCTION on every NODE at once, one
+# task per node, on the host (WHERE=host) or where the job's commands run (WHERE=job: inside the
+# container for pyxis). However many nodes, each stage of the bring-up is one step, not one per node.
+# The tasks get this script's functions and the variables in `shared`; when one task fails, Slurm
+# ends the step (--kill-on-bad-exit) and the task's own message names its node.
+declare -A node_ips=()  # node -> the IPv4 address Ray uses there
+head_ip='' ray_port='' port_base=''
+readonly shared=(node_ips head_ip ray_port port_base)
+fan_out() {
+  local where=$1 fn=$2 nodelist
+  shift 2
+  nodelist=$(IFS=,; printf '%s' "$*")
+  step=(srun --nodes=$# --ntasks=$# --ntasks-per-node=1 --overlap --kill-on-bad-exit=1 --nodelist="$nodelist")
+  [[ $where == host ]] || step+=("${step_args[@]}")
+  step+=(bash -c "set -uo pipefail; $(declare -p "${shared[@]}"); $(declare -f log in_container "$fn"); $fn")
+}
+
+# Run by fan_out on each node (SLURMD_NODENAME and SLURM_PROCID are Slurm's, per task) -------------
+
+# node_address: this node's name and the IPv4 address Ray uses on it (the first one when several are printed)
+node_address() {
+  printf '%s %s\n' "$SLURMD_NODENAME" "$(hostname --ip-address | awk '{ print $1; exit }')"
+}
+
+# build_image: build the job's image on this node, unless the node has it already
+build_image() {
+  docker image inspect verl.rocm >/dev/null 2>&1 && return
+  log "building the image on $SLURMD_NODENAME"
+  docker build --file docker/Dockerfile.rocm --tag verl.rocm . || { log "ERROR: image build failed on $SLURMD_NODENAME"; exit 1; }
+}
+
+# start_container: start this job's long-lived container on this node
+start_container() {
+  in_container "$SLURMD_NODENAME"
+  local container_start=(
+    docker run --detach --init --network=host --ipc=host
+    --name "${container}"
+    --shm-size=128G
+    --device=/dev/kfd
+    --device=/dev/dri
+    --device=/dev/infiniband
+    --group-add video
+    --env PYTHONUNBUFFERED
+    --env HIP_VISIBLE_DEVICES
+    --env ROCR_VISIBLE_DEVICES
+    --env CUDA_VISIBLE_DEVICES
+    --env RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES
+    --env HSA_NO_SCRATCH_RECLAIM
+    --env NCCL_IB_HCA
+    --env NCCL_IB_GID_INDEX
+    --env NCCL_CROSS_NIC
+    --env NCCL_PROTO
+    --env NCCL_DEBUG
+    --env GPU_MAX_HW_QUEUES
+    --env TORCH_NCCL_HIGH_PRIORITY
+    --env NCCL_CHECKS_DISABLE
+    --env CUDA_DEVICE_MAX_CONNECTIONS
+    --env RCCL_MSCCL_ENABLE
+    --env TOKENIZERS_PARALLELISM
+    --env TRANSFORMERS_CACHE
+    --env HF_HOME
+    --env WANDB_API_KEY
+    --volume "${HOME}":"${HOME}"
+    --volume "${HOME}"/.ssh:/root/.ssh
+    --workdir "${HOME}"/projects/verl_upstream
+    --cap-add=SYS_PTRACE
+    --security-opt=seccomp=unconfined
+    --privileged
+    verl.rocm sleep infinity
+  )
+  log "starting container $container on $SLURMD_NODENAME"
+  "${container_start[@]}" >/dev/null || { log "ERROR: could not start container $container on $SLURMD_NODENAME"; exit 1; }
+}
+
+# remove_container: remove this job's container on this node
+remove_container() {
+  in_container "$SLURMD_NODENAME"
+  docker rm --force "${container}" >/dev/null || { log "could not remove container $container on $SLURMD_NODENAME"; exit 1; }
+}
+
+# ray_worker: this node's Ray worker, until the cleanup stops it. It never exits 0, so that a node whose
+# Ray stops ends the workers' step at once (the log names the node).
+ray_worker() {
+  local i=$((SLURM_PROCID + 1))  # this node's place in the job; the head is 0
+  local node_ip=${node_ips[$SLURMD_NODENAME]} ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-$i
+  local agent_port=$((port_base + 10 + i % 90))  # stays in the job's block, however many nodes
+  in_container "$SLURMD_NODENAME"
+  local ray_worker=(
+    ray start --block --address="${head_ip}":"${ray_port}"
+    --node-ip-address="${node_ip}"
+    --num-gpus=8
+    --num-cpus=28
+    --temp-dir="${ray_tmp}"
+    --dashboard-agent-listen-port="${agent_port}"
+    --disable-usage-stats
+  )
+  log "starting Ray worker on $SLURMD_NODENAME ($node_ip)"
+  local rc=0
+  "${exec_prefix[@]}" "${ray_worker[@]}" || rc=$?
+  log "Ray on $SLURMD_NODENAME exited (code $rc)"
+  exit $((rc ? rc : 1))
 }
 
 # ---- cleanup: runs on every exit, including scancel (TERM) and Ctrl-C ----------------------------
-declare -A ray_step_node=()  # srun pid -> node: names the node whose Ray step dies during bring-up
+declare -A ray_steps=()  # srun pid -> which Ray: names what died during bring-up
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
@@ -96,11 +202,10 @@ cleanup() {
     done
     kill -KILL "${pids[@]}" 2>/dev/null
   fi
-  for node in "${nodes[@]}"; do
-    timeout 120 srun --nodes=1 --ntasks=1 --overlap --nodelist="$node" \
-      docker rm --force "${container}" >/dev/null 2>&1 \
-      || log "could not remove container $container on $node"
-  done
+  if ((${#nodes[@]})); then
+    fan_out host remove_container "${nodes[@]}"
+    timeout 120 "${step[@]}" || log "could not remove every container (the nodes are named above)"
+  fi
   wait
   if ((requeue)); then
     log "requeueing job $SLURM_JOB_ID"
@@ -169,65 +274,27 @@ main() {
   readonly dashboard_port=8266
   readonly client_port=$((port_base + 2))
 
-  head_ip=$(node_ip "$head_node")
-  [[ -n $head_ip ]] || die "no IPv4 address found for $head_node"
-  readonly head_ip
+  # One job step asks every node for its address.
+  fan_out host node_address "${nodes[@]}"
+  addresses=$("${step[@]}") || die "could not ask every node for its address (the node is named above)"
+  while read -r node ip; do
+    node_ips[$node]=$ip
+  done <<<"$addresses"
+  for node in "${nodes[@]}"; do
+    [[ -n ${node_ips[$node]:-} ]] || die "no IPv4 address found for $node"
+  done
+  readonly head_ip=${node_ips[$head_node]}
   log "Ray head $head_ip:$ray_port, dashboard http://127.0.0.1:$dashboard_port on $head_node only"
 
   if begin_stage containers; then
-    for node in "${nodes[@]}"; do
-      # Build the image on a node only when that node does not have it yet.
-      # shellcheck disable=SC2016 # the positional parameters belong to the inner bash
-      srun --nodes=1 --ntasks=1 --overlap --nodelist="$node" bash -c \
-        '"$1" image inspect "$2" >/dev/null 2>&1 || "$1" build --file "$3" --tag "$2" "$4"' \
-        verlc-build docker verl.rocm docker/Dockerfile.rocm . \
-        || die "image build failed on $node"
-    done
-    container_start=(
-      docker run --detach --init --network=host --ipc=host
-      --name "${container}"
-      --shm-size=128G
-      --device=/dev/kfd
-      --device=/dev/dri
-      --device=/dev/infiniband
-      --group-add video
-      --env PYTHONUNBUFFERED
-      --env HIP_VISIBLE_DEVICES
-      --env ROCR_VISIBLE_DEVICES
-      --env CUDA_VISIBLE_DEVICES
-      --env RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES
-      --env HSA_NO_SCRATCH_RECLAIM
-      --env NCCL_IB_HCA
-      --env NCCL_IB_GID_INDEX
-      --env NCCL_CROSS_NIC
-      --env NCCL_PROTO
-      --env NCCL_DEBUG
-      --env GPU_MAX_HW_QUEUES
-      --env TORCH_NCCL_HIGH_PRIORITY
-      --env NCCL_CHECKS_DISABLE
-      --env CUDA_DEVICE_MAX_CONNECTIONS
-      --env RCCL_MSCCL_ENABLE
-      --env TOKENIZERS_PARALLELISM
-      --env TRANSFORMERS_CACHE
-      --env HF_HOME
-      --env WANDB_API_KEY
-      --volume "${HOME}":"${HOME}"
-      --volume "${HOME}"/.ssh:/root/.ssh
-      --workdir "${HOME}"/projects/verl_upstream
-      --cap-add=SYS_PTRACE
-      --security-opt=seccomp=unconfined
-      --privileged
-      verl.rocm sleep infinity
-    )
-    for node in "${nodes[@]}"; do
-      log "starting container $container on $node"
-      srun --nodes=1 --ntasks=1 --overlap --nodelist="$node" "${container_start[@]}" >/dev/null \
-        || die "could not start container $container on $node"
-    done
+    fan_out host build_image "${nodes[@]}"
+    "${step[@]}" || die "the image could not be built on every node (the node is named above)"
+    fan_out host start_container "${nodes[@]}"
+    "${step[@]}" || die "the containers did not start on every node (the node is named above)"
   fi
 
   if begin_stage ray; then
-    # Per node: Ray's temp dir and dashboard agent port (nodes may share a host in small setups).
+    # The head here; each worker's own values (address, temp dir, agent port) in ray_worker above.
     node_ip=$head_ip
     agent_port=$((port_base + 10))
     ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-0
@@ -245,37 +312,22 @@ main() {
     log "starting Ray head on $head_node"
     step_for "$head_node" "${ray_head[@]}"
     "${step[@]}" &
-    ray_step_node[$!]=$head_node
-    for ((i = 1; i < ${#nodes[@]}; i++)); do
-      node=${nodes[i]}
-      node_ip=$(node_ip "$node")
-      [[ -n $node_ip ]] || die "no IPv4 address found for $node"
-      agent_port=$((port_base + 10 + i % 90))  # stays in the job's block, however many nodes
-      ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-$i
-      ray_worker=(
-        ray start --block --address="${head_ip}":"${ray_port}"
-        --node-ip-address="${node_ip}"
-        --num-gpus=8
-        --num-cpus=28
-        --temp-dir="${ray_tmp}"
-        --dashboard-agent-listen-port="${agent_port}"
-        --disable-usage-stats
-      )
-      log "starting Ray worker on $node ($node_ip)"
-      step_for "$node" "${ray_worker[@]}"
+    ray_steps[$!]="Ray on $head_node"
+    if ((${#nodes[@]} > 1)); then
+      fan_out job ray_worker "${nodes[@]:1}"
       "${step[@]}" &
-      ray_step_node[$!]=$node
-    done
+      ray_steps[$!]="Ray on a worker (named above)"
+    fi
 
     log "waiting up to ${wait_seconds}s for $expected_nodes nodes and $expected_gpus GPUs"
     step_for "$head_node" python3 - wait --address "${head_ip}":"${ray_port}" --nodes 2 --gpus 16 --timeout 600
     "${step[@]}" < <(helper_source) &
     waiter=$!
-    # Fail fast, naming the node, when a Ray step dies while we wait.
+    # Fail fast when a Ray step dies while we wait.
     while kill -0 "$waiter" 2>/dev/null; do
-      for pid in "${!ray_step_node[@]}"; do
+      for pid in "${!ray_steps[@]}"; do
         kill -0 "$pid" 2>/dev/null \
-          || die "Ray on ${ray_step_node[$pid]} exited during bring-up; its output is above"
+          || die "${ray_steps[$pid]} exited during bring-up; its output is above"
       done
       sleep 1
     done
