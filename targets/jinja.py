@@ -6,11 +6,16 @@ spec string cannot reach a generated file by accident: forgetting `| sh` fails t
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import shlex
+import sys
+import tempfile
 from collections.abc import Iterable
 from functools import cache
+from importlib import resources
 from typing import Any
 
 import jinja2
@@ -92,21 +97,57 @@ def _finalize(value: Any) -> Any:
     raise TypeError(f"template printed {value!r} without an output filter (sh, argv, name, ...)")
 
 
+# How templates are parsed; also part of the compiled-template cache's key.
+_SYNTAX: dict[str, Any] = dict(
+    keep_trailing_newline=True,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    autoescape=False,
+    # `{#` is everyday bash (`${#array[@]}`), so template comments use `{##` ... `##}`.
+    comment_start_string="{##",
+    comment_end_string="##}",
+)
+
+
+class _PycacheBytecode(jinja2.BytecodeCache):
+    """Compiled templates kept in the package's `__pycache__`, beside its compiled modules, as Python
+    keeps those: compiling sbatch.sh.j2 costs more than rendering every target. Jinja rejects an entry
+    whose template source or Python version differs; the file name carries Jinja's version and the
+    syntax above. Like Python, it writes nothing when PYTHONDONTWRITEBYTECODE is set, and where the
+    folder cannot be written, templates are compiled in every run."""
+
+    def __init__(self, package: str) -> None:
+        self.folder = os.path.join(str(resources.files(package)), "__pycache__")
+        settings = repr((jinja2.__version__, sorted(_SYNTAX.items()), _finalize.__qualname__))
+        self.tag = hashlib.sha256(settings.encode()).hexdigest()[:12]
+
+    def _path(self, bucket: jinja2.bccache.Bucket) -> str:
+        return os.path.join(self.folder, f"{bucket.key[:20]}.jinja-{self.tag}.cache")
+
+    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            with open(self._path(bucket), "rb") as f:
+                bucket.load_bytecode(f)
+        except OSError:
+            pass
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        if sys.dont_write_bytecode:
+            return
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            with tempfile.NamedTemporaryFile("wb", dir=self.folder, suffix=".tmp", delete=False) as f:
+                bucket.write_bytecode(f)
+            os.replace(f.name, self._path(bucket))  # whole files only, even with two builds at once
+        except OSError:
+            pass
+
+
 @cache
 def environment(package: str) -> jinja2.Environment:
     """The strict environment for one target's templates (built once: it caches compiled templates)."""
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader(package, "."),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-        finalize=_finalize,
-        # `{#` is everyday bash (`${#array[@]}`), so template comments use `{##` ... `##}`.
-        comment_start_string="{##",
-        comment_end_string="##}",
-    )
+    env = jinja2.Environment(loader=jinja2.PackageLoader(package, "."), undefined=jinja2.StrictUndefined,
+                             finalize=_finalize, bytecode_cache=_PycacheBytecode(package), **_SYNTAX)
     env.filters.clear()  # no escape hatches such as |string or |join: only the filters below
     env.filters.update(sh=sh, argv=argv, name=name, directive=directive, comment=comment,
                        heredoc=heredoc, tojson=tojson)

@@ -66,6 +66,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # pydantic looks for plugins (validation observers) by reading every installed package's entry
+    # points before it builds the first model; verlc has none to observe, and that scan is a tenth of
+    # a cold build (docs/performance.md).
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     args = _parser().parse_args(argv)
     try:
         if args.command == "build":
