@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -18,14 +17,16 @@ class Config:
     """verl's config for one engine with settings applied; resolves simple interpolations."""
 
     def __init__(self, base: dict[str, Any], settings: dict[str, Any]) -> None:
-        self.tree = copy.deepcopy(base)
+        # `base` (a release's shared tree) is never changed: each setting copies only the mappings on
+        # its own path, and the rest of the tree is shared.
+        self.tree = dict(base)
         for key, value in settings.items():
             node = self.tree
             *parents, last = key.split(".")
             for part in parents:
-                if not isinstance(node.get(part), dict):  # a null default that the spec fills with keys
-                    node[part] = {}
-                node = node[part]
+                child = node.get(part)  # not a mapping: a null default that the spec fills with keys
+                node[part] = child = dict(child) if isinstance(child, dict) else {}
+                node = child
             node[last] = value
 
     def get(self, key: str, depth: int = 0) -> Any:
