@@ -152,7 +152,7 @@ elif name == "hostname":
     print("127.0.0.1")
 elif name == "ip":
     print("1: eth0    inet 127.0.0.1/8 scope host eth0")
-elif "--block" in args:  # `ray start --block` runs until the cleanup stops it
+elif "--block" in args or args[:1] == ["run"]:  # `ray start --block`, `docker run`: until the cleanup stops them
     time.sleep(60)
 elif name == "python3" and args[:1] != ["-"] and "verl.trainer.main_ppo" not in args:
     os.execv({python!r}, [{python!r}, *args])  # submit.sh's runtime-env merge: the real thing

@@ -108,7 +108,9 @@ exec {real}/python3 "$@"
 
 
 def build(root: Path, *, val_file: str = "data/test.parquet", wait: str = "120s", venv: Path | None = None,
-          grace: str = "null", prepare: str = "", nodes: int = 2) -> Path:
+          grace: str = "null", prepare: str = "", nodes: int = 2, container: str | None = None) -> Path:
+    """The e2e spec in `root`; `container` replaces its `runtime: none` section (a YAML flow mapping)."""
+    container = container or f"{{runtime: none, workdir: {root}, venv: {venv or Path(sys.prefix)}}}"
     spec = root / "spec.yaml"
     spec.write_text(f"""\
 name: e2e-{root.name[-12:].strip('_-') or 'run'}
@@ -120,7 +122,7 @@ verl: {{actor_rollout_ref: {{rollout: {{name: vllm, log_prob_micro_batch_size_pe
        critic: {{ppo_micro_batch_size_per_gpu: 4}}}}
 cluster: {{nodes: {nodes}, gpus_per_node: 8, slurm: {{cpus_per_task: 1, output: {root}/slurm-%j.out,
                                                requeue_grace: {grace}}}}}
-container: {{runtime: none, workdir: {root}, venv: {venv or Path(sys.prefix)}}}
+container: {container}
 network: {{head_interface: lo}}
 ray: {{wait_for_nodes: {wait}}}
 """)
@@ -132,11 +134,13 @@ ray: {{wait_for_nodes: {wait}}}
 SUBMIT_ENV = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "SLURM_CONF": SLURM_CONF}
 
 
-def sbatch(script: Path, root: Path, stop_after: str = "preflight", *options: str) -> tuple[str, str, str]:
-    """Submit, wait, and return (job id, the job's output, Slurm's JobState)."""
+def sbatch(script: Path, root: Path, stop_after: str = "preflight", *options: str,
+           env: dict[str, str] | None = None) -> tuple[str, str, str]:
+    """Submit, wait, and return (job id, the job's output, Slurm's JobState). `env` adds to the
+    submitting shell's environment, which the job inherits."""
     result = subprocess.run(["sbatch", "--wait", "--parsable", *options, str(script)], cwd=root,
                             capture_output=True, text=True, timeout=600,
-                            env={**SUBMIT_ENV, "HOME": str(root), "VERLC_STOP_AFTER": stop_after})
+                            env={**SUBMIT_ENV, "HOME": str(root), "VERLC_STOP_AFTER": stop_after, **(env or {})})
     job = result.stdout.strip().split(";")[0]
     assert job.isdigit(), result.stderr
     return job, (root / f"slurm-{job}.out").read_text(), job_state(job)
@@ -154,9 +158,10 @@ def job_state(job: str) -> str:
         time.sleep(0.5)
 
 
-def submit(script: Path, root: Path, stop_after: str = "train") -> str:
+def submit(script: Path, root: Path, stop_after: str = "train", env: dict[str, str] | None = None) -> str:
     result = subprocess.run(["sbatch", "--parsable", str(script)], cwd=root, capture_output=True, text=True,
-                            timeout=60, env={**SUBMIT_ENV, "HOME": str(root), "VERLC_STOP_AFTER": stop_after})
+                            timeout=60, env={**SUBMIT_ENV, "HOME": str(root), "VERLC_STOP_AFTER": stop_after,
+                                             **(env or {})})
     job = result.stdout.strip().split(";")[0]
     assert job.isdigit(), result.stderr
     return job

@@ -61,8 +61,9 @@ class SlurmView:
     venv: Word | None
     image_check: Line | None  # succeeds when the node has the image
     image_build: Line | None
-    container_start: tuple[Line, ...] | None
+    container_run: tuple[Line, ...] | None  # runs the container in the foreground, removed when it stops
     container_remove: Line | None
+    container_check: Line | None  # succeeds while the container exists
     step_args: Line
     exec_prefix: Line
     ray_head: tuple[Line, ...]
@@ -91,8 +92,9 @@ def slurm_view(ir: JobIR) -> SlurmView:
     job_container = (f"verlc-{ir.name}-", Var("SLURM_JOB_ID"))
     image_check: Line | None = None
     image_build: Line | None = None
-    container_start: tuple[Line, ...] | None = None
+    container_run: tuple[Line, ...] | None = None
     container_remove: Line | None = None
+    container_check: Line | None = None
     step_args: Line = ()
     exec_prefix: Line = ()
     if c.runtime in ("docker", "podman"):
@@ -100,8 +102,11 @@ def slurm_view(ir: JobIR) -> SlurmView:
         if c.build:
             image_check = (c.runtime, "image", "inspect", c.image)
             image_build = (c.runtime, "build", "--file", c.build.dockerfile, "--tag", c.image, c.build.context)
-        container_start = (
-            (c.runtime, "run", "--detach", "--init", "--network=host", "--ipc=host"),
+        container_run = (
+            # In the foreground of a job step, so that Slurm ending the step stops the container (the engine
+            # passes the signal on), and --rm removes it. Its own /dev/shm of shm_size (no --ipc=host:
+            # podman refuses it beside --shm-size).
+            (c.runtime, "run", "--rm", "--init", "--network=host"),
             ("--name", CONTAINER_WORD),
             (f"--shm-size={c.shm_size}",),
             *((f"--device={d}",) for d in c.devices),
@@ -113,6 +118,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
             (c.image, "sleep", "infinity"),
         )
         container_remove = (c.runtime, "rm", "--force", CONTAINER_WORD)
+        container_check = (c.runtime, "container", "inspect", CONTAINER_WORD)
         exec_prefix = (c.runtime, "exec", "--interactive", CONTAINER_WORD)
     elif c.runtime == "apptainer":
         assert c.image is not None and c.workdir is not None
@@ -180,8 +186,9 @@ def slurm_view(ir: JobIR) -> SlurmView:
         venv=c.venv,
         image_check=image_check,
         image_build=image_build,
-        container_start=container_start,
+        container_run=container_run,
         container_remove=container_remove,
+        container_check=container_check,
         step_args=step_args,
         exec_prefix=exec_prefix,
         ray_head=ray_head,

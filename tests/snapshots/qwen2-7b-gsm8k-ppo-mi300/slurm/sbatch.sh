@@ -107,11 +107,13 @@ build_image() {
   docker build --file docker/Dockerfile.rocm --tag verl.rocm . || { log "ERROR: image build failed on $SLURMD_NODENAME"; exit 1; }
 }
 
-# start_container: start this job's long-lived container on this node
-start_container() {
+# run_container: this job's container on this node, for as long as the task runs. When Slurm ends the step
+# (the cleanup, scancel, the time limit) the engine passes the signal to the container, which stops and is
+# removed (--rm): after scancel no new job step could be started to remove it.
+run_container() {
   in_container "$SLURMD_NODENAME"
-  local container_start=(
-    docker run --detach --init --network=host --ipc=host
+  local container_run=(
+    docker run --rm --init --network=host
     --name "${container}"
     --shm-size=128G
     --device=/dev/kfd
@@ -147,13 +149,25 @@ start_container() {
     verl.rocm sleep infinity
   )
   log "starting container $container on $SLURMD_NODENAME"
-  "${container_start[@]}" >/dev/null || { log "ERROR: could not start container $container on $SLURMD_NODENAME"; exit 1; }
+  local rc=0
+  "${container_run[@]}" >/dev/null || rc=$?
+  log "container $container on $SLURMD_NODENAME stopped (code $rc)"
+  exit $((rc ? rc : 1))
 }
 
-# remove_container: remove this job's container on this node
+# container_ready: wait until this node's container runs commands
+container_ready() {
+  in_container "$SLURMD_NODENAME"
+  until "${exec_prefix[@]}" true </dev/null 2>/dev/null; do
+    sleep 1
+  done
+}
+
+# remove_container: remove this job's container on this node, unless it is gone already
 remove_container() {
   in_container "$SLURMD_NODENAME"
-  docker rm --force "${container}" >/dev/null || { log "could not remove container $container on $SLURMD_NODENAME"; exit 1; }
+  docker rm --force "${container}" >/dev/null 2>&1 || ! docker container inspect "${container}" >/dev/null 2>&1 \
+    || { log "could not remove container $container on $SLURMD_NODENAME"; exit 1; }
 }
 
 # ray_worker: this node's Ray worker, until the cleanup stops it. It never exits 0, so that a node whose
@@ -289,8 +303,18 @@ main() {
   if begin_stage containers; then
     fan_out host build_image "${nodes[@]}"
     "${step[@]}" || die "the image could not be built on every node (the node is named above)"
-    fan_out host start_container "${nodes[@]}"
-    "${step[@]}" || die "the containers did not start on every node (the node is named above)"
+    fan_out host run_container "${nodes[@]}"
+    "${step[@]}" &
+    containers_step=$!
+    fan_out host container_ready "${nodes[@]}"
+    "${step[@]}" &
+    ready_step=$!
+    while kill -0 "$ready_step" 2>/dev/null; do
+      kill -0 "$containers_step" 2>/dev/null \
+        || die "the containers did not start on every node (the node is named above)"
+      sleep 1
+    done
+    wait "$ready_step" || die "the containers did not start on every node (the node is named above)"
   fi
 
   if begin_stage ray; then

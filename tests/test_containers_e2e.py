@@ -1,0 +1,160 @@
+"""The Slurm bundle's docker and podman paths for real: containers -> ray -> data -> preflight inside the
+containers of two local Slurm nodes, and the cleanup that removes them.
+
+dev/containers.sh builds the test image (Debian, Ray with its dashboard, verl) without a registry and keeps
+podman's state in its own folder; `docker` is its podman shim on the job's PATH. Both nodes share this host
+and one container store, so each node's container carries the node's name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import IN_CI, REPO
+from test_slurm_e2e import build, job_state, sbatch, slurm, submit, wait_for, write_fixtures  # noqa: F401
+
+STATE = Path(os.environ.get("VERLC_CONTAINER_STATE", "/tmp/verlc-containers"))
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[dict[str, str]]:
+    """The environment that points podman and the docker shim at dev/containers.sh's state and image."""
+    built = subprocess.run(["bash", str(REPO / "dev" / "containers.sh"), "image"], capture_output=True,
+                           text=True, timeout=1800)
+    if built.returncode != 0:
+        message = f"cannot build the test image:\n{built.stderr[-3000:]}"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    exports = subprocess.run(["bash", str(REPO / "dev" / "containers.sh"), "env"], capture_output=True,
+                             text=True, check=True).stdout
+    env = dict(word.split("=", 1) for line in exports.splitlines() for word in shlex.split(line)[1:])
+    env["PATH"] = f"{REPO / 'dev' / 'bin'}:/usr/bin:/bin:/usr/sbin:/sbin"
+    env.pop("DOCKER_HOST")  # the jobs run podman directly; only Compose needs the API service
+    yield env
+
+
+PODMAN_WITHOUT_GPUS = """#!/bin/bash
+# No GPU here, and podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi (this machine's, which the
+# tests leave alone): drop the CDI GPU device the bundle asks for, and say so in the job's log.
+args=()
+for a in "$@"; do
+  if [[ $a == --device=nvidia.com/gpu=all ]]; then echo "test shim: dropped $a" >&2; continue; fi
+  args+=("$a")
+done
+exec /usr/bin/podman "${args[@]}"
+"""
+
+
+def job_env(engine: dict[str, str], runtime: str, root: Path) -> dict[str, str]:
+    """The submitting shell's environment: the engine's, plus for podman the GPU-less shim first on PATH."""
+    if runtime == "docker":  # dev/bin/docker runs podman, which takes `--gpus all` and ignores it here
+        return engine
+    shim = root / "shim"
+    shim.mkdir()
+    (shim / "podman").write_text(PODMAN_WITHOUT_GPUS)
+    (shim / "podman").chmod(0o755)
+    return {**engine, "PATH": f"{shim}:{engine['PATH']}"}
+
+
+def containers(env: dict[str, str], script: Path, job: str) -> list[str]:
+    """The job's containers that still exist (running or not)."""
+    listed = subprocess.run(["podman", "ps", "--all", "--format", "{{.Names}}"], capture_output=True, text=True,
+                            env={**os.environ, **env}, check=True).stdout
+    return [name for name in listed.split() if name.startswith(f"verlc-{script.parent.parent.name}-{job}-")]
+
+
+def fake_bin(root: Path, *, ray_fails_on_node: int | None = None) -> Path:
+    """Commands that go first on the containers' PATH: `ray start` fails on one node (by its place in
+    the job, which names its Ray temp dir), and verl's trainer only prints its argv (no GPU here); the
+    first run then waits to be preempted, a restarted one (SLURM_RESTART_COUNT > 0) exits 0."""
+    folder = root / "bin"
+    folder.mkdir()
+    fail = (f'[[ $1 == start && " $* " == *"-{ray_fails_on_node} "* ]] && '
+            f'{{ echo "test: ray start refused here" >&2; exit 1; }}\n') if ray_fails_on_node else ""
+    (folder / "ray").write_text(f"#!/bin/bash\n{fail}exec /opt/venv/bin/ray \"$@\"\n")
+    (folder / "python3").write_text("""#!/bin/bash
+if [[ " $* " == *" verl.trainer.main_ppo "* ]]; then
+  echo "TRAINER restart=${SLURM_RESTART_COUNT:-0} argv: $*"
+  if [[ ${SLURM_RESTART_COUNT:-0} == 0 ]]; then sleep 600; fi
+  exit 0
+fi
+exec /opt/venv/bin/python3 "$@"
+""")
+    for name in ("ray", "python3"):
+        (folder / name).chmod(0o755)
+    return folder
+
+
+def container_spec(root: Path, runtime: str, env: dict[str, str], ray_fails_on_node: int | None = None) -> str:
+    path = f"{fake_bin(root, ray_fails_on_node=ray_fails_on_node)}:/opt/venv/bin:/usr/bin:/bin"
+    return (f"{{runtime: {runtime}, image: {json.dumps(env['VERLC_TEST_IMAGE'])}, workdir: {root}, shm_size: 1g, "
+            f"mounts: ['{root}:{root}'], run_args: [--env, 'PATH={path}', --env, SLURM_RESTART_COUNT]}}")
+
+
+@pytest.mark.parametrize("runtime", ["docker", "podman"])
+def test_bring_up_and_preflight_inside_containers_then_every_container_is_removed(
+        slurm: None, engine: dict[str, str], tmp_path: Path, runtime: str) -> None:
+    write_fixtures(tmp_path)
+    script = build(tmp_path, container=container_spec(tmp_path, runtime, engine))
+    text = script.read_text()
+    assert f"{runtime} run --rm" in text and f"{runtime} exec --interactive" in text
+    job, output, state = sbatch(script, tmp_path, env=job_env(engine, runtime, tmp_path))
+    assert state == "COMPLETED", output
+    if runtime == "podman":
+        assert output.count("test shim: dropped --device=nvidia.com/gpu=all") == 2, output
+    for node in ("n1", "n2"):
+        assert f"starting container verlc-{script.parent.parent.name}-{job}-{node} on {node}" in output
+    assert "cluster ready: 2 nodes, 16 GPUs" in output
+    assert "preflight passed: 2 nodes, 16 GPUs, 2 data files" in output
+    record = json.loads((tmp_path / "verlc-runs" / f"{script.parent.parent.name}-{job}" / "run-record.json").read_text())
+    assert all(n["python"].startswith("3.11") and n["packages"]["verl"] == "0.9.1" for n in record["nodes"])
+    assert containers(engine, script, job) == [], "the cleanup must remove every container"
+
+
+def test_a_worker_whose_ray_fails_inside_its_container_fails_the_job_fast_and_is_named(
+        slurm: None, engine: dict[str, str], tmp_path: Path) -> None:
+    write_fixtures(tmp_path)
+    script = build(tmp_path, wait="300s", container=container_spec(tmp_path, "docker", engine, ray_fails_on_node=1))
+    job, output, state = sbatch(script, tmp_path, env=engine)
+    assert state == "FAILED", output
+    assert "test: ray start refused here" in output
+    assert "Ray on n2 exited (code 1)" in output
+    assert "cluster ready" not in output
+    assert containers(engine, script, job) == []
+
+
+def test_scancel_during_bring_up_removes_the_containers(slurm: None, engine: dict[str, str], tmp_path: Path) -> None:
+    write_fixtures(tmp_path)
+    script = build(tmp_path, container=container_spec(tmp_path, "docker", engine))
+    job = submit(script, tmp_path, "preflight", engine)
+    log = tmp_path / f"slurm-{job}.out"
+    wait_for(lambda: log.exists() and "waiting up to" in log.read_text(), 180, "bring-up to start waiting")
+    subprocess.run(["scancel", job], check=True)
+    wait_for(lambda: job_state(job) == "CANCELLED", 60, "the job to be cancelled")
+    wait_for(lambda: "exit code 143" in log.read_text(), 120, "the cleanup trap to finish")
+    # No job step can be started after scancel: the containers stop with their own step.
+    wait_for(lambda: containers(engine, script, job) == [], 60, "the containers to be removed")
+
+
+def test_preemption_requeues_into_new_containers_and_resumes(slurm: None, engine: dict[str, str],
+                                                            tmp_path: Path) -> None:
+    write_fixtures(tmp_path)
+    script = build(tmp_path, grace="120s", container=container_spec(tmp_path, "docker", engine))
+    job = submit(script, tmp_path, "train", engine)
+    log = tmp_path / f"slurm-{job}.out"
+    wait_for(lambda: log.exists() and "TRAINER restart=0" in log.read_text(), 240, "training to start")
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
+    wait_for(lambda: job_state(job) == "COMPLETED", 400, "the requeued job to complete")
+    text = log.read_text()
+    assert f"requeueing job {job}" in text and "SLURM_RESTART_COUNT=1" in text
+    assert "TRAINER restart=1 argv: " in text and "trainer.resume_mode=auto" in text
+    assert text.count(f"starting container verlc-{script.parent.parent.name}-{job}-n2 on n2") == 2
+    assert containers(engine, script, job) == []
