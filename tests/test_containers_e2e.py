@@ -158,3 +158,71 @@ def test_preemption_requeues_into_new_containers_and_resumes(slurm: None, engine
     assert "TRAINER restart=1 argv: " in text and "trainer.resume_mode=auto" in text
     assert text.count(f"starting container verlc-{script.parent.parent.name}-{job}-n2 on n2") == 2
     assert containers(engine, script, job) == []
+
+
+# ---- compose: the real Docker Compose binary against podman's Docker API ---------------------------
+
+@pytest.fixture(scope="module")
+def podman_api(engine: dict[str, str]) -> Iterator[dict[str, str]]:
+    """podman's Docker API service (dev/containers.sh start), stopped by pid after the module."""
+    started = subprocess.run(["bash", str(REPO / "dev" / "containers.sh"), "start"], capture_output=True, text=True,
+                             timeout=120)
+    assert started.returncode == 0, started.stderr
+    yield {**engine, "DOCKER_HOST": f"unix://{STATE / 'podman.sock'}"}
+    subprocess.run(["bash", str(REPO / "dev" / "containers.sh"), "stop"], timeout=60)
+
+
+def test_compose_bundle_comes_up_in_order_runs_to_the_preflight_and_down_leaves_nothing(
+        engine: dict[str, str], podman_api: dict[str, str], tmp_path: Path) -> None:
+    from test_compose import compose_binary
+
+    write_fixtures(tmp_path)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"""\
+name: compose-e2e
+project: e2e
+model: {tmp_path}/model
+data: {{train_files: [data/train.parquet], val_files: [data/test.parquet]}}
+verl: {{actor_rollout_ref: {{rollout: {{name: vllm, log_prob_micro_batch_size_per_gpu: 4}},
+                            actor: {{ppo_micro_batch_size_per_gpu: 4}}}},
+       critic: {{ppo_micro_batch_size_per_gpu: 4}}}}
+cluster: {{nodes: 2, gpus_per_node: 8}}
+container: {{runtime: docker, image: {json.dumps(engine['VERLC_TEST_IMAGE'])}, workdir: {tmp_path}, shm_size: 1g,
+            mounts: ['{tmp_path}:{tmp_path}']}}
+ray: {{wait_for_nodes: 180s}}
+""")
+    from conftest import run_verlc
+
+    built = run_verlc("build", spec, "--target", "compose", "--out", tmp_path / "out")
+    assert built.returncode == 0, built.stderr
+    bundle = tmp_path / "out" / "compose-e2e" / "compose"
+    env = {**os.environ, **podman_api, "VERLC_STOP_AFTER": "preflight"}
+    compose = [compose_binary(), "-f", "compose.yaml"]
+    # Podman runs healthchecks from systemd timers, and there is no systemd here: this loop is that timer,
+    # running the head's own healthcheck command (`ray status`) until the head reports healthy.
+    healthy_at = tmp_path / "healthy-at"  # when the head first passed its healthcheck
+    timer = subprocess.Popen(["bash", "-c", "while :; do if podman healthcheck run compose-e2e-ray-head-1 >/dev/null "
+                              f"2>&1 && [[ ! -f {healthy_at} ]]; then date +%s >{healthy_at}; fi; sleep 2; done"], env=env)
+    try:
+        up = subprocess.run([*compose, "up", "--abort-on-container-exit", "--exit-code-from", "ray-head"],
+                            cwd=bundle, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        timer.kill()
+        timer.wait()
+        worker_started = subprocess.run(["podman", "inspect", "--format", "{{.State.StartedAt.Unix}}",
+                                         "compose-e2e-ray-worker-1-1"], env=env, capture_output=True, text=True).stdout
+        down = subprocess.run([*compose, "down", "--volumes"], cwd=bundle, env=env, capture_output=True, text=True,
+                              timeout=120)
+    assert up.returncode == 0, up.stdout[-4000:] + up.stderr[-2000:]
+    log = up.stdout + up.stderr
+    # Compose started the worker only once the head had passed its healthcheck (`ray status`).
+    assert int(worker_started) >= int(healthy_at.read_text()), (worker_started, healthy_at.read_text())
+    assert "verlc: cluster ready: 2 nodes, 16 GPUs" in log
+    assert "verlc: preflight passed: 2 nodes, 16 GPUs, 2 data files" in log
+    assert json.loads((bundle / "runs" / "run-record.json").read_text())["gpus"] == 16
+    assert down.returncode == 0, down.stderr
+    left = subprocess.run(["podman", "ps", "--all", "--format", "{{.Names}}"], env=env, capture_output=True,
+                          text=True, check=True).stdout
+    volumes = subprocess.run(["podman", "volume", "ls", "--format", "{{.Name}}"], env=env, capture_output=True,
+                             text=True, check=True).stdout
+    assert "compose-e2e" not in left + volumes

@@ -235,7 +235,7 @@ def test_scripts_run_with_recorders_pass_exactly_the_intended_argv(tmp_path: Pat
     compose = subprocess.run([compose_binary(), "-f", "compose.yaml", "config", "--format", "json"],
                              cwd=by_target["compose"], capture_output=True, text=True, env={**os.environ})
     assert compose.returncode == 0, compose.stderr
-    trainer_env = json.loads(compose.stdout)["services"]["trainer"]["environment"]
+    trainer_env = json.loads(compose.stdout)["services"]["ray-head"]["environment"]
     for e in ir.env:
         expected = e.value.display.replace("${HOME}", os.environ["HOME"]).replace("${USER}", os.environ.get("USER", ""))
         assert trainer_env[e.name] == expected

@@ -6,17 +6,17 @@ from ...compiler.ir import JobIR
 from ...compiler import yaml_text
 from ..bundle import Bundle, File, finish, header_lines
 from ..job_package import job_package
-from .view import JOB_ADDRESS, compose_file
+from .view import HEAD, compose_file
 
 RECORD = "/verlc/runs/run-record.json"  # ./runs/ on the host
 
 
 def render(ir: JobIR) -> Bundle:
     header = "".join(f"# {line}\n" for line in header_lines(ir))
-    usage = ("# Run:  docker compose up --abort-on-container-exit --exit-code-from trainer\n"
+    usage = (f"# Run:  docker compose up --abort-on-container-exit --exit-code-from {HEAD}\n"
              "#       VERLC_STOP_AFTER=preflight docker compose up ...   (stages: ray, data, preflight, train)\n")
     files = [
         File("compose.yaml", header + usage + yaml_text.dump(compose_file(ir))),
-        *job_package(ir, address=JOB_ADDRESS, record=RECORD),
+        *job_package(ir, address=None, record=RECORD),  # the job runs on the head
     ]
     return finish(ir, "compose", files)

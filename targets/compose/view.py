@@ -14,8 +14,7 @@ from ..job_package import COMMAND, PACKAGE
 HEAD = "ray-head"
 GCS_PORT = 6379
 DASHBOARD_PORT = 8265
-HELPER_DIR = "/opt/verlc"  # where ./verlc_job is mounted; on PYTHONPATH in the trainer
-JOB_ADDRESS = f"{HEAD}:{GCS_PORT}"
+HELPER_DIR = "/opt/verlc"  # where ./verlc_job is mounted, on PYTHONPATH, in every service
 
 
 def text(value: str | Word) -> str:
@@ -40,13 +39,16 @@ def _service(ir: JobIR, c: ContainerIR, command: list[str], node: int | None) ->
     assert c.image is not None
     # a bare NAME comes from the host: secrets, and the env vars the spec reads on "the node" (this host)
     env = [f"{e.name}={text(e.value)}" for e in ir.env] + list(ir.secrets) + list(ir.node_env)
+    # verlc's job package on every node: Ray imports the helper's remote functions from it there
+    env.append(f"PYTHONPATH={HELPER_DIR}")
     service: dict[str, Any] = {
         "image": text(c.image),
         "init": True,
         "shm_size": c.shm_size,
         "working_dir": text(c.workdir),
         "environment": env,
-        "volumes": [text(m) for m in c.mounts] + ["hf-cache:/root/.cache/huggingface"],
+        "volumes": [text(m) for m in c.mounts] + ["hf-cache:/root/.cache/huggingface",
+                                                  f"./{PACKAGE}:{HELPER_DIR}/{PACKAGE}:ro"],
         "command": command,
     }
     if node is not None:
@@ -58,27 +60,27 @@ def compose_file(ir: JobIR) -> dict[str, Any]:
     c = ir.compose
     assert c is not None and c.workdir is not None, "checks require a docker image for the compose target"
     ray_common = [f"--num-gpus={ir.gpus_per_node}", "--disable-usage-stats"]
-    head = _service(ir, c, ["ray", "start", "--head", "--block", f"--port={GCS_PORT}",
-                            "--dashboard-host=0.0.0.0", f"--dashboard-port={DASHBOARD_PORT}", *ray_common], 0)
-    # The dashboard serves the Jobs API (code runs as the container's user): published on the host's
-    # loopback only, unless the spec opens it.
-    head["ports"] = [f"{'' if ir.ray.expose_dashboard else '127.0.0.1:'}{DASHBOARD_PORT}:{DASHBOARD_PORT}"]
-    head["healthcheck"] = {"test": ["CMD", "ray", "status", f"--address=127.0.0.1:{GCS_PORT}"],
-                           "interval": "5s", "timeout": "10s", "retries": 60, "start_period": "10s"}
-    healthy = {HEAD: {"condition": "service_healthy"}}
-    services = {HEAD: head}
-    for node in range(1, ir.nodes):
-        worker = _service(ir, c, ["ray", "start", "--block", f"--address={JOB_ADDRESS}", *ray_common], node)
-        worker["depends_on"] = healthy
-        services[f"ray-worker-{node}"] = worker
-    trainer = _service(ir, c, list(COMMAND), None)
-    trainer["environment"] += [f"PYTHONPATH={HELPER_DIR}", "VERLC_STOP_AFTER=${VERLC_STOP_AFTER:-train}"]
+    # The job runs on the head, as `ray job submit` runs a driver there: a Ray driver needs a Ray node of
+    # its own (ray.init finds the cluster through the local raylet). `ray start` returns once the head is
+    # up; the job is the container's main process, so the service ends with the job and its exit code.
+    head = _service(ir, c, ["bash", "-c", text(f'ray start --head "$@" && exec {" ".join(COMMAND)}'), "verlc-head",
+                            f"--port={GCS_PORT}", "--dashboard-host=0.0.0.0",
+                            f"--dashboard-port={DASHBOARD_PORT}", *ray_common], 0)
+    head["environment"].append("VERLC_STOP_AFTER=${VERLC_STOP_AFTER:-train}")
     absolute = isinstance(ir.checkpoint_dir.parts[0], Var) or ir.checkpoint_dir.parts[0].startswith("/")
     checkpoints = text(ir.checkpoint_dir) if absolute else \
         f"{text(c.workdir)}/{text(ir.checkpoint_dir)}"  # verl writes relative to its working dir
-    trainer["volumes"] += [f"./{PACKAGE}:{HELPER_DIR}/{PACKAGE}:ro", f"checkpoints:{checkpoints}",
-                           "./runs:/verlc/runs"]
-    trainer["depends_on"] = healthy
-    trainer["restart"] = "no"
-    services["trainer"] = trainer
+    head["volumes"] += [f"checkpoints:{checkpoints}", "./runs:/verlc/runs"]
+    # The dashboard serves the Jobs API (code runs as the container's user): published on the host's
+    # loopback only, unless the spec opens it.
+    head["ports"] = [f"{'' if ir.ray.expose_dashboard else '127.0.0.1:'}{DASHBOARD_PORT}:{DASHBOARD_PORT}"]
+    # Workers start once the head answers (Compose runs this check; podman without systemd does not).
+    head["healthcheck"] = {"test": ["CMD", "ray", "status", f"--address=127.0.0.1:{GCS_PORT}"],
+                           "interval": "5s", "timeout": "10s", "retries": 60, "start_period": "10s"}
+    head["restart"] = "no"
+    services = {HEAD: head}
+    for node in range(1, ir.nodes):
+        worker = _service(ir, c, ["ray", "start", "--block", f"--address={HEAD}:{GCS_PORT}", *ray_common], node)
+        worker["depends_on"] = {HEAD: {"condition": "service_healthy"}}
+        services[f"ray-worker-{node}"] = worker
     return {"name": ir.name, "services": services, "volumes": {"hf-cache": {}, "checkpoints": {}}}
