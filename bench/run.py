@@ -9,6 +9,7 @@ Every figure is the median of --runs repetitions (default 5) on this machine, de
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import re
@@ -275,6 +276,19 @@ def main() -> int:
         else:
             rows.append(("Slurm bring-up", "not measured" + (" (--quick)" if args.quick else " (no sbatch)"), "", ""))
 
+        # 6. the container tests' image (dev/containers.sh records its last build; the benchmark does not rebuild it)
+        recipe = subprocess.run(["bash", str(REPO / "dev" / "containers.sh"), "env"], capture_output=True, text=True,
+                                env=ENV).stdout
+        tag = re.search(r"VERLC_TEST_IMAGE=\S*:(\w+)", recipe)
+        record = Path(os.environ.get("VERLC_CONTAINER_STATE", "/tmp/verlc-containers")) / f"image-{tag[1] if tag else ''}.json"
+        if record.exists():
+            image = json.loads(record.read_text())
+            rows.append(("container tests' image (`dev/containers.sh image`: debootstrap + Ray + verl)",
+                         f"{image['build_seconds']} s, {image['rootfs_bytes'] / 2**20:.0f} MiB", "fits the suite's budget",
+                         "built once per recipe, then reused"))
+        else:
+            rows.append(("container tests' image", "not built here (`dev/containers.sh image`)", "", ""))
+
     table = "\n".join(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows)
     where = "\n".join(f"- {what}: {seconds * 1000:.0f} ms" for what, seconds in profile.items())
     text = f"""# Performance
@@ -311,8 +325,8 @@ The Slurm rows run the e2e tests' job (runtime none: no container stage) on dev/
 share this host. Job steps are counted from each slurmd's log ("launch task StepId=...") and placed by
 time between the job's own `stage` lines: setup is the one step that asks every node for its address;
 ray is the head, one step for all workers and the readiness wait; the preflight is one step. The
-docker/podman runtimes add one step for starting every node's container (and one for image builds) and one
-at cleanup. The "last node registered -> ready" gap is the helper's poll interval at most (0.5 s).
+docker/podman runtimes add two steps on all nodes (the one that runs every node's container, and a
+readiness wait; one more for image builds) and one at cleanup. The "last node registered -> ready" gap is the helper's poll interval at most (0.5 s).
 
 The mistyped key is `actor_rollout_ref.rollout.gpu_memory_utilisation` in scenario A; verlc reports
 `{line}`.

@@ -73,7 +73,7 @@ on_node() {
 # fan_out WHERE FUNCTION NODE...: sets `step` to ONE job step that runs FUNCTION on every NODE at once, one
 # task per node, on the host (WHERE=host) or where the job's commands run (WHERE=job: inside the
 # container for pyxis). However many nodes, each stage of the bring-up is one step, not one per node.
-# The tasks get this script's functions and the variables in `shared`; when one task fails, Slurm
+# The tasks get the functions in `node_functions` and the variables in `shared`; when one task fails, Slurm
 # ends the step (--kill-on-bad-exit) and the task's own message names its node.
 declare -A node_ips=()  # node -> the IPv4 address Ray uses there
 head_ip='' ray_port='' port_base=''
@@ -84,10 +84,11 @@ fan_out() {
   nodelist=$(IFS=,; printf '%s' "$*")
   step=(srun --nodes=$# --ntasks=$# --ntasks-per-node=1 --overlap --kill-on-bad-exit=1 --nodelist="$nodelist")
   [[ $where == host ]] || step+=("${step_args[@]}")
-  step+=(bash -c "set -uo pipefail; $(declare -p "${shared[@]}"); $(declare -f log in_container "$fn"); $fn")
+  step+=(bash -c "set -uo pipefail; $(declare -p "${shared[@]}"); $(declare -f "${node_functions[@]}"); $fn")
 }
 
 # Run by fan_out on each node (SLURMD_NODENAME and SLURM_PROCID are Slurm's, per task) -------------
+readonly node_functions=(log in_container node_address ray_worker)
 
 # node_address: this node's name and the IPv4 address Ray uses on it (the first one when several are printed)
 node_address() {

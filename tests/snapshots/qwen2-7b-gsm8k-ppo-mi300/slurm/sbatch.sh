@@ -79,7 +79,7 @@ on_node() {
 # fan_out WHERE FUNCTION NODE...: sets `step` to ONE job step that runs FUNCTION on every NODE at once, one
 # task per node, on the host (WHERE=host) or where the job's commands run (WHERE=job: inside the
 # container for pyxis). However many nodes, each stage of the bring-up is one step, not one per node.
-# The tasks get this script's functions and the variables in `shared`; when one task fails, Slurm
+# The tasks get the functions in `node_functions` and the variables in `shared`; when one task fails, Slurm
 # ends the step (--kill-on-bad-exit) and the task's own message names its node.
 declare -A node_ips=()  # node -> the IPv4 address Ray uses there
 head_ip='' ray_port='' port_base=''
@@ -90,10 +90,11 @@ fan_out() {
   nodelist=$(IFS=,; printf '%s' "$*")
   step=(srun --nodes=$# --ntasks=$# --ntasks-per-node=1 --overlap --kill-on-bad-exit=1 --nodelist="$nodelist")
   [[ $where == host ]] || step+=("${step_args[@]}")
-  step+=(bash -c "set -uo pipefail; $(declare -p "${shared[@]}"); $(declare -f log in_container "$fn"); $fn")
+  step+=(bash -c "set -uo pipefail; $(declare -p "${shared[@]}"); $(declare -f "${node_functions[@]}"); $fn")
 }
 
 # Run by fan_out on each node (SLURMD_NODENAME and SLURM_PROCID are Slurm's, per task) -------------
+readonly node_functions=(log in_container node_address build_image run_container container_ready remove_container ray_worker)
 
 # node_address: this node's name and the IPv4 address Ray uses on it (the first one when several are printed)
 node_address() {
@@ -107,9 +108,9 @@ build_image() {
   docker build --file docker/Dockerfile.rocm --tag verl.rocm . || { log "ERROR: image build failed on $SLURMD_NODENAME"; exit 1; }
 }
 
-# run_container: this job's container on this node, for as long as the task runs. When Slurm ends the step
-# (the cleanup, scancel, the time limit) the engine passes the signal to the container, which stops and is
-# removed (--rm): after scancel no new job step could be started to remove it.
+# run_container: this job's container on this node, for as long as the task runs. Slurm signals every
+# process of the step when it ends it (the cleanup, scancel, the time limit): the task then removes the
+# container itself, since after scancel no new job step could be started to remove it.
 run_container() {
   in_container "$SLURMD_NODENAME"
   local container_run=(
@@ -148,9 +149,11 @@ run_container() {
     --privileged
     verl.rocm sleep infinity
   )
+  trap 'remove_container; exit 143' TERM INT
   log "starting container $container on $SLURMD_NODENAME"
+  "${container_run[@]}" >/dev/null &
   local rc=0
-  "${container_run[@]}" >/dev/null || rc=$?
+  wait "$!" || rc=$?
   log "container $container on $SLURMD_NODENAME stopped (code $rc)"
   exit $((rc ? rc : 1))
 }
@@ -200,6 +203,11 @@ cleanup() {
   trap - EXIT INT TERM
   set +e
   log "cleaning up (exit code $rc)"
+  # The containers first, with everything running in them (their own step removes them too on TERM).
+  if ((${#nodes[@]})); then
+    fan_out host remove_container "${nodes[@]}"
+    timeout 120 "${step[@]}" || log "could not remove every container (the nodes are named above)"
+  fi
   # Every step still running: srun forwards TERM to it, so the trainer stops and each
   # `ray start --block` stops the Ray processes it started. KILL whatever is left after 30 s.
   local pids pid alive
@@ -215,10 +223,6 @@ cleanup() {
       sleep 1
     done
     kill -KILL "${pids[@]}" 2>/dev/null
-  fi
-  if ((${#nodes[@]})); then
-    fan_out host remove_container "${nodes[@]}"
-    timeout 120 "${step[@]}" || log "could not remove every container (the nodes are named above)"
   fi
   wait
   if ((requeue)); then
