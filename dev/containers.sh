@@ -12,6 +12,8 @@
 # podman reads its config from CONTAINERS_CONF / CONTAINERS_STORAGE_CONF there (vfs storage, runc,
 # cgroupfs, no default ulimits: this sandbox lacks CAP_SYS_RESOURCE), and /etc/containers is left alone.
 # `docker` is dev/bin/docker on the tests' own PATH (the podman-docker package would replace a real Docker).
+# No GPU here: podman 4.3 takes `--gpus all` and ignores it, and reads CDI specs (`--device
+# nvidia.com/gpu=all`) only from /etc/cdi and /var/run/cdi, which the tests leave alone.
 #
 # The image: Debian bookworm (debootstrap minbase from apt's mirror), a venv at /opt/venv with Ray and its
 # dashboard, verl --no-deps, pyarrow (the in-cluster helper reads parquet), in the versions of
@@ -30,7 +32,7 @@ recipe=$(cat "$here/containers.sh" "$here/constraints.txt" | sha256sum | cut -c1
 image=localhost/verlc-test:$recipe
 
 write_config() {
-  mkdir -p "$state/cdi"
+  mkdir -p "$state"
   cat >"$state/containers.conf" <<EOF
 # Written by verlc's dev/containers.sh; used through CONTAINERS_CONF.
 [containers]
@@ -40,7 +42,6 @@ default_ulimits = []
 runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
-cdi_spec_dirs = ["$state/cdi"]
 EOF
   cat >"$state/storage.conf" <<EOF
 # Written by verlc's dev/containers.sh; used through CONTAINERS_STORAGE_CONF.
@@ -48,16 +49,6 @@ EOF
 driver = "vfs"
 graphroot = "$state/storage"
 runroot = "$state/run"
-EOF
-  # No GPU here: CDI devices that only set an environment variable, so that `--gpus all` and
-  # `--device nvidia.com/gpu=all` are accepted as on a GPU node (Ray is told the GPU count itself).
-  cat >"$state/cdi/fake-gpu.yaml" <<'EOF'
-cdiVersion: "0.5.0"
-kind: nvidia.com/gpu
-devices:
-  - name: all
-    containerEdits:
-      env: ["VERLC_FAKE_GPUS=all"]
 EOF
 }
 
