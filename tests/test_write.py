@@ -21,7 +21,7 @@ def tree(out: Path) -> dict[str, str]:
 def test_sigkill_during_a_multi_spec_build_leaves_out_unchanged(tmp_path: Path) -> None:
     base = (REPO / "specs" / "qwen2-7b-gsm8k-ppo-mi300.yaml").read_text()
     specs = []
-    for i in range(60):
+    for i in range(200):  # several seconds of checking and rendering: every kill below lands before the write
         spec = tmp_path / f"v{i}.yaml"
         spec.write_text(base.replace("name: qwen2-7b-gsm8k-ppo-mi300", f"name: v{i}"))
         specs.append(spec)
