@@ -212,7 +212,7 @@ class Ray(Model):
                                                "(relative to where submit.sh runs; verl's checkout in verl's docs).")
     port: Int | None = Field(None, ge=1024, le=65535, description="GCS port; default: derived from the job id.")
     dashboard_port: Int | None = Field(None, ge=1024, le=65535, description="Dashboard port; default: derived "
-                                                                            "from the job id.")
+                                                                            "from the job id (slurm), 8265 (compose).")
     expose_dashboard: Bool = Field(
         False, description="slurm/compose targets: serve Ray's dashboard and Jobs API on every address of the "
                            "head (anyone who reaches it can then run code as you); default: loopback only.")

@@ -66,6 +66,11 @@ def test_services_as_compose_resolves_them(bundle: Path) -> None:
             gpus += spec["gpus"] // spec["nodes"]
     assert gpus == spec["gpus"]
     assert "healthcheck" in services["ray-head"]
+    # the dashboard is published on the host port the spec names (Compose's default otherwise), loopback only
+    from ruamel.yaml import YAML
+    wanted = (YAML(typ="safe").load(bundle / "spec.yaml").get("ray") or {}).get("dashboard_port") or 8265
+    [port] = services["ray-head"]["ports"]
+    assert (port["host_ip"], port["published"], port["target"]) == ("127.0.0.1", str(wanted), 8265)
     text = (bundle / "compose.yaml").read_text()
     assert planted not in text
     if "WANDB_API_KEY" in text:  # passed by name, resolved from the environment by Compose

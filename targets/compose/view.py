@@ -72,8 +72,9 @@ def compose_file(ir: JobIR) -> dict[str, Any]:
         f"{text(c.workdir)}/{text(ir.checkpoint_dir)}"  # verl writes relative to its working dir
     head["volumes"] += [f"checkpoints:{checkpoints}", "./runs:/verlc/runs"]
     # The dashboard serves the Jobs API (code runs as the container's user): published on the host's
-    # loopback only, unless the spec opens it.
-    head["ports"] = [f"{'' if ir.ray.expose_dashboard else '127.0.0.1:'}{DASHBOARD_PORT}:{DASHBOARD_PORT}"]
+    # loopback only, unless the spec opens it, on the spec's dashboard port.
+    host = f"{'' if ir.ray.expose_dashboard else '127.0.0.1:'}{ir.ray.dashboard_port or DASHBOARD_PORT}"
+    head["ports"] = [f"{host}:{DASHBOARD_PORT}"]
     # Workers start once the head answers (Compose runs this check; podman without systemd does not).
     head["healthcheck"] = {"test": ["CMD", "ray", "status", f"--address=127.0.0.1:{GCS_PORT}"],
                            "interval": "5s", "timeout": "10s", "retries": 60, "start_period": "10s"}
