@@ -282,6 +282,12 @@ def _for_targets(spec: Spec, sourced: Sourced, targets: set[str]) -> Iterator[Di
         if not isinstance(spec.container, Engine) and spec.compose is None:
             yield sourced.diagnostic(("container", "runtime"), f"the compose target runs docker images; with "
                                      f"runtime {spec.container.runtime}, add compose: {{image: ..., workdir: ...}}")
+        build = getattr(spec.container, "build", None)
+        if build is not None and spec.compose is None:
+            yield sourced.diagnostic(("container", "build"), (
+                f"{NOTE}the compose bundle does not build images: build it first, in the folder its context is "
+                f"relative to (where you run sbatch): `docker build --file "
+                f"{build.dockerfile} --tag {spec.container.image} {build.context}`"), at_key=True)
         if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", spec.name):
             yield sourced.diagnostic(("name",), "the compose target uses the name as the Compose project "
                                                 "name: lowercase letters, digits, '-' and '_' only")

@@ -108,3 +108,15 @@ def test_paths_a_container_would_lose_are_named_and_strict_refuses_them(tmp_path
         "MOUNTS", '["/lustre/verl:/workspace/verl", "/lustre/hf:/root/.cache/huggingface"]'))
     kept = run_verlc("validate", "kept.yaml", "--strict", cwd=tmp_path)
     assert kept.returncode == 0 and "note:" not in kept.stderr, kept.stderr
+
+
+def test_a_compose_build_of_a_spec_that_builds_its_image_says_to_build_it_first(tmp_path: Path) -> None:
+    """Compose would try to pull the image the Slurm bundle builds: the note gives the build command."""
+    (tmp_path / "b.yaml").write_text(CONTAINER_SPEC.replace("MOUNTS", '["/lustre/verl:/workspace/verl"]').replace(
+        "image: verl:1,", "image: verl:1, build: {dockerfile: docker/Dockerfile, context: ctx},"))
+    for target, noted in (("compose", True), ("slurm", False)):
+        result = run_verlc("validate", "b.yaml", "--target", target, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        hint = "container.build: note: the compose bundle does not build images"
+        assert (hint in result.stderr) is noted, result.stderr
+        assert ("`docker build --file docker/Dockerfile --tag verl:1 ctx`" in result.stderr) is noted

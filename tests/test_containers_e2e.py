@@ -11,13 +11,15 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, REPO
+from conftest import IN_CI, REPO, SPECS
 from test_slurm_e2e import build, job_state, sbatch, slurm, submit, wait_for, write_fixtures  # noqa: F401
 
 STATE = Path(os.environ.get("VERLC_CONTAINER_STATE", "/tmp/verlc-containers"))
@@ -172,10 +174,43 @@ def podman_api(engine: dict[str, str]) -> Iterator[dict[str, str]]:
     subprocess.run(["bash", str(REPO / "dev" / "containers.sh"), "stop"], timeout=60)
 
 
-def test_compose_bundle_comes_up_in_order_runs_to_the_preflight_and_down_leaves_nothing(
-        engine: dict[str, str], podman_api: dict[str, str], tmp_path: Path) -> None:
+@contextmanager
+def healthcheck_timer(container: str, healthy_at: Path, env: dict[str, str]) -> Iterator[None]:
+    """Podman runs healthchecks from systemd timers, and there is no systemd here: this loop is that timer,
+    running the container's own healthcheck command until it passes; `healthy_at` gets the time it first did."""
+    timer = subprocess.Popen(["bash", "-c", f"while :; do if podman healthcheck run {container} >/dev/null 2>&1 "
+                              f"&& [[ ! -f {healthy_at} ]]; then date +%s >{healthy_at}; fi; sleep 2; done"], env=env)
+    try:
+        yield
+    finally:
+        timer.kill()
+        timer.wait()
+
+
+def compose_up_then_down(bundle: Path, files: list[str], env: dict[str, str], healthy_at: Path
+                         ) -> tuple[subprocess.CompletedProcess[str], dict[str, int], subprocess.CompletedProcess[str]]:
+    """`up` until the head's job exits, then (always) `down --volumes`; with when each container started."""
     from test_compose import compose_binary
 
+    compose = [compose_binary(), *(arg for f in files for arg in ("-f", f))]
+    project = json.loads(subprocess.run([*compose, "config", "--format", "json"], cwd=bundle, env=env, check=True,
+                                        capture_output=True, text=True).stdout)["name"]
+    with healthcheck_timer(f"{project}-ray-head-1", healthy_at, env):
+        try:
+            up = subprocess.run([*compose, "up", "--abort-on-container-exit", "--exit-code-from", "ray-head"],
+                                cwd=bundle, env=env, capture_output=True, text=True, timeout=600)
+        finally:
+            listed = subprocess.run(["podman", "ps", "--all", "--filter", f"label=com.docker.compose.project={project}",
+                                     "--format", "{{.Names}} {{.StartedAt}}"], env=env, capture_output=True,
+                                    text=True).stdout
+            started = {name: int(at) for name, at in (line.split() for line in listed.splitlines())}
+            down = subprocess.run([*compose, "down", "--volumes"], cwd=bundle, env=env, capture_output=True,
+                                  text=True, timeout=120)
+    return up, started, down
+
+
+def test_compose_bundle_comes_up_in_order_runs_to_the_preflight_and_down_leaves_nothing(
+        engine: dict[str, str], podman_api: dict[str, str], tmp_path: Path) -> None:
     write_fixtures(tmp_path)
     spec = tmp_path / "spec.yaml"
     spec.write_text(f"""\
@@ -197,26 +232,12 @@ ray: {{wait_for_nodes: 180s}}
     assert built.returncode == 0, built.stderr
     bundle = tmp_path / "out" / "compose-e2e" / "compose"
     env = {**os.environ, **podman_api, "VERLC_STOP_AFTER": "preflight"}
-    compose = [compose_binary(), "-f", "compose.yaml"]
-    # Podman runs healthchecks from systemd timers, and there is no systemd here: this loop is that timer,
-    # running the head's own healthcheck command (`ray status`) until the head reports healthy.
-    healthy_at = tmp_path / "healthy-at"  # when the head first passed its healthcheck
-    timer = subprocess.Popen(["bash", "-c", "while :; do if podman healthcheck run compose-e2e-ray-head-1 >/dev/null "
-                              f"2>&1 && [[ ! -f {healthy_at} ]]; then date +%s >{healthy_at}; fi; sleep 2; done"], env=env)
-    try:
-        up = subprocess.run([*compose, "up", "--abort-on-container-exit", "--exit-code-from", "ray-head"],
-                            cwd=bundle, env=env, capture_output=True, text=True, timeout=600)
-    finally:
-        timer.kill()
-        timer.wait()
-        worker_started = subprocess.run(["podman", "inspect", "--format", "{{.State.StartedAt.Unix}}",
-                                         "compose-e2e-ray-worker-1-1"], env=env, capture_output=True, text=True).stdout
-        down = subprocess.run([*compose, "down", "--volumes"], cwd=bundle, env=env, capture_output=True, text=True,
-                              timeout=120)
+    healthy_at = tmp_path / "healthy-at"
+    up, started, down = compose_up_then_down(bundle, ["compose.yaml"], env, healthy_at)
     assert up.returncode == 0, up.stdout[-4000:] + up.stderr[-2000:]
     log = up.stdout + up.stderr
     # Compose started the worker only once the head had passed its healthcheck (`ray status`).
-    assert int(worker_started) >= int(healthy_at.read_text()), (worker_started, healthy_at.read_text())
+    assert started["compose-e2e-ray-worker-1-1"] >= int(healthy_at.read_text()), (started, healthy_at.read_text())
     assert "verlc: cluster ready: 2 nodes, 16 GPUs" in log
     assert "verlc: preflight passed: 2 nodes, 16 GPUs, 2 data files" in log
     assert json.loads((bundle / "runs" / "run-record.json").read_text())["gpus"] == 16
@@ -226,3 +247,54 @@ ray: {{wait_for_nodes: 180s}}
     volumes = subprocess.run(["podman", "volume", "ls", "--format", "{{.Name}}"], env=env, capture_output=True,
                              text=True, check=True).stdout
     assert "compose-e2e" not in left + volumes
+
+
+# What the example specs name that this machine lacks, replaced for the bring-up below and nothing else:
+# their images (not pullable here: no registry) and their GPU devices (none here).
+HARDWARE_KEYS = ("devices", "group_add", "deploy")
+
+
+def without_hardware(services: dict[str, dict]) -> dict[str, dict]:
+    return {name: {k: v for k, v in s.items() if k not in (*HARDWARE_KEYS, "image")} for name, s in services.items()}
+
+
+@pytest.mark.parametrize("example", SPECS, ids=[spec.stem for spec in SPECS])
+def test_every_example_compose_bundle_comes_up_to_the_ray_stage(
+        engine: dict[str, str], podman_api: dict[str, str], tmp_path: Path, example: Path) -> None:
+    from test_compose import compose_binary
+
+    bundle = tmp_path / "compose"
+    shutil.copytree(REPO / "out" / example.stem / "compose", bundle)  # the committed bundle, run from a copy
+    home = tmp_path / "home"  # the examples mount ${HOME}/...: a home of the test's own
+    env = {**os.environ, **podman_api, "HOME": str(home), "SCRATCH": str(tmp_path / "scratch"),
+           "VERLC_STOP_AFTER": "ray"}
+
+    def resolved(*files: str) -> dict[str, dict]:
+        out = subprocess.run([compose_binary(), *(a for f in files for a in ("-f", f)), "config", "--format", "json"],
+                             cwd=bundle, env=env, capture_output=True, text=True, check=True).stdout
+        return json.loads(out)["services"]
+
+    services = resolved("compose.yaml")
+    for service in services.values():  # bind sources the user's machine has; here they live in the test's folder
+        for volume in service["volumes"]:
+            if volume["type"] == "bind":
+                assert Path(volume["source"]).is_relative_to(tmp_path), volume
+                Path(volume["source"]).mkdir(parents=True, exist_ok=True)
+    override = "services:\n" + "".join(
+        f"  {name}:\n    image: {json.dumps(engine['VERLC_TEST_IMAGE'])}\n"
+        "    devices: !reset []\n    group_add: !reset []\n    deploy: !reset {}\n" for name in services)
+    (bundle / "no-gpus.yaml").write_text(override)
+    assert without_hardware(resolved("compose.yaml", "no-gpus.yaml")) == without_hardware(services), \
+        "the override may replace only the image and the GPU devices"
+
+    up, started, down = compose_up_then_down(bundle, ["compose.yaml", "no-gpus.yaml"], env, tmp_path / "healthy-at")
+    log = up.stdout + up.stderr
+    assert up.returncode == 0, log[-6000:]
+    job = json.loads((bundle / "verlc_job" / "job.json").read_text())
+    assert f"verlc: cluster ready: {job['nodes']} nodes, {job['gpus']} GPUs" in log
+    assert "verlc: stopping after stage ray (VERLC_STOP_AFTER)" in log
+    assert len(started) == job["nodes"]
+    assert down.returncode == 0, down.stderr
+    left = subprocess.run(["podman", "ps", "--all", "--format", "{{.Names}}"], env=env, capture_output=True,
+                          text=True, check=True).stdout
+    assert example.stem not in left
