@@ -28,6 +28,7 @@ class Bundle:
     name: str  # the spec's name: out/<name>/<target>/
     target: str
     files: tuple[File, ...]
+    run_time: tuple[str, ...] = ()  # top-level entries runs write into the folder: kept across rebuilds
 
     @property
     def folder(self) -> str:
@@ -46,9 +47,13 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def finish(ir: JobIR, target: str, files: Sequence[File]) -> Bundle:
-    """Add the normalized spec and the manifest that every bundle carries."""
+def finish(ir: JobIR, target: str, files: Sequence[File], run_time: Sequence[str] = ()) -> Bundle:
+    """Add the normalized spec and the manifest that every bundle carries. `run_time` names what runs of
+    the bundle write into its folder: kept by rebuilds, ignored by git (a .gitignore) and `verlc check`."""
     header = "".join(f"# {line}\n" for line in header_lines(ir))
+    if run_time:
+        files = [*files, File(".gitignore", header + "# Written by runs of this bundle: kept by `verlc build`.\n"
+                              + "".join(f"/{name}/\n" for name in run_time))]
     verl_note = (f"# verl's ppo_trainer config for this run (verl {ir.verl_schema}): what\n"
                  f"# `python3 -m {ir.trainer_module} <overrides> --cfg job` prints, interpolations unresolved.\n")
     all_files = sorted([*files, File("spec.yaml", header + ir.normalized_spec),
@@ -61,9 +66,10 @@ def finish(ir: JobIR, target: str, files: Sequence[File]) -> Bundle:
         "verl_version": ir.verl_version,
         "verl_schema": ir.verl_schema,
         "files": {f.path: {"sha256": sha256(f.text), "mode": oct(f.mode)} for f in all_files},
+        **({"run_time": sorted(run_time)} if run_time else {}),
     }
     text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-    return Bundle(ir.name, target, (*all_files, File(MANIFEST, text)))
+    return Bundle(ir.name, target, (*all_files, File(MANIFEST, text)), tuple(sorted(run_time)))
 
 
 class EditedError(Exception):
@@ -92,6 +98,7 @@ def differences(bundle: Bundle, folder: Path) -> list[tuple[str, str]]:
     problems = []
     expected = {f.path: f for f in bundle.files}
     on_disk = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} if folder.is_dir() else set()
+    on_disk = {rel for rel in on_disk if rel.split("/")[0] not in bundle.run_time}
     edited = set(edited_files(folder))
     for rel in sorted(expected.keys() | on_disk):
         shown = f"{bundle.folder}/{rel}"
@@ -121,6 +128,7 @@ def write(bundles: Sequence[Bundle], out: Path, *, force: bool = False) -> None:
     """
     out.mkdir(parents=True, exist_ok=True)
     for leftover in out.glob(".verlc-staging-*"):  # from a build that was killed
+        _restore_run_time(leftover, out)
         shutil.rmtree(leftover, ignore_errors=True)
     if not force:
         edited = [f"{b.folder}/{rel}" for b in bundles for rel in edited_files(out / b.folder)]
@@ -137,9 +145,26 @@ def write(bundles: Sequence[Bundle], out: Path, *, force: bool = False) -> None:
         for bundle in bundles:
             final = out / bundle.folder
             final.parent.mkdir(parents=True, exist_ok=True)
+            old = staging / ".old" / bundle.folder
             if final.exists():
-                old = staging / f"{bundle.name}.{bundle.target}.old"
+                old.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(final, old)
             os.replace(staging / bundle.folder, final)
+            for name in bundle.run_time:  # a build killed here leaves them in `old`: the next one restores them
+                if (old / name).exists():
+                    os.replace(old / name, final / name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _restore_run_time(staging: Path, out: Path) -> None:
+    """Put back what runs wrote into a bundle folder that a killed build had already swapped out."""
+    for old in staging.glob(".old/*/*"):
+        try:
+            kept = json.loads((old / MANIFEST).read_text()).get("run_time", [])
+        except (OSError, ValueError, AttributeError):
+            continue
+        final = out / old.parent.name / old.name
+        for name in kept:
+            if (old / name).exists() and final.is_dir() and not (final / name).exists():
+                os.replace(old / name, final / name)

@@ -44,3 +44,36 @@ def test_sigkill_during_a_multi_spec_build_leaves_out_unchanged(tmp_path: Path) 
     assert run_verlc("build", *specs[:3], "--target", "all", "--out", out, "--force").returncode == 0
     assert not list(out.glob(".verlc-staging-*")), "a later build clears what a killed one left"
     assert tree(out) != before
+
+
+def test_what_runs_wrote_into_a_compose_bundle_survives_rebuilds_and_check(tmp_path: Path) -> None:
+    """The compose bundle's runs write run records (runs/) and relative mounts (data/) into its folder:
+    a rebuild keeps them, `check` ignores them, git ignores them, and a build killed between swapping the
+    folder and moving them back has the next build restore them."""
+    spec = REPO / "specs" / "quickstart-gsm8k-1node.yaml"
+    out = tmp_path / "out"
+    assert run_verlc("build", spec, "--target", "all", "--out", out).returncode == 0
+    bundle = out / "quickstart-gsm8k-1node" / "compose"
+    assert (bundle / ".gitignore").read_text().endswith("/data/\n/runs/\n")
+    (bundle / "runs").mkdir()
+    (bundle / "runs" / "run-record.json").write_text("{}")
+    (bundle / "data" / "gsm8k").mkdir(parents=True)
+    (bundle / "data" / "gsm8k" / "train.parquet").write_bytes(b"PAR1")
+    assert run_verlc("check", spec, "--out", out).returncode == 0
+    edited = tmp_path / "s.yaml"
+    edited.write_text(spec.read_text().replace("total_epochs: 3", "total_epochs: 4"))
+    assert run_verlc("build", edited, "--target", "compose", "--out", out).returncode == 0
+    assert "trainer.total_epochs=4" in (bundle / "verlc_job" / "job.json").read_text()
+    assert (bundle / "runs" / "run-record.json").read_text() == "{}"
+    assert (bundle / "data" / "gsm8k" / "train.parquet").read_bytes() == b"PAR1"
+    # a build killed after the swap, before moving them: the new folder is in place, the old one (holding
+    # runs/ and data/) still in the killed build's staging folder
+    staging = out / ".verlc-staging-killed" / ".old" / "quickstart-gsm8k-1node"
+    staging.mkdir(parents=True)
+    os.replace(bundle, staging / "compose")
+    assert run_verlc("build", spec, "--target", "compose", "--out", tmp_path / "fresh").returncode == 0
+    os.replace(tmp_path / "fresh" / "quickstart-gsm8k-1node" / "compose", bundle)
+    assert run_verlc("build", spec, "--target", "compose", "--out", out).returncode == 0
+    assert (bundle / "runs" / "run-record.json").read_text() == "{}"
+    assert (bundle / "data" / "gsm8k" / "train.parquet").read_bytes() == b"PAR1"
+    assert not list(out.glob(".verlc-staging-*"))

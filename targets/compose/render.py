@@ -6,7 +6,7 @@ from ...compiler.ir import JobIR
 from ...compiler import yaml_text
 from ..bundle import Bundle, File, finish, header_lines
 from ..job_package import job_package
-from .view import HEAD, compose_file
+from .view import HEAD, compose_file, run_time_folders
 
 RECORD = "/verlc/runs/run-record.json"  # ./runs/ on the host
 
@@ -19,4 +19,4 @@ def render(ir: JobIR) -> Bundle:
         File("compose.yaml", header + usage + yaml_text.dump(compose_file(ir))),
         *job_package(ir, address=None, record=RECORD),  # the job runs on the head
     ]
-    return finish(ir, "compose", files)
+    return finish(ir, "compose", files, run_time_folders(ir))

@@ -56,6 +56,14 @@ def _service(ir: JobIR, c: ContainerIR, command: list[str], node: int | None) ->
     return service
 
 
+def run_time_folders(ir: JobIR) -> tuple[str, ...]:
+    """What runs write into the bundle folder: the run record, and mount sources relative to it."""
+    assert ir.compose is not None
+    sources = [text(m).split(":")[0] for m in ir.compose.mounts]
+    relative = [s.removeprefix("./").split("/")[0] for s in sources if not s.startswith(("/", "$", "~", "../"))]
+    return tuple(sorted({"runs", *(r for r in relative if r not in ("", "."))}))
+
+
 def compose_file(ir: JobIR) -> dict[str, Any]:
     c = ir.compose
     assert c is not None and c.workdir is not None, "checks require a docker image for the compose target"
