@@ -6,6 +6,7 @@ A target's code is imported when it is first rendered, so building one target lo
 from __future__ import annotations
 
 from importlib import import_module
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -22,3 +23,8 @@ TARGETS: dict[str, str] = {  # target name -> its folder under targets/, whose `
 def render(target: str, ir: JobIR) -> Bundle:
     """The bundle of `target` for one compiled spec."""
     return import_module(f".{TARGETS[target]}", __name__).render(ir)
+
+
+def launcher(target: str) -> ModuleType:
+    """The target's lifecycle module (`launch.py`): submit, state, logs and cancel with its own tools."""
+    return import_module(f".{TARGETS[target]}.launch", __name__)

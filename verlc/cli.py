@@ -12,6 +12,10 @@ from pathlib import Path
 from . import __version__
 
 EXIT_SPEC = 2  # bad input: the problems are printed, nothing is written
+EXIT_FAILED = 1  # submit --wait/--follow: the run ended in a state other than success
+# 3: the scheduler or the ledger could not answer (unknown run, unreachable Ray, a job Slurm forgot)
+# 4: the target's tool is not on PATH (sbatch, docker compose, ...)
+LAUNCH_TARGETS = ("slurm", "ray-job", "compose")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,6 +63,31 @@ def _parser() -> argparse.ArgumentParser:
     diff.add_argument("b", type=Path, metavar="B")
     diff.add_argument("--format", choices=["text", "markdown"], default="text")
 
+    submit = sub.add_parser("submit", help="build (or reuse) a bundle and submit it; record the run",
+                            description="Build the spec's bundle into --out (reused when up to date), submit it "
+                                        "with the target's own tool from this folder, and append the run to the "
+                                        "ledger (runs.jsonl at the spec's git root).")
+    submit.add_argument("spec", type=Path, metavar="SPEC")
+    submit.add_argument("--target", required=True, choices=LAUNCH_TARGETS)
+    submit.add_argument("--out", type=Path, default=Path("out"), help="output folder (default: out)")
+    waiting = submit.add_mutually_exclusive_group()
+    waiting.add_argument("--wait", action="store_true", help="return when the run ends, with its outcome")
+    waiting.add_argument("--follow", action="store_true", help="print stages and training steps until it ends")
+    submit.add_argument("--metric", action="append", default=[], metavar="KEY",
+                        help="with --follow: a verl metric to show per step (e.g. critic/score/mean)")
+    status = sub.add_parser("status", help="the scheduler's state of a run (default: every unfinished run)")
+    status.add_argument("run", nargs="?", metavar="RUN", help="run id, a unique prefix of it, or the job id")
+    logs = sub.add_parser("logs", help="a run's log (the job's own, with the trainer's lines)")
+    logs.add_argument("run", metavar="RUN")
+    logs.add_argument("--follow", action="store_true", help="stages and training steps until the run ends")
+    logs.add_argument("--stage", choices=["containers", "ray", "data", "preflight", "train"],
+                      help="only the lines of one stage")
+    logs.add_argument("--metric", action="append", default=[], metavar="KEY", help="with --follow: metrics to show")
+    cancel = sub.add_parser("cancel", help="cancel a run with the target's own tool")
+    cancel.add_argument("run", metavar="RUN")
+    runs = sub.add_parser("runs", help="every run of the ledger, as a table")
+    runs.add_argument("--format", choices=["text", "markdown"], default="text")
+
     schema = sub.add_parser("schema", help="print the spec's JSON Schema (or its Markdown reference)",
                             description="Print the spec's JSON Schema, for yaml-language-server and editors.")
     schema.add_argument("--format", choices=["json", "markdown"], default="json")
@@ -79,6 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _check(args.specs, args.out, args.diff)
         if args.command == "diff":
             return _diff(args.a, args.b, args.format == "markdown")
+        if args.command in ("submit", "status", "logs", "cancel", "runs"):
+            return _lifecycle(args)
         if args.command == "schema":
             from .compiler import spec_doc
 
@@ -221,3 +252,98 @@ def _diff(a: Path, b: Path, markdown: bool) -> int:
     changes = diff.changes(result[0], result[1])
     sys.stdout.write(diff.render(str(a), str(b), changes, markdown))
     return 1 if changes else 0
+
+
+def _lifecycle(args: argparse.Namespace) -> int:
+    """submit / status / logs / cancel / runs: one clear line and an exit code for anything that fails."""
+    from .lifecycle import ledger
+    from .lifecycle.scheduler import LaunchError
+    from .targets.bundle import EditedError
+
+    try:
+        if args.command == "submit":
+            return _submit(args)
+        book = ledger.location(Path.cwd())
+        runs = ledger.fold(book)
+        if args.command == "runs":
+            from .lifecycle.runs import table
+
+            sys.stdout.write(table(list(runs.values()), args.format == "markdown"))
+            return 0
+        return {"status": _status, "logs": _logs, "cancel": _cancel}[args.command](args, book, runs)
+    except LaunchError as exc:
+        print(f"verlc: {exc}", file=sys.stderr)
+        return exc.code
+    except ledger.LedgerError as exc:  # an unknown run id, a damaged ledger line
+        print(f"verlc: {exc}", file=sys.stderr)
+        return 3
+    except EditedError as exc:
+        print(f"verlc: {', '.join(exc.args[0])}: edited by hand since it was generated; not submitting "
+              "(move the edits into the spec, or rebuild with --force)", file=sys.stderr)
+        return EXIT_SPEC
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from .lifecycle import ledger, runs
+
+    result = _compile_all([args.spec], [args.target], "snapshot")
+    if isinstance(result, int):
+        return result
+    [ir] = result
+    folder, written = runs.prepare_bundle(ir, args.target, args.out.resolve())
+    print(f"{'wrote' if written else 'up to date:'} {args.out / ir.name / args.target}/")
+    book = ledger.location(args.spec)
+    submitted = runs.submit(ir, args.spec, args.target, folder, Path.cwd(), dict(os.environ), book)
+    for run in submitted:
+        print(f"submitted {run.run} (job {run.job_id} on {run.where}); ledger: {book}")
+    if not (args.wait or args.follow):
+        return 0
+    outcomes = [_until_done(book, run, args.follow, args.metric) for run in submitted]
+    return 0 if all(o.state in ("COMPLETED", "SUCCEEDED") for o in outcomes) else EXIT_FAILED
+
+
+def _until_done(book: Path, run, follow: bool, metrics: list[str]):  # noqa: ANN001, ANN202
+    import io
+
+    from .lifecycle import runs
+
+    seen = runs.follow(book, run, metrics, sys.stdout if follow else io.StringIO(), tty=sys.stdout.isatty())
+    print(f"{run.run}: {seen.state.lower()}" + (f" (exit code {seen.exit_code})" if seen.exit_code else ""))
+    return seen
+
+
+def _status(args: argparse.Namespace, book: Path, known: dict) -> int:
+    from .lifecycle import ledger, runs
+
+    chosen = [ledger.find(known, args.run)] if args.run else [r for r in known.values() if not r.final]
+    for run in chosen:
+        seen = runs.observe(book, run)
+        print(f"{run.run}: {seen.state.lower()}" + (f", {seen.restarts} restart(s)" if seen.restarts else "")
+              + (f", exit code {seen.exit_code}" if seen.exit_code is not None else "")
+              + f" (job {run.job_id} on {run.where}, from {seen.source})")
+    if not chosen:
+        print("no unfinished runs in " + str(book))
+    return 0
+
+
+def _logs(args: argparse.Namespace, book: Path, known: dict) -> int:
+    from .lifecycle import ledger, progress, runs
+
+    run = ledger.find(known, args.run)
+    if args.follow:
+        runs.follow(book, run, args.metric, sys.stdout, tty=sys.stdout.isatty())
+        return 0
+    text = runs.log_text(run)
+    if args.stage:
+        text = "".join(progress.stage_lines(text.splitlines(True), args.stage))
+    sys.stdout.write(text)
+    return 0
+
+
+def _cancel(args: argparse.Namespace, book: Path, known: dict) -> int:
+    from .lifecycle import ledger, runs
+
+    run = ledger.find(known, args.run)
+    seen = runs.cancel(book, run)
+    print(f"{run.run}: cancel sent; now {seen.state.lower()}")
+    return 0

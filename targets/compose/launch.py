@@ -1,0 +1,58 @@
+"""The compose bundle's lifecycle: `up --detach` in the bundle folder, state from `ps`, logs from `logs`,
+and cancel is `down`. The job runs on the head service, so the head's exit is the run's end."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from ...compiler.ir import JobIR
+from ...lifecycle.scheduler import LaunchError, Observed, Submission
+from ...lifecycle.scheduler import run as command
+from .view import HEAD
+
+
+def compose() -> list[str]:
+    """A Compose v2: the standalone `docker-compose`, or the `docker compose` plugin."""
+    if standalone := shutil.which("docker-compose"):
+        return [standalone]
+    if docker := shutil.which("docker"):
+        return [docker, "compose"]
+    raise LaunchError("neither docker-compose nor docker is on PATH (the compose target runs Docker Compose)", 4)
+
+
+def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Submission]:
+    (bundle / "runs").mkdir(exist_ok=True)  # the run record's folder, owned by you rather than the engine
+    command([*compose(), "up", "--detach"], cwd=bundle, env=env, timeout=1800)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    where = env.get("DOCKER_HOST") or "local docker"
+    return [Submission(run=f"{ir.name}-{stamp}", job_id=ir.name, where=f"{where} ({bundle})", log=None,
+                       record=str(bundle / "runs" / "run-record.json"))]
+
+
+def _bundle(run: dict) -> Path:
+    return Path(run["bundle"])
+
+
+def state(run: dict) -> Observed:
+    out = command([*compose(), "ps", "--all", "--format", "json", HEAD], cwd=_bundle(run)).stdout.strip()
+    rows = [json.loads(line) for line in out.splitlines() if line.strip()]
+    if out.startswith("["):  # older Compose prints one JSON array
+        rows = json.loads(out)
+    if not rows:
+        raise LaunchError(f"Compose has no {HEAD} container for {run['job_id']}: it was taken down")
+    head = rows[0]
+    if head.get("State") == "exited":
+        code = int(head.get("ExitCode", 1))
+        return Observed("COMPLETED" if code == 0 else "FAILED", 0, code, True, "compose ps")
+    return Observed(str(head.get("State", "unknown")).upper(), 0, None, False, "compose ps")
+
+
+def logs(run: dict) -> str:
+    return command([*compose(), "logs", "--no-color", "--no-log-prefix", HEAD], cwd=_bundle(run)).stdout
+
+
+def cancel(run: dict) -> None:
+    command([*compose(), "down", "--volumes"], cwd=_bundle(run), timeout=300)

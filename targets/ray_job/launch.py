@@ -1,0 +1,60 @@
+"""The ray-job bundle's lifecycle: its submit.sh submits (one way to submit, with or without verlc); state,
+logs and stop go to the Ray Jobs REST API of the dashboard (no Ray import, so they answer at once)."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from ...compiler.ir import JobIR
+from ...lifecycle.scheduler import LaunchError, Observed, Submission, tool
+from ...lifecycle.scheduler import run as command
+
+FINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Submission]:
+    address = env.get("RAY_ADDRESS") or ir.ray.address
+    if not address:
+        raise LaunchError("no Ray address: set ray.address in the spec or RAY_ADDRESS (e.g. http://head:8265)", 2)
+    _api(address, "/api/version")  # reachable before anything is uploaded
+    out = command([tool("bash", "submit.sh is a bash script"), str(bundle / "submit.sh")], cwd=cwd,
+              env={**env, "RAY_ADDRESS": address}, timeout=1800).stdout
+    submitted = re.findall(r"^submitted (\S+) to (\S+)", out, re.M)
+    if not submitted:
+        raise LaunchError(f"submit.sh printed no submission: {out.strip()[-300:]}")
+    return [Submission(run=sid, job_id=sid, where=where, log=None, record=None) for sid, where in submitted]
+
+
+def _api(address: str, path: str, method: str = "GET") -> dict:
+    url = address.rstrip("/") + path
+    request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise LaunchError(f"the Ray cluster at {address} does not know {path.split('/')[3]}") from None
+        raise LaunchError(f"Ray at {address} answered {exc.code} to {method} {path}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise LaunchError(f"cannot reach the Ray dashboard at {address}: {reason}") from None
+
+
+def state(run: dict) -> Observed:
+    info = _api(run["where"], f"/api/jobs/{run['job_id']}")
+    status = info.get("status", "UNKNOWN")
+    # the driver's exit code is not in the API; "SUCCEEDED" is the job's exit 0
+    return Observed(status, 0, 0 if status == "SUCCEEDED" else None, status in FINAL, "ray jobs api")
+
+
+def logs(run: dict) -> str:
+    return _api(run["where"], f"/api/jobs/{run['job_id']}/logs").get("logs", "")
+
+
+def cancel(run: dict) -> None:
+    if not _api(run["where"], f"/api/jobs/{run['job_id']}/stop", "POST").get("stopped", True):
+        raise LaunchError(f"Ray did not stop {run['job_id']}: it had already ended")

@@ -1,0 +1,97 @@
+"""The Slurm bundle's lifecycle: sbatch, then the job's state from sacct, or from scontrol on clusters
+without accounting (and, once slurmctld has forgotten the job, from the job's own last log line)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from ...compiler.ir import JobIR
+from ...lifecycle.scheduler import LaunchError, Observed, Submission, tool
+from ...lifecycle.scheduler import run as command
+
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY",
+         "BOOT_FAIL", "DEADLINE"}
+
+
+def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Submission]:
+    """sbatch from `cwd` (the job's submit dir), after creating the log folders Slurm cannot create."""
+    sbatch = tool("sbatch", "the slurm target submits with sbatch")
+    for folder in ir.slurm.log_dirs if ir.slurm else ():
+        (cwd / folder).mkdir(parents=True, exist_ok=True)
+    out = command([sbatch, "--parsable", str(bundle / "sbatch.sh")], cwd=cwd, env=env).stdout.strip()
+    job, _, cluster = out.partition(";")
+    if not job.isdigit():
+        raise LaunchError(f"sbatch answered {out!r}, not a job id")
+    shown = _show(job) or {}
+    return [Submission(run=f"{ir.name}-{job}", job_id=job, where=cluster or shown.get("ClusterName") or _cluster(),
+                       log=shown.get("StdOut"),
+                       record=str(cwd / "verlc-runs" / f"{ir.name}-{job}" / "run-record.json"))]
+
+
+def _cluster() -> str:
+    shown = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
+    match = re.search(r"^ClusterName\s*=\s*(\S+)", shown, re.M)
+    return match[1] if match else "slurm"
+
+
+def _show(job: str) -> dict[str, str] | None:
+    """`scontrol show job` as a mapping, or None once slurmctld no longer knows the job."""
+    result = subprocess.run([tool("scontrol", "the slurm target asks Slurm"), "show", "job", "--oneliner", job],
+                            capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        return None
+    line = result.stdout.splitlines()[0] if result.stdout else ""
+    return dict(re.findall(r"(\w+(?::\w+)?)=(\S*)", line))
+
+
+def _sacct(job: str) -> Observed | None:
+    """The job's state from accounting, or None where the cluster keeps none (sacct then exits non-zero)."""
+    result = subprocess.run(["sacct", "--jobs", job, "--allocations", "--noheader", "--parsable2",
+                             "--format=State,ExitCode,Restarts"], capture_output=True, text=True, timeout=60)
+    rows = [r.split("|") for r in result.stdout.splitlines() if r.strip()]
+    if result.returncode != 0 or not rows:
+        return None
+    state, exit_code, restarts = rows[-1][0].split()[0], rows[-1][1], rows[-1][2] if len(rows[-1]) > 2 else "0"
+    return Observed(state, int(restarts or 0), int(exit_code.split(":")[0]), state in FINAL, "sacct")
+
+
+def state(run: dict) -> Observed:
+    job, log = run["job_id"], run.get("log")
+    shown = _show(job)
+    if shown is not None:  # slurmctld's own view, with the restart count accounting does not keep
+        name = shown.get("JobState", "UNKNOWN")
+        code = int(shown.get("ExitCode", "0:0").split(":")[0])
+        return Observed(name, int(shown.get("Restarts", "0")), code if name in FINAL else None, name in FINAL,
+                        "scontrol")
+    accounted = _sacct(job) if shutil.which("sacct") else None
+    if accounted is not None:
+        return accounted
+    last = _last_exit(log)
+    if last is not None:
+        return Observed("COMPLETED" if last == 0 else "FAILED", 0, last, True, f"the job's log {log}")
+    raise LaunchError(f"Slurm no longer knows job {job}, keeps no accounting, and its log has no exit line")
+
+
+def _last_exit(log: str | None) -> int | None:
+    """The exit code the batch script logged last (`verlc: exit code N`), if its log is readable."""
+    try:
+        text = Path(log).read_text(errors="replace") if log else ""
+    except OSError:
+        return None
+    found = re.findall(r"\] verlc: exit code (\d+)$", text, re.M)
+    return int(found[-1]) if found else None
+
+
+def logs(run: dict) -> str:
+    """The job's log so far (its --output file; the trainer's lines are in it too)."""
+    try:
+        return Path(run["log"]).read_text(errors="replace") if run.get("log") else ""
+    except FileNotFoundError:
+        return ""  # pending: Slurm creates it when the job starts
+
+
+def cancel(run: dict) -> None:
+    command([tool("scancel", "the slurm target cancels with scancel"), run["job_id"]])

@@ -1,0 +1,123 @@
+"""The run ledger and the progress parser, without a scheduler (tests/test_lifecycle_e2e.py has those)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_verlc
+from verlc.compiler.verl.release import RELEASES
+from verlc.lifecycle import ledger, progress
+
+sys.path.insert(0, str(REPO / "dev"))
+from verl_schema import release_package  # noqa: E402
+
+
+def console_logger(version: str):  # noqa: ANN201
+    """verl's own `concat_dict_to_str` of one release: the exact line its console logger prints."""
+    path = release_package(version) / "utils" / "logger" / "aggregate_logger.py"
+    spec = importlib.util.spec_from_file_location(f"aggregate_logger_{version.replace('.', '_')}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.concat_dict_to_str
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_step_parser_reads_every_releases_console_logger(version: str) -> None:
+    metrics = {"critic/score/mean": 0.625, "actor/pg_loss": -0.0123, "actor/lr": 1e-06,
+               "response_length/mean": np.float64(211.5), "timing_s/step": 12, "val-core/gsm8k/acc/mean@1": 0.5}
+    line = console_logger(version)(dict(metrics), step=17)
+    for shown in (line, f"(TaskRunner pid=4242) {line}", f"\x1b[36m(main_task pid=7)\x1b[0m {line}"):
+        step = progress.parse_step(shown)
+        assert step is not None and step.step == 17, shown
+        assert set(step.metrics) == set(metrics), shown
+        for key, value in metrics.items():  # 0.3/0.4 print 3 decimals, later releases the full value
+            assert step.metrics[key] == pytest.approx(float(value), abs=5e-4), (key, shown)
+    assert progress.parse_step("epoch 3 step:2 of the dataloader") is None
+    assert progress.parse_step("global_step:5 - x:1") is None
+
+
+def test_events_and_lines_from_a_job_log() -> None:
+    log = """\
+[2026-12-01T03:00:00.000Z] verlc: stage containers: skipped (VERLC_STOP_AFTER=preflight)
+[2026-12-01T03:00:00.100Z] verlc: stage ray
+[2026-12-01T03:00:01.000Z] verlc: node registered: n1 10.0.0.1 GPUs=8 (1/2)
+[2026-12-01T03:00:02.000Z] verlc: node registered: n2 10.0.0.2 GPUs=8 (2/2)
+[2026-12-01T03:00:03.000Z] verlc: stage train
+(TaskRunner pid=9) Total training steps: 40
+(TaskRunner pid=9) step:10 - critic/score/mean:0.5 - actor/pg_loss:-0.25
+""".splitlines()
+    events = list(progress.events(log))
+    assert [e.text for e in events] == ["ray", "ray 1/2 nodes", "ray 2/2 nodes", "train",
+                                        "Total training steps: 40", "step 10"]
+    step = events[-1].step
+    assert progress.step_line(step, 40, ["critic/score/mean"], tty=False) == "step 10/40 critic/score/mean=0.5"
+    assert progress.step_line(step, 40, [], tty=True, width=8) == "step 10/40 [##      ] 25%"
+    assert list(progress.stage_lines(log, "ray"))[1:] == log[2:4]
+
+
+def test_the_ledger_folds_events_and_finds_runs(tmp_path: Path) -> None:
+    book = tmp_path / ledger.FILE
+    ledger.append(book, {"event": "submitted", "run": "exp-41", "job_id": "41", "target": "slurm"})
+    ledger.append(book, {"event": "submitted", "run": "exp-42", "job_id": "42", "target": "slurm"})
+    ledger.append(book, {"event": "state", "run": "exp-41", "state": "RUNNING", "restarts": 0})
+    ledger.append(book, {"event": "state", "run": "exp-41", "state": "RUNNING", "restarts": 1})
+    ledger.append(book, {"event": "finished", "run": "exp-41", "state": "COMPLETED", "restarts": 1, "exit_code": 0})
+    runs = ledger.fold(book)
+    assert (runs["exp-41"].state, runs["exp-41"].restarts, runs["exp-41"].final) == ("COMPLETED", 1, True)
+    assert (runs["exp-42"].state, runs["exp-42"].final) == ("SUBMITTED", False)
+    assert ledger.find(runs, "42").run == "exp-42"
+    with pytest.raises(ledger.LedgerError, match="matches 2 runs"):
+        ledger.find(runs, "exp-4")
+    with pytest.raises(ledger.LedgerError, match="no run 'nope'"):
+        ledger.find(runs, "nope")
+    with book.open("a") as fh:  # a write cut short by a crash: the last line only
+        fh.write('{"event": "state", "ru')
+    assert ledger.fold(book)["exp-41"].state == "COMPLETED"
+    book.write_text(book.read_text() + '\n{"event": "state", "run": "exp-42", "state": "RUNNING"}\n')
+    with pytest.raises(ledger.LedgerError, match=r"runs.jsonl:6: not a ledger event"):
+        ledger.fold(book)
+
+
+APPENDER = """
+import sys
+from verlc.lifecycle import ledger
+for i in range(300):
+    ledger.append(ledger.Path(sys.argv[1]), {"event": "state", "run": sys.argv[2], "state": "RUNNING",
+                                             "n": i, "pad": "x" * 5000})
+"""
+
+
+def test_concurrent_appends_leave_every_event_whole(tmp_path: Path) -> None:
+    """Two processes appending 300 events of 5 kB each at once: 600 whole lines (one write each, locked)."""
+    book = tmp_path / ledger.FILE
+    writers = [subprocess.Popen([sys.executable, "-c", APPENDER, str(book), run]) for run in ("a", "b")]
+    assert [w.wait(timeout=120) for w in writers] == [0, 0]
+    lines = book.read_text().splitlines()
+    assert len(lines) == 600
+    events = [json.loads(line) for line in lines]
+    for run in ("a", "b"):
+        assert [e["n"] for e in events if e["run"] == run] == list(range(300))
+
+
+def test_lifecycle_commands_fail_with_one_line_and_a_documented_code(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()  # the ledger lives at the git root
+    unknown = run_verlc("status", "nope", cwd=tmp_path)
+    assert (unknown.returncode, unknown.stderr) == (3, "verlc: no run 'nope' in the ledger\n")
+    assert run_verlc("runs", cwd=tmp_path).stdout.startswith("run  spec  target")
+    spec = REPO / "specs" / "quickstart-gsm8k-1node.yaml"
+    no_slurm = run_verlc("submit", spec, "--target", "slurm", "--out", tmp_path / "out", cwd=tmp_path,
+                         env={"PATH": "/usr/bin/nonexistent"})
+    assert no_slurm.returncode == 4 and no_slurm.stderr.strip().endswith(
+        "verlc: sbatch is not on PATH (the slurm target submits with sbatch)"), no_slurm.stderr
+    no_ray = run_verlc("submit", spec, "--target", "ray-job", "--out", tmp_path / "out", cwd=tmp_path,
+                       env={"RAY_ADDRESS": "http://127.0.0.1:9"})
+    assert no_ray.returncode == 3 and "cannot reach the Ray dashboard at http://127.0.0.1:9" in no_ray.stderr
+    assert "Traceback" not in no_slurm.stderr + no_ray.stderr
+    assert not (tmp_path / ledger.FILE).exists(), "nothing was submitted, so nothing is recorded"
