@@ -308,7 +308,8 @@ def _until_done(book: Path, run, follow: bool, metrics: list[str]):  # noqa: ANN
     from .lifecycle import runs
 
     seen = runs.follow(book, run, metrics, sys.stdout if follow else io.StringIO(), tty=sys.stdout.isatty())
-    print(f"{run.run}: {seen.state.lower()}" + (f" (exit code {seen.exit_code})" if seen.exit_code else ""))
+    if not follow:  # --follow has printed every state already
+        print(f"{run.run}: {seen.state.lower()}" + (f" (exit code {seen.exit_code})" if seen.exit_code else ""))
     return seen
 
 
