@@ -167,3 +167,57 @@ def test_reproducible_reruns_must_match_the_first_run(ray_head: str, tmp_path: P
     status, logs = submit_and_wait(script, ray_head)
     assert status == "FAILED", logs
     assert "PREFLIGHT FAILED: verl 0.9.1, but the first run" in logs and "had 0.9.0" in logs
+
+
+def upload_fixture(root: Path) -> None:
+    """A working dir with what verl checkouts hold: code, a .gitignore'd and a .rayignore'd folder,
+    data and checkpoints the default excludes leave out, nested folders, an empty one."""
+    for rel, size in {"verl/trainer/main_ppo.py": 40_000, "verl/utils/x.py": 3_000, "README.md": 900,
+                      "logs/a.log": 50_000, "scratch/big.npy": 70_000, "data/gsm8k/train.parquet": 200_000,
+                      "checkpoints/step_1/model.safetensors": 300_000, "examples/run.sh": 1_200,
+                      "wandb/run-1/files.txt": 9_000, "sub/.gitignore": 6, "sub/keep.txt": 10,
+                      "sub/drop.tmp": 5_000}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"x" * size)
+    (root / "sub" / ".gitignore").write_text("*.tmp\n")
+    (root / ".gitignore").write_text("logs/\n")
+    (root / ".rayignore").write_text("scratch/\n")
+    (root / "empty").mkdir()
+
+
+def test_upload_size_is_measured_with_rays_own_rules(tmp_path: Path) -> None:
+    """The helper's estimate of the upload equals the size of the zip Ray itself builds from the same
+    folder and excludes (within the zip's own per-entry extras)."""
+    from ray._private.runtime_env.packaging import create_package
+
+    from verlc.targets import incluster
+    from verlc.targets.ray_job.view import UPLOAD_EXCLUDES
+
+    upload_fixture(tmp_path / "wd")
+    zipped = tmp_path / "ray.zip"
+    create_package(str(tmp_path / "wd"), zipped, include_gitignore=True, excludes=list(UPLOAD_EXCLUDES))
+    sizes = incluster.upload_sizes(str(tmp_path / "wd"), list(UPLOAD_EXCLUDES))
+    assert set(sizes) == {"verl", "README.md", "examples", "sub", "empty", ".gitignore", ".rayignore"}
+    estimate = sum(sizes.values()) + 22
+    assert abs(estimate - zipped.stat().st_size) < 0.01 * zipped.stat().st_size, (estimate, zipped.stat().st_size)
+
+
+def test_submit_refuses_a_working_dir_over_rays_upload_limit_naming_the_largest(ray_head: str, tmp_path: Path) -> None:
+    write_fixtures(tmp_path)
+    big = tmp_path / "assets" / "tokenizer-cache.bin.part"
+    big.parent.mkdir()
+    with big.open("wb") as fh:  # sparse: 120 MiB that takes no disk
+        fh.truncate(120 * 1024**2)
+    with (tmp_path / "data" / "huge.parquet").open("wb") as fh:  # excluded by default: not counted
+        fh.truncate(500 * 1024**2)
+    script = build(tmp_path)
+    result = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                            env=ray_env({"RAY_ADDRESS": ray_head}))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.search(r"would upload 120\.\d MiB, over the 100\.0 MiB the Ray dashboard accepts", result.stderr)
+    assert "Largest entries: assets (120.0 MiB). Exclude them" in result.stderr, result.stderr
+    assert "submitted" not in result.stdout
+    big.unlink()
+    ok = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                        env=ray_env({"RAY_ADDRESS": ray_head, "VERLC_STOP_AFTER": "ray"}))
+    assert ok.returncode == 0 and "working_dir " in ok.stdout and "uploading 0." in ok.stdout, ok.stdout + ok.stderr

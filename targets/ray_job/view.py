@@ -27,12 +27,32 @@ class RayJobView:
     address: str | None
     secrets: tuple[str, ...]
     entrypoint: tuple[str, ...]
+    package: str  # the job package's name (`python3 -m PACKAGE upload-size` before submitting)
     variants: tuple[str, ...]  # a sweep's variant indexes; each is one submission
 
 
 def ray_job_view(ir: JobIR) -> RayJobView:
-    return RayJobView(header_lines(ir), ir.name, ir.ray.address, ir.secrets, COMMAND,
+    return RayJobView(header_lines(ir), ir.name, ir.ray.address, ir.secrets, COMMAND, PACKAGE,
                       tuple(str(v.index) for v in ir.variants))
+
+
+# What a verl working dir holds that the job never reads from the upload: checkpoints, data and weights
+# (read from shared storage), virtual environments, tracker and Hydra output, verlc's own run folders.
+UPLOAD_EXCLUDES = ("/.git/", "checkpoints/", "*.parquet", "*.arrow", "*.safetensors", "*.bin", "*.pt", "*.pth",
+                   "*.ckpt", ".venv/", "venv/", "__pycache__/", "wandb/", "mlruns/", "tensorboard_log/", "outputs/",
+                   "verlc-runs/")
+
+
+def upload_excludes(ir: JobIR) -> list[str]:
+    """UPLOAD_EXCLUDES plus the run's checkpoint folder when it lies under the working dir; the data files
+    the spec names relative to the working dir stay in (the job reads them from the upload)."""
+    first = ir.checkpoint_dir.parts[0]
+    relative = isinstance(first, str) and not first.startswith(("/", "~"))
+    folder = first.split("/")[0] if relative else ""
+    extra = [f"/{folder}/"] if folder and folder not in (".", "..") and f"{folder}/" not in UPLOAD_EXCLUDES else []
+    kept = [f"!/{f.display.removeprefix('./')}" for f in ir.data_files
+            if len(f.parts) == 1 and not f.display.startswith(("/", "~", "../"))]
+    return [*UPLOAD_EXCLUDES, *extra, *sorted(set(kept))]
 
 
 def runtime_env(ir: JobIR) -> dict[str, Any]:
@@ -41,7 +61,7 @@ def runtime_env(ir: JobIR) -> dict[str, Any]:
     env.update({e.name: e.value.display for e in ir.env})  # Ray expands ${NAME} in env_vars itself
     return {
         "working_dir": ir.ray.working_dir,
-        "excludes": ["/.git/"],
+        "excludes": upload_excludes(ir),
         "py_modules": [PACKAGE],  # submit.sh makes this path absolute
         "env_vars": env,
     }

@@ -39,6 +39,9 @@ with open(target, "w", encoding="utf-8") as fh:
     json.dump(env, fh)
 VERLC_MERGE
 
+# Ray's dashboard refuses a working_dir upload over its size limit only after zipping it: measure first.
+PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" python3 -m verlc_job upload-size "$runtime_env"
+
 stamp=$(date -u +%Y%m%d-%H%M%S)
 variants=("")
 for variant in "${variants[@]}"; do

@@ -329,6 +329,87 @@ def cmd_job(args: argparse.Namespace) -> int:
     return 0
 
 
+# Ray's `ray job submit` zips working_dir (uncompressed: ZipFile's default ZIP_STORED) and PUTs it to the
+# dashboard, whose aiohttp server refuses bodies over client_max_size = ray_constants.DASHBOARD_CLIENT_MAX_SIZE
+# (100 MiB; HTTPRequestEntityTooLarge, verl#696). Packages stored in the GCS are further bounded by the gRPC
+# message size (512 MiB), which the dashboard's limit is far below.
+UPLOAD_LIMIT = 100 * 1024**2
+ZIP_ENTRY_OVERHEAD = 30 + 46  # a zip's local header and central-directory record, plus the name twice
+
+
+def upload_limit() -> int:
+    try:
+        from ray._private.ray_constants import DASHBOARD_CLIENT_MAX_SIZE
+        return int(DASHBOARD_CLIENT_MAX_SIZE)
+    except Exception:  # another Ray layout: the documented default
+        return UPLOAD_LIMIT
+
+
+def upload_sizes(root: str, excludes: list[str]) -> dict[str, int]:
+    """Bytes Ray would zip per top-level entry of `root`, with Ray's rules: `excludes` (gitwildmatch,
+    relative to root), and .gitignore (unless RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1) and .rayignore of every
+    folder, relative to that folder."""
+    try:  # the gitwildmatch implementation Ray itself uses: vendored in recent Ray, a dependency before
+        from ray._private.thirdparty.pathspec import PathSpec
+    except ImportError:
+        from pathspec import PathSpec
+
+    use_gitignore = os.environ.get("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "0") != "1"
+    base = os.path.abspath(root)
+    specs = [(base, PathSpec.from_lines("gitwildmatch", excludes))]
+    sizes: dict[str, int] = {}
+
+    def travel(path: str) -> None:
+        added = 0
+        if os.path.isdir(path) and not os.path.islink(path):
+            for name in ((".gitignore",) if use_gitignore else ()) + (".rayignore",):
+                ignore = os.path.join(path, name)
+                if os.path.isfile(ignore):
+                    with open(ignore, encoding="utf-8", errors="replace") as fh:
+                        specs.append((path, PathSpec.from_lines("gitwildmatch", fh.readlines())))
+                    added += 1
+        if path != base and any(spec.match_file(os.path.relpath(path, folder)) for folder, spec in specs):
+            del specs[len(specs) - added:]
+            return
+        rel = os.path.relpath(path, base)
+        top = rel.split(os.sep)[0]
+        is_dir = os.path.isdir(path) and not os.path.islink(path)
+        entries = sorted(os.listdir(path)) if is_dir else []
+        if path != base and (os.path.isfile(path) or is_dir and not entries):  # what Ray's zip holds
+            size = os.path.getsize(path) if os.path.isfile(path) else 0
+            sizes[top] = sizes.get(top, 0) + size + ZIP_ENTRY_OVERHEAD + 2 * len(rel.encode())
+        for entry in entries:
+            travel(os.path.join(path, entry))
+        del specs[len(specs) - added:]
+
+    travel(base)
+    return sizes
+
+
+def mib(size: int) -> str:
+    return f"{size / 1024**2:.1f} MiB"
+
+
+def cmd_upload(args: argparse.Namespace) -> int:
+    """Refuse a working_dir upload the Ray dashboard would refuse, naming what makes it large."""
+    with open(args.runtime_env, encoding="utf-8") as fh:
+        env = json.load(fh)
+    root = env.get("working_dir")
+    if not root or "://" in root or not os.path.isdir(root):
+        return 0  # a remote URI or a zip: Ray does not upload it from here
+    sizes = upload_sizes(root, env.get("excludes", []))
+    total, limit = sum(sizes.values()) + 22, upload_limit()
+    if total < limit:
+        print(f"working_dir {root}: uploading {mib(total)} (Ray's limit: {mib(limit)})")
+        return 0
+    largest = [kv for kv in sorted(sizes.items(), key=lambda kv: -kv[1])[:5] if kv[1] >= total // 100]
+    print(f"ERROR: working_dir {root} would upload {mib(total)}, over the {mib(limit)} the Ray dashboard accepts "
+          f"(it would answer 413 Request Entity Too Large). Largest entries: "
+          + ", ".join(f"{name} ({mib(size)})" for name, size in largest)
+          + ". Exclude them (ray.working_dir, a .rayignore there) or keep them on shared storage.", file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="verlc-helper")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -354,13 +435,16 @@ def main(argv: list[str]) -> int:
                      help="an env var the spec reads on the nodes: set and non-empty on every one")
     pre.add_argument("--reference", help="reproducible jobs: the first run's record; written by the first run, "
                                          "compared by every later one")
+    upload = sub.add_parser("upload-size")
+    upload.add_argument("runtime_env", help="the runtime env JSON that `ray job submit` will get")
     job = sub.add_parser("job")
     job.add_argument("variant", nargs="?", help="a sweep's variant index (jobs/<index>.json); default: job.json")
     args = parser.parse_args(argv)
     if args.command == "prepare":
         args.cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         return cmd_prepare(args)
-    return {"wait": cmd_wait, "preflight": cmd_preflight, "job": cmd_job}[args.command](args)
+    return {"wait": cmd_wait, "preflight": cmd_preflight, "job": cmd_job,
+            "upload-size": cmd_upload}[args.command](args)
 
 
 if __name__ == "__main__":
