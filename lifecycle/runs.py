@@ -67,9 +67,17 @@ def observe(ledger_file: Path, run: ledger.Run) -> Observed:
 
 
 def cancel(ledger_file: Path, run: ledger.Run) -> Observed:
-    launcher(run.target).cancel(run.submitted)
+    """Cancel with the target's tool. Where nothing is left to ask afterwards (Compose's `down`), the
+    launcher reports the end itself; otherwise the scheduler is asked as for `status`."""
+    ended = launcher(run.target).cancel(run.submitted)
+    if run.final:  # e.g. `down` after a compose run ended: its containers go, its record stays
+        return ended or observe(ledger_file, run)
     ledger.append(ledger_file, {"event": "state", "run": run.run, "state": "CANCEL_REQUESTED",
                                 "restarts": run.restarts, "source": "verlc cancel"})
+    if ended is not None:
+        ledger.append(ledger_file, {"event": "finished", "run": run.run, "state": ended.state,
+                                    "restarts": run.restarts, "exit_code": None, "source": ended.source})
+        return ended
     return observe(ledger_file, ledger.fold(ledger_file)[run.run])
 
 

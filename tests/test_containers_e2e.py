@@ -13,13 +13,14 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, REPO, SPECS
+from conftest import IN_CI, REPO, SPECS, run_verlc
 from test_slurm_e2e import build, job_state, sbatch, slurm, submit, wait_for, write_fixtures  # noqa: F401
 
 STATE = Path(os.environ.get("VERLC_CONTAINER_STATE", "/tmp/verlc-containers"))
@@ -84,7 +85,7 @@ def fake_bin(root: Path, *, ray_fails_on_node: int | None = None) -> Path:
     (folder / "ray").write_text(f"#!/bin/bash\n{fail}exec /opt/venv/bin/ray \"$@\"\n")
     (folder / "python3").write_text("""#!/bin/bash
 if [[ " $* " == *" verl.trainer.main_ppo "* ]]; then
-  echo "TRAINER restart=${SLURM_RESTART_COUNT:-0} argv: $*"
+  echo "TRAINER restart=${SLURM_RESTART_COUNT:-0} wandb=${WANDB_RUN_ID:-}/${WANDB_RESUME:-} argv: $*"
   if [[ ${SLURM_RESTART_COUNT:-0} == 0 ]]; then sleep 600; fi
   exit 0
 fi
@@ -157,7 +158,7 @@ def test_preemption_requeues_into_new_containers_and_resumes(slurm: None, engine
     wait_for(lambda: job_state(job) == "COMPLETED", 400, "the requeued job to complete")
     text = log.read_text()
     assert f"requeueing job {job}" in text and "SLURM_RESTART_COUNT=1" in text
-    assert "TRAINER restart=1 argv: " in text and "trainer.resume_mode=auto" in text
+    assert "TRAINER restart=1 wandb=" in text and "trainer.resume_mode=auto" in text
     assert text.count(f"starting container verlc-{script.parent.parent.name}-{job}-n2 on n2") == 2
     assert containers(engine, script, job) == []
 
@@ -209,8 +210,8 @@ def compose_up_then_down(bundle: Path, files: list[str], env: dict[str, str], he
     return up, started, down
 
 
-def test_compose_bundle_comes_up_in_order_runs_to_the_preflight_and_down_leaves_nothing(
-        engine: dict[str, str], podman_api: dict[str, str], tmp_path: Path) -> None:
+def compose_spec(tmp_path: Path, engine: dict[str, str], env: str = "{}") -> None:
+    """A 2-node CPU spec for the compose target over the test image and local fixtures."""
     write_fixtures(tmp_path)
     spec = tmp_path / "spec.yaml"
     spec.write_text(f"""\
@@ -225,10 +226,14 @@ cluster: {{nodes: 2, gpus_per_node: 8}}
 container: {{runtime: docker, image: {json.dumps(engine['VERLC_TEST_IMAGE'])}, workdir: {tmp_path}, shm_size: 1g,
             mounts: ['{tmp_path}:{tmp_path}']}}
 ray: {{wait_for_nodes: 180s}}
+env: {env}
 """)
-    from conftest import run_verlc
 
-    built = run_verlc("build", spec, "--target", "compose", "--out", tmp_path / "out")
+
+def test_compose_bundle_comes_up_in_order_runs_to_the_preflight_and_down_leaves_nothing(
+        engine: dict[str, str], podman_api: dict[str, str], tmp_path: Path) -> None:
+    compose_spec(tmp_path, engine)
+    built = run_verlc("build", tmp_path / "spec.yaml", "--target", "compose", "--out", tmp_path / "out")
     assert built.returncode == 0, built.stderr
     bundle = tmp_path / "out" / "compose-e2e" / "compose"
     env = {**os.environ, **podman_api, "VERLC_STOP_AFTER": "preflight"}
@@ -298,3 +303,48 @@ def test_every_example_compose_bundle_comes_up_to_the_ray_stage(
     left = subprocess.run(["podman", "ps", "--all", "--format", "{{.Names}}"], env=env, capture_output=True,
                           text=True, check=True).stdout
     assert example.stem not in left
+
+
+def test_compose_runs_through_submit_status_logs_and_cancel(engine: dict[str, str], podman_api: dict[str, str],
+                                                            tmp_path: Path) -> None:
+    """`verlc submit --target compose` brings the stack up detached on the podman engine; status follows the
+    head's exit, logs show the stages, cancel takes everything down; the ledger has each run's end."""
+    from test_compose import compose_binary
+
+    # verl's trainer only prints its argv and waits (fake_bin): there is no GPU to train on
+    compose_spec(tmp_path, engine, env=json.dumps({"PATH": f"{fake_bin(tmp_path)}:/opt/venv/bin:/usr/bin:/bin"}))
+    tools = tmp_path / "tools"  # `docker-compose` on PATH is what the launcher runs
+    tools.mkdir()
+    (tools / "docker-compose").symlink_to(compose_binary())
+    env = {**os.environ, **podman_api, "PATH": f"{tools}:{podman_api['PATH']}", "VERLC_STOP_AFTER": "preflight"}
+
+    def verlc(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "verlc", *args], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=900)
+
+    from test_slurm_e2e import wait_for
+    from verlc.lifecycle import ledger
+
+    with healthcheck_timer("compose-e2e-ray-head-1", tmp_path / "healthy-at", env):
+        submitted = verlc("submit", "spec.yaml", "--target", "compose", "--wait")
+    try:
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        [run] = ledger.fold(tmp_path / ledger.FILE).values()
+        assert (run.state, run.exit_code) == ("COMPLETED", 0)
+        assert "preflight passed: 2 nodes, 16 GPUs" in verlc("logs", run.run, "--stage", "preflight").stdout
+        assert json.loads(Path(run.record).read_text())["gpus"] == 16
+    finally:
+        down = verlc("cancel", ledger.fold(tmp_path / ledger.FILE).popitem()[1].run)
+    assert down.returncode == 0, down.stderr
+    env["VERLC_STOP_AFTER"] = "train"
+    with healthcheck_timer("compose-e2e-ray-head-1", tmp_path / "healthy-at-2", env):
+        assert verlc("submit", "spec.yaml", "--target", "compose").returncode == 0
+    second = list(ledger.fold(tmp_path / ledger.FILE).values())[-1]
+    wait_for(lambda: "TRAINER restart=0" in verlc("logs", second.run).stdout, 180, "training to start")
+    assert verlc("status", second.run).stdout.startswith(f"{second.run}: running")
+    cancelled = verlc("cancel", second.run)
+    assert cancelled.returncode == 0 and "now cancelled" in cancelled.stdout, cancelled.stdout + cancelled.stderr
+    assert ledger.fold(tmp_path / ledger.FILE)[second.run].state == "CANCELLED"
+    left = subprocess.run(["podman", "ps", "--all", "--format", "{{.Names}}"], env=env, capture_output=True,
+                          text=True, check=True).stdout
+    assert "compose-e2e" not in left

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 from conftest import run_verlc
 from test_ray_job import build as build_ray_job
 from test_ray_job import ray_env, ray_head  # noqa: F401
-from test_slurm_e2e import SUBMIT_ENV, build, fake_venv, slurm, wait_for, write_fixtures  # noqa: F401
+from test_slurm_e2e import SUBMIT_ENV, build, fake_venv, no_ray_left, slurm, wait_for, write_fixtures  # noqa: F401
 
 from verlc.lifecycle import ledger
 
@@ -78,18 +79,30 @@ def test_cancel_ends_a_training_run_and_the_ledger_records_it(slurm: None, tmp_p
     assert events[0] == "submitted" and events[-1] == "finished" and events.count("finished") == 1
 
 
-def test_a_requeued_run_shows_its_restart_in_status_and_runs(slurm: None, tmp_path: Path) -> None:
+def test_preemption_requeues_resumes_and_shows_the_restart_in_status_and_runs(slurm: None, tmp_path: Path) -> None:
     write_fixtures(tmp_path)
-    build(tmp_path, venv=fake_venv(tmp_path), grace="60s")
+    script = build(tmp_path, venv=fake_venv(tmp_path), grace="60s")
+    assert "#SBATCH --signal=B:USR1@60" in script.read_text()
     assert verlc(tmp_path, "submit", "spec.yaml", "--target", "slurm", stop_after="train").returncode == 0
     [run] = runs_of(tmp_path).values()
     wait_for(lambda: "TRAINER restart=0" in verlc(tmp_path, "logs", run.run).stdout, 180, "training to start")
+    # What Slurm does ahead of preemption or the time limit, as asked by --signal=B:USR1@...
     subprocess.run(["scancel", "--signal=USR1", "--batch", run.job_id], check=True)
     wait_for(lambda: "TRAINER restart=1" in verlc(tmp_path, "logs", run.run).stdout, 300, "the requeued run")
     until_final(tmp_path, run.run)
     final = runs_of(tmp_path)[run.run]
     assert (final.state, final.restarts) == ("COMPLETED", 1)
     assert "completed (1 restarts)" in verlc(tmp_path, "runs").stdout
+    text = verlc(tmp_path, "logs", run.run).stdout
+    assert "USR1: preemption or time limit ahead" in text and f"requeueing job {run.job_id}" in text
+    assert "SLURM_RESTART_COUNT=1" in text
+    restart = re.search(r"TRAINER restart=1 wandb=\S+ argv: (.*)", text)
+    assert restart and "trainer.resume_mode=auto" in restart[1].split(), text
+    assert f"trainer.default_local_dir=checkpoints/e2e/{run.name}" in restart[1]
+    # both attempts report to the same W&B run (the variables verl's wandb.init reads), resumed, not new
+    trackers = re.findall(r"TRAINER restart=(\d) wandb=(\S+) ", text)
+    assert trackers == [("0", f"{run.name}-{run.job_id}/allow"), ("1", f"{run.name}-{run.job_id}/allow")], trackers
+    assert no_ray_left(60) == []
 
 
 def test_two_concurrent_submits_leave_two_intact_records(slurm: None, tmp_path: Path) -> None:

@@ -54,5 +54,7 @@ def logs(run: dict) -> str:
     return command([*compose(), "logs", "--no-color", "--no-log-prefix", HEAD], cwd=_bundle(run)).stdout
 
 
-def cancel(run: dict) -> None:
+def cancel(run: dict) -> Observed:
+    """`down` removes the containers, so Compose keeps no state to ask afterwards: the run ends here."""
     command([*compose(), "down", "--volumes"], cwd=_bundle(run), timeout=300)
+    return Observed("CANCELLED", 0, None, True, "compose down")

@@ -55,6 +55,6 @@ def logs(run: dict) -> str:
     return _api(run["where"], f"/api/jobs/{run['job_id']}/logs").get("logs", "")
 
 
-def cancel(run: dict) -> None:
+def cancel(run: dict) -> None:  # the scheduler reports the end itself
     if not _api(run["where"], f"/api/jobs/{run['job_id']}/stop", "POST").get("stopped", True):
         raise LaunchError(f"Ray did not stop {run['job_id']}: it had already ended")

@@ -93,5 +93,5 @@ def logs(run: dict) -> str:
         return ""  # pending: Slurm creates it when the job starts
 
 
-def cancel(run: dict) -> None:
+def cancel(run: dict) -> None:  # the scheduler reports the end itself
     command([tool("scancel", "the slurm target cancels with scancel"), run["job_id"]])

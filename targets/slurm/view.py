@@ -81,11 +81,21 @@ def _word(*parts: str | Var) -> Word:
     return Word(tuple(parts))
 
 
+def tracker_env(ir: JobIR) -> tuple[EnvVar, ...]:
+    """A requeued job keeps its Slurm job id: the same id for Weights & Biases makes it continue the run it
+    started (verl's wandb.init reads these) instead of opening a new one. The spec's own env wins."""
+    own = {e.name for e in ir.env}
+    derived = (EnvVar("WANDB_RUN_ID", _word(f"{ir.name}-", Var("SLURM_JOB_ID")), "verlc: requeues resume the W&B run"),
+               EnvVar("WANDB_RESUME", _word("allow"), "verlc: requeues resume the W&B run"))
+    return tuple(e for e in derived if e.name not in own)
+
+
 def slurm_view(ir: JobIR) -> SlurmView:
     assert ir.slurm is not None, "checks require cluster.slurm for the slurm target"
     c = ir.container
+    env = (*ir.env, *tracker_env(ir))
     address = _word(HEAD_IP, ":", RAY_PORT)
-    env_names = (*(e.name for e in ir.env), *ir.secrets, *ir.node_env)
+    env_names = (*(e.name for e in env), *ir.secrets, *ir.node_env)
 
     # The job's container on each node; docker/podman add the node's name, which keeps the names apart
     # where nodes share a host and its container store (pyxis keeps containers per node by itself).
@@ -170,7 +180,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
         directives=(*(f"--{k}={v}" if v else f"--{k}" for k, v in ir.slurm.directives), *array, "--export=ALL"),
         requeue=ir.slurm.requeue,
         modules=ir.slurm.modules,
-        env=ir.env,
+        env=env,
         secrets=ir.secrets,
         nodes=ir.nodes,
         gpus_per_node=ir.gpus_per_node,

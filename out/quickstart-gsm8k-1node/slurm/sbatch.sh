@@ -176,6 +176,8 @@ main() {
 
   # ---- environment: exported before any container or Ray process starts (verl #158) ---------------
   export PYTHONUNBUFFERED=1  # verlc: stream trainer logs
+  export WANDB_RUN_ID=quickstart-gsm8k-1node-"${SLURM_JOB_ID}"  # verlc: requeues resume the W&B run
+  export WANDB_RESUME=allow  # verlc: requeues resume the W&B run
   export VIRTUAL_ENV="${HOME}"/venvs/verl
   export PATH="$VIRTUAL_ENV/bin:$PATH"
 

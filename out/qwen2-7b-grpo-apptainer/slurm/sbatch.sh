@@ -184,6 +184,8 @@ main() {
   export PYTHONUNBUFFERED=1  # verlc: stream trainer logs
   export NCCL_SOCKET_IFNAME=ib0  # network.nccl.socket_ifname
   export RAY_DEBUG_POST_MORTEM=1  # ray.debug
+  export WANDB_RUN_ID=qwen2-7b-grpo-apptainer-"${SLURM_JOB_ID}"  # verlc: requeues resume the W&B run
+  export WANDB_RESUME=allow  # verlc: requeues resume the W&B run
   # Secrets come from the shell that ran sbatch; their values are never written here.
   [[ -n ${WANDB_API_KEY:-} ]] || die "WANDB_API_KEY is not set: export it before sbatch"
 

@@ -140,6 +140,8 @@ run_container() {
     --env TOKENIZERS_PARALLELISM
     --env TRANSFORMERS_CACHE
     --env HF_HOME
+    --env WANDB_RUN_ID
+    --env WANDB_RESUME
     --env WANDB_API_KEY
     --volume "${HOME}":"${HOME}"
     --volume "${HOME}"/.ssh:/root/.ssh
@@ -280,6 +282,8 @@ main() {
   export TOKENIZERS_PARALLELISM=false  # env
   export TRANSFORMERS_CACHE="${HOME}"/.cache/huggingface  # env
   export HF_HOME="${HOME}"/.cache/huggingface  # env
+  export WANDB_RUN_ID=qwen2-7b-gsm8k-ppo-mi300-"${SLURM_JOB_ID}"  # verlc: requeues resume the W&B run
+  export WANDB_RESUME=allow  # verlc: requeues resume the W&B run
   # Secrets come from the shell that ran sbatch; their values are never written here.
   [[ -n ${WANDB_API_KEY:-} ]] || die "WANDB_API_KEY is not set: export it before sbatch"
 
