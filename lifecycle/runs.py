@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
@@ -141,3 +142,20 @@ def table(runs: Sequence[ledger.Run], markdown: bool) -> str:
         return "\n".join(lines) + "\n"
     widths = [max(len(c) for c in col) for col in zip(COLUMNS, *rows)]
     return "".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n" for row in (COLUMNS, *rows))
+
+
+def ray_logs(run: ledger.Run, node: str | None) -> str:
+    """The Ray logs each node kept in the run folder (`ray-logs/<node>/`), as `==> file <==` sections."""
+    from .scheduler import LaunchError
+
+    folder = Path(run.record).parent / "ray-logs" if run.record else None
+    if folder is None or not folder.is_dir():
+        raise LaunchError(f"{run.run} kept no Ray logs (the slurm target keeps them in the run folder when "
+                          f"Ray stops)")
+    nodes = sorted(p for p in folder.iterdir() if p.is_dir() and (node is None or p.name == node))
+    if not nodes:
+        raise LaunchError(f"no Ray logs of node {node} in {folder}: it has {', '.join(sorted(os.listdir(folder)))}")
+    out = []
+    for path in sorted(f for n in nodes for f in n.rglob("*") if f.is_file()):
+        out.append(f"==> {path.relative_to(folder)} <==\n{path.read_text(errors='replace')}")
+    return "\n".join(out)

@@ -246,19 +246,40 @@ def test_worker_ray_failure_fails_fast_and_names_the_node(slurm: None, tmp_path:
     assert no_ray_left() == []
 
 
-def test_scancel_during_bring_up_cleans_up(slurm: None, tmp_path: Path) -> None:
+# Where the script can be held for a cancel (VERLC_PAUSE_AT): the start of each stage, before the nodes are
+# asked for their addresses, and just after the readiness waiter started (where a cancel once left no log).
+PAUSE_POINTS = ("addresses", "containers", "ray", "ray-wait", "data", "preflight")
+
+
+def test_scancel_at_any_moment_of_bring_up_runs_the_cleanup_and_leaves_nothing(slurm: None, tmp_path: Path) -> None:
     write_fixtures(tmp_path)
-    job = submit(build(tmp_path), tmp_path, stop_after="preflight")
-    log = tmp_path / f"slurm-{job}.out"
-    wait_for(lambda: log.exists() and "waiting up to" in log.read_text(), 120, "bring-up to start waiting")
-    # Cancel while the script waits for the nodes. (Once, a scancel landing within ~3 ms of the waiter's
-    # launch left no cleanup log at all; Slurm still ended every step. Not understood yet: see the issue note.)
-    time.sleep(2)
-    subprocess.run(["scancel", job], check=True)
-    wait_for(lambda: job_state(job) == "CANCELLED", 60, "the job to be cancelled")
-    wait_for(lambda: "exit code 143" in log.read_text(), 60, "the cleanup trap to finish")
-    assert "cleaning up (exit code 143)" in log.read_text()
-    assert no_ray_left(60) == []
+    script = build(tmp_path)
+    moments = [("paused at", point) for point in PAUSE_POINTS] + [("after", delay) for delay in (0, 0.7, 1.5, 3)]
+    for kind, at in moments:
+        job = submit(script, tmp_path, "preflight", {"VERLC_PAUSE_AT": at} if kind == "paused at" else None)
+        log = tmp_path / f"slurm-{job}.out"
+        started = f"paused at {at} (VERLC_PAUSE_AT)" if kind == "paused at" else "verlc: job "
+        wait_for(lambda: log.exists() and started in log.read_text(), 120, f"{kind} {at}")
+        time.sleep(at if kind == "after" else 0)
+        subprocess.run(["scancel", job], check=True)
+        wait_for(lambda: job_state(job) == "CANCELLED", 60, "the job to be cancelled")
+        wait_for(lambda: "] verlc: exit code 143" in log.read_text(), 60, f"the cleanup trap ({kind} {at})")
+        assert "cleaning up (exit code 143)" in log.read_text(), (kind, at)
+        assert no_ray_left(60) == [], (kind, at)
+        wait_for(lambda: not list(Path("/tmp").glob(f"verlc-ray-{job}-*")), 30, f"Ray's temp dirs to go ({kind} {at})")
+
+
+def test_each_node_keeps_its_ray_logs_in_the_run_folder_and_removes_rays_temp_dir(slurm: None,
+                                                                                  tmp_path: Path) -> None:
+    write_fixtures(tmp_path)
+    job, output, state = sbatch(build(tmp_path), tmp_path)
+    assert state == "COMPLETED", output
+    kept = next((tmp_path / "verlc-runs").glob(f"*-{job}")) / "ray-logs"
+    for node in ("n1", "n2"):
+        assert (kept / node / "raylet.out").stat().st_size > 0, sorted(p.name for p in (kept / node).iterdir())
+        assert (kept / node / "TRUNCATED.txt").read_text() == "nothing was cut\n"
+    assert (kept / "n1" / "gcs_server.out").exists() and not (kept / "n2" / "gcs_server.out").exists()
+    assert not list(Path("/tmp").glob(f"verlc-ray-{job}-*"))
 
 
 @pytest.mark.parametrize(("option", "message"), [

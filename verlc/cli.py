@@ -83,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     logs.add_argument("--stage", choices=["containers", "ray", "data", "preflight", "train"],
                       help="only the lines of one stage")
     logs.add_argument("--metric", action="append", default=[], metavar="KEY", help="with --follow: metrics to show")
+    logs.add_argument("--ray", action="store_true",
+                      help="Ray's own logs, which each node kept in the run folder when its Ray stopped (slurm)")
+    logs.add_argument("--node", help="with --ray: one node's logs only")
     cancel = sub.add_parser("cancel", help="cancel a run with the target's own tool")
     cancel.add_argument("run", metavar="RUN")
     runs = sub.add_parser("runs", help="every run of the ledger, as a table")
@@ -331,6 +334,9 @@ def _logs(args: argparse.Namespace, book: Path, known: dict) -> int:
     from .lifecycle import ledger, progress, runs
 
     run = ledger.find(known, args.run)
+    if args.ray:
+        sys.stdout.write(runs.ray_logs(run, args.node))
+        return 0
     if args.follow:
         runs.follow(book, run, args.metric, sys.stdout, tty=sys.stdout.isatty())
         return 0

@@ -81,19 +81,24 @@ def _word(*parts: str | Var) -> Word:
     return Word(tuple(parts))
 
 
-def tracker_env(ir: JobIR) -> tuple[EnvVar, ...]:
-    """A requeued job keeps its Slurm job id: the same id for Weights & Biases makes it continue the run it
-    started (verl's wandb.init reads these) instead of opening a new one. The spec's own env wins."""
+def job_env(ir: JobIR) -> tuple[EnvVar, ...]:
+    """What the Slurm job adds to the environment; the spec's own env wins.
+
+    A requeued job keeps its Slurm job id: the same id for Weights & Biases makes it continue the run it
+    started (verl's wandb.init reads these) instead of opening a new one. Ray (2.5x on) drains a node for
+    30 s on SIGTERM before stopping it, longer than Slurm leaves a cancelled job (KillWait, 30 s by
+    default) to clean up and keep its logs: nothing in a verl job needs draining."""
     own = {e.name for e in ir.env}
     derived = (EnvVar("WANDB_RUN_ID", _word(f"{ir.name}-", Var("SLURM_JOB_ID")), "verlc: requeues resume the W&B run"),
-               EnvVar("WANDB_RESUME", _word("allow"), "verlc: requeues resume the W&B run"))
+               EnvVar("WANDB_RESUME", _word("allow"), "verlc: requeues resume the W&B run"),
+               EnvVar("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", _word("0"), "verlc: Ray stops within KillWait"))
     return tuple(e for e in derived if e.name not in own)
 
 
 def slurm_view(ir: JobIR) -> SlurmView:
     assert ir.slurm is not None, "checks require cluster.slurm for the slurm target"
     c = ir.container
-    env = (*ir.env, *tracker_env(ir))
+    env = (*ir.env, *job_env(ir))
     address = _word(HEAD_IP, ":", RAY_PORT)
     env_names = (*(e.name for e in env), *ir.secrets, *ir.node_env)
 

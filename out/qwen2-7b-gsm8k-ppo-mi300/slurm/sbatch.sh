@@ -38,9 +38,18 @@ case $stop_after in
   *) die "VERLC_STOP_AFTER=$stop_after: expected containers, ray, data, preflight or train" ;;
 esac
 
+# pause_at POINT: for tests of cancellation, wait here (until signalled) when VERLC_PAUSE_AT names POINT:
+# a stage's name (its start), "addresses" (before the nodes are asked) or "ray-wait" (the waiter started).
+pause_at() {
+  [[ ${VERLC_PAUSE_AT:-} == "$1" ]] || return 0
+  log "paused at $1 (VERLC_PAUSE_AT)"
+  while :; do sleep 1; done
+}
+
 # begin_stage NAME: true when NAME runs; every stage after VERLC_STOP_AFTER is skipped.
 stopped=0
 begin_stage() {
+  pause_at "$1"
   if ((stopped)); then
     log "stage $1: skipped (VERLC_STOP_AFTER=$stop_after)"
     return 1
@@ -82,8 +91,8 @@ on_node() {
 # The tasks get the functions in `node_functions` and the variables in `shared`; when one task fails, Slurm
 # ends the step (--kill-on-bad-exit) and the task's own message names its node.
 declare -A node_ips=()  # node -> the IPv4 address Ray uses there
-head_ip='' ray_port='' port_base=''
-readonly shared=(node_ips head_ip ray_port port_base)
+head_ip='' ray_port='' port_base='' dashboard_port='' client_port=''
+readonly shared=(node_ips head_ip ray_port port_base dashboard_port client_port run_dir)
 fan_out() {
   local where=$1 fn=$2 nodelist
   shift 2
@@ -94,7 +103,7 @@ fan_out() {
 }
 
 # Run by fan_out on each node (SLURMD_NODENAME and SLURM_PROCID are Slurm's, per task) -------------
-readonly node_functions=(log in_container node_address build_image run_container container_ready remove_container ray_worker)
+readonly node_functions=(log in_container node_address build_image run_container container_ready remove_container ray_node helper_source)
 
 # node_address: this node's name and the IPv4 address Ray uses on it (the first one when several are printed)
 node_address() {
@@ -142,6 +151,7 @@ run_container() {
     --env HF_HOME
     --env WANDB_RUN_ID
     --env WANDB_RESUME
+    --env RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S
     --env WANDB_API_KEY
     --volume "${HOME}":"${HOME}"
     --volume "${HOME}"/.ssh:/root/.ssh
@@ -175,26 +185,55 @@ remove_container() {
     || { log "could not remove container $container on $SLURMD_NODENAME"; exit 1; }
 }
 
-# ray_worker: this node's Ray worker, until the cleanup stops it. It never exits 0, so that a node whose
-# Ray stops ends the workers' step at once (the log names the node).
-ray_worker() {
-  local i=$((SLURM_PROCID + 1))  # this node's place in the job; the head is 0
+# ray_node FIRST: this node's Ray until the cleanup stops it: the head where the node's place in the job
+# (FIRST + SLURM_PROCID) is 0, a worker elsewhere. It never exits 0, so that a node whose Ray stops ends its
+# step at once (the log names the node). However Ray stops (cleanup, scancel, a crash), the node then
+# keeps Ray's session logs in the run folder (bounded) and removes Ray's temp dir.
+ray_node() {
+  local i=$(($1 + SLURM_PROCID))
   local node_ip=${node_ips[$SLURMD_NODENAME]} ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-$i
   local agent_port=$((port_base + 10 + i % 90))  # stays in the job's block, however many nodes
   in_container "$SLURMD_NODENAME"
-  local ray_worker=(
-    ray start --block --address="${head_ip}":"${ray_port}"
-    --node-ip-address="${node_ip}"
-    --num-gpus=8
-    --num-cpus=28
-    --temp-dir="${ray_tmp}"
-    --dashboard-agent-listen-port="${agent_port}"
-    --disable-usage-stats
-  )
-  log "starting Ray worker on $SLURMD_NODENAME ($node_ip)"
-  local rc=0
-  "${exec_prefix[@]}" "${ray_worker[@]}" || rc=$?
+  local ray=()
+  if ((i == 0)); then
+    ray=(
+      ray start --head --block
+      --node-ip-address="${head_ip}" --port="${ray_port}"
+      --dashboard-host=127.0.0.1 --dashboard-port="${dashboard_port}"
+      --ray-client-server-port="${client_port}"
+      --num-gpus=8
+      --num-cpus=28
+      --temp-dir="${ray_tmp}"
+      --dashboard-agent-listen-port="${agent_port}"
+      --disable-usage-stats
+    )
+  else
+    ray=(
+      ray start --block --address="${head_ip}":"${ray_port}"
+      --node-ip-address="${node_ip}"
+      --num-gpus=8
+      --num-cpus=28
+      --temp-dir="${ray_tmp}"
+      --dashboard-agent-listen-port="${agent_port}"
+      --disable-usage-stats
+    )
+  fi
+  log "starting Ray on $SLURMD_NODENAME ($node_ip)"
+  # In a process group of its own: when Slurm signals the step, every Ray process of the node gets TERM,
+  # and KILL 5 s later (a `ray start` signalled mid-startup can hang), well within Slurm's KillWait.
+  setsid "${exec_prefix[@]}" "${ray[@]}" &
+  local ray_pid=$! rc=0
+  trap 'kill -TERM -- "-$ray_pid" 2>/dev/null; { sleep 5; kill -KILL -- "-$ray_pid" 2>/dev/null; } &' TERM INT
+  wait "$ray_pid" || rc=$?
+  while kill -0 "$ray_pid" 2>/dev/null; do  # a signal ended `wait`, not Ray: wait for Ray itself
+    rc=0
+    wait "$ray_pid" || rc=$?
+  done
   log "Ray on $SLURMD_NODENAME exited (code $rc)"
+  local logs=$run_dir/ray-logs/$SLURMD_NODENAME
+  mkdir -p "$logs"
+  "${exec_prefix[@]}" python3 - ray-logs --temp-dir "$ray_tmp" --limit-mib 50 < <(helper_source) \
+    | tar -x -C "$logs" || log "could not keep Ray's logs of $SLURMD_NODENAME"
   exit $((rc ? rc : 1))
 }
 
@@ -202,7 +241,10 @@ ray_worker() {
 declare -A ray_steps=()  # srun pid -> which Ray: names what died during bring-up
 cleanup() {
   local rc=$?
-  trap - EXIT INT TERM
+  # A second signal (scancel signals every process of the job, and again on a second scancel) must not
+  # end the cleanup half-way: note it and go on. (A handler, not an ignore: children get the default.)
+  trap - EXIT
+  trap 'log "cleanup already running: signal ignored"' INT TERM USR1
   set +e
   log "cleaning up (exit code $rc)"
   # The containers first, with everything running in them (their own step removes them too on TERM).
@@ -210,13 +252,18 @@ cleanup() {
     fan_out host remove_container "${nodes[@]}"
     timeout 120 "${step[@]}" || log "could not remove every container (the nodes are named above)"
   fi
-  # Every step still running: srun forwards TERM to it, so the trainer stops and each
-  # `ray start --block` stops the Ray processes it started. KILL whatever is left after 30 s.
-  local pids pid alive
+  # Every step still running gets TERM in its tasks (Slurm's own signal: srun would KILL a step on TERM
+  # and only report on one INT), so the trainer stops and each node's Ray stops and keeps its logs.
+  # KILL whatever is left before Slurm's KillWait runs out (after scancel or the time limit, Slurm kills
+  # this script then), at most after 30 s.
+  local pids pid alive patience
+  patience=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" { print $3 }')
+  [[ $patience =~ ^[0-9]+$ ]] && ((patience > 4)) && patience=$((patience - 2)) || patience=2
+  ((patience <= 30)) || patience=30
   mapfile -t pids < <(jobs -p)
   if ((${#pids[@]})); then
-    kill -TERM "${pids[@]}" 2>/dev/null
-    for _ in $(seq 30); do
+    scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null || kill -TERM "${pids[@]}" 2>/dev/null
+    for _ in $(seq "$patience"); do
       alive=0
       for pid in "${pids[@]}"; do
         if kill -0 "$pid" 2>/dev/null; then alive=1; fi
@@ -284,6 +331,7 @@ main() {
   export HF_HOME="${HOME}"/.cache/huggingface  # env
   export WANDB_RUN_ID=qwen2-7b-gsm8k-ppo-mi300-"${SLURM_JOB_ID}"  # verlc: requeues resume the W&B run
   export WANDB_RESUME=allow  # verlc: requeues resume the W&B run
+  export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0  # verlc: Ray stops within KillWait
   # Secrets come from the shell that ran sbatch; their values are never written here.
   [[ -n ${WANDB_API_KEY:-} ]] || die "WANDB_API_KEY is not set: export it before sbatch"
 
@@ -297,6 +345,7 @@ main() {
   readonly client_port=$((port_base + 2))
 
   # One job step asks every node for its address.
+  pause_at addresses
   fan_out host node_address "${nodes[@]}"
   addresses=$("${step[@]}") || die "could not ask every node for its address (the node is named above)"
   while read -r node ip; do
@@ -326,27 +375,14 @@ main() {
   fi
 
   if begin_stage ray; then
-    # The head here; each worker's own values (address, temp dir, agent port) in ray_worker above.
-    node_ip=$head_ip
-    agent_port=$((port_base + 10))
-    ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-0
-    ray_head=(
-      ray start --head --block
-      --node-ip-address="${head_ip}" --port="${ray_port}"
-      --dashboard-host=127.0.0.1 --dashboard-port="${dashboard_port}"
-      --ray-client-server-port="${client_port}"
-      --num-gpus=8
-      --num-cpus=28
-      --temp-dir="${ray_tmp}"
-      --dashboard-agent-listen-port="${agent_port}"
-      --disable-usage-stats
-    )
+    # One step for the head, one for every worker: each node's own values (address, temp dir, agent
+    # port) in ray_node above.
     log "starting Ray head on $head_node"
-    step_for "$head_node" "${ray_head[@]}"
+    fan_out job "ray_node 0" "$head_node"
     "${step[@]}" &
     ray_steps[$!]="Ray on $head_node"
     if ((${#nodes[@]} > 1)); then
-      fan_out job ray_worker "${nodes[@]:1}"
+      fan_out job "ray_node 1" "${nodes[@]:1}"
       "${step[@]}" &
       ray_steps[$!]="Ray on a worker (named above)"
     fi
@@ -355,6 +391,7 @@ main() {
     step_for "$head_node" python3 - wait --address "${head_ip}":"${ray_port}" --nodes 2 --gpus 16 --timeout 600
     "${step[@]}" < <(helper_source) &
     waiter=$!
+    pause_at ray-wait
     # Fail fast when a Ray step dies while we wait.
     while kill -0 "$waiter" 2>/dev/null; do
       for pid in "${!ray_steps[@]}"; do
@@ -849,6 +886,37 @@ def cmd_upload(args: argparse.Namespace) -> int:
     return 1
 
 
+def cmd_ray_logs(args: argparse.Namespace) -> int:
+    """Write this node's Ray session logs as a tar stream to stdout, at most --limit-mib of them (each file
+    over its share keeps its end; TRUNCATED.txt says what was cut), then remove Ray's temp dir."""
+    import io
+    import shutil
+    import tarfile
+
+    logs = os.path.join(args.temp_dir, "session_latest", "logs")
+    files = sorted((os.path.join(d, f) for d, _, names in os.walk(logs) for f in names), key=os.path.getsize)
+    budget, cut = args.limit_mib * 1024**2, []
+    with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as tar:
+        for n, path in enumerate(files):
+            share = budget // (len(files) - n)  # small files first: what they leave goes to the large ones
+            size = os.path.getsize(path)
+            with open(path, "rb") as fh:
+                if size > share:
+                    fh.seek(size - share)
+                    cut.append(f"{os.path.relpath(path, logs)}: kept the last {share} of {size} bytes")
+                data = fh.read(share)
+            info = tarfile.TarInfo(os.path.relpath(path, logs))
+            info.size, info.mtime = len(data), int(os.path.getmtime(path))
+            tar.addfile(info, io.BytesIO(data))
+            budget -= len(data)
+        note = ("\n".join(cut) or "nothing was cut") + "\n"
+        info = tarfile.TarInfo("TRUNCATED.txt")
+        info.size = len(note.encode())
+        tar.addfile(info, io.BytesIO(note.encode()))
+    shutil.rmtree(args.temp_dir, ignore_errors=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="verlc-helper")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -874,6 +942,9 @@ def main(argv: list[str]) -> int:
                      help="an env var the spec reads on the nodes: set and non-empty on every one")
     pre.add_argument("--reference", help="reproducible jobs: the first run's record; written by the first run, "
                                          "compared by every later one")
+    ray_logs = sub.add_parser("ray-logs")
+    ray_logs.add_argument("--temp-dir", required=True)
+    ray_logs.add_argument("--limit-mib", type=int, required=True)
     upload = sub.add_parser("upload-size")
     upload.add_argument("runtime_env", help="the runtime env JSON that `ray job submit` will get")
     job = sub.add_parser("job")
@@ -883,7 +954,7 @@ def main(argv: list[str]) -> int:
         args.cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         return cmd_prepare(args)
     return {"wait": cmd_wait, "preflight": cmd_preflight, "job": cmd_job,
-            "upload-size": cmd_upload}[args.command](args)
+            "upload-size": cmd_upload, "ray-logs": cmd_ray_logs}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -410,6 +410,37 @@ def cmd_upload(args: argparse.Namespace) -> int:
     return 1
 
 
+def cmd_ray_logs(args: argparse.Namespace) -> int:
+    """Write this node's Ray session logs as a tar stream to stdout, at most --limit-mib of them (each file
+    over its share keeps its end; TRUNCATED.txt says what was cut), then remove Ray's temp dir."""
+    import io
+    import shutil
+    import tarfile
+
+    logs = os.path.join(args.temp_dir, "session_latest", "logs")
+    files = sorted((os.path.join(d, f) for d, _, names in os.walk(logs) for f in names), key=os.path.getsize)
+    budget, cut = args.limit_mib * 1024**2, []
+    with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as tar:
+        for n, path in enumerate(files):
+            share = budget // (len(files) - n)  # small files first: what they leave goes to the large ones
+            size = os.path.getsize(path)
+            with open(path, "rb") as fh:
+                if size > share:
+                    fh.seek(size - share)
+                    cut.append(f"{os.path.relpath(path, logs)}: kept the last {share} of {size} bytes")
+                data = fh.read(share)
+            info = tarfile.TarInfo(os.path.relpath(path, logs))
+            info.size, info.mtime = len(data), int(os.path.getmtime(path))
+            tar.addfile(info, io.BytesIO(data))
+            budget -= len(data)
+        note = ("\n".join(cut) or "nothing was cut") + "\n"
+        info = tarfile.TarInfo("TRUNCATED.txt")
+        info.size = len(note.encode())
+        tar.addfile(info, io.BytesIO(note.encode()))
+    shutil.rmtree(args.temp_dir, ignore_errors=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="verlc-helper")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -435,6 +466,9 @@ def main(argv: list[str]) -> int:
                      help="an env var the spec reads on the nodes: set and non-empty on every one")
     pre.add_argument("--reference", help="reproducible jobs: the first run's record; written by the first run, "
                                          "compared by every later one")
+    ray_logs = sub.add_parser("ray-logs")
+    ray_logs.add_argument("--temp-dir", required=True)
+    ray_logs.add_argument("--limit-mib", type=int, required=True)
     upload = sub.add_parser("upload-size")
     upload.add_argument("runtime_env", help="the runtime env JSON that `ray job submit` will get")
     job = sub.add_parser("job")
@@ -444,7 +478,7 @@ def main(argv: list[str]) -> int:
         args.cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         return cmd_prepare(args)
     return {"wait": cmd_wait, "preflight": cmd_preflight, "job": cmd_job,
-            "upload-size": cmd_upload}[args.command](args)
+            "upload-size": cmd_upload, "ray-logs": cmd_ray_logs}[args.command](args)
 
 
 if __name__ == "__main__":
