@@ -39,6 +39,7 @@ def check(spec: Spec, sourced: Sourced, release: Release, targets: Iterable[str]
         *_container(spec, sourced),
         *_ray(spec, sourced),
         *_reproducible(spec, sourced, chosen),
+        *_stall_timeout(spec, sourced, chosen),
         *_container_paths(spec, sourced),
         *_for_targets(spec, sourced, set(targets)),
     ]
@@ -165,6 +166,18 @@ def _reproducible(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iter
         s = given.get(key)
         if s is not None and isinstance(s.value, bool) and s.value is False:
             yield sourced.diagnostic(s.loc, "set to false here, but reproducible: true needs it on")
+
+
+def _stall_timeout(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
+    """The watchdog counts the steps verl's console logger prints: without it, every run would look hung."""
+    if spec.stall_timeout is None or not isinstance(chosen, Selection):
+        return
+    trainer = spec.verl.get("trainer") if isinstance(spec.verl.get("trainer"), dict) else {}
+    logger = trainer.get("logger", chosen.release.tree(chosen.config, chosen.engine).get("trainer", {}).get("logger"))
+    loggers = [logger] if isinstance(logger, str) else list(logger or [])
+    if "console" not in loggers:
+        yield sourced.diagnostic(("stall_timeout",), f"stall_timeout watches the steps verl's console logger "
+                                 f"prints, and trainer.logger is {loggers}: add console to it", at_key=True)
 
 
 def _ray(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:

@@ -193,6 +193,7 @@ class JobIR:
     slurm: SlurmIR | None
     compose: ContainerIR | None  # the docker container the compose target runs everything in
     variants: tuple[VariantIR, ...]  # empty without a sweep
+    stall_timeout: int | None  # seconds without a new training step before the run is ended
     notes: tuple[str, ...] = ()  # what verlc could not check, and why (shown by validate and build)
 
     @property

@@ -84,6 +84,7 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
         slurm=slurm_ir(spec),
         compose=compose_container(spec),
         variants=variants(spec, chosen),
+        stall_timeout=spec.stall_timeout,
         notes=notes,
     )
 

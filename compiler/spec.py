@@ -286,6 +286,10 @@ class Spec(Model):
         default_factory=dict, description="Exact package versions every node must have (verl: verl_version).")
     ray: Ray = Field(Ray(), description="Ray's ports, bring-up deadline, debugger, and the ray-job address.")
     sweep: Sweep | None = Field(None, description="A matrix of verl settings; each combination is a variant.")
+    stall_timeout: Seconds | None = Field(
+        None, description="End a run whose training log shows no new step (verl's console logger) for this long, "
+                          "so a hung job does not burn its allocation; seconds or a duration (e.g. 2h). "
+                          "Default: never.")
     reproducible: Bool = Field(False, description="Require an image pinned by digest and an explicit verl_version, "
                                                   "turn on verl's determinism settings, and fail a re-run whose "
                                                   "image or versions differ from the first run's record.")

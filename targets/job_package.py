@@ -41,6 +41,7 @@ def job_description(ir: JobIR, *, address: str | None, record: str | None,
         "record": record,
         "reference": Word((*checkpoints.parts, f"/{REFERENCE}")).as_json() if ir.reproducible else None,
         "train": list(ir.trainer_argv_for(variant)),
+        "stall_timeout": ir.stall_timeout,
     }
 
 

@@ -120,3 +120,14 @@ def test_a_compose_build_of_a_spec_that_builds_its_image_says_to_build_it_first(
         hint = "container.build: note: the compose bundle does not build images"
         assert (hint in result.stderr) is noted, result.stderr
         assert ("`docker build --file docker/Dockerfile --tag verl:1 ctx`" in result.stderr) is noted
+
+
+def test_a_stall_timeout_needs_the_console_logger_it_watches(tmp_path: Path) -> None:
+    spec = (REPO / "specs" / "quickstart-gsm8k-1node.yaml").read_text() + "stall_timeout: 2h\n"
+    (tmp_path / "ok.yaml").write_text(spec)
+    assert run_verlc("validate", "ok.yaml", cwd=tmp_path).returncode == 0
+    (tmp_path / "blind.yaml").write_text(spec.replace("logger: [console]", "logger: [wandb]"))
+    blind = run_verlc("validate", "blind.yaml", cwd=tmp_path)
+    assert blind.returncode == 2
+    assert ("blind.yaml:34:1: stall_timeout: stall_timeout watches the steps verl's console logger prints, "
+            "and trainer.logger is ['wandb']: add console to it") in blind.stderr, blind.stderr

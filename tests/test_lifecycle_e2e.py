@@ -59,6 +59,10 @@ def test_submit_follow_shows_each_stage_and_the_ledger_keeps_the_run(slurm: None
     stage = verlc(tmp_path, "logs", run.job_id, "--stage", "preflight").stdout
     assert "verlc: stage preflight" in stage and "preflight passed: 2 nodes, 16 GPUs" in stage
     assert "stage ray" not in stage
+    ray_logs = verlc(tmp_path, "logs", run.run, "--ray", "--node", "n2").stdout
+    assert "==> n2/raylet.out <==" in ray_logs and "==> n1/" not in ray_logs
+    missing = verlc(tmp_path, "logs", run.run, "--ray", "--node", "n9")
+    assert missing.returncode == 3 and "no Ray logs of node n9" in missing.stderr and "n1, n2" in missing.stderr
 
 
 def test_cancel_ends_a_training_run_and_the_ledger_records_it(slurm: None, tmp_path: Path) -> None:

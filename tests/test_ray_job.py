@@ -82,10 +82,10 @@ def build(root: Path, val_file: str = "data/test.parquet", checkpoints: str | No
     return root / "out" / "rayjob-e2e" / "ray-job" / "submit.sh"
 
 
-def submit_and_wait(script: Path, address: str) -> tuple[str, str]:
+def submit_and_wait(script: Path, address: str, stop_after: str = "preflight") -> tuple[str, str]:
     """Run submit.sh (stop before training), wait for the job; return (final status, logs)."""
     result = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=300,
-                            env=ray_env({"RAY_ADDRESS": address, "VERLC_STOP_AFTER": "preflight"}),
+                            env=ray_env({"RAY_ADDRESS": address, "VERLC_STOP_AFTER": stop_after}),
                             cwd=script.parent)
     assert result.returncode == 0, result.stderr
     job = re.search(r"^submitted (\S+) to ", result.stdout, re.M)
@@ -221,3 +221,18 @@ def test_submit_refuses_a_working_dir_over_rays_upload_limit_naming_the_largest(
     ok = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                         env=ray_env({"RAY_ADDRESS": ray_head, "VERLC_STOP_AFTER": "ray"}))
     assert ok.returncode == 0 and "working_dir " in ok.stdout and "uploading 0." in ok.stdout, ok.stdout + ok.stderr
+
+
+def test_the_stall_timeout_ends_a_ray_job_whose_trainer_prints_no_step(ray_head: str, tmp_path: Path) -> None:
+    """The job's own watchdog (the same rule as the Slurm script's): verl's trainer (here a stand-in that
+    prints its argv and hangs) showed no console-logger step for 6 s."""
+    from test_slurm_e2e import fake_venv
+
+    write_fixtures(tmp_path)
+    fake = fake_venv(tmp_path) / "bin"
+    script = build(tmp_path, stall_timeout="6s", env={"PATH": f"{fake}:/usr/bin:/bin"})
+    status, logs = submit_and_wait(script, ray_head, stop_after="train")
+    assert status == "FAILED", logs
+    assert "TRAINER restart=0" in logs
+    assert "ERROR: no new training step for 6s (stall_timeout): stopping the run" in logs
+    assert "training exited with code 124" in logs

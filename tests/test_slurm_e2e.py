@@ -97,6 +97,11 @@ def fake_venv(root: Path, *, ray_fails_on: str | None = None) -> Path:
     (venv / "bin" / "python3").write_text(f"""#!/usr/bin/env bash
 if [[ " $* " == *" verl.trainer.main_ppo "* ]]; then
   echo "TRAINER restart=${{SLURM_RESTART_COUNT:-0}} wandb=${{WANDB_RUN_ID:-}}/${{WANDB_RESUME:-}} argv: $*"
+  for ((i = 1; i <= ${{FAKE_STEPS:-0}}; i++)); do  # verl's console logger, as Ray prints it
+    echo "(TaskRunner pid=$$) step:$i - critic/score/mean:0.5 - actor/pg_loss:-0.01"
+    sleep 1
+  done
+  if [[ -n ${{FAKE_STEPS:-}} ]]; then exit 0; fi
   if [[ ${{SLURM_RESTART_COUNT:-0}} == 0 ]]; then sleep 600; fi
   exit 0
 fi
@@ -108,7 +113,8 @@ exec {real}/python3 "$@"
 
 
 def build(root: Path, *, val_file: str = "data/test.parquet", wait: str = "120s", venv: Path | None = None,
-          grace: str = "null", prepare: str = "", nodes: int = 2, container: str | None = None) -> Path:
+          grace: str = "null", prepare: str = "", nodes: int = 2, container: str | None = None,
+          extra: str = "") -> Path:
     """The e2e spec in `root`; `container` replaces its `runtime: none` section (a YAML flow mapping)."""
     container = container or f"{{runtime: none, workdir: {root}, venv: {venv or Path(sys.prefix)}}}"
     spec = root / "spec.yaml"
@@ -125,7 +131,7 @@ cluster: {{nodes: {nodes}, gpus_per_node: 8, slurm: {{cpus_per_task: 1, output: 
 container: {container}
 network: {{head_interface: lo}}
 ray: {{wait_for_nodes: {wait}}}
-""")
+{extra}""")
     result = run_verlc("build", spec, "--target", "slurm", "--out", root / "out")
     assert result.returncode == 0, result.stderr
     return next((root / "out").glob("*/slurm/sbatch.sh"))
@@ -280,6 +286,18 @@ def test_each_node_keeps_its_ray_logs_in_the_run_folder_and_removes_rays_temp_di
         assert (kept / node / "TRUNCATED.txt").read_text() == "nothing was cut\n"
     assert (kept / "n1" / "gcs_server.out").exists() and not (kept / "n2" / "gcs_server.out").exists()
     assert not list(Path("/tmp").glob(f"verlc-ray-{job}-*"))
+
+
+def test_a_training_run_without_new_steps_is_ended_by_the_stall_timeout(slurm: None, tmp_path: Path) -> None:
+    write_fixtures(tmp_path)
+    script = build(tmp_path, venv=fake_venv(tmp_path), extra="stall_timeout: 8s\n")
+    job, output, state = sbatch(script, tmp_path, "train", env={"FAKE_STEPS": "14"})  # a step a second
+    assert state == "COMPLETED", output
+    assert "step:14 - critic/score/mean:0.5" in output and "stall_timeout" not in output
+    job, output, state = sbatch(script, tmp_path, "train")  # the trainer hangs before its first step
+    assert state == "FAILED", output
+    assert "ERROR: no new training step for 8s (stall_timeout): stopping the run" in output
+    assert "cleaning up (exit code 1)" in output and no_ray_left(60) == []
 
 
 @pytest.mark.parametrize(("option", "message"), [

@@ -74,6 +74,7 @@ class SlurmView:
     train: tuple[Line, ...]
     checkpoint_dir: Word
     variants: tuple[VariantView, ...]
+    stall_timeout: int | None
     helper_source: str
 
 
@@ -228,6 +229,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
                *((o.arg,) for o in ir.overrides if o.key not in varied)),
         checkpoint_dir=ir.checkpoint_dir,
         variants=variant_views,
+        stall_timeout=ir.stall_timeout,
         helper_source=resources.files("verlc.targets").joinpath("incluster.py").read_text(),
     )
 

@@ -19,6 +19,8 @@ import argparse
 import json
 import os
 import platform
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -290,6 +292,44 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     return 0
 
 
+# One line of verl's console logger: `step:N - key:value ...` (behind Ray's `(TaskRunner pid=...)` prefix).
+STEP_LINE = re.compile(r"(?:^|[\s)])step:\d+ - ")
+
+
+def train(argv: list[str], env: dict, stall_timeout: int | None) -> int:
+    """Run verl's trainer; with a stall timeout, end it when its output shows no new step for that long."""
+    if not stall_timeout:
+        return subprocess.call(argv, env=env)
+    import threading
+
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    last = [time.monotonic()]
+
+    def relay() -> None:
+        for raw in proc.stdout:
+            line = raw.decode(errors="replace")
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if STEP_LINE.search(line):
+                last[0] = time.monotonic()
+
+    reader = threading.Thread(target=relay, daemon=True)
+    reader.start()
+    while proc.poll() is None:
+        if time.monotonic() - last[0] > stall_timeout:
+            say(f"ERROR: no new training step for {stall_timeout}s (stall_timeout): stopping the run")
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+            reader.join(5)
+            return 124
+        time.sleep(1)
+    reader.join(5)
+    return proc.returncode
+
+
 def cmd_job(args: argparse.Namespace) -> int:
     """The whole job from a job.json next to this module: no shell ever parses its argv."""
     here = os.path.dirname(os.path.abspath(__file__))
@@ -319,7 +359,7 @@ def cmd_job(args: argparse.Namespace) -> int:
                 reference=expand(job["reference"]) if job.get("reference") else None))
         else:
             say("training: " + " ".join(job["train"]))
-            rc = subprocess.call(job["train"], env={**os.environ, "RAY_ADDRESS": address})
+            rc = train(job["train"], {**os.environ, "RAY_ADDRESS": address}, job.get("stall_timeout"))
             say(f"training exited with code {rc}")
         if rc != 0:
             return rc
