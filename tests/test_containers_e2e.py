@@ -342,6 +342,8 @@ def test_compose_runs_through_submit_status_logs_and_cancel(engine: dict[str, st
     second = list(ledger.fold(tmp_path / ledger.FILE).values())[-1]
     wait_for(lambda: "TRAINER restart=0" in verlc("logs", second.run).stdout, 180, "training to start")
     assert verlc("status", second.run).stdout.startswith(f"{second.run}: running")
+    inside = verlc("attach", second.run, "--", "printenv", "PYTHONPATH")
+    assert (inside.returncode, inside.stdout) == (0, "/opt/verlc\n"), inside.stderr
     cancelled = verlc("cancel", second.run)
     assert cancelled.returncode == 0 and "now cancelled" in cancelled.stdout, cancelled.stdout + cancelled.stderr
     assert ledger.fold(tmp_path / ledger.FILE)[second.run].state == "CANCELLED"

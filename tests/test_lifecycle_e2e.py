@@ -74,11 +74,15 @@ def test_cancel_ends_a_training_run_and_the_ledger_records_it(slurm: None, tmp_p
     wait_for(lambda: "TRAINER restart=0" in verlc(tmp_path, "logs", run.run).stdout, 180, "training to start")
     status = verlc(tmp_path, "status")
     assert status.stdout.startswith(f"{run.run}: running (job {run.job_id} on "), status.stdout
+    attached = verlc(tmp_path, "attach", run.run, "--", "printenv", "SLURMD_NODENAME", "SLURM_JOB_ID")
+    assert (attached.returncode, attached.stdout) == (0, f"n1\n{run.job_id}\n"), attached.stderr
     cancelled = verlc(tmp_path, "cancel", run.run)
     assert cancelled.returncode == 0 and cancelled.stdout.startswith(f"{run.run}: cancel sent"), cancelled.stderr
     until_final(tmp_path, run.run)
     assert runs_of(tmp_path)[run.run].state == "CANCELLED"
     wait_for(lambda: "cleaning up" in verlc(tmp_path, "logs", run.run).stdout, 60, "the cleanup to run")
+    ended = verlc(tmp_path, "attach", run.run)
+    assert ended.returncode == 3 and "has ended (cancelled): nothing to attach to" in ended.stderr
     events = [e["event"] for e in ledger.events(tmp_path / ledger.FILE)]
     assert events[0] == "submitted" and events[-1] == "finished" and events.count("finished") == 1
 

@@ -88,6 +88,11 @@ def _parser() -> argparse.ArgumentParser:
     logs.add_argument("--node", help="with --ray: one node's logs only")
     cancel = sub.add_parser("cancel", help="cancel a run with the target's own tool")
     cancel.add_argument("run", metavar="RUN")
+    attach = sub.add_parser("attach", help="a shell (or CMD) where a running job's commands run on its head node",
+                            description="Open a shell, or run CMD, on the head node of a running run, inside its "
+                                        "container: e.g. `verlc attach RUN -- ray debug` for Ray's legacy debugger.")
+    attach.add_argument("run", metavar="RUN")
+    attach.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="what to run instead of a shell")
     runs = sub.add_parser("runs", help="every run of the ledger, as a table")
     runs.add_argument("--format", choices=["text", "markdown"], default="text")
 
@@ -111,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _check(args.specs, args.out, args.diff)
         if args.command == "diff":
             return _diff(args.a, args.b, args.format == "markdown")
-        if args.command in ("submit", "status", "logs", "cancel", "runs"):
+        if args.command in ("submit", "status", "logs", "cancel", "runs", "attach"):
             return _lifecycle(args)
         if args.command == "schema":
             from .compiler import spec_doc
@@ -273,7 +278,7 @@ def _lifecycle(args: argparse.Namespace) -> int:
 
             sys.stdout.write(table(list(runs.values()), args.format == "markdown"))
             return 0
-        return {"status": _status, "logs": _logs, "cancel": _cancel}[args.command](args, book, runs)
+        return {"status": _status, "logs": _logs, "cancel": _cancel, "attach": _attach}[args.command](args, book, runs)
     except LaunchError as exc:
         print(f"verlc: {exc}", file=sys.stderr)
         return exc.code
@@ -354,3 +359,17 @@ def _cancel(args: argparse.Namespace, book: Path, known: dict) -> int:
     seen = runs.cancel(book, run)
     print(f"{run.run}: cancel sent; now {seen.state.lower()}")
     return 0
+
+
+def _attach(args: argparse.Namespace, book: Path, known: dict) -> int:
+    import subprocess
+
+    from .lifecycle import ledger
+    from .targets import launcher
+
+    run = ledger.find(known, args.run)
+    if run.final:
+        print(f"verlc: {run.run} has ended ({run.state.lower()}): nothing to attach to", file=sys.stderr)
+        return 3
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    return subprocess.call(launcher(run.target).attach(run.submitted, cmd))

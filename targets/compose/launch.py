@@ -58,3 +58,9 @@ def cancel(run: dict) -> Observed:
     """`down` removes the containers, so Compose keeps no state to ask afterwards: the run ends here."""
     command([*compose(), "down", "--volumes"], cwd=_bundle(run), timeout=300)
     return Observed("CANCELLED", 0, None, True, "compose down")
+
+
+def attach(run: dict, argv: list[str]) -> list[str]:
+    """`compose exec` on the head service (which runs the job): ARGV, or a shell."""
+    return [*compose(), "--project-directory", run["bundle"], "-f", f"{run['bundle']}/compose.yaml", "exec",
+            *(["--no-TTY"] if argv else []), HEAD, *(argv or ["bash", "-i"])]

@@ -58,3 +58,8 @@ def logs(run: dict) -> str:
 def cancel(run: dict) -> None:  # the scheduler reports the end itself
     if not _api(run["where"], f"/api/jobs/{run['job_id']}/stop", "POST").get("stopped", True):
         raise LaunchError(f"Ray did not stop {run['job_id']}: it had already ended")
+
+
+def attach(run: dict, argv: list[str]) -> list[str]:
+    raise LaunchError(f"{run['run']} runs on a Ray cluster verlc did not start: attach with your cluster's own "
+                      f"access (the job's driver runs on the head of {run['where']})")

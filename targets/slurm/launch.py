@@ -95,3 +95,18 @@ def logs(run: dict) -> str:
 
 def cancel(run: dict) -> None:  # the scheduler reports the end itself
     command([tool("scancel", "the slurm target cancels with scancel"), run["job_id"]])
+
+
+def attach(run: dict, argv: list[str]) -> list[str]:
+    """The srun command that runs ARGV (default: a shell) on the head node of a running job, where its
+    commands run (inside its container), from the `attach.argv` the batch script wrote."""
+    try:
+        words = (Path(run["record"]).parent / "attach.argv").read_bytes().split(b"\0")[:-1]
+    except (OSError, TypeError):
+        raise LaunchError(f"{run['run']} has not started yet (no attach.argv in its run folder)") from None
+    node, count, rest = words[0].decode(), int(words[1]), [w.decode() for w in words[2:]]
+    step_args, prefix = rest[:count], rest[count:]
+    interactive = not argv
+    return [tool("srun", "attach runs a job step"), f"--jobid={run['job_id']}", "--overlap", "--nodes=1",
+            "--ntasks=1", f"--nodelist={node}", *(["--pty"] if interactive else []), *step_args, *prefix,
+            *(argv or ["bash", "-i"])]

@@ -217,6 +217,10 @@ main() {
   readonly head_node=${nodes[0]}
   log "job $SLURM_JOB_ID on ${nodes[*]}; head $head_node; SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}"
   mkdir -p "$run_dir"
+  # For `verlc attach`: where the job's commands run on the head node, NUL-separated: the node, the
+  # number of srun arguments, those arguments, then the command prefix (the container's exec, if any).
+  in_container "$head_node"
+  printf '%s\0' "$head_node" "${#step_args[@]}" "${step_args[@]}" "${exec_prefix[@]}" >"$run_dir/attach.argv"
   checkpoint_dir=checkpoints/verl_quickstart/quickstart-gsm8k-1node
   variant=()
 
