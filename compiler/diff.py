@@ -17,7 +17,8 @@ Facts = dict[str, dict[str, str]]
 # when a spec field is missing here, and a leaf of an unlisted section would still show, under "other".
 SECTION_GROUPS = {
     "verl": None, "name": "run", "verl_version": "run", "project": "run", "experiment": "run", "model": "run",
-    "hydra": "run", "reproducible": "run", "sweep": "run", "data": "stages", "ray": "stages", "pins": "stages",
+    "hydra": "run", "reproducible": "run", "sweep": "run", "stall_timeout": "stages", "data": "stages",
+    "ray": "stages", "pins": "stages",
     "cluster": "resources", "container": "container", "compose": "container", "env": "environment",
     "secrets": "environment", "network": "environment",
 }
