@@ -48,7 +48,8 @@ SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=17817
 SlurmUser=root
 AuthType=auth/munge
-AuthInfo=socket=$munge_dir/munge.socket
+# cred_expire: how long a requeued job waits before it may start again (Slurm default 120 s)
+AuthInfo=socket=$munge_dir/munge.socket,cred_expire=20
 CredType=cred/munge
 StateSaveLocation=$state/ctld
 SlurmctldPidFile=$state/slurmctld.pid

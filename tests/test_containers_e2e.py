@@ -117,8 +117,11 @@ def test_bring_up_and_preflight_inside_containers_then_every_container_is_remove
         assert f"starting container verlc-{script.parent.parent.name}-{job}-{node} on {node}" in output
     assert "cluster ready: 2 nodes, 16 GPUs" in output
     assert "preflight passed: 2 nodes, 16 GPUs, 2 data files" in output
-    record = json.loads((tmp_path / "verlc-runs" / f"{script.parent.parent.name}-{job}" / "run-record.json").read_text())
+    run_dir = tmp_path / "verlc-runs" / f"{script.parent.parent.name}-{job}"
+    record = json.loads((run_dir / "run-record.json").read_text())
     assert all(n["python"].startswith("3.11") and n["packages"]["verl"] == "0.9.1" for n in record["nodes"])
+    for node in ("n1", "n2"):  # Ray's logs left each container before it went
+        assert (run_dir / "ray-logs" / node / "raylet.out").stat().st_size > 0, output
     assert containers(engine, script, job) == [], "the cleanup must remove every container"
 
 
@@ -145,6 +148,8 @@ def test_scancel_during_bring_up_removes_the_containers(slurm: None, engine: dic
     wait_for(lambda: "exit code 143" in log.read_text(), 120, "the cleanup trap to finish")
     # No job step can be started after scancel: the containers stop with their own step.
     wait_for(lambda: containers(engine, script, job) == [], 60, "the containers to be removed")
+    kept = tmp_path / "verlc-runs" / f"{script.parent.parent.name}-{job}" / "ray-logs"
+    assert all((kept / node / "TRUNCATED.txt").exists() for node in ("n1", "n2")), log.read_text()
 
 
 def test_preemption_requeues_into_new_containers_and_resumes(slurm: None, engine: dict[str, str],
