@@ -68,7 +68,7 @@ JobCompType=jobcomp/none
 MpiDefault=none
 ReturnToService=2
 MinJobAge=3600
-KillWait=10
+KillWait=30
 SlurmctldTimeout=30
 SlurmdTimeout=30
 EOF

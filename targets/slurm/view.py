@@ -119,10 +119,11 @@ def slurm_view(ir: JobIR) -> SlurmView:
             image_check = (c.runtime, "image", "inspect", c.image)
             image_build = (c.runtime, "build", "--file", c.build.dockerfile, "--tag", c.image, c.build.context)
         container_run = (
-            # In the foreground of a job step, so that Slurm ending the step stops the container (the engine
-            # passes the signal on), and --rm removes it. Its own /dev/shm of shm_size (no --ipc=host:
-            # podman refuses it beside --shm-size).
-            (c.runtime, "run", "--rm", "--init", "--network=host"),
+            # In the foreground of a job step, whose task removes the container when Slurm ends the step
+            # (after the node's Ray has kept its logs: --sig-proxy=false keeps the engine from passing the
+            # signal straight into the container). Its own /dev/shm of shm_size (no --ipc=host: podman
+            # refuses it beside --shm-size).
+            (c.runtime, "run", "--rm", "--init", "--network=host", "--sig-proxy=false"),
             ("--name", CONTAINER_WORD),
             (f"--shm-size={c.shm_size}",),
             *((f"--device={d}",) for d in c.devices),

@@ -123,7 +123,7 @@ build_image() {
 run_container() {
   in_container "$SLURMD_NODENAME"
   local container_run=(
-    docker run --rm --init --network=host
+    docker run --rm --init --network=host --sig-proxy=false
     --name "${container}"
     --shm-size=128G
     --device=/dev/kfd
@@ -178,11 +178,12 @@ container_ready() {
   done
 }
 
-# await_ray_logs: where Ray ran in this node's container, give it 8 s to keep Ray's logs (ray_node)
+# await_ray_logs: where Ray ran in this node's container, give it 20 s to stop and keep its logs (ray_node),
+# inside Slurm's KillWait (30 s by default) with time left to remove the container
 await_ray_logs() {
   local logs=$run_dir/ray-logs/$SLURMD_NODENAME
   [[ -d $logs ]] || return 0
-  for _ in $(seq 16); do
+  for _ in $(seq 40); do
     [[ ! -f $logs/TRUNCATED.txt ]] || return 0
     sleep 0.5
   done
@@ -284,7 +285,8 @@ cleanup() {
   # (this needs a new job step, which Slurm refuses after scancel: there the containers' steps did it).
   if ((${#nodes[@]})); then
     fan_out host remove_container "${nodes[@]}"
-    timeout 120 "${step[@]}" || log "could not remove every container (the nodes are named above)"
+    timeout 120 "${step[@]}" \
+      || log "no step could look for leftover containers (after scancel, each container's own step removed it)"
   fi
   if ((requeue)); then
     log "requeueing job $SLURM_JOB_ID"

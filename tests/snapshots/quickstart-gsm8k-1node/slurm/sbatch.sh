@@ -137,6 +137,8 @@ ray_node() {
       --disable-usage-stats
     )
   fi
+  local logs=$run_dir/ray-logs/$SLURMD_NODENAME  # created now: the container waits for it before going
+  mkdir -p "$logs"
   log "starting Ray on $SLURMD_NODENAME ($node_ip)"
   # In a process group of its own: when Slurm signals the step, every Ray process of the node gets TERM,
   # and KILL 5 s later (a `ray start` signalled mid-startup can hang), well within Slurm's KillWait.
@@ -149,8 +151,6 @@ ray_node() {
     wait "$ray_pid" || rc=$?
   done
   log "Ray on $SLURMD_NODENAME exited (code $rc)"
-  local logs=$run_dir/ray-logs/$SLURMD_NODENAME
-  mkdir -p "$logs"
   "${exec_prefix[@]}" python3 - ray-logs --temp-dir "$ray_tmp" --limit-mib 50 < <(helper_source) \
     | tar -x -C "$logs" || log "could not keep Ray's logs of $SLURMD_NODENAME"
   exit $((rc ? rc : 1))

@@ -103,7 +103,7 @@ fan_out() {
 }
 
 # Run by fan_out on each node (SLURMD_NODENAME and SLURM_PROCID are Slurm's, per task) -------------
-readonly node_functions=(log in_container node_address build_image run_container container_ready remove_container ray_node helper_source)
+readonly node_functions=(log in_container node_address build_image run_container container_ready await_ray_logs remove_container ray_node helper_source)
 
 # node_address: this node's name and the IPv4 address Ray uses on it (the first one when several are printed)
 node_address() {
@@ -123,7 +123,7 @@ build_image() {
 run_container() {
   in_container "$SLURMD_NODENAME"
   local container_run=(
-    docker run --rm --init --network=host
+    docker run --rm --init --network=host --sig-proxy=false
     --name "${container}"
     --shm-size=128G
     --device=/dev/kfd
@@ -161,7 +161,7 @@ run_container() {
     --privileged
     verl.rocm sleep infinity
   )
-  trap 'remove_container; exit 143' TERM INT
+  trap 'await_ray_logs; remove_container; exit 143' TERM INT
   log "starting container $container on $SLURMD_NODENAME"
   "${container_run[@]}" >/dev/null &
   local rc=0
@@ -175,6 +175,17 @@ container_ready() {
   in_container "$SLURMD_NODENAME"
   until "${exec_prefix[@]}" true </dev/null 2>/dev/null; do
     sleep 1
+  done
+}
+
+# await_ray_logs: where Ray ran in this node's container, give it 20 s to stop and keep its logs (ray_node),
+# inside Slurm's KillWait (30 s by default) with time left to remove the container
+await_ray_logs() {
+  local logs=$run_dir/ray-logs/$SLURMD_NODENAME
+  [[ -d $logs ]] || return 0
+  for _ in $(seq 40); do
+    [[ ! -f $logs/TRUNCATED.txt ]] || return 0
+    sleep 0.5
   done
 }
 
@@ -218,6 +229,8 @@ ray_node() {
       --disable-usage-stats
     )
   fi
+  local logs=$run_dir/ray-logs/$SLURMD_NODENAME  # created now: the container waits for it before going
+  mkdir -p "$logs"
   log "starting Ray on $SLURMD_NODENAME ($node_ip)"
   # In a process group of its own: when Slurm signals the step, every Ray process of the node gets TERM,
   # and KILL 5 s later (a `ray start` signalled mid-startup can hang), well within Slurm's KillWait.
@@ -230,8 +243,7 @@ ray_node() {
     wait "$ray_pid" || rc=$?
   done
   log "Ray on $SLURMD_NODENAME exited (code $rc)"
-  local logs=$run_dir/ray-logs/$SLURMD_NODENAME
-  mkdir -p "$logs"
+  "${exec_prefix[@]}" ray stop >/dev/null 2>&1  # the signal stopped `docker exec`, not Ray in the container
   "${exec_prefix[@]}" python3 - ray-logs --temp-dir "$ray_tmp" --limit-mib 50 < <(helper_source) \
     | tar -x -C "$logs" || log "could not keep Ray's logs of $SLURMD_NODENAME"
   exit $((rc ? rc : 1))
@@ -247,11 +259,6 @@ cleanup() {
   trap 'log "cleanup already running: signal ignored"' INT TERM USR1
   set +e
   log "cleaning up (exit code $rc)"
-  # The containers first, with everything running in them (their own step removes them too on TERM).
-  if ((${#nodes[@]})); then
-    fan_out host remove_container "${nodes[@]}"
-    timeout 120 "${step[@]}" || log "could not remove every container (the nodes are named above)"
-  fi
   # Every step still running gets TERM in its tasks (Slurm's own signal: srun would KILL a step on TERM
   # and only report on one INT), so the trainer stops and each node's Ray stops and keeps its logs.
   # KILL whatever is left before Slurm's KillWait runs out (after scancel or the time limit, Slurm kills
@@ -274,6 +281,13 @@ cleanup() {
     kill -KILL "${pids[@]}" 2>/dev/null
   fi
   wait
+  # Each container's own step removed it on TERM, once its Ray had kept its logs; remove what is left
+  # (this needs a new job step, which Slurm refuses after scancel: there the containers' steps did it).
+  if ((${#nodes[@]})); then
+    fan_out host remove_container "${nodes[@]}"
+    timeout 120 "${step[@]}" \
+      || log "no step could look for leftover containers (after scancel, each container's own step removed it)"
+  fi
   if ((requeue)); then
     log "requeueing job $SLURM_JOB_ID"
     scontrol requeue "$SLURM_JOB_ID" || log "scontrol requeue failed"
