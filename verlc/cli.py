@@ -289,6 +289,9 @@ def _lifecycle(args: argparse.Namespace) -> int:
         print(f"verlc: {', '.join(exc.args[0])}: edited by hand since it was generated; not submitting "
               "(move the edits into the spec, or rebuild with --force)", file=sys.stderr)
         return EXIT_SPEC
+    except KeyboardInterrupt:  # Ctrl-C while following: the run itself goes on
+        print("\nverlc: stopped following; the run goes on (`verlc status` shows it)", file=sys.stderr)
+        return 130
 
 
 def _submit(args: argparse.Namespace) -> int:
