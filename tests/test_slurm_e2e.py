@@ -144,22 +144,27 @@ def sbatch(script: Path, root: Path, stop_after: str = "preflight", *options: st
            env: dict[str, str] | None = None) -> tuple[str, str, str]:
     """Submit, wait, and return (job id, the job's output, Slurm's JobState). `env` adds to the
     submitting shell's environment, which the job inherits."""
-    result = subprocess.run(["sbatch", "--wait", "--parsable", *options, str(script)], cwd=root,
-                            capture_output=True, text=True, timeout=600,
+    result = subprocess.run(["sbatch", "--parsable", *options, str(script)], cwd=root,
+                            capture_output=True, text=True, timeout=60,
                             env={**SUBMIT_ENV, "HOME": str(root), "VERLC_STOP_AFTER": stop_after, **(env or {})})
     job = result.stdout.strip().split(";")[0]
     assert job.isdigit(), result.stderr
+    # Polled here: `sbatch --wait` backs off to polls many seconds apart, which adds up over the suite.
+    wait_for(lambda: job_state(job, settle=False) in FINAL, 600, f"job {job} to end")
     return job, (root / f"slurm-{job}.out").read_text(), job_state(job)
 
 
-def job_state(job: str) -> str:
-    """The job's state once final (sbatch --wait can return while it is still COMPLETING)."""
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
+
+
+def job_state(job: str, settle: bool = True) -> str:
+    """The job's state; with `settle`, once it is past COMPLETING/CONFIGURING (or a minute went by)."""
     end = time.monotonic() + 60
     while True:
         shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
         match = re.search(r"JobState=(\w+)", shown)
         state = match[1] if match else "UNKNOWN"
-        if state not in ("COMPLETING", "CONFIGURING") or time.monotonic() > end:
+        if not settle or state not in ("COMPLETING", "CONFIGURING") or time.monotonic() > end:
             return state
         time.sleep(0.5)
 
