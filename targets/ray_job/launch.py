@@ -37,7 +37,7 @@ def _api(address: str, path: str, method: str = "GET") -> dict:
             return json.loads(response.read() or b"{}")
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
-            raise LaunchError(f"the Ray cluster at {address} does not know {path.split('/')[3]}") from None
+            raise LaunchError(f"the Ray cluster at {address} has no {path} (an unknown job, or no Jobs API)") from None
         raise LaunchError(f"Ray at {address} answered {exc.code} to {method} {path}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
