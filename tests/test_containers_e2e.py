@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -96,10 +98,21 @@ exec /opt/venv/bin/python3 "$@"
     return folder
 
 
+def mounts(root: Path) -> str:
+    """The containers' mounts (a YAML flow list): the test's folder, and this venv's CPU torch, read-only, for
+    the preflight's all-reduce. (The test image has no torch of its own: podman's vfs driver here copies an
+    image's whole tree into every container, and torch would double that.)"""
+    site = Path(sysconfig.get_paths()["purelib"])
+    into = "/opt/venv/lib/python3.11/site-packages"  # the image's Python is 3.11, as this one must be
+    assert sys.version_info[:2] == (3, 11), "torch's compiled parts must match the image's Python"
+    torch = [site / "torch", site / "torchgen", *site.glob("torch-*.dist-info")]
+    return "[" + ", ".join([f"'{root}:{root}'", *(f"'{p}:{into}/{p.name}:ro'" for p in torch)]) + "]"
+
+
 def container_spec(root: Path, runtime: str, env: dict[str, str], ray_fails_on_node: int | None = None) -> str:
     path = f"{fake_bin(root, ray_fails_on_node=ray_fails_on_node)}:/opt/venv/bin:/usr/bin:/bin"
     return (f"{{runtime: {runtime}, image: {json.dumps(env['VERLC_TEST_IMAGE'])}, workdir: {root}, shm_size: 1g, "
-            f"mounts: ['{root}:{root}'], run_args: [--env, 'PATH={path}', --env, SLURM_RESTART_COUNT]}}")
+            f"mounts: {mounts(root)}, run_args: [--env, 'PATH={path}', --env, SLURM_RESTART_COUNT]}}")
 
 
 @pytest.mark.parametrize("runtime", ["docker", "podman"])
@@ -117,6 +130,7 @@ def test_bring_up_and_preflight_inside_containers_then_every_container_is_remove
         assert f"starting container verlc-{script.parent.parent.name}-{job}-{node} on {node}" in output
     assert "cluster ready: 2 nodes, 16 GPUs" in output
     assert "preflight passed: 2 nodes, 16 GPUs, 2 data files" in output
+    assert ", all-reduce over 2 ranks on 2 nodes\n" in output
     run_dir = tmp_path / "verlc-runs" / f"{script.parent.parent.name}-{job}"
     record = json.loads((run_dir / "run-record.json").read_text())
     assert all(n["python"].startswith("3.11") and n["packages"]["verl"] == "0.9.1" for n in record["nodes"])
@@ -137,12 +151,15 @@ def test_a_worker_whose_ray_fails_inside_its_container_fails_the_job_fast_and_is
     assert containers(engine, script, job) == []
 
 
-def test_scancel_during_bring_up_removes_the_containers(slurm: None, engine: dict[str, str], tmp_path: Path) -> None:
+def test_scancel_after_bring_up_removes_the_containers_and_keeps_rays_logs(slurm: None, engine: dict[str, str], tmp_path: Path) -> None:
     write_fixtures(tmp_path)
     script = build(tmp_path, container=container_spec(tmp_path, "docker", engine))
-    job = submit(script, tmp_path, "preflight", engine)
+    # Held at the start of the data stage: Ray runs in both containers, so both have logs to keep. (A cancel
+    # while `ray start` has not yet begun on a node leaves nothing to keep there; the moments of bring-up
+    # itself are the Slurm test's cancel-at-any-moment.)
+    job = submit(script, tmp_path, "preflight", {**engine, "VERLC_PAUSE_AT": "data"})
     log = tmp_path / f"slurm-{job}.out"
-    wait_for(lambda: log.exists() and "waiting up to" in log.read_text(), 180, "bring-up to start waiting")
+    wait_for(lambda: log.exists() and "paused at data" in log.read_text(), 180, "bring-up to reach the data stage")
     subprocess.run(["scancel", job], check=True)
     wait_for(lambda: job_state(job) == "CANCELLED", 60, "the job to be cancelled")
     wait_for(lambda: "exit code 143" in log.read_text(), 120, "the cleanup trap to finish")
@@ -152,20 +169,35 @@ def test_scancel_during_bring_up_removes_the_containers(slurm: None, engine: dic
     assert all((kept / node / "TRUNCATED.txt").exists() for node in ("n1", "n2")), log.read_text()
 
 
-def test_preemption_requeues_into_new_containers_and_resumes(slurm: None, engine: dict[str, str],
-                                                            tmp_path: Path) -> None:
+def test_preemption_requeues_into_new_containers_resumes_and_shows_the_restart_in_status_and_runs(
+        slurm: None, engine: dict[str, str], tmp_path: Path) -> None:
+    from test_lifecycle_e2e import runs_of, until_final, verlc
+
     write_fixtures(tmp_path)
-    script = build(tmp_path, grace="120s", container=container_spec(tmp_path, "docker", engine))
-    job = submit(script, tmp_path, "train", engine)
-    log = tmp_path / f"slurm-{job}.out"
-    wait_for(lambda: log.exists() and "TRAINER restart=0" in log.read_text(), 240, "training to start")
-    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
-    wait_for(lambda: job_state(job) == "COMPLETED", 400, "the requeued job to complete")
-    text = log.read_text()
-    assert f"requeueing job {job}" in text and "SLURM_RESTART_COUNT=1" in text
-    assert "TRAINER restart=1 wandb=" in text and "trainer.resume_mode=auto" in text
-    assert text.count(f"starting container verlc-{script.parent.parent.name}-{job}-n2 on n2") == 2
-    assert containers(engine, script, job) == []
+    script = build(tmp_path, grace="60s", container=container_spec(tmp_path, "docker", engine))
+    assert "#SBATCH --signal=B:USR1@60" in script.read_text()
+    assert verlc(tmp_path, "submit", "spec.yaml", "--target", "slurm", stop_after="train", env=engine).returncode == 0
+    [run] = runs_of(tmp_path).values()
+    wait_for(lambda: "TRAINER restart=0" in verlc(tmp_path, "logs", run.run).stdout, 240, "training to start")
+    # What Slurm does ahead of preemption or the time limit, as asked by --signal=B:USR1@...
+    subprocess.run(["scancel", "--signal=USR1", "--batch", run.job_id], check=True)
+    wait_for(lambda: "TRAINER restart=1" in verlc(tmp_path, "logs", run.run).stdout, 400, "the requeued run")
+    until_final(tmp_path, run.run, env=engine)
+    final = runs_of(tmp_path)[run.run]
+    assert (final.state, final.restarts) == ("COMPLETED", 1)
+    assert "completed (1 restarts)" in verlc(tmp_path, "runs").stdout
+    text = verlc(tmp_path, "logs", run.run).stdout
+    assert "USR1: preemption or time limit ahead" in text and f"requeueing job {run.job_id}" in text
+    assert "SLURM_RESTART_COUNT=1" in text
+    restart = re.search(r"TRAINER restart=1 wandb=\S+ argv: (.*)", text)
+    assert restart and "trainer.resume_mode=auto" in restart[1].split(), text
+    assert f"trainer.default_local_dir=checkpoints/e2e/{run.name}" in restart[1]
+    # both attempts report to the same W&B run (the variables verl's wandb.init reads), resumed, not new
+    trackers = re.findall(r"TRAINER restart=(\d) wandb=(\S+) ", text)
+    assert trackers == [("0", f"{run.name}-{run.job_id}/allow"), ("1", f"{run.name}-{run.job_id}/allow")], trackers
+    # each attempt ran in containers of its own, and none is left
+    assert text.count(f"starting container verlc-{script.parent.parent.name}-{run.job_id}-n2 on n2") == 2
+    assert containers(engine, script, run.job_id) == []
 
 
 # ---- compose: the real Docker Compose binary against podman's Docker API ---------------------------
@@ -229,7 +261,7 @@ verl: {{actor_rollout_ref: {{rollout: {{name: vllm, log_prob_micro_batch_size_pe
        critic: {{ppo_micro_batch_size_per_gpu: 4}}}}
 cluster: {{nodes: 2, gpus_per_node: 8}}
 container: {{runtime: docker, image: {json.dumps(engine['VERLC_TEST_IMAGE'])}, workdir: {tmp_path}, shm_size: 1g,
-            mounts: ['{tmp_path}:{tmp_path}']}}
+            mounts: {mounts(tmp_path)}}}
 ray: {{wait_for_nodes: 180s}}
 env: {env}
 """)

@@ -47,8 +47,8 @@ def test_events_and_lines_from_a_job_log() -> None:
     log = """\
 [2026-12-01T03:00:00.000Z] verlc: stage containers: skipped (VERLC_STOP_AFTER=preflight)
 [2026-12-01T03:00:00.100Z] verlc: stage ray
-[2026-12-01T03:00:01.000Z] verlc: node registered: n1 10.0.0.1 GPUs=8 (1/2)
-[2026-12-01T03:00:02.000Z] verlc: node registered: n2 10.0.0.2 GPUs=8 (2/2)
+[2026-12-01T03:00:01.000Z] verlc: node registered: n1 (10.0.0.1) GPUs=8 (1/2)
+[2026-12-01T03:00:02.000Z] verlc: node registered: n2 (10.0.0.2) GPUs=8 (2/2)
 [2026-12-01T03:00:03.000Z] verlc: stage train
 (TaskRunner pid=9) Total training steps: 40
 (TaskRunner pid=9) step:10 - critic/score/mean:0.5 - actor/pg_loss:-0.25

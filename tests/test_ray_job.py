@@ -113,6 +113,7 @@ def test_job_runs_preflight_on_a_real_ray_cluster(ray_head: str, tmp_path: Path)
     assert status == "SUCCEEDED", logs
     assert "cluster ready: 1 nodes, 8 GPUs" in logs
     assert "preflight passed: 1 nodes, 8 GPUs, 2 data files" in logs
+    assert ", all-reduce over 1 ranks on 1 nodes\n" in logs
     assert "stopping after stage preflight" in logs
     record = json.loads(re.search(r"run record: (\{.*\})", logs)[1])
     assert record["gpus"] == 8

@@ -81,10 +81,12 @@ def write_fixtures(root: Path) -> None:
     pq.write_table(table, root / "data" / "test.parquet")
 
 
-def fake_venv(root: Path, *, ray_fails_on: str | None = None) -> Path:
-    """This venv, except that `ray start` fails on one node and `python3 -m verl.trainer.main_ppo`
-    only prints its argv (there is no GPU to train on): the first run then waits to be preempted,
-    a restarted run (SLURM_RESTART_COUNT > 0) exits 0 at once. Everything else is the real thing."""
+def fake_venv(root: Path, *, ray_fails_on: str | None = None, no_interface_on: str | None = None) -> Path:
+    """This venv, except that `ray start` fails on one node, or its Ray (and so every process Ray starts
+    there) is told to use a network interface that does not exist (as a wrong NCCL_SOCKET_IFNAME would),
+    and `python3 -m verl.trainer.main_ppo` only prints its argv (there is no GPU to train on): the first run
+    then waits to be preempted, a restarted run (SLURM_RESTART_COUNT > 0) exits 0 at once. Everything else
+    is the real thing."""
     real = Path(sys.executable).parent
     venv = root / "venv"
     (venv / "bin").mkdir(parents=True)
@@ -93,6 +95,8 @@ def fake_venv(root: Path, *, ray_fails_on: str | None = None) -> Path:
             (venv / "bin" / entry.name).symlink_to(entry)
     fail = (f'[[ ${{SLURMD_NODENAME:-}} == {ray_fails_on} && $1 == start ]] && '
             f'{{ echo "test: ray start refused on {ray_fails_on}" >&2; exit 1; }}\n') if ray_fails_on else ""
+    if no_interface_on:
+        fail += f'[[ ${{SLURMD_NODENAME:-}} != {no_interface_on} ]] || export GLOO_SOCKET_IFNAME=verlc-no-such-nic\n'
     (venv / "bin" / "ray").write_text(f"#!/usr/bin/env bash\n{fail}exec {real}/ray \"$@\"\n")
     (venv / "bin" / "python3").write_text(f"""#!/usr/bin/env bash
 if [[ " $* " == *" verl.trainer.main_ppo "* ]]; then
@@ -232,9 +236,21 @@ def test_bring_up_and_preflight_take_the_same_job_steps_on_any_node_count(slurm:
     assert registered == [str(i) for i in range(1, nodes + 1)], output
     assert f"cluster ready: {nodes} nodes, {8 * nodes} GPUs" in output
     assert f"preflight passed: {nodes} nodes, {8 * nodes} GPUs, 2 data files" in output
+    assert f", all-reduce over {nodes} ranks on {nodes} nodes\n" in output  # gloo: no GPU here
     assert "stage train: skipped (VERLC_STOP_AFTER=preflight)" in output
     assert steps_per_stage(job, output) == STEPS, output
     assert no_ray_left() == []
+
+
+def test_an_all_reduce_that_fails_on_one_node_fails_the_preflight_and_names_that_node(slurm: None,
+                                                                                    tmp_path: Path) -> None:
+    write_fixtures(tmp_path)
+    job, output, state = sbatch(build(tmp_path, venv=fake_venv(tmp_path, no_interface_on="n2")), tmp_path)
+    assert state == "FAILED", output
+    failures = [line.split("PREFLIGHT FAILED: ", 1)[1] for line in output.splitlines() if "PREFLIGHT FAILED" in line]
+    assert len(failures) == 1 and failures[0].startswith("all-reduce: node n2 ("), output
+    assert "Unable to find address for: verlc-no-such-nic" in failures[0]
+    assert "preflight passed" not in output and no_ray_left(60) == []
 
 
 def test_missing_data_file_fails_preflight(slurm: None, tmp_path: Path) -> None:

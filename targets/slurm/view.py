@@ -16,6 +16,7 @@ from ..job_package import REFERENCE
 # Shell variables the template sets before it uses the argv below.
 HEAD_IP, NODE_IP, RAY_PORT, DASHBOARD_PORT = Var("head_ip"), Var("node_ip"), Var("ray_port"), Var("dashboard_port")
 CLIENT_PORT, AGENT_PORT, RAY_TMP, CONTAINER = Var("client_port"), Var("agent_port"), Var("ray_tmp"), Var("container")
+NODE_NAME = Var("SLURMD_NODENAME")
 
 CONTAINER_WORD = Word((CONTAINER,))
 
@@ -156,6 +157,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
         *(((f"--num-cpus={ir.ray.num_cpus}",),) if ir.ray.num_cpus else ()),
         (_word("--temp-dir=", RAY_TMP),),
         (_word("--dashboard-agent-listen-port=", AGENT_PORT),),
+        (_word("--node-name=", NODE_NAME),),  # Ray's name for the node (dashboard, preflight) is Slurm's
         ("--disable-usage-stats",),
     )
     ray_head = (

@@ -3,12 +3,13 @@
 """verlc's in-cluster helper: runs on the head node, inside the job's container, next to verl.
 
 Generated bundles embed this file verbatim and run it as `python3 - COMMAND ...`. It needs only the
-standard library and ray; pyarrow and transformers are used when the image has them (verl's do).
+standard library and ray, and torch for the preflight's all-reduce; pyarrow and transformers are used when
+the image has them (verl's images have all of these).
 
   wait       block until the Ray cluster has the expected nodes and GPUs, or fail at a deadline
   prepare    run one data preprocessing command unless its outputs already exist
-  preflight  check the cluster, package versions on every node, data files, model and checkpoint
-             folder before training starts, and write the run record
+  preflight  check the cluster, package versions on every node, an all-reduce over every GPU, data
+             files, model and checkpoint folder before training starts, and write the run record
   job        run a bundle's job.json (ray-job and compose targets): wait, data, preflight, train,
              stopping after the stage named by VERLC_STOP_AFTER
 """
@@ -51,6 +52,13 @@ def alive_nodes(ray) -> list[dict]:  # noqa: ANN001
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
+def node_label(node: dict) -> str:
+    """How messages name a Ray node: its name (the Slurm bundle names it as Slurm does) or host, and address."""
+    address = node.get("NodeManagerAddress")
+    name = node.get("NodeName") if node.get("NodeName") not in (None, "", address) else node.get("NodeManagerHostname")
+    return f"{name} ({address})"
+
+
 def cmd_wait(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.timeout
     ray = None
@@ -69,8 +77,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
             if n["NodeID"] not in seen:
                 seen.add(n["NodeID"])
                 gpus = n.get("Resources", {}).get("GPU", 0)
-                say(f"node registered: {n.get('NodeManagerHostname')} {n.get('NodeManagerAddress')} "
-                    f"GPUs={gpus:g} ({len(seen)}/{args.nodes})")
+                say(f"node registered: {node_label(n)} GPUs={gpus:g} ({len(seen)}/{args.nodes})")
         gpus = sum(n.get("Resources", {}).get("GPU", 0) for n in nodes)
         if len(nodes) >= args.nodes and gpus >= args.gpus:
             say(f"cluster ready: {len(nodes)} nodes, {gpus:g} GPUs")
@@ -224,6 +231,117 @@ def missing_env_per_node(ray, nodes: list[dict], names: list[str]) -> list[str]:
     return problems
 
 
+# ---- the collective smoke test: one all-reduce over every GPU of every node -------------------------
+# Rendezvous in a TCP store this process (on the head) serves: each node says how many ranks it has, gets
+# its first rank and the world size, and each rank marks its progress, so a node that never arrives or
+# fails is named, and the first failure ends the test instead of a timeout on every rank.
+COLLECTIVE_TIMEOUT = 120  # seconds; NCCL's own set-up on many nodes takes tens of them
+
+# One rank, as a process of its own (NCCL wants a process per GPU). It dies with its node task.
+RANK_PROGRAM = """
+import ctypes, signal, sys
+from datetime import timedelta
+ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+import torch
+import torch.distributed as dist
+host, port, rank, world, local, timeout = sys.argv[1:7]
+rank, world, timeout = int(rank), int(world), timedelta(seconds=float(timeout))
+cuda = torch.cuda.is_available()
+if cuda:
+    torch.cuda.set_device(int(local))
+store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+store.set(f"joined/{rank}", "1")
+dist.init_process_group("nccl" if cuda else "gloo", store=dist.PrefixStore("pg", store), rank=rank,
+                        world_size=world, timeout=timeout)
+x = torch.ones(256 * 1024, device="cuda" if cuda else "cpu")  # 1 MiB
+dist.all_reduce(x)
+got = x[0].item()
+dist.destroy_process_group()
+store.set(f"done/{rank}", str(got))
+sys.exit(0 if got == world else 3)
+"""
+
+
+def allreduce_node(host: str, port: int, index: int, timeout: float) -> dict:
+    """A node's part of the all-reduce (a Ray task holding every GPU of the node): a rank per GPU over
+    NCCL (RCCL on ROCm), or one gloo rank where torch sees no GPU."""
+    from datetime import timedelta
+
+    import torch
+    from torch.distributed import TCPStore
+
+    store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout))
+    ranks = torch.cuda.device_count() or 1
+    store.set(f"ranks/{index}", str(ranks))
+    first, world = map(int, store.get(f"plan/{index}").decode().split())
+    procs = [subprocess.Popen([sys.executable, "-c", RANK_PROGRAM, host, str(port), str(first + local), str(world),
+                               str(local), str(timeout)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for local in range(ranks)]
+    failed = []
+    for local, proc in enumerate(procs):
+        _, err = proc.communicate()
+        if proc.returncode:
+            lines = [line for line in err.strip().splitlines() if line.strip()]
+            failed.append(f"rank {first + local} exited {proc.returncode}: {lines[-1] if lines else 'no output'}")
+    return {"host": platform.node(), "ranks": ranks, "backend": "nccl" if torch.cuda.is_available() else "gloo",
+            "failed": failed}
+
+
+def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIMEOUT) -> tuple[list[str], str]:  # noqa: ANN001
+    """Problems of an all-reduce across every GPU of every node, each naming its node; and a summary."""
+    from datetime import timedelta
+
+    try:
+        from torch.distributed import TCPStore
+    except ImportError:
+        return ["all-reduce: torch is not installed here (verl needs it)"], ""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    host = ray.util.get_node_ip_address()
+    store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
+    names = [node_label(n) for n in nodes]
+    task = ray.remote(allreduce_node)
+    refs = [task.options(
+        num_cpus=0, num_gpus=n.get("Resources", {}).get("GPU", 0), max_retries=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(host, store.port, i, timeout)
+        for i, n in enumerate(nodes)]
+    which = {ref.hex(): i for i, ref in enumerate(refs)}
+    deadline, problems, planned, ranks = time.monotonic() + timeout, [], False, []
+
+    def node_of(rank: int) -> str:
+        return names[next(i for i in range(len(nodes)) if rank < sum(ranks[:i + 1]))]
+
+    pending = list(refs)
+    while pending and not problems and time.monotonic() < deadline:
+        if not planned and store.check([f"ranks/{i}" for i in range(len(nodes))]):
+            ranks = [int(store.get(f"ranks/{i}")) for i in range(len(nodes))]
+            for i in range(len(nodes)):
+                store.set(f"plan/{i}", f"{sum(ranks[:i])} {sum(ranks)}")
+            planned = True
+        done, pending = ray.wait(pending, timeout=0.5)
+        for ref in done:
+            try:
+                result = ray.get(ref)
+            except Exception as exc:  # the task itself failed: torch missing, store unreachable, ...
+                lines = str(exc).strip().splitlines()
+                problems.append(f"all-reduce: node {names[which[ref.hex()]]}: {lines[-1] if lines else exc}")
+                continue
+            problems += [f"all-reduce: node {names[which[ref.hex()]]}: {f}" for f in result["failed"]]
+    if pending and not problems:
+        if not planned:
+            missing = [names[i] for i in range(len(nodes)) if not store.check([f"ranks/{i}"])]
+            problems.append(f"all-reduce: node(s) {', '.join(missing)} did not reach the rendezvous at "
+                            f"{host}:{store.port} within {timeout:g}s")
+        else:
+            stuck = sorted({node_of(r) for r in range(sum(ranks)) if not store.check([f"joined/{r}"])}
+                           or {node_of(r) for r in range(sum(ranks)) if not store.check([f"done/{r}"])})
+            problems.append(f"all-reduce: did not finish within {timeout:g}s; waiting for node(s) {', '.join(stuck)}")
+    for ref in pending:
+        ray.cancel(ref, force=True)
+    summary = f"all-reduce over {sum(ranks)} ranks on {len(nodes)} nodes" if ranks else ""
+    return problems, summary
+
+
 def cmd_preflight(args: argparse.Namespace) -> int:
     started = stamp()
     problems: list[str] = []
@@ -248,6 +366,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
             missing = [c for c in VERL_COLUMNS if c not in columns]
             if missing:
                 problems.append(f"data file {path} lacks verl's columns {', '.join(missing)}")
+    collective, collective_summary = collective_problems(ray, nodes) if not problems else ([], "")
+    problems += collective
     problem = check_model(args.model)
     if problem:
         problems.append(problem)
@@ -288,7 +408,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
             fh.write(text + "\n")
         say(f"first run of a reproducible job: its record is now {args.reference}")
     say(f"preflight passed: {len(nodes)} nodes, {gpus:g} GPUs, {len(args.data)} data files, "
-        f"model {args.model}")
+        f"model {args.model}, {collective_summary}")
     return 0
 
 
