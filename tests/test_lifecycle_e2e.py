@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from conftest import run_verlc
 from test_ray_job import build as build_ray_job
 from test_ray_job import ray_env, ray_head  # noqa: F401
-from test_slurm_e2e import SUBMIT_ENV, build, fake_venv, no_ray_left, slurm, wait_for, write_fixtures  # noqa: F401
+from test_slurm_e2e import SUBMIT_ENV, build, fake_venv, slurm, wait_for, write_fixtures  # noqa: F401
 
 from verlc.lifecycle import ledger
 
