@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -281,19 +282,26 @@ PAUSE_POINTS = ("addresses", "containers", "ray", "ray-wait", "data", "preflight
 def test_scancel_at_any_moment_of_bring_up_runs_the_cleanup_and_leaves_nothing(slurm: None, tmp_path: Path) -> None:
     write_fixtures(tmp_path)
     script = build(tmp_path)
-    moments = [("paused at", point) for point in PAUSE_POINTS] + [("after", delay) for delay in (0, 0.7, 1.5, 3)]
-    for kind, at in moments:
+
+    def cancel(kind: str, at: str | float) -> str:
         job = submit(script, tmp_path, "preflight", {"VERLC_PAUSE_AT": at} if kind == "paused at" else None)
         log = tmp_path / f"slurm-{job}.out"
         started = f"paused at {at} (VERLC_PAUSE_AT)" if kind == "paused at" else "verlc: job "
-        wait_for(lambda: log.exists() and started in log.read_text(), 120, f"{kind} {at}")
+        wait_for(lambda: log.exists() and started in log.read_text(), 180, f"{kind} {at}")
         time.sleep(at if kind == "after" else 0)
         subprocess.run(["scancel", job], check=True)
         wait_for(lambda: job_state(job) == "CANCELLED", 60, "the job to be cancelled")
         wait_for(lambda: "] verlc: exit code 143" in log.read_text(), 60, f"the cleanup trap ({kind} {at})")
         assert "cleaning up (exit code 143)" in log.read_text(), (kind, at)
-        assert no_ray_left(60) == [], (kind, at)
-        wait_for(lambda: not list(Path("/tmp").glob(f"verlc-ray-{job}-*")), 30, f"Ray's temp dirs to go ({kind} {at})")
+        return job
+
+    # Four 2-node jobs at a time on the test cluster's 8 nodes, each in a port block of its own.
+    moments = [("paused at", point) for point in PAUSE_POINTS] + [("after", delay) for delay in (0, 0.7, 1.5, 3)]
+    with ThreadPoolExecutor(4) as pool:
+        jobs = list(pool.map(lambda moment: cancel(*moment), moments))
+    assert no_ray_left(60) == []
+    wait_for(lambda: not [d for job in jobs for d in Path("/tmp").glob(f"verlc-ray-{job}-*")], 30,
+             "Ray's temp dirs to go")
 
 
 def test_each_node_keeps_its_ray_logs_in_the_run_folder_and_removes_rays_temp_dir(slurm: None,
@@ -312,10 +320,12 @@ def test_each_node_keeps_its_ray_logs_in_the_run_folder_and_removes_rays_temp_di
 def test_a_training_run_without_new_steps_is_ended_by_the_stall_timeout(slurm: None, tmp_path: Path) -> None:
     write_fixtures(tmp_path)
     script = build(tmp_path, venv=fake_venv(tmp_path), extra="stall_timeout: 8s\n")
-    job, output, state = sbatch(script, tmp_path, "train", env={"FAKE_STEPS": "14"})  # a step a second
-    assert state == "COMPLETED", output
-    assert "step:14 - critic/score/mean:0.5" in output and "stall_timeout" not in output
-    job, output, state = sbatch(script, tmp_path, "train")  # the trainer hangs before its first step
+    with ThreadPoolExecutor(2) as pool:  # two 2-node jobs at once
+        stepping = pool.submit(sbatch, script, tmp_path, "train", env={"FAKE_STEPS": "14"})  # a step a second
+        hanging = pool.submit(sbatch, script, tmp_path, "train")  # the trainer hangs before its first step
+        (_, stepped, stepped_state), (_, output, state) = stepping.result(), hanging.result()
+    assert stepped_state == "COMPLETED", stepped
+    assert "step:14 - critic/score/mean:0.5" in stepped and "stall_timeout" not in stepped
     assert state == "FAILED", output
     assert "ERROR: no new training step for 8s (stall_timeout): stopping the run" in output
     assert "cleaning up (exit code 1)" in output and no_ray_left(60) == []

@@ -145,13 +145,14 @@ ray_node() {
   # In a process group of its own: when Slurm signals the step, every Ray process of the node gets TERM,
   # and KILL 5 s later (a `ray start` signalled mid-startup can hang), well within Slurm's KillWait.
   setsid "${exec_prefix[@]}" "${ray[@]}" &
-  local ray_pid=$! rc=0
-  trap 'kill -TERM -- "-$ray_pid" 2>/dev/null; { sleep 5; kill -KILL -- "-$ray_pid" 2>/dev/null; } &' TERM INT
-  wait "$ray_pid" || rc=$?
-  while kill -0 "$ray_pid" 2>/dev/null; do  # a signal ended `wait`, not Ray: wait for Ray itself
-    rc=0
-    wait "$ray_pid" || rc=$?
+  local ray_pid=$! rc=0 stop_at=''
+  trap 'stop_at=${stop_at:-$SECONDS}; kill -TERM -- "-$ray_pid" 2>/dev/null' TERM INT
+  wait "$ray_pid" || true
+  while kill -0 "$ray_pid" 2>/dev/null; do  # a signal ended `wait`, not Ray: Ray has 5 s, then KILL
+    ((SECONDS - ${stop_at:-$SECONDS} < 5)) || kill -KILL -- "-$ray_pid" 2>/dev/null
+    sleep 0.5
   done
+  wait "$ray_pid" || rc=$?
   log "Ray on $SLURMD_NODENAME exited (code $rc)"
   "${exec_prefix[@]}" python3 - ray-logs --temp-dir "$ray_tmp" --limit-mib 50 < <(helper_source) \
     | tar -x -C "$logs" || log "could not keep Ray's logs of $SLURMD_NODENAME"
