@@ -9,7 +9,7 @@ from .diagnostics import Diagnostic, SpecError
 from .derive import DETERMINISM, checkpoint_dir, critic_in_use, derived, derived_environment, slurm_log_dirs, variant_specs
 from .ir import parse_word
 from .load import Sourced
-from .spec import Apptainer, Engine, NoContainer, Pyxis, Spec
+from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, is_hub_id
 from .verl.check import NOTE, Selection, Setting, check_groups, check_verl, select, settings
 from .verl.hydra import hydra_value, shown
 from .verl.release import Release
@@ -90,7 +90,7 @@ def _words(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     nothing else that would expand."""
     places: list[tuple[tuple[str | int, ...], str | None]] = [
         (("env", name), value) for name, value in spec.env.items()]
-    places += [(("model",), spec.model)]
+    places += [(("model",), spec.model_path)]
     places += [(("data", part, i), f) for part in ("train_files", "val_files")
                for i, f in enumerate(getattr(spec.data, part))]
     c = spec.container
@@ -161,6 +161,13 @@ def _reproducible(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iter
     if "verl_version" not in sourced.data:
         yield sourced.diagnostic(("reproducible",), "reproducible: true needs verl_version written in the spec, "
                                                     "not taken from verlc's default", at_key=True)
+    if isinstance(spec.model, str) and is_hub_id(spec.model):
+        yield sourced.diagnostic(("model",), f"reproducible: true needs the hub model pinned to its commit: "
+                                             f"model: {{path: {spec.model}, revision: <40-hex commit sha>}} "
+                                             f"(or a local folder: a path starting with / or ./)")
+    elif isinstance(spec.model, PinnedModel) and not re.fullmatch(r"[0-9a-f]{40}", spec.model.revision):
+        yield sourced.diagnostic(("model", "revision"), f"reproducible: true needs the commit sha (40 hex digits), "
+                                                        f"not {spec.model.revision!r}: a branch or tag can move")
     given = {s.key: s for s in settings(spec.verl, chosen.walker)} if isinstance(chosen, Selection) else {}
     for key in DETERMINISM:
         s = given.get(key)
@@ -263,7 +270,10 @@ def _container_paths(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     given = trainer.get("default_local_dir") if isinstance(trainer, dict) else None
     places.append((("verl", "trainer", "default_local_dir") if given else ("container", "workdir"),
                    checkpoint_dir(spec), "checkpoint folder"))
-    if "/" not in spec.model or spec.model.count("/") == 1 and not spec.model.startswith((".", "/", "~", "$")):
+    if isinstance(spec.model, PinnedModel):
+        places.append((("model", "local_dir") if spec.model.local_dir else ("model",), spec.model.folder,
+                       "pinned model's folder"))
+    if isinstance(spec.model, PinnedModel) or is_hub_id(spec.model):  # downloaded into the HF cache
         cache = spec.env.get("HF_HOME", "/root/.cache/huggingface")  # the image's user: root by default
         places.append((("env", "HF_HOME") if "HF_HOME" in spec.env else ("model",), cache, "model download cache"))
     for loc, path, what in places:

@@ -42,12 +42,12 @@ def derived(spec: Spec) -> tuple[Derived, ...]:
         Derived("trainer.project_name", spec.project, "project"),
         Derived("trainer.experiment_name", spec.experiment or spec.name,
                 "experiment" if spec.experiment else "name"),
-        Derived("actor_rollout_ref.model.path", spec.model, "model"),
+        Derived("actor_rollout_ref.model.path", spec.model_path, "model"),
         Derived("data.train_files", list(spec.data.train_files), "data.train_files"),
         Derived("data.val_files", list(spec.data.val_files), "data.val_files"),
     ]
     if critic_in_use(spec.verl):
-        items.append(Derived("critic.model.path", spec.model, "model"))
+        items.append(Derived("critic.model.path", spec.model_path, "model"))
     return tuple(items)
 
 

@@ -145,6 +145,13 @@ class DataPrepIR:
 
 
 @dataclass(frozen=True)
+class ModelFetchIR:
+    repo: str  # the hub id
+    revision: str
+    folder: Word  # where the revision goes, and what verl gets
+
+
+@dataclass(frozen=True)
 class VariantIR:
     """One cell of a sweep: the overrides that differ from the base run."""
 
@@ -181,7 +188,8 @@ class JobIR:
     container: ContainerIR
     ray: RayIR
     data_prep: tuple[DataPrepIR, ...]
-    model: Word
+    model: Word  # what verl gets (a pinned model: the folder model_fetch fills)
+    model_fetch: ModelFetchIR | None  # a hub model pinned to a revision, put into a folder in the data stage
     data_files: tuple[Word, ...]  # train then val, checked by the preflight
     checkpoint_dir: Word  # verl's trainer.default_local_dir, resolved (env vars expand on the node)
     node_env: tuple[str, ...]  # env vars the spec reads on the nodes: the preflight requires them set

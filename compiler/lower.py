@@ -8,14 +8,14 @@ from typing import Any
 from verlc import __version__
 
 from .ir import (
-    ContainerIR, DataPrepIR, EnvVar, ImageBuildIR, JobIR, Override, RayIR, SlurmIR, VariantIR, Var, Word,
+    ContainerIR, DataPrepIR, EnvVar, ImageBuildIR, JobIR, ModelFetchIR, Override, RayIR, SlurmIR, VariantIR, Var, Word,
     parse_word,
 )
 from . import yaml_text
 from .derive import (
     DETERMINISM, checkpoint_dir, derived, derived_environment, resume_defaults, slurm_log_dirs, variant_specs,
 )
-from .spec import Apptainer, Engine, NoContainer, Pyxis, Spec
+from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec
 from .verl.check import Selection, select, settings
 from .verl.hydra import hydra_value, verl_value
 from .verl.place import KNOWN
@@ -72,7 +72,9 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
             ))
             for p in spec.data.prepare
         ),
-        model=parse_word(spec.model),
+        model=parse_word(spec.model_path),
+        model_fetch=ModelFetchIR(spec.model.path, spec.model.revision, parse_word(spec.model.folder))
+        if isinstance(spec.model, PinnedModel) else None,
         data_files=tuple(parse_word(f) for f in (*spec.data.train_files, *spec.data.val_files)),
         checkpoint_dir=checkpoint_word(spec, chosen),
         node_env=node_env(spec, chosen),
@@ -160,7 +162,7 @@ def node_env(spec: Spec, chosen: Selection) -> tuple[str, ...]:
     """Every environment variable the spec reads on the nodes (`${env:NAME}` anywhere): the preflight
     requires each set and non-empty on every node, and containers get them from the host."""
     found: set[str] = set()
-    words = [*(e.value for e in environment(spec)), checkpoint_word(spec, chosen), parse_word(spec.model),
+    words = [*(e.value for e in environment(spec)), checkpoint_word(spec, chosen), parse_word(spec.model_path),
              *(parse_word(f) for f in (*spec.data.train_files, *spec.data.val_files))]
     c = container(spec)
     words += [w for w in (c.image, c.workdir, c.venv, *c.mounts, *c.run_args) if w is not None]

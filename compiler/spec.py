@@ -85,6 +85,29 @@ class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# --- model -----------------------------------------------------------------------------------------
+
+def is_hub_id(text: str) -> bool:
+    """A model given as text is a hub id (org/name, or name) unless it reads as a path."""
+    return not text.startswith((".", "/", "~", "$")) and text.count("/") <= 1
+
+
+class PinnedModel(Model):
+    """A hub model at one revision. verl takes a path: the data stage fills a local folder with that revision
+    (from the hub, or the local Hugging Face cache with HF_HUB_OFFLINE=1) unless it holds it already."""
+
+    path: Text = Field(description="The hub id, e.g. Qwen/Qwen2-7B-Instruct.")
+    revision: Annotated[str, Strict(), _matching(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}", "a hub revision")] = Field(
+        description="The hub commit (its 40-hex sha); a branch or tag moves, so reproducible: true needs the sha.")
+    local_dir: Text | None = Field(
+        None, description="The folder verl gets, on storage every node sees (relative: to the working dir); "
+                          "default: models/<org>--<name>-<first 12 of the revision>.")
+
+    @property
+    def folder(self) -> str:
+        return self.local_dir or f"models/{self.path.replace('/', '--')}-{self.revision[:12]}"
+
+
 # --- data ------------------------------------------------------------------------------------------
 
 class DataPrep(Model):
@@ -270,7 +293,9 @@ class Spec(Model):
                                                    "the preflight requires the cluster to run it.")
     project: Text = Field(description="verl's trainer.project_name (the logger's project).")
     experiment: Text | None = Field(None, description="verl's trainer.experiment_name; default: name.")
-    model: Text = Field(description="HF model id or path; used for the actor, the reference and the critic.")
+    model: Text | PinnedModel = Field(
+        description="HF model id or path, used for the actor, the reference and the critic; or a hub model "
+                    "pinned to a revision: {path: ORG/NAME, revision: COMMIT}.")
     data: Data = Field(description="Preprocessing to run and the parquet files verl reads.")
     verl: dict[Str, Any] = Field(default_factory=dict, description="verl's trainer config, verl's nesting; a "
                                  "key written +key is one verl does not declare (Hydra's +key=value).")
@@ -290,6 +315,13 @@ class Spec(Model):
         None, description="End a run whose training log shows no new step (verl's console logger) for this long, "
                           "so a hung job does not burn its allocation; seconds or a duration (e.g. 2h). "
                           "Default: never.")
-    reproducible: Bool = Field(False, description="Require an image pinned by digest and an explicit verl_version, "
-                                                  "turn on verl's determinism settings, and fail a re-run whose "
-                                                  "image or versions differ from the first run's record.")
+    reproducible: Bool = Field(False, description="Require an image pinned by digest, an explicit verl_version and "
+                                                  "a hub model pinned to its commit; turn on verl's determinism "
+                                                  "settings; and stop a re-run whose inputs (data, model files), "
+                                                  "image, versions or verl config differ from the first run's "
+                                                  "record.")
+
+    @property
+    def model_path(self) -> str:
+        """The model as verl gets it: the text given, or the folder a pinned revision is put in."""
+        return self.model if isinstance(self.model, str) else self.model.folder

@@ -6,6 +6,7 @@ the image has them (verl's images have all of these).
 
   wait       block until the Ray cluster has the expected nodes and GPUs, or fail at a deadline
   prepare    run one data preprocessing command unless its outputs already exist
+  materialize  put a hub model's pinned revision into a folder, unless it holds it already
   preflight  check the cluster, package versions on every node, an all-reduce over every GPU, data
              files, model and checkpoint folder before training starts, and write the run record
   job        run a bundle's job.json (ray-job and compose targets): wait, data, preflight, train,
@@ -104,6 +105,72 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def revision_held(folder: str, revision: str) -> dict | None:
+    """The manifest `materialize` wrote into `folder`, when the folder still holds every file of `revision`."""
+    try:
+        with open(os.path.join(folder, REVISION_FILE), encoding="utf-8") as fh:
+            held = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    if revision not in (held.get("revision"), held.get("requested")):
+        return None
+    for rel, size in held.get("files", {}).items():
+        path = os.path.join(folder, rel)
+        if not os.path.isfile(path) or os.path.getsize(path) != size:
+            return None
+    return held
+
+
+def cmd_materialize(args: argparse.Namespace) -> int:
+    """Put a hub model's revision into a folder verl can read: from the hub, or with HF_HUB_OFFLINE=1 from
+    the local Hugging Face cache; skipped when the folder holds every file of it already."""
+    import shutil
+
+    folder = args.folder
+    held = revision_held(folder, args.revision)
+    if held:
+        say(f"model {args.repo} at {args.revision} already in {folder} ({len(held['files'])} files); skipping")
+        return 0
+    if os.path.exists(folder) and not os.path.isfile(os.path.join(folder, REVISION_FILE)):
+        say(f"ERROR: {folder} exists and verlc did not fill it: move it away, or choose another model.local_dir")
+        return 1
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        say("ERROR: a pinned model needs huggingface_hub on the head node (transformers, which verl needs, has it)")
+        return 1
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+    say(f"fetching model {args.repo} at {args.revision} into {folder}"
+        + (" from the local Hugging Face cache (HF_HUB_OFFLINE)" if offline else ""))
+    try:
+        source = snapshot_download(repo_id=args.repo, revision=args.revision, local_files_only=offline)
+    except Exception as exc:
+        lines = str(exc).strip().splitlines()
+        say(f"ERROR: cannot fetch {args.repo} at {args.revision}: {type(exc).__name__}: {lines[0] if lines else ''}")
+        return 1
+    partial = f"{folder}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    files = {}
+    for parent, _, names in os.walk(source):
+        for name in sorted(names):
+            rel = os.path.relpath(os.path.join(parent, name), source)
+            real, into = os.path.realpath(os.path.join(parent, name)), os.path.join(partial, rel)
+            os.makedirs(os.path.dirname(into), exist_ok=True)
+            try:  # the cache's own file, without a second copy, where both are on one file system
+                os.link(real, into)
+            except OSError:
+                shutil.copyfile(real, into)
+            files[rel] = os.path.getsize(into)
+    commit = os.path.basename(os.path.normpath(source))  # the cache names a snapshot by its commit
+    with open(os.path.join(partial, REVISION_FILE), "w", encoding="utf-8") as fh:
+        json.dump({"repo": args.repo, "requested": args.revision, "revision": commit, "files": files}, fh,
+                  indent=1, sort_keys=True)
+    shutil.rmtree(folder, ignore_errors=True)  # verlc's own folder of another revision, or a partial one
+    os.replace(partial, folder)
+    say(f"model {args.repo} at {commit}: {len(files)} files, {mib(sum(files.values()))} in {folder}")
+    return 0
+
+
 def parquet_columns(path: str) -> list[str] | None:
     """Top-level column names of a parquet file, or None when pyarrow is not installed."""
     try:
@@ -188,21 +255,136 @@ def version_problems(seen: dict, pins: dict[str, str]) -> list[str]:
     return problems
 
 
+# ---- what a run used: its inputs, hashed, and the config verl resolves --------------------------------
+# The files that decide what a model folder is, besides its weights (hashed too large to hash every run).
+MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+               "tokenizer.model", "vocab.json", "merges.txt", "special_tokens_map.json", "added_tokens.json",
+               "chat_template.jinja")
+REVISION_FILE = ".verlc-revision.json"  # written by `materialize` into the folder it fills
+
+
+def sha256_file(path: str) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(8 * 1024**2), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def parquet_rows(path: str) -> int | None:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        return None
+    return pq.ParquetFile(path).metadata.num_rows
+
+
+def data_inputs(paths: list[str]) -> list[dict]:
+    """Every data file as it is now: size, sha256 (every run: no cache to miss a same-size edit), rows."""
+    return [{"path": p, "bytes": os.path.getsize(p), "sha256": sha256_file(p), "rows": parquet_rows(p)}
+            for p in paths if os.path.isfile(p)]
+
+
+def model_input(model: str) -> dict:
+    """The model verl gets: a folder's config and tokenizer files hashed, and the hub revision it holds when
+    `materialize` filled it; a hub id as it is (resolved by the hub when training starts)."""
+    folder = os.path.expanduser(model)
+    if not os.path.isdir(folder):
+        return {"path": model, "revision": None, "files": {}}
+    revision = None
+    if os.path.isfile(os.path.join(folder, REVISION_FILE)):
+        with open(os.path.join(folder, REVISION_FILE), encoding="utf-8") as fh:
+            revision = json.load(fh).get("revision")
+    return {"path": model, "revision": revision,
+            "files": {name: sha256_file(os.path.join(folder, name)) for name in MODEL_FILES
+                      if os.path.isfile(os.path.join(folder, name))}}
+
+
+def resolved_verl_config(train: list[str]) -> dict:
+    """verl's config as its trainer composes it from `train` (Hydra, with this node's verl), resolved;
+    {"unresolved": why} when this node cannot compose it."""
+    try:
+        module = train[train.index("-m") + 1]
+    except (ValueError, IndexError):
+        return {"unresolved": "no `python3 -m MODULE` in the trainer argv"}
+    rest = train[train.index("-m") + 2:]
+    name = next((a.split("=", 1)[1] for a in rest if a.startswith("--config-name=")), "ppo_trainer")
+    overrides = [a for a in rest if not a.startswith("-")]
+    try:
+        import importlib.util
+
+        from hydra import compose, initialize_config_dir
+        from omegaconf import OmegaConf
+
+        spec = importlib.util.find_spec(module.rsplit(".", 1)[0])
+        folder = os.path.join(list(spec.submodule_search_locations)[0], "config")
+        with initialize_config_dir(config_dir=folder, version_base=None):
+            config = compose(config_name=name, overrides=overrides)
+        return OmegaConf.to_container(config, resolve=True)
+    except Exception as exc:  # no hydra here, an older layout, a value that only resolves at training
+        return {"unresolved": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
+
+
+def flat(tree: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(tree, dict):
+        out: dict[str, object] = {}
+        for key, value in tree.items():
+            out.update(flat(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out or {prefix: {}}
+    return {prefix: tree}
+
+
+# What two run records are compared by: group -> item -> value. A reproducible re-run must match its first
+# run in every group but resources (the nodes a scheduler gives may change).
+GROUPS = ("inputs", "versions", "verl config", "resources")
+
+
+def record_items(record: dict) -> dict[str, dict[str, object]]:
+    inputs: dict[str, object] = {}
+    for f in record.get("inputs", {}).get("data", []):
+        inputs.update({f"data {f['path']} sha256": f["sha256"], f"data {f['path']} rows": f["rows"],
+                       f"data {f['path']} bytes": f["bytes"]})
+    model = record.get("inputs", {}).get("model") or {}
+    if model:
+        inputs.update({"model path": model.get("path"), "model revision": model.get("revision")})
+        inputs.update({f"model {name} sha256": h for name, h in sorted(model.get("files", {}).items())})
+    versions = {"image": record.get("image"),
+                **{"python": n.get("python") for n in record.get("nodes", [])[:1]},
+                **{name: v for name, v in record.get("versions", {}).items()}}
+    argv = record.get("trainer_argv") or []
+    start = argv.index("python3") if "python3" in argv else 0  # after `env RAY_ADDRESS=<this job's port>`
+    verl = {"trainer argv": " ".join(argv[start:]),
+            **{f"verl {k}": v for k, v in flat(record.get("verl_config") or {}).items()}}
+    resources = {"nodes": len(record.get("nodes", [])), "GPUs": record.get("gpus"),
+                 **{f"node {i} host": n.get("host") for i, n in enumerate(record.get("nodes", []))},
+                 **{f"node {i} CPUs": n.get("cpus") for i, n in enumerate(record.get("nodes", []))}}
+    return dict(zip(GROUPS, (inputs, versions, verl, resources)))
+
+
+def record_differences(old: dict, new: dict, groups: tuple[str, ...] = GROUPS) -> dict[str, list[tuple]]:
+    """group -> [(item, old value, new value)] for every item that differs (missing on one side: None)."""
+    a, b = record_items(old), record_items(new)
+    out = {}
+    for group in groups:
+        keys = sorted(set(a[group]) | set(b[group]))
+        changed = [(k, a[group].get(k), b[group].get(k)) for k in keys if a[group].get(k) != b[group].get(k)]
+        if changed:
+            out[group] = changed
+    return out
+
+
 def reference_problems(record: dict, path: str) -> list[str]:
-    """A reproducible job's re-run must see the image and package versions its first run saw."""
+    """A reproducible job's re-run must see the inputs, versions and verl config its first run saw."""
     if not os.path.exists(path):
         return []
     with open(path, encoding="utf-8") as fh:
         first = json.load(fh)
-    problems = []
-    if record["image"] != first.get("image"):
-        problems.append(f"image {record['image']}, but the first run ({path}) used {first.get('image')}")
-    for name, version in sorted(record["versions"].items()):
-        before = first.get("versions", {}).get(name)
-        if version != before:
-            problems.append(f"{name} {version or 'not installed'}, but the first run ({path}) had "
-                            f"{before or 'none'}")
-    return problems
+    return [f"{group}: {item}: {new if new is not None else 'none'}, but the first run ({path}) had "
+            f"{old if old is not None else 'none'}"
+            for group, changes in record_differences(first, record, GROUPS[:3]).items()
+            for item, old, new in changes]
 
 
 def expand(word: list) -> str:
@@ -380,6 +562,9 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     record = {
         "started": started,
         "image": args.image,
+        "inputs": {"data": data_inputs(args.data), "model": model_input(args.model)},
+        "trainer_argv": args.train,
+        "verl_config": resolved_verl_config(args.train),
         "nodes": [{"host": n.get("NodeManagerHostname"), "address": n.get("NodeManagerAddress"),
                    "gpus": n.get("Resources", {}).get("GPU", 0), "cpus": n.get("Resources", {}).get("CPU", 0),
                    **seen.get(n["NodeID"], {})} for n in nodes],
@@ -388,10 +573,19 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         "pins": pins,
         "problems": problems,
     }
-    if args.reference:
-        problems += reference_problems(record, args.reference)
+    changes = reference_problems(record, args.reference) if args.reference else []
+    if changes and os.environ.get("VERLC_ACCEPT_CHANGES") == "1":
+        record["accepted_changes"] = changes
+        for change in changes:
+            say(f"accepted change (VERLC_ACCEPT_CHANGES=1): {change}")
+    else:
+        problems += changes
     text = json.dumps(record, indent=1, sort_keys=True)
-    say("run record: " + json.dumps(record, sort_keys=True))
+    shown = {k: v for k, v in record.items() if k != "verl_config"}
+    say("run record: " + json.dumps(shown, sort_keys=True))
+    unresolved = record["verl_config"].get("unresolved")
+    say(f"verl config: not resolved here ({unresolved})" if unresolved
+        else f"verl config: {len(flat(record['verl_config']))} settings, as verl resolves them (in the record)")
     if args.record:
         os.makedirs(os.path.dirname(os.path.abspath(args.record)), exist_ok=True)
         with open(args.record, "w", encoding="utf-8") as fh:
@@ -400,11 +594,14 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         say(f"PREFLIGHT FAILED: {p}")
     if problems:
         return 1
-    if args.reference and not os.path.exists(args.reference):
+    if args.reference and (not os.path.exists(args.reference) or record.get("accepted_changes")):
+        first = not os.path.exists(args.reference)
         os.makedirs(os.path.dirname(os.path.abspath(args.reference)), exist_ok=True)
-        with open(args.reference, "w", encoding="utf-8") as fh:
+        with open(args.reference + ".tmp", "w", encoding="utf-8") as fh:
             fh.write(text + "\n")
-        say(f"first run of a reproducible job: its record is now {args.reference}")
+        os.replace(args.reference + ".tmp", args.reference)
+        say(f"first run of a reproducible job: its record is now {args.reference}" if first
+            else f"the accepted changes are in this run's record; later re-runs compare with it ({args.reference})")
     say(f"preflight passed: {len(nodes)} nodes, {gpus:g} GPUs, {len(args.data)} data files, "
         f"model {args.model}, {collective_summary}")
     return 0
@@ -466,7 +663,9 @@ def cmd_job(args: argparse.Namespace) -> int:
             rc = cmd_wait(argparse.Namespace(address=address, nodes=job["nodes"], gpus=job["gpus"],
                                              timeout=job["wait_seconds"]))
         elif stage == "data":
-            rc = 0
+            fetch = job.get("model_fetch")
+            rc = cmd_materialize(argparse.Namespace(repo=fetch["repo"], revision=fetch["revision"],
+                                                    folder=expand(fetch["folder"]))) if fetch else 0
             for step in job["data_prep"]:
                 rc = rc or cmd_prepare(argparse.Namespace(out_dir=step["out_dir"], cmd=step["argv"]))
         elif stage == "preflight":
@@ -474,7 +673,7 @@ def cmd_job(args: argparse.Namespace) -> int:
                 address=address, nodes=job["nodes"], gpus=job["gpus"], model=expand(job["model"]),
                 checkpoint_dir=expand(job["checkpoint_dir"]), data=[expand(f) for f in job["data_files"]],
                 pin=job["pins"], record=job["record"], image=job["image"], require_env=job["require_env"],
-                reference=expand(job["reference"]) if job.get("reference") else None))
+                reference=expand(job["reference"]) if job.get("reference") else None, train=job["train"]))
         else:
             say("training: " + " ".join(job["train"]))
             rc = train(job["train"], {**os.environ, "RAY_ADDRESS": address}, job.get("stall_timeout"))
@@ -624,6 +823,11 @@ def main(argv: list[str]) -> int:
                      help="an env var the spec reads on the nodes: set and non-empty on every one")
     pre.add_argument("--reference", help="reproducible jobs: the first run's record; written by the first run, "
                                          "compared by every later one")
+    pre.add_argument("train", nargs="*", help="-- then the trainer's argv, for the record")
+    materialize = sub.add_parser("materialize")
+    materialize.add_argument("--repo", required=True)
+    materialize.add_argument("--revision", required=True)
+    materialize.add_argument("--folder", required=True)
     ray_logs = sub.add_parser("ray-logs")
     ray_logs.add_argument("--temp-dir", required=True)
     ray_logs.add_argument("--limit-mib", type=int, required=True)
@@ -636,7 +840,7 @@ def main(argv: list[str]) -> int:
         args.cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         return cmd_prepare(args)
     return {"wait": cmd_wait, "preflight": cmd_preflight, "job": cmd_job,
-            "upload-size": cmd_upload, "ray-logs": cmd_ray_logs}[args.command](args)
+            "upload-size": cmd_upload, "ray-logs": cmd_ray_logs, "materialize": cmd_materialize}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ def job_description(ir: JobIR, *, address: str | None, record: str | None,
         "gpus": ir.total_gpus,
         "wait_seconds": ir.ray.wait_seconds,
         "data_prep": [{"out_dir": p.out_dir, "argv": list(p.argv)} for p in ir.data_prep],
+        "model_fetch": {"repo": ir.model_fetch.repo, "revision": ir.model_fetch.revision,
+                        "folder": ir.model_fetch.folder.as_json()} if ir.model_fetch else None,
         # Paths as parts: text, and {"env": NAME} that the helper expands on the node.
         "model": ir.model.as_json(),
         "checkpoint_dir": checkpoints.as_json(),

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 from test_hostile import BASE, build
 
 DIGEST = "img@sha256:" + "ab" * 32
+COMMIT = "0123456789abcdef" * 2 + "01234567"
 
 
 def spec(**changes: object) -> dict:
     s = copy.deepcopy(BASE)
-    s.update({"reproducible": True, "verl_version": "0.9.1"})
+    s.update({"reproducible": True, "verl_version": "0.9.1", "model": {"path": "org/model", "revision": COMMIT}})
     s["container"] = {**s["container"], "image": DIGEST}
     s.update(changes)
     return s
@@ -46,3 +48,30 @@ def test_determinism_cannot_be_turned_off(tmp_path: Path) -> None:
     s["verl"]["actor_rollout_ref"]["rollout"]["full_determinism"] = False
     problems = build(tmp_path, s)
     assert any("rollout.full_determinism: set to false here, but reproducible: true needs it on" in p for p in problems)
+
+
+def test_a_hub_model_must_be_pinned_to_its_commit(tmp_path: Path) -> None:
+    problems = build(tmp_path, spec(model="org/model"))
+    assert any(p.endswith(": model: reproducible: true needs the hub model pinned to its commit: model: {path: "
+                          "org/model, revision: <40-hex commit sha>} (or a local folder: a path starting with / or ./)")
+               for p in problems), problems
+    problems = build(tmp_path, spec(model={"path": "org/model", "revision": "main"}))
+    assert any("model.revision: reproducible: true needs the commit sha (40 hex digits), not 'main'" in p
+               for p in problems), problems
+    ir, _ = build(tmp_path, spec(model="/models/local-copy"))  # a local folder is what it is: hashed by the run
+    assert "actor_rollout_ref.model.path=/models/local-copy" in ir.trainer_argv
+
+
+def test_a_pinned_model_is_fetched_into_its_folder_and_verl_reads_that_folder(tmp_path: Path) -> None:
+    ir, bundles = build(tmp_path, spec(), ("slurm", "ray-job"))
+    folder = f"models/org--model-{COMMIT[:12]}"
+    assert f"actor_rollout_ref.model.path={folder}" in ir.trainer_argv
+    assert (ir.model_fetch.repo, ir.model_fetch.revision, ir.model_fetch.folder.display) == ("org/model", COMMIT, folder)
+    script = next(f.text for f in bundles[0].files if f.path == "sbatch.sh")
+    assert f"helper materialize --repo org/model --revision {COMMIT} --folder {folder}" in script
+    assert "VERLC_ACCEPT_CHANGES=1" in script.split("\n\n")[0]  # the header says how to accept a change
+    job = json.loads(next(f.text for f in bundles[1].files if f.path.endswith("job.json")))
+    assert job["model_fetch"] == {"repo": "org/model", "revision": COMMIT, "folder": [folder]}
+    mine = spec(model={"path": "org/model", "revision": COMMIT, "local_dir": "/shared/models/m"})
+    ir, _ = build(tmp_path, mine, ("slurm",))
+    assert "actor_rollout_ref.model.path=/shared/models/m" in ir.trainer_argv

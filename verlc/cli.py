@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import traceback
@@ -56,9 +57,11 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--out", type=Path, default=Path("out"), help="output folder (default: out)")
     check.add_argument("--diff", action="store_true", help="print each out-of-date file's unified diff")
 
-    diff = sub.add_parser("diff", help="what differs between two runs (specs or bundle folders)",
+    diff = sub.add_parser("diff", help="what differs between two runs (specs, bundle folders or run records)",
                           description="A semantic diff of two specs, or two bundles (their spec.yaml), grouped "
-                                      "into verl settings, resources, container, environment and stages.")
+                                      "into verl settings, resources, container, environment and stages; or of "
+                                      "two run records (run-record.json in a run's folder), grouped into "
+                                      "inputs, versions, verl config and resources.")
     diff.add_argument("a", type=Path, metavar="A")
     diff.add_argument("b", type=Path, metavar="B")
     diff.add_argument("--format", choices=["text", "markdown"], default="text")
@@ -253,11 +256,39 @@ def _diff(a: Path, b: Path, markdown: bool) -> int:
     """Exit 0 when A and B describe the same run, 1 when they differ, 2 on bad input."""
     from .compiler import diff
 
+    if a.suffix == ".json" or b.suffix == ".json":
+        return _diff_records(a, b, markdown)
     specs = [p / "spec.yaml" if p.is_dir() else p for p in (a, b)]  # a bundle carries its normalized spec
     result = _compile_all(specs, (), "snapshot", max_variants=10**9)
     if isinstance(result, int):
         return result
     changes = diff.changes(result[0], result[1])
+    sys.stdout.write(diff.render(str(a), str(b), changes, markdown))
+    return 1 if changes else 0
+
+
+def _diff_records(a: Path, b: Path, markdown: bool) -> int:
+    """Two run records (what the preflight wrote): exit 0 when the same, 1 when they differ, 2 on bad input."""
+    from .compiler import diff
+    from .targets.incluster import record_differences
+
+    records = []
+    for path in (a, b):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            print(f"{path}: cannot read a run record: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+            return 2
+        if not isinstance(record, dict) or not {"nodes", "versions"} <= record.keys():
+            print(f"{path}: not a run record (run-record.json, written by the preflight)", file=sys.stderr)
+            return 2
+        records.append(record)
+
+    def shown(value: object) -> str | None:
+        return value if isinstance(value, str) or value is None else json.dumps(value)
+
+    changes = {group: [(item, shown(old), shown(new)) for item, old, new in rows]
+               for group, rows in record_differences(*records).items()}
     sys.stdout.write(diff.render(str(a), str(b), changes, markdown))
     return 1 if changes else 0
 

@@ -75,6 +75,8 @@ def compose_file(ir: JobIR) -> dict[str, Any]:
                             f"--port={GCS_PORT}", "--dashboard-host=0.0.0.0",
                             f"--dashboard-port={DASHBOARD_PORT}", *ray_common], 0)
     head["environment"].append("VERLC_STOP_AFTER=${VERLC_STOP_AFTER:-train}")
+    if ir.reproducible:
+        head["environment"].append("VERLC_ACCEPT_CHANGES=${VERLC_ACCEPT_CHANGES:-}")
     absolute = isinstance(ir.checkpoint_dir.parts[0], Var) or ir.checkpoint_dir.parts[0].startswith("/")
     checkpoints = text(ir.checkpoint_dir) if absolute else \
         f"{text(c.workdir)}/{text(ir.checkpoint_dir)}"  # verl writes relative to its working dir

@@ -215,6 +215,9 @@ def slurm_view(ir: JobIR) -> SlurmView:
         wait=("wait", "--address", address, "--nodes", str(ir.nodes), "--gpus", str(ir.total_gpus),
               "--timeout", str(ir.ray.wait_seconds)),
         data_steps=tuple(
+            DataStep(f"model {f.repo} at {f.revision}", ("materialize", "--repo", f.repo, "--revision", f.revision,
+                                                          "--folder", f.folder))
+            for f in (ir.model_fetch,) if f is not None) + tuple(
             DataStep(f"preparing {p.dataset} into {p.out_dir}", ("prepare", "--out-dir", p.out_dir, "--", *p.argv))
             for p in ir.data_prep),
         preflight=(

@@ -25,7 +25,7 @@ done
 runtime_env=$(mktemp "${TMPDIR:-/tmp}/verlc-runtime-env.XXXXXX")  # mode 0600: it holds secrets
 trap 'rm -f "$runtime_env"' EXIT
 
-# runtime_env.yaml + this bundle's helper package (absolute path) + secrets and the stage switch.
+# runtime_env.yaml + this bundle's helper package (absolute path) + secrets and the stage switches.
 python3 - "$here" "$runtime_env" "$stop_after" "${secrets[@]}" <<'VERLC_MERGE'
 import json, os, sys
 import yaml  # comes with ray
@@ -35,6 +35,8 @@ with open(os.path.join(here, "runtime_env.yaml"), encoding="utf-8") as fh:
 env["py_modules"] = [os.path.join(here, m) for m in env["py_modules"]]
 env["env_vars"].update({name: os.environ[name] for name in secrets})
 env["env_vars"]["VERLC_STOP_AFTER"] = stop_after
+if os.environ.get("VERLC_ACCEPT_CHANGES"):  # a reproducible re-run told to accept what changed
+    env["env_vars"]["VERLC_ACCEPT_CHANGES"] = os.environ["VERLC_ACCEPT_CHANGES"]
 with open(target, "w", encoding="utf-8") as fh:
     json.dump(env, fh)
 VERLC_MERGE

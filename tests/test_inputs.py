@@ -1,0 +1,119 @@
+"""What a run used, pinned and proven: a hub model's revision put into a folder (from a local Hugging Face
+cache, hub offline), the run record's comparison groups, and `verlc diff` of two run records."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import run_verlc
+
+from verlc.targets import incluster
+
+COMMIT = "0123456789abcdef" * 2 + "01234567"
+
+
+def hub_cache(home: Path, repo: str = "org/tiny", commit: str = COMMIT) -> dict[str, bytes]:
+    """A Hugging Face cache as the hub client leaves it: blobs, a snapshot of symlinks, refs/main."""
+    files = {"config.json": b'{"model_type": "qwen2"}', "tokenizer.json": b'{"version": "1.0"}',
+             "model.safetensors": os.urandom(4096), "sub/extra.txt": b"x"}
+    root = home / "hub" / f"models--{repo.replace('/', '--')}"
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(commit)
+    for rel, data in files.items():
+        blob = root / "blobs" / f"blob-{rel.replace('/', '-')}"
+        blob.parent.mkdir(exist_ok=True)
+        blob.write_bytes(data)
+        link = root / "snapshots" / commit / rel
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    return files
+
+
+def materialize(home: Path, folder: Path, revision: str = COMMIT) -> subprocess.CompletedProcess[str]:
+    """The helper as a bundle runs it, with the hub offline: only the local cache can answer."""
+    return subprocess.run([sys.executable, "-", "materialize", "--repo", "org/tiny", "--revision", revision,
+                           "--folder", str(folder)], input=Path(incluster.__file__).read_text(), text=True,
+                          capture_output=True, timeout=120,
+                          env={**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1"})
+
+
+def test_a_pinned_revision_comes_from_the_local_cache_with_the_hub_offline(tmp_path: Path) -> None:
+    files = hub_cache(tmp_path / "hf")
+    folder = tmp_path / "models" / "tiny"
+    first = materialize(tmp_path / "hf", folder)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert f"fetching model org/tiny at {COMMIT} into {folder} from the local Hugging Face cache" in first.stdout
+    assert {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()
+            and p.name != ".verlc-revision.json"} == files
+    blob = next((tmp_path / "hf").rglob("blob-model.safetensors"))
+    assert (folder / "model.safetensors").stat().st_ino == blob.stat().st_ino  # linked, not a second copy
+    record = incluster.model_input(str(folder))
+    assert record["revision"] == COMMIT and set(record["files"]) == {"config.json", "tokenizer.json"}
+
+    again = materialize(tmp_path / "hf", folder)
+    assert f"model org/tiny at {COMMIT} already in {folder} (4 files); skipping" in again.stdout
+    (folder / "sub" / "extra.txt").unlink()  # no longer every file of the revision: fetched again
+    refetched = materialize(tmp_path / "hf", folder)
+    assert "fetching model" in refetched.stdout and (folder / "sub" / "extra.txt").read_bytes() == b"x"
+
+
+def test_a_revision_the_cache_lacks_or_a_folder_verlc_did_not_fill_is_a_clear_error(tmp_path: Path) -> None:
+    hub_cache(tmp_path / "hf")
+    missing = materialize(tmp_path / "hf", tmp_path / "m", revision="f" * 40)
+    assert missing.returncode == 1 and f"ERROR: cannot fetch org/tiny at {'f' * 40}: " in missing.stdout
+    assert "Traceback" not in missing.stdout + missing.stderr and not (tmp_path / "m").exists()
+    theirs = tmp_path / "theirs"
+    (theirs / "keep.txt").parent.mkdir()
+    (theirs / "keep.txt").write_text("the user's")
+    refused = materialize(tmp_path / "hf", theirs)
+    assert refused.returncode == 1 and "exists and verlc did not fill it" in refused.stdout
+    assert (theirs / "keep.txt").read_text() == "the user's"
+
+
+def record(**changes: object) -> dict:
+    base = {
+        "image": "verl@sha256:" + "0" * 64, "gpus": 16, "versions": {"verl": "0.9.1", "torch": "2.13.0"},
+        "nodes": [{"host": "n1", "python": "3.11.7", "cpus": 32}, {"host": "n2", "python": "3.11.7", "cpus": 32}],
+        "inputs": {"data": [{"path": "data/train.parquet", "bytes": 10, "sha256": "a" * 64, "rows": 3}],
+                   "model": {"path": "models/m", "revision": COMMIT, "files": {"config.json": "c" * 64}}},
+        "trainer_argv": ["env", "RAY_ADDRESS=10.0.0.1:20100", "python3", "-m", "verl.trainer.main_ppo", "a=1"],
+        "verl_config": {"trainer": {"total_epochs": 3, "project_name": "p"}},
+    }
+    for key, value in changes.items():
+        base[key] = value
+    return base
+
+
+def test_two_records_differ_by_group_and_a_rerun_is_judged_on_all_but_resources() -> None:
+    moved = record(trainer_argv=["env", "RAY_ADDRESS=10.0.0.9:21300", "python3", "-m", "verl.trainer.main_ppo", "a=1"],
+                   nodes=[{"host": "n7", "python": "3.11.7", "cpus": 32}, {"host": "n8", "python": "3.11.7", "cpus": 32}])
+    # another allocation and another job's Ray port: the same run
+    assert list(incluster.record_differences(record(), moved)) == ["resources"]
+    edited = record(inputs={"data": [{"path": "data/train.parquet", "bytes": 10, "sha256": "b" * 64, "rows": 3}],
+                            "model": record()["inputs"]["model"]},
+                    verl_config={"trainer": {"total_epochs": 4, "project_name": "p"}})
+    changes = incluster.record_differences(record(), edited)
+    assert changes == {"inputs": [("data data/train.parquet sha256", "a" * 64, "b" * 64)],
+                       "verl config": [("verl trainer.total_epochs", 3, 4)]}
+
+
+def test_verlc_diff_of_two_run_records(tmp_path: Path) -> None:
+    (tmp_path / "a.json").write_text(json.dumps(record()))
+    (tmp_path / "b.json").write_text(json.dumps(record(versions={"verl": "0.9.2", "torch": "2.13.0"})))
+    same = run_verlc("diff", tmp_path / "a.json", tmp_path / "a.json")
+    assert same.returncode == 0 and "describe the same run" in same.stdout
+    differ = run_verlc("diff", tmp_path / "a.json", tmp_path / "b.json")
+    assert differ.returncode == 1
+    assert differ.stdout.splitlines()[1:] == ["", "versions:", "  ~ verl: 0.9.1 -> 0.9.2"]
+    markdown = run_verlc("diff", tmp_path / "a.json", tmp_path / "b.json", "--format", "markdown")
+    assert "**versions**" in markdown.stdout and "| ~ | `verl` | `0.9.1` | `0.9.2` |" in markdown.stdout
+    (tmp_path / "c.json").write_text('{"name": "a spec as JSON"}')
+    bad = run_verlc("diff", tmp_path / "a.json", tmp_path / "c.json")
+    assert bad.returncode == 2 and bad.stderr == f"{tmp_path / 'c.json'}: not a run record (run-record.json, " \
+                                                 "written by the preflight)\n"
+    missing = run_verlc("diff", tmp_path / "a.json", tmp_path / "nope.json")
+    assert missing.returncode == 2 and "nope.json: cannot read a run record: No such file" in missing.stderr
