@@ -289,6 +289,29 @@ def main() -> int:
         else:
             rows.append(("container tests' image", "not built here (`dev/containers.sh image`)", "", ""))
 
+        # 7. what the preflight adds to every run's record: data hashed (no cache), verl's config resolved
+        sys.path.insert(0, str(REPO / "targets"))
+        import incluster
+
+        size = (64 if args.quick else 1024) * 2**20
+        with tempfile.TemporaryDirectory() as tmp:
+            data = Path(tmp) / "train.parquet"
+            with open(data, "wb") as fh:
+                for _ in range(size // 2**20):
+                    fh.write(os.urandom(2**20))
+            hashing = median_seconds(lambda: incluster.data_inputs([str(data)]), runs)
+        rows.append((f"run record: sha256 of a {size // 2**20} MiB data file (every run, no cache)",
+                     f"{hashing:.2f} s ({size / 2**30 / hashing:.2f} GiB/s)", "small next to bring-up",
+                     "hashed every run" if hashing < 10 else "too slow to hash every run"))
+        quickstart = REPO / "out" / "quickstart-gsm8k-1node" / "ray-job" / "verlc_job" / "job.json"
+        argv = json.loads(quickstart.read_text())["train"]
+        resolving = median_seconds(lambda: subprocess.run(
+            [PY, "-c", "import sys, json; sys.path.insert(0, sys.argv[1]); import incluster; "
+                       "incluster.resolved_verl_config(json.loads(sys.argv[2]))", str(REPO / "targets"),
+             json.dumps(argv)], check=True, env=ENV), runs)
+        rows.append(("run record: verl's config resolved by the node's verl (Hydra compose, a new process)",
+                     f"{resolving:.2f} s", "", ""))
+
     table = "\n".join(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows)
     where = "\n".join(f"- {what}: {seconds * 1000:.0f} ms" for what, seconds in profile.items())
     text = f"""# Performance

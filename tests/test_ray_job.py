@@ -3,6 +3,7 @@ dir): submit.sh runs, the job's preflight passes or names the missing file, the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -82,10 +83,12 @@ def build(root: Path, val_file: str = "data/test.parquet", checkpoints: str | No
     return root / "out" / "rayjob-e2e" / "ray-job" / "submit.sh"
 
 
-def submit_and_wait(script: Path, address: str, stop_after: str = "preflight") -> tuple[str, str]:
+def submit_and_wait(script: Path, address: str, stop_after: str = "preflight", accept_changes: bool = False
+                    ) -> tuple[str, str]:
     """Run submit.sh (stop before training), wait for the job; return (final status, logs)."""
+    accept = {"VERLC_ACCEPT_CHANGES": "1"} if accept_changes else {}
     result = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=300,
-                            env=ray_env({"RAY_ADDRESS": address, "VERLC_STOP_AFTER": stop_after}),
+                            env=ray_env({"RAY_ADDRESS": address, "VERLC_STOP_AFTER": stop_after, **accept}),
                             cwd=script.parent)
     assert result.returncode == 0, result.stderr
     job = re.search(r"^submitted (\S+) to ", result.stdout, re.M)
@@ -150,8 +153,13 @@ def test_missing_data_file_fails_the_job(ray_head: str, tmp_path: Path) -> None:
 
 
 def test_reproducible_reruns_must_match_the_first_run(ray_head: str, tmp_path: Path) -> None:
-    """The first run writes its record next to its checkpoints; a re-run that sees other versions fails."""
+    """The first run writes its record next to its checkpoints; a re-run with the same inputs proceeds, one
+    whose data or versions differ stops before training, naming old and new, unless told to accept them."""
+    import pyarrow.parquet as pq
+
     write_fixtures(tmp_path)
+    train = tmp_path / "data" / "train.parquet"
+    pq.write_table(pq.read_table(train), train, compression="none")  # its text as bytes, to edit in place
     script = build(tmp_path, reproducible=True, verl_version="0.9.1",
                    container={"runtime": "docker", "image": "verl@sha256:" + "0" * 64, "workdir": "/w"},
                    checkpoints=str(tmp_path / "ckpt"))
@@ -160,14 +168,34 @@ def test_reproducible_reruns_must_match_the_first_run(ray_head: str, tmp_path: P
     # Ray runs the job in a copy of working_dir: a shared, absolute checkpoint folder outlives it.
     reference = tmp_path / "ckpt" / "verlc-first-run.json"
     assert "first run of a reproducible job" in logs and reference.exists()
-    status, logs = submit_and_wait(script, ray_head)
-    assert status == "SUCCEEDED", logs
     first = json.loads(reference.read_text())
+    [data] = [f for f in first["inputs"]["data"] if f["path"] == "data/train.parquet"]
+    assert (data["rows"], data["bytes"]) == (1, train.stat().st_size)
+    assert first["trainer_argv"][:3] == ["python3", "-m", "verl.trainer.main_ppo"]
+    assert first["verl_config"]["trainer"]["project_name"] == "e2e"  # as the node's verl resolves it
+    assert first["inputs"]["model"]["files"]["config.json"] == hashlib.sha256(
+        (tmp_path / "model" / "config.json").read_bytes()).hexdigest()
+    status, logs = submit_and_wait(script, ray_head)
+    assert status == "SUCCEEDED" and "PREFLIGHT FAILED" not in logs, logs
+
+    content = train.read_bytes()
+    train.write_bytes(content.replace(b"1+1", b"1+2", 1))  # one byte, the same size
+    assert train.stat().st_size == len(content)
     first["versions"]["verl"] = "0.9.0"
     reference.write_text(json.dumps(first))
     status, logs = submit_and_wait(script, ray_head)
     assert status == "FAILED", logs
-    assert "PREFLIGHT FAILED: verl 0.9.1, but the first run" in logs and "had 0.9.0" in logs
+    new = hashlib.sha256(train.read_bytes()).hexdigest()
+    assert (f"PREFLIGHT FAILED: inputs: data data/train.parquet sha256: {new}, but the first run ({reference}) "
+            f"had {data['sha256']}") in logs
+    assert f"PREFLIGHT FAILED: versions: verl: 0.9.1, but the first run ({reference}) had 0.9.0" in logs
+    assert "stage train" not in logs
+
+    status, logs = submit_and_wait(script, ray_head, accept_changes=True)
+    assert status == "SUCCEEDED", logs
+    assert f"accepted change (VERLC_ACCEPT_CHANGES=1): inputs: data data/train.parquet sha256: {new}" in logs
+    accepted = json.loads(reference.read_text())  # later re-runs compare with what was accepted
+    assert len(accepted["accepted_changes"]) == 2 and accepted["versions"]["verl"] == "0.9.1"
 
 
 def upload_fixture(root: Path) -> None:

@@ -119,14 +119,14 @@ exec {real}/python3 "$@"
 
 def build(root: Path, *, val_file: str = "data/test.parquet", wait: str = "120s", venv: Path | None = None,
           grace: str = "null", prepare: str = "", nodes: int = 2, container: str | None = None,
-          extra: str = "") -> Path:
+          extra: str = "", model: str | None = None) -> Path:
     """The e2e spec in `root`; `container` replaces its `runtime: none` section (a YAML flow mapping)."""
     container = container or f"{{runtime: none, workdir: {root}, venv: {venv or Path(sys.prefix)}}}"
     spec = root / "spec.yaml"
     spec.write_text(f"""\
 name: e2e-{root.name[-12:].strip('_-') or 'run'}
 project: e2e
-model: {root}/model
+model: {model or f"{root}/model"}
 data: {{train_files: [data/train.parquet], val_files: [{val_file}]{prepare}}}
 verl: {{actor_rollout_ref: {{rollout: {{name: vllm, log_prob_micro_batch_size_per_gpu: 4}},
                             actor: {{ppo_micro_batch_size_per_gpu: 4}}}},
@@ -252,6 +252,41 @@ def test_an_all_reduce_that_fails_on_one_node_fails_the_preflight_and_names_that
     assert len(failures) == 1 and failures[0].startswith("all-reduce: node n2 ("), output
     assert "Unable to find address for: verlc-no-such-nic" in failures[0]
     assert "preflight passed" not in output and no_ray_left(60) == []
+
+
+def test_a_pinned_model_comes_from_the_hf_cache_offline_and_each_run_records_what_it_read(slurm: None,
+                                                                                          tmp_path: Path) -> None:
+    """The data stage fills the model's folder from the local Hugging Face cache (hub offline) once; every
+    run's record hashes its data and model files, so `verlc diff` of two records names a one-byte edit."""
+    import pyarrow.parquet as pq
+    from test_inputs import COMMIT, hub_cache
+
+    write_fixtures(tmp_path)
+    train = tmp_path / "data" / "train.parquet"
+    pq.write_table(pq.read_table(train), train, compression="none")
+    hub_cache(tmp_path / "hf")
+    env = f"env: {{HF_HOME: {tmp_path / 'hf'}, HF_HUB_OFFLINE: '1'}}\n"
+    script = build(tmp_path, model=f"{{path: org/tiny, revision: {COMMIT}}}", extra=env)
+    folder = f"models/org--tiny-{COMMIT[:12]}"
+    assert f"actor_rollout_ref.model.path={folder}" in script.read_text()
+    job, output, state = sbatch(script, tmp_path)
+    assert state == "COMPLETED", output
+    assert f"fetching model org/tiny at {COMMIT} into {folder} from the local Hugging Face cache" in output
+    assert (tmp_path / folder / "config.json").read_bytes() == b'{"model_type": "qwen2"}'
+    train.write_bytes(train.read_bytes().replace(b"1+1", b"1+2", 1))  # one byte, the same size
+    job2, output, state = sbatch(script, tmp_path)
+    assert state == "COMPLETED", output
+    assert f"model org/tiny at {COMMIT} already in {folder} (4 files); skipping" in output
+    records = [next((tmp_path / "verlc-runs").glob(f"*-{j}")) / "run-record.json" for j in (job, job2)]
+    first = json.loads(records[0].read_text())
+    assert first["inputs"]["model"]["revision"] == COMMIT
+    assert set(first["inputs"]["model"]["files"]) == {"config.json", "tokenizer.json"}
+    assert first["verl_config"]["actor_rollout_ref"]["model"]["path"] == folder
+    diff = run_verlc("diff", *records)
+    assert diff.returncode == 1
+    groups = {line.rstrip(":") for line in diff.stdout.splitlines() if line.endswith(":")}
+    assert "inputs" in groups and not groups & {"versions", "verl config"}, diff.stdout
+    assert "  ~ data data/train.parquet sha256: " in diff.stdout, diff.stdout
 
 
 def test_missing_data_file_fails_preflight(slurm: None, tmp_path: Path) -> None:
