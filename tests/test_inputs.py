@@ -117,3 +117,47 @@ def test_verlc_diff_of_two_run_records(tmp_path: Path) -> None:
                                                  "written by the preflight)\n"
     missing = run_verlc("diff", tmp_path / "a.json", tmp_path / "nope.json")
     assert missing.returncode == 2 and "nope.json: cannot read a run record: No such file" in missing.stderr
+
+
+PREPARE = """\
+import argparse, pyarrow as pa, pyarrow.parquet as pq
+parser = argparse.ArgumentParser()
+parser.add_argument("--local_save_dir")
+out = parser.parse_args().local_save_dir
+table = pa.table({"data_source": ["x"], "prompt": [[{"role": "user", "content": "1+1?"}]],
+                  "reward_model": [{"style": "rule", "ground_truth": "2"}]})
+for split in ("train", "test"):
+    pq.write_table(table, f"{out}/{split}.parquet")
+print("prepared", out)
+"""
+
+
+def test_stage_in_fetches_the_model_and_prepares_the_data_where_the_job_is_submitted(tmp_path: Path) -> None:
+    hub_cache(tmp_path / "hf")
+    (tmp_path / "work" / "data" / "tiny").mkdir(parents=True)
+    (tmp_path / "work" / "prep.py").write_text(PREPARE)  # relative paths: to the workdir, as in the job
+    (tmp_path / "spec.yaml").write_text(f"""\
+name: stage-in
+project: p
+model: {{path: org/tiny, revision: {COMMIT}}}
+data:
+  prepare: [{{dataset: gsm8k, dir: data/tiny, script: prep.py}}]
+  train_files: [data/tiny/train.parquet]
+  val_files: [data/tiny/test.parquet]
+verl: {{actor_rollout_ref: {{rollout: {{name: vllm, log_prob_micro_batch_size_per_gpu: 4}},
+                            actor: {{ppo_micro_batch_size_per_gpu: 4}}}},
+       critic: {{ppo_micro_batch_size_per_gpu: 4}}}}
+cluster: {{nodes: 1, gpus_per_node: 8}}
+container: {{runtime: none, workdir: {tmp_path / 'work'}, venv: {sys.prefix}}}
+""")
+    env = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    staged = run_verlc("stage-in", tmp_path / "spec.yaml", env=env)
+    assert staged.returncode == 0, staged.stdout + staged.stderr
+    folder = tmp_path / "work" / "models" / f"org--tiny-{COMMIT[:12]}"  # in the workdir, as the job sees it
+    assert (folder / "config.json").read_bytes() == b'{"model_type": "qwen2"}'
+    assert (tmp_path / "work" / "data" / "tiny" / "train.parquet").is_file()
+    assert "add HF_HUB_OFFLINE: '1' under the spec's env" in staged.stdout
+    again = run_verlc("stage-in", tmp_path / "spec.yaml", env=env)
+    assert "already in" in again.stdout and "already prepared; skipping" in again.stdout
+    bad = run_verlc("stage-in", tmp_path / "nope.yaml")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr

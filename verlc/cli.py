@@ -99,6 +99,15 @@ def _parser() -> argparse.ArgumentParser:
     runs = sub.add_parser("runs", help="every run of the ledger, as a table")
     runs.add_argument("--format", choices=["text", "markdown"], default="text")
 
+    stage_in = sub.add_parser(
+        "stage-in", help="fetch a spec's pinned model and prepare its data here, for nodes without internet",
+        description="Run the data stage's downloads where you submit jobs (this machine has the internet, compute "
+                    "nodes often do not): the pinned model's revision into its folder and each data preparation, "
+                    "in the current folder (runtime none: the spec's workdir), which must be storage the nodes "
+                    "see. The job's data stage then finds both in place and skips them; set HF_HUB_OFFLINE: '1' "
+                    "under the spec's env so that nothing on the nodes asks the hub.")
+    stage_in.add_argument("spec", type=Path, metavar="SPEC")
+
     schema = sub.add_parser("schema", help="print the spec's JSON Schema (or its Markdown reference)",
                             description="Print the spec's JSON Schema, for yaml-language-server and editors.")
     schema.add_argument("--format", choices=["json", "markdown"], default="json")
@@ -121,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _diff(args.a, args.b, args.format == "markdown")
         if args.command in ("submit", "status", "logs", "cancel", "runs", "attach"):
             return _lifecycle(args)
+        if args.command == "stage-in":
+            return _stage_in(args.spec)
         if args.command == "schema":
             from .compiler import spec_doc
 
@@ -265,6 +276,36 @@ def _diff(a: Path, b: Path, markdown: bool) -> int:
     changes = diff.changes(result[0], result[1])
     sys.stdout.write(diff.render(str(a), str(b), changes, markdown))
     return 1 if changes else 0
+
+
+def _stage_in(spec: Path) -> int:
+    """The data stage's downloads, here: exit 0 when everything is in place, 1 when a step failed."""
+    from .targets import incluster
+
+    result = _compile_all([spec], (), "snapshot")
+    if isinstance(result, int):
+        return result
+    [ir] = result
+    if ir.container.runtime == "none":  # where, and with which python3, the job's data stage runs
+        if ir.container.workdir is not None:
+            os.chdir(incluster.expand(ir.container.workdir.as_json()))
+        if ir.container.venv is not None:
+            os.environ["PATH"] = f"{incluster.expand(ir.container.venv.as_json())}/bin:{os.environ['PATH']}"
+    if ir.model_fetch is None and not ir.data_prep:
+        print(f"{spec}: nothing to stage in (no pinned model, no data preparation)")
+        return 0
+    rc = 0
+    if ir.model_fetch is not None:
+        rc = incluster.cmd_materialize(argparse.Namespace(
+            repo=ir.model_fetch.repo, revision=ir.model_fetch.revision,
+            folder=incluster.expand(ir.model_fetch.folder.as_json())))
+    for step in ir.data_prep:
+        rc = rc or incluster.cmd_prepare(argparse.Namespace(out_dir=step.out_dir, cmd=list(step.argv)))
+    offline = any(e.name == "HF_HUB_OFFLINE" for e in ir.env)
+    if rc == 0 and not offline:
+        print(f"{spec}: staged in {os.getcwd()}; to keep the nodes off the hub, add HF_HUB_OFFLINE: '1' under "
+              f"the spec's env")
+    return rc
 
 
 def _diff_records(a: Path, b: Path, markdown: bool) -> int:
