@@ -8,6 +8,7 @@ and one container store, so each node's container carries the node's name.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -86,7 +87,7 @@ def fake_bin(root: Path, *, ray_fails_on_node: int | None = None) -> Path:
             f'{{ echo "test: ray start refused here" >&2; exit 1; }}\n') if ray_fails_on_node else ""
     (folder / "ray").write_text(f"#!/bin/bash\n{fail}exec /opt/venv/bin/ray \"$@\"\n")
     (folder / "python3").write_text("""#!/bin/bash
-if [[ " $* " == *" verl.trainer.main_ppo "* ]]; then
+if [[ ${1:-} == -m && ${2:-} == verl.trainer.main_ppo ]]; then  # the trainer, not a mention of it
   echo "TRAINER restart=${SLURM_RESTART_COUNT:-0} wandb=${WANDB_RUN_ID:-}/${WANDB_RESUME:-} argv: $*"
   if [[ ${SLURM_RESTART_COUNT:-0} == 0 ]]; then sleep 600; fi
   exit 0
@@ -109,10 +110,20 @@ def mounts(root: Path) -> str:
     return "[" + ", ".join([f"'{root}:{root}'", *(f"'{p}:{into}/{p.name}:ro'" for p in torch)]) + "]"
 
 
-def container_spec(root: Path, runtime: str, env: dict[str, str], ray_fails_on_node: int | None = None) -> str:
+def container_spec(root: Path, runtime: str, env: dict[str, str], ray_fails_on_node: int | None = None,
+                   pinned: bool = False) -> str:
+    """The containers' section of the e2e spec; `pinned`: the test image by its digest, as reproducible wants."""
     path = f"{fake_bin(root, ray_fails_on_node=ray_fails_on_node)}:/opt/venv/bin:/usr/bin:/bin"
-    return (f"{{runtime: {runtime}, image: {json.dumps(env['VERLC_TEST_IMAGE'])}, workdir: {root}, shm_size: 1g, "
+    image = env["VERLC_TEST_IMAGE"]
+    if pinned:
+        digest = subprocess.run(["podman", "images", "--digests", "--format", "{{.Digest}}", image], env=env,
+                                capture_output=True, text=True, check=True).stdout.split()[0]
+        image = f"{image.rsplit(':', 1)[0]}@{digest}"
+    return (f"{{runtime: {runtime}, image: {json.dumps(image)}, workdir: {root}, shm_size: 1g, "
             f"mounts: {mounts(root)}, run_args: [--env, 'PATH={path}', --env, SLURM_RESTART_COUNT]}}")
+
+
+REPRODUCIBLE = "reproducible: true\nverl_version: 0.9.1\n"
 
 
 @pytest.mark.parametrize("runtime", ["docker", "podman"])
@@ -174,7 +185,8 @@ def test_preemption_requeues_into_new_containers_resumes_and_shows_the_restart_i
     from test_lifecycle_e2e import runs_of, until_final, verlc
 
     write_fixtures(tmp_path)
-    script = build(tmp_path, grace="60s", container=container_spec(tmp_path, "docker", engine))
+    script = build(tmp_path, grace="60s", container=container_spec(tmp_path, "docker", engine, pinned=True),
+                   extra=REPRODUCIBLE)
     assert "#SBATCH --signal=B:USR1@60" in script.read_text()
     assert verlc(tmp_path, "submit", "spec.yaml", "--target", "slurm", stop_after="train", env=engine).returncode == 0
     [run] = runs_of(tmp_path).values()
@@ -195,9 +207,33 @@ def test_preemption_requeues_into_new_containers_resumes_and_shows_the_restart_i
     # both attempts report to the same W&B run (the variables verl's wandb.init reads), resumed, not new
     trackers = re.findall(r"TRAINER restart=(\d) wandb=(\S+) ", text)
     assert trackers == [("0", f"{run.name}-{run.job_id}/allow"), ("1", f"{run.name}-{run.job_id}/allow")], trackers
+    # reproducible: the requeued attempt saw the inputs and versions of the first, so it went on
+    assert "first run of a reproducible job" in text and "PREFLIGHT FAILED" not in text
+    assert text.count("preflight passed: 2 nodes") == 2
     # each attempt ran in containers of its own, and none is left
     assert text.count(f"starting container verlc-{script.parent.parent.name}-{run.job_id}-n2 on n2") == 2
     assert containers(engine, script, run.job_id) == []
+
+
+def test_a_reproducible_rerun_whose_data_changed_by_one_byte_stops_before_training_naming_the_file(
+        slurm: None, engine: dict[str, str], tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    write_fixtures(tmp_path)
+    train = tmp_path / "data" / "train.parquet"
+    pq.write_table(pq.read_table(train), train, compression="none")  # its text as bytes, to edit in place
+    script = build(tmp_path, container=container_spec(tmp_path, "docker", engine, pinned=True), extra=REPRODUCIBLE)
+    _, output, state = sbatch(script, tmp_path, "preflight", env=engine)
+    assert state == "COMPLETED" and "first run of a reproducible job" in output, output
+    before = hashlib.sha256(train.read_bytes()).hexdigest()
+    train.write_bytes(train.read_bytes().replace(b"1+1", b"1+2", 1))  # one byte, the same size
+    job, output, state = sbatch(script, tmp_path, "train", env=engine)
+    assert state == "FAILED", output
+    after = hashlib.sha256(train.read_bytes()).hexdigest()
+    assert re.search(rf"PREFLIGHT FAILED: inputs: data data/train\.parquet sha256: {after}, but the first run "
+                     rf"\(\S+/verlc-first-run\.json\) had {before}\n", output), output
+    assert "stage train" not in output and "TRAINER" not in output
+    assert containers(engine, script, job) == []
 
 
 # ---- compose: the real Docker Compose binary against podman's Docker API ---------------------------

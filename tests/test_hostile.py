@@ -221,7 +221,7 @@ def test_scripts_run_with_recorders_pass_exactly_the_intended_argv(tmp_path: Pat
             assert lint.returncode == 0, lint.stdout
 
     calls = run_script(by_target["slurm"], "sbatch.sh", fake_bin, tmp_path)
-    trainer = [c for c in calls if "verl.trainer.main_ppo" in c]
+    trainer = [c for c in calls if "verl.trainer.main_ppo" in c and "preflight" not in c]  # not its record
     assert len(trainer) == 2  # srun's own argv, then the command it runs (docker exec ...)
     argv = trainer[-1]
     assert argv[argv.index("python3"):] == list(ir.trainer_argv)

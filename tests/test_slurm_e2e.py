@@ -100,7 +100,7 @@ def fake_venv(root: Path, *, ray_fails_on: str | None = None, no_interface_on: s
         fail += f'[[ ${{SLURMD_NODENAME:-}} != {no_interface_on} ]] || export GLOO_SOCKET_IFNAME=verlc-no-such-nic\n'
     (venv / "bin" / "ray").write_text(f"#!/usr/bin/env bash\n{fail}exec {real}/ray \"$@\"\n")
     (venv / "bin" / "python3").write_text(f"""#!/usr/bin/env bash
-if [[ " $* " == *" verl.trainer.main_ppo "* ]]; then
+if [[ ${{1:-}} == -m && ${{2:-}} == verl.trainer.main_ppo ]]; then  # the trainer, not a mention of it
   echo "TRAINER restart=${{SLURM_RESTART_COUNT:-0}} wandb=${{WANDB_RUN_ID:-}}/${{WANDB_RESUME:-}} argv: $*"
   for ((i = 1; i <= ${{FAKE_STEPS:-0}}; i++)); do  # verl's console logger, as Ray prints it
     echo "(TaskRunner pid=$$) step:$i - critic/score/mean:0.5 - actor/pg_loss:-0.01"
@@ -241,6 +241,10 @@ def test_bring_up_and_preflight_take_the_same_job_steps_on_any_node_count(slurm:
     assert "stage train: skipped (VERLC_STOP_AFTER=preflight)" in output
     assert steps_per_stage(job, output) == STEPS, output
     assert no_ray_left() == []
+    # every node kept its Ray logs and removed Ray's temp dir, also where one step runs several nodes' Ray
+    kept = next((tmp_path / "verlc-runs").glob(f"*-{job}")) / "ray-logs"
+    assert sorted(p.parent.name for p in kept.glob("*/TRUNCATED.txt")) == [f"n{i}" for i in range(1, nodes + 1)]
+    assert not list(Path("/tmp").glob(f"verlc-ray-{job}-*"))
 
 
 def test_an_all_reduce_that_fails_on_one_node_fails_the_preflight_and_names_that_node(slurm: None,

@@ -162,6 +162,9 @@ ray_node() {
   log "Ray on $SLURMD_NODENAME exited (code $rc)"
   "${exec_prefix[@]}" python3 - ray-logs --temp-dir "$ray_tmp" --limit-mib 50 < <(helper_source) \
     | tar -x -C "$logs" || log "could not keep Ray's logs of $SLURMD_NODENAME"
+  # Stopped on purpose (the cleanup, scancel): 0, or --kill-on-bad-exit would end the step's other nodes
+  # while they keep their logs. Stopped on its own: never 0, so that the step (and bring-up) ends at once.
+  [[ -z $stop_at ]] || exit 0
   exit $((rc ? rc : 1))
 }
 
@@ -650,11 +653,14 @@ def sha256_file(path: str) -> str:
 
 
 def parquet_rows(path: str) -> int | None:
+    """Rows of a parquet file; None without pyarrow or for a file pyarrow cannot read (the columns check
+    names that)."""
     try:
         import pyarrow.parquet as pq
-    except ImportError:
+
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception:
         return None
-    return pq.ParquetFile(path).metadata.num_rows
 
 
 def data_inputs(paths: list[str]) -> list[dict]:

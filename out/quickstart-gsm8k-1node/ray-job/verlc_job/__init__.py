@@ -276,11 +276,14 @@ def sha256_file(path: str) -> str:
 
 
 def parquet_rows(path: str) -> int | None:
+    """Rows of a parquet file; None without pyarrow or for a file pyarrow cannot read (the columns check
+    names that)."""
     try:
         import pyarrow.parquet as pq
-    except ImportError:
+
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception:
         return None
-    return pq.ParquetFile(path).metadata.num_rows
 
 
 def data_inputs(paths: list[str]) -> list[dict]:
