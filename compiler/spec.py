@@ -9,7 +9,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict, WithJsonSchema
+from pydantic import (
+    AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Strict, Tag, WithJsonSchema,
+)
 
 Int = Annotated[int, Strict()]
 Bool = Annotated[bool, Strict()]
@@ -293,7 +295,8 @@ class Spec(Model):
                                                    "the preflight requires the cluster to run it.")
     project: Text = Field(description="verl's trainer.project_name (the logger's project).")
     experiment: Text | None = Field(None, description="verl's trainer.experiment_name; default: name.")
-    model: Text | PinnedModel = Field(
+    model: Annotated[Annotated[Text, Tag("text")] | Annotated[PinnedModel, Tag("pinned")],
+                     Discriminator(lambda v: "pinned" if isinstance(v, (dict, PinnedModel)) else "text")] = Field(
         description="HF model id or path, used for the actor, the reference and the critic; or a hub model "
                     "pinned to a revision: {path: ORG/NAME, revision: COMMIT}.")
     data: Data = Field(description="Preprocessing to run and the parquet files verl reads.")

@@ -8,7 +8,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Tag, ValidationError
 
 from .diagnostics import Diagnostic, SpecError, did_you_mean
 from .load import Sourced
@@ -63,8 +63,19 @@ def _without_tags(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
         if isinstance(part, str) and out and _keys_at(out) and part not in _keys_at(out) \
                 and any(_tag_matches(m, part) for m in _members(_model_at(out))):
             continue
+        if isinstance(part, str) and out and part in _union_tags(_model_at(out)):
+            continue
         out.append(part)
     return tuple(out)
+
+
+def _union_tags(tp: Any) -> set[str]:
+    """The tags of a union that a callable Discriminator chooses between (model: text or a mapping)."""
+    tp = _unwrap(tp)
+    if typing.get_origin(tp) not in (typing.Union, types.UnionType):
+        return set()
+    return {m.tag for arg in typing.get_args(tp) if typing.get_origin(arg) is typing.Annotated
+            for m in typing.get_args(arg)[1:] if isinstance(m, Tag)}
 
 
 def _model_at(loc: Sequence[str | int]) -> Any:
