@@ -69,7 +69,7 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def build(root: Path, val_file: str = "data/test.parquet", checkpoints: str | None = None, **extra: object) -> Path:
     trainer = {"trainer": {"default_local_dir": checkpoints}} if checkpoints else {}
     spec = root / "spec.yaml"
-    spec.write_text(json.dumps({**extra,
+    spec.write_text(json.dumps({
         "name": "rayjob-e2e", "project": "e2e", "model": str(root / "model"),
         "data": {"train_files": ["data/train.parquet"], "val_files": [val_file]},
         "verl": {"actor_rollout_ref": {"rollout": {"name": "vllm", "log_prob_micro_batch_size_per_gpu": 4},
@@ -77,6 +77,7 @@ def build(root: Path, val_file: str = "data/test.parquet", checkpoints: str | No
                  "critic": {"ppo_micro_batch_size_per_gpu": 4}, **trainer},
         "cluster": {"nodes": 1, "gpus_per_node": 8},
         "ray": {"working_dir": str(root), "wait_for_nodes": "60s"},
+        **extra,
     }))
     result = run_verlc("build", spec, "--target", "ray-job", "--out", root / "out")
     assert result.returncode == 0, result.stderr
@@ -110,10 +111,16 @@ def submit_and_wait(script: Path, address: str, stop_after: str = "preflight", a
 
 def test_job_runs_preflight_on_a_real_ray_cluster(ray_head: str, tmp_path: Path) -> None:
     import ray
+    from test_inputs import COMMIT, hub_cache
 
     write_fixtures(tmp_path)
-    status, logs = submit_and_wait(build(tmp_path), ray_head)
+    hub_cache(tmp_path / "hf")  # the model pinned to a revision, from the local HF cache with the hub offline
+    script = build(tmp_path, model={"path": "org/tiny", "revision": COMMIT},
+                   env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
+    status, logs = submit_and_wait(script, ray_head)
     assert status == "SUCCEEDED", logs
+    folder = f"models/org--tiny-{COMMIT[:12]}"
+    assert f"fetching model org/tiny at {COMMIT} into {folder} from the local Hugging Face cache" in logs
     assert "cluster ready: 1 nodes, 8 GPUs" in logs
     assert "preflight passed: 1 nodes, 8 GPUs, 2 data files" in logs
     assert ", all-reduce over 1 ranks on 1 nodes\n" in logs
@@ -122,6 +129,7 @@ def test_job_runs_preflight_on_a_real_ray_cluster(ray_head: str, tmp_path: Path)
     assert record["gpus"] == 8
     assert record["versions"]["ray"] == ray.__version__
     assert record["pins"] == {"verl": "0.9.1"} and record["versions"]["verl"] == "0.9.1"
+    assert record["inputs"]["model"]["revision"] == COMMIT and record["inputs"]["model"]["path"] == folder
 
 
 def test_env_vars_of_the_node_expand_there_and_are_required(ray_head: str, tmp_path: Path) -> None:
