@@ -351,6 +351,13 @@ ray is the head, one step for all workers and the readiness wait; the preflight 
 docker/podman runtimes add two steps on all nodes (the one that runs every node's container, and a
 readiness wait; one more for image builds) and one at cleanup. The "last node registered -> ready" gap is the helper's poll interval at most (0.5 s).
 
+The run record rows are what every preflight adds since runs record their inputs: each data file's
+sha256 (Python's hashlib, 8 MiB reads, on the head node; a 1 GiB file of random bytes, cold for the
+first of the runs) and verl's config composed by the node's verl. Hashing is small next to bring-up, so
+every run hashes every file: no cache that a same-size edit could slip past. The config resolve is a
+Hydra compose plus importing verl's config package (timed here as a new process, which also pays for
+Python's start); the preflight does it once per run.
+
 The mistyped key is `actor_rollout_ref.rollout.gpu_memory_utilisation` in scenario A; verlc reports
 `{line}`.
 """
