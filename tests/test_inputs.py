@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import run_verlc
 
 from verlc.targets import incluster
@@ -99,6 +101,22 @@ def test_two_records_differ_by_group_and_a_rerun_is_judged_on_all_but_resources(
     changes = incluster.record_differences(record(), edited)
     assert changes == {"inputs": [("data data/train.parquet sha256", "a" * 64, "b" * 64)],
                        "verl config": [("verl trainer.total_epochs", 3, 4)]}
+
+
+def test_a_first_run_recorded_before_inputs_were_is_compared_on_what_it_has(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    older = record()
+    for key in ("inputs", "verl_config", "trainer_argv"):
+        del older[key]
+    (tmp_path / "first.json").write_text(json.dumps(older))
+    assert incluster.reference_problems(record(), str(tmp_path / "first.json")) == []
+    said = capsys.readouterr().out
+    assert "has no inputs (an older verlc wrote it): inputs not compared" in said
+    assert "has no verl config (an older verlc wrote it): verl config not compared" in said
+    older["versions"]["verl"] = "0.9.0"  # what it has is still compared
+    (tmp_path / "first.json").write_text(json.dumps(older))
+    assert incluster.reference_problems(record(), str(tmp_path / "first.json")) == [
+        f"versions: verl: 0.9.1, but the first run ({tmp_path / 'first.json'}) had 0.9.0"]
 
 
 def test_verlc_diff_of_two_run_records(tmp_path: Path) -> None:
