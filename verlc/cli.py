@@ -141,6 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("verlc: interrupted; nothing was written", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`verlc runs | head`): nothing is wrong, nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit, too
+        return 141
     except Exception as exc:  # a bug in verlc, not in the spec
         if os.environ.get("VERLC_DEBUG") == "1":
             traceback.print_exc()
