@@ -6,13 +6,13 @@ Generated bundles embed this file verbatim and run it as `python3 - COMMAND ...`
 standard library and ray, and torch for the preflight's all-reduce; pyarrow and transformers are used when
 the image has them (verl's images have all of these).
 
-  wait       block until the Ray cluster has the expected nodes and GPUs, or fail at a deadline
-  prepare    run one data preprocessing command unless its outputs already exist
+  wait         block until the Ray cluster has the expected nodes and GPUs, or fail at a deadline
+  prepare      run one data preprocessing command unless its outputs already exist
   materialize  put a hub model's pinned revision into a folder, unless it holds it already
-  preflight  check the cluster, package versions on every node, an all-reduce over every GPU, data
-             files, model and checkpoint folder before training starts, and write the run record
-  job        run a bundle's job.json (ray-job and compose targets): wait, data, preflight, train,
-             stopping after the stage named by VERLC_STOP_AFTER
+  preflight    check the cluster, package versions on every node, an all-reduce over every GPU, data
+               files, model and checkpoint folder before training starts, and write the run record
+  job          run a bundle's job.json (ray-job and compose targets): wait, data, preflight, train,
+               stopping after the stage named by VERLC_STOP_AFTER
 """
 
 from __future__ import annotations
@@ -107,13 +107,18 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def revision_held(folder: str, revision: str) -> dict | None:
-    """The manifest `materialize` wrote into `folder`, when the folder still holds every file of `revision`."""
+def revision_manifest(folder: str) -> dict:
+    """What `materialize` wrote into `folder` ({} for a folder it did not fill)."""
     try:
         with open(os.path.join(folder, REVISION_FILE), encoding="utf-8") as fh:
-            held = json.load(fh)
+            return json.load(fh)
     except (OSError, ValueError):
-        return None
+        return {}
+
+
+def revision_held(folder: str, revision: str) -> dict | None:
+    """The manifest `materialize` wrote into `folder`, when the folder still holds every file of `revision`."""
+    held = revision_manifest(folder)
     if revision not in (held.get("revision"), held.get("requested")):
         return None
     for rel, size in held.get("files", {}).items():
@@ -298,11 +303,7 @@ def model_input(model: str) -> dict:
     folder = os.path.expanduser(model)
     if not os.path.isdir(folder):
         return {"path": model, "revision": None, "files": {}}
-    revision = None
-    if os.path.isfile(os.path.join(folder, REVISION_FILE)):
-        with open(os.path.join(folder, REVISION_FILE), encoding="utf-8") as fh:
-            revision = json.load(fh).get("revision")
-    return {"path": model, "revision": revision,
+    return {"path": model, "revision": revision_manifest(folder).get("revision"),
             "files": {name: sha256_file(os.path.join(folder, name)) for name in MODEL_FILES
                       if os.path.isfile(os.path.join(folder, name))}}
 
@@ -355,16 +356,16 @@ def record_items(record: dict) -> dict[str, dict[str, object]]:
     if model:
         inputs.update({"model path": model.get("path"), "model revision": model.get("revision")})
         inputs.update({f"model {name} sha256": h for name, h in sorted(model.get("files", {}).items())})
-    versions = {"image": record.get("image"),
-                **{"python": n.get("python") for n in record.get("nodes", [])[:1]},
-                **{name: v for name, v in record.get("versions", {}).items()}}
+    nodes = record.get("nodes", [])
+    versions = {"image": record.get("image"), "python": nodes[0].get("python") if nodes else None,
+                **record.get("versions", {})}
     argv = record.get("trainer_argv") or []
     start = argv.index("python3") if "python3" in argv else 0  # after `env RAY_ADDRESS=<this job's port>`
     verl = {"trainer argv": " ".join(argv[start:]),
             **{f"verl {k}": v for k, v in flat(record.get("verl_config") or {}).items()}}
-    resources = {"nodes": len(record.get("nodes", [])), "GPUs": record.get("gpus"),
-                 **{f"node {i} host": n.get("host") for i, n in enumerate(record.get("nodes", []))},
-                 **{f"node {i} CPUs": n.get("cpus") for i, n in enumerate(record.get("nodes", []))}}
+    resources = {"nodes": len(nodes), "GPUs": record.get("gpus"),
+                 **{f"node {i} host": n.get("host") for i, n in enumerate(nodes)},
+                 **{f"node {i} CPUs": n.get("cpus") for i, n in enumerate(nodes)}}
     return dict(zip(GROUPS, (inputs, versions, verl, resources)))
 
 
