@@ -197,9 +197,9 @@ remove_container() {
 }
 
 # ray_node FIRST: this node's Ray until the cleanup stops it: the head where the node's place in the job
-# (FIRST + SLURM_PROCID) is 0, a worker elsewhere. It never exits 0, so that a node whose Ray stops ends its
-# step at once (the log names the node). However Ray stops (cleanup, scancel, a crash), the node then
-# keeps Ray's session logs in the run folder (bounded) and removes Ray's temp dir.
+# (FIRST + SLURM_PROCID) is 0, a worker elsewhere. A Ray that stops on its own exits non-zero, so that its
+# step ends at once (the log names the node); one stopped by a signal (cleanup, scancel) exits 0. However
+# Ray stops, the node then keeps Ray's session logs in the run folder (bounded) and removes Ray's temp dir.
 ray_node() {
   local i=$(($1 + SLURM_PROCID))
   local node_ip=${node_ips[$SLURMD_NODENAME]} ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-$i
