@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,15 +80,19 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load(path: Path, display: str | None = None, _chain: tuple[Path, ...] = ()) -> Sourced:
-    """Load one spec file (and the bases it `extends:`), or raise SpecError with positioned messages."""
+def load(path: Path, display: str | None = None, _chain: tuple[Path, ...] = (),
+         texts: Mapping[Path, str] | None = None) -> Sourced:
+    """Load one spec file (and the bases it `extends:`), or raise SpecError with positioned messages.
+
+    `texts` stands in for files by resolved path (`verlc migrate` checks its rewrite before writing it)."""
     shown = display or str(path)
+    texts = texts or {}
 
     def fail(message: str, line: int = 1, col: int = 1) -> SpecError:
         return SpecError([Diagnostic(shown, line, col, "", message)])
 
     try:
-        raw = path.read_bytes()
+        raw = texts[path.resolve()].encode() if path.resolve() in texts else path.read_bytes()
     except IsADirectoryError:
         raise fail("is a directory, not a spec file") from None
     except FileNotFoundError:
@@ -132,10 +136,10 @@ def load(path: Path, display: str | None = None, _chain: tuple[Path, ...] = ()) 
     own = Sourced(shown, data, ((shown, tree),), hashlib.sha256(raw).hexdigest())
     if "extends" not in data:
         return own
-    return _extend(path, own, _chain)
+    return _extend(path, own, _chain, texts)
 
 
-def _extend(path: Path, own: Sourced, chain: tuple[Path, ...]) -> Sourced:
+def _extend(path: Path, own: Sourced, chain: tuple[Path, ...], texts: Mapping[Path, str]) -> Sourced:
     """The spec on top of its bases, in the order `extends:` lists them."""
     refs = own.data["extends"]
     refs = [refs] if isinstance(refs, str) else refs
@@ -151,9 +155,9 @@ def _extend(path: Path, own: Sourced, chain: tuple[Path, ...]) -> Sourced:
         if base_path.resolve() in (*chain, here):
             names = " -> ".join(p.name for p in (*chain, here, base_path.resolve()))
             raise SpecError([own.diagnostic(loc, f"extends cycle: {names}")])
-        if not base_path.is_file():
+        if not base_path.is_file() and base_path.resolve() not in texts:
             raise SpecError([own.diagnostic(loc, f"extends {ref}: no such spec file")])
-        base = load(base_path, os.path.normpath(os.path.join(os.path.dirname(own.file), ref)), (*chain, here))
+        base = load(base_path, os.path.normpath(os.path.join(os.path.dirname(own.file), ref)), (*chain, here), texts)
         data = merge(data, base.data)
         layers += base.layers
         digest.update(base.sha256.encode())

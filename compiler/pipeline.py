@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -23,12 +23,14 @@ VerlConfigSource = Literal["snapshot", "live"]
 
 
 def compile_spec(path: Path, *, display: str, source: str, targets: Iterable[str] = (),
-                 verl_config: VerlConfigSource = "snapshot", max_variants: int = 1000) -> JobIR:
+                 verl_config: VerlConfigSource = "snapshot", max_variants: int = 1000,
+                texts: Mapping[Path, str] | None = None) -> JobIR:
     """Compile one spec file; raise SpecError listing every problem.
 
-    `display` names the file in diagnostics; `source` names it in the generated files.
+    `display` names the file in diagnostics; `source` names it in the generated files; `texts` stands in
+    for files by resolved path (load()).
     """
-    sourced = load(path, display)
+    sourced = load(path, display, texts=texts)
     try:
         spec = validate(sourced)
     except SpecError as exc:

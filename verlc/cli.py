@@ -108,6 +108,21 @@ def _parser() -> argparse.ArgumentParser:
                     "under the spec's env so that nothing on the nodes asks the hub.")
     stage_in.add_argument("spec", type=Path, metavar="SPEC")
 
+    migrate = sub.add_parser(
+        "migrate", help="move a spec to another verl release, every change explained",
+        description="Rewrite a spec for another verl release: keys the target release moved go to their new "
+                    "place, keys it removed are dropped, and each default the spec relied on that changed is "
+                    "set to its old value, so the run behaves as before. Prints the report and a unified diff "
+                    "(--write: rewrites the file, comments and quoting kept). Exit 0: the result validates "
+                    "against the target release; 1: decisions are left for you (listed with their lines).")
+    migrate.add_argument("spec", type=Path, metavar="SPEC")
+    migrate.add_argument("--to", required=True, metavar="VERSION", help="the verl release to move to")
+    migrate.add_argument("--write", action="store_true", help="rewrite the spec in place instead of printing a diff")
+    migrate.add_argument("--write-bases", action="store_true",
+                         help="also change the bases the spec extends (they may be shared with other specs)")
+    migrate.add_argument("--format", choices=["text", "markdown"], default="text",
+                         help="markdown: the report (and the diff) for a pull request")
+
     schema = sub.add_parser("schema", help="print the spec's JSON Schema (or its Markdown reference)",
                             description="Print the spec's JSON Schema, for yaml-language-server and editors.")
     schema.add_argument("--format", choices=["json", "markdown"], default="json")
@@ -130,6 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _diff(args.a, args.b, args.format == "markdown")
         if args.command in ("submit", "status", "logs", "cancel", "runs", "attach"):
             return _lifecycle(args)
+        if args.command == "migrate":
+            return _migrate(args.spec, args.to, args.write, args.write_bases, args.format == "markdown")
         if args.command == "stage-in":
             return _stage_in(args.spec)
         if args.command == "schema":
@@ -279,6 +296,31 @@ def _diff(a: Path, b: Path, markdown: bool) -> int:
     changes = diff.changes(result[0], result[1])
     sys.stdout.write(diff.render(str(a), str(b), changes, markdown))
     return 1 if changes else 0
+
+
+def _migrate(spec: Path, target: str, write: bool, write_bases: bool, markdown: bool) -> int:
+    """Exit 0 when the migrated spec validates against `target`, 1 when decisions are left, 2 on bad input."""
+    from .compiler import migrate
+    from .compiler.diagnostics import SpecError
+
+    try:
+        plan = migrate.plan(spec, target, write_bases=write_bases)
+    except SpecError as exc:
+        for d in exc.diagnostics:
+            print(d, file=sys.stderr)
+        print(f"verlc: {len(exc.diagnostics)} problem(s): migrate starts from a spec that validates against "
+              f"its own verl_version; nothing written", file=sys.stderr)
+        return EXIT_SPEC
+    text = migrate.report(plan, markdown)
+    if write:
+        migrate.write(plan)
+        sys.stdout.write(text + "".join(f"rewrote {path}\n" for path in plan.files))
+    elif markdown:
+        sys.stdout.write(text + (f"\n```diff\n{plan.diff()}```\n" if plan.files else ""))
+    else:
+        sys.stderr.write(text)
+        sys.stdout.write(plan.diff())
+    return EXIT_FAILED if plan.decisions else 0
 
 
 def _stage_in(spec: Path) -> int:

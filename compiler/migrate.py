@@ -1,0 +1,588 @@
+"""Move a spec to another verl release: keys carried to where the target release has them, keys it
+removed dropped, and every default the spec relied on that changed pinned to its old value, so the run
+behaves as before; what cannot be moved automatically becomes a decision for the user, with its line.
+
+The facts come from the shipped schemas (which keys each release has, and their defaults) plus MOVES,
+the renames a schema cannot show. The rewrite is a ruamel round trip of the spec's own file (and, with
+`write_bases`, of the bases it extends): comments, key order and quoting stay as written. The result is
+checked by the whole compiler against the target release before anyone sees it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import io
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+from .derive import derived, resume_defaults
+from .diagnostics import Diagnostic, SpecError
+from .load import Sourced, load
+from .lower import determinism_defaults
+from .spec import Spec
+from .validate import validate
+from .verl.check import ENGINE_KEY, NOTE, Selection, all_keys, elsewhere, select, settings
+from .verl.hydra import shown, verl_value
+from .verl.place import KNOWN
+from .verl.release import MISSING, RELEASES, Release, snapshot
+from .verl.rules import Config
+
+
+@dataclass(frozen=True)
+class Move:
+    """A key verl renamed or moved in `release`: what the schemas alone cannot tell (a new name)."""
+
+    release: str
+    old: str
+    new: str
+
+
+# Each entry: the first release with the new name. A prefix moves everything under it.
+MOVES = (
+    Move("0.4.0", "trainer.val_generations_to_log_to_wandb", "trainer.log_val_generations"),
+    # 0.4.1 split `contents` in two; load_contents defaults to save_contents, so one key carries both.
+    Move("0.4.1", "actor_rollout_ref.actor.checkpoint.contents", "actor_rollout_ref.actor.checkpoint.save_contents"),
+    Move("0.4.1", "critic.checkpoint.contents", "critic.checkpoint.save_contents"),
+    # 0.6.0 gathered the profiler's trainer-wide settings in global_profiler, Ray's in ray_kwargs.
+    Move("0.6.0", "trainer.profile_steps", "global_profiler.steps"),
+    Move("0.6.0", "trainer.controller_nsight_options", "global_profiler.global_tool_config.nsys.controller_nsight_options"),
+    Move("0.6.0", "trainer.worker_nsight_options", "global_profiler.global_tool_config.nsys.worker_nsight_options"),
+    Move("0.6.0", "ray_init.timeline_json_file", "ray_kwargs.timeline_json_file"),
+    Move("0.6.0", "ray_init", "ray_kwargs.ray_init"),
+    # 0.6.0 named the LR schedule lr_scheduler_type and kept warmup_style as a deprecated alias (null).
+    Move("0.6.0", "actor_rollout_ref.actor.optim.warmup_style", "actor_rollout_ref.actor.optim.lr_scheduler_type"),
+    Move("0.6.0", "critic.optim.warmup_style", "critic.optim.lr_scheduler_type"),
+    # 0.7.1 moved reward settings under `reward`; these are the keys verl's own migrate_legacy_reward_impl
+    # carries from the old places (which 0.7.1+ keeps as null placeholders for it).
+    Move("0.7.1", "reward_model.enable", "reward.reward_model.enable"),
+    Move("0.7.1", "reward_model.enable_resource_pool", "reward.reward_model.enable_resource_pool"),
+    Move("0.7.1", "reward_model.n_gpus_per_node", "reward.reward_model.n_gpus_per_node"),
+    Move("0.7.1", "reward_model.nnodes", "reward.reward_model.nnodes"),
+    Move("0.7.1", "reward_model.model.path", "reward.reward_model.model_path"),
+    Move("0.7.1", "reward_model.rollout", "reward.reward_model.rollout"),
+    Move("0.7.1", "reward_model.num_workers", "reward.num_workers"),
+    Move("0.7.1", "reward_model.reward_manager", "reward.reward_manager.name"),
+    Move("0.7.1", "reward_model.reward_loop_source", "reward.reward_manager.source"),
+    Move("0.7.1", "reward_model.reward_loop_module_path", "reward.reward_manager.module.path"),
+    Move("0.7.1", "reward_model.reward_loop_class_name", "reward.reward_manager.module.name"),
+    Move("0.7.1", "reward_model.sandbox_fusion", "reward.sandbox_fusion"),
+    Move("0.7.1", "custom_reward_function", "reward.custom_reward_function"),
+    # 0.8.0: the critic's engine settings left its model section; rollout skipping became a section.
+    Move("0.8.0", "critic.model.fsdp_config", "critic.fsdp"),
+    Move("0.8.0", "actor_rollout_ref.rollout.skip_rollout", "actor_rollout_ref.rollout.skip.enable"),
+    Move("0.8.0", "actor_rollout_ref.rollout.skip_dump_dir", "actor_rollout_ref.rollout.skip.dump_dir"),
+    Move("0.9.0", "actor_rollout_ref.rollout.skip", "skip.rollout"),
+)
+
+
+# Sections a release keeps only as null placeholders, read by verl's own migration of old specs: a key
+# there is carried to its new place (MOVES) and no default is pinned there.
+PLACEHOLDERS = (("0.7.1", "reward_model"), ("0.7.1", "custom_reward_function"), ("0.7.1", "sandbox_fusion"))
+
+
+def placeholder(key: str, release: str) -> bool:
+    """Whether `release` keeps `key` only for old specs: a placeholder section, or a renamed key's alias."""
+    def under(prefix: str) -> bool:
+        return key == prefix or key.startswith(prefix + ".")
+
+    at = RELEASES.index(release)
+    return (any(at >= RELEASES.index(since) and under(top) for since, top in PLACEHOLDERS)
+            or any(at >= RELEASES.index(m.release) and under(m.old) for m in MOVES))
+
+
+def carry(key: str, source: str, target: str) -> tuple[str, tuple[Move, ...]]:
+    """Where `key` of release `source` is in release `target`, and the moves that took it there."""
+    up = RELEASES.index(target) > RELEASES.index(source)
+    low, high = sorted((RELEASES.index(source), RELEASES.index(target)))
+    crossed = [m for m in MOVES if low < RELEASES.index(m.release) <= high]
+    crossed.sort(key=lambda m: (RELEASES.index(m.release), -len(m.old if up else m.new)), reverse=not up)
+    used: list[Move] = []
+    done: set[str] = set()
+    for m in crossed:
+        frm, to = (m.old, m.new) if up else (m.new, m.old)
+        if m.release in done or not (key == frm or key.startswith(frm + ".")):
+            continue
+        key = to + key[len(frm):]
+        used.append(m)
+        done.add(m.release)  # one move per release: the most specific entry
+    return key, tuple(used)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One line of the report."""
+
+    kind: str          # moved, dropped, pinned, review, decision
+    key: str           # the key as the source release names it ("" for a whole-spec decision)
+    text: str          # what happened, or what the user must decide
+    where: str = ""    # file:line:col of the spec line it concerns
+
+
+@dataclass
+class Plan:
+    source: str
+    target: str
+    spec: str
+    changes: list[Change] = field(default_factory=list)
+    files: dict[Path, tuple[str, str]] = field(default_factory=dict)  # path -> (before, after)
+    reformatted: dict[Path, int] = field(default_factory=dict)        # lines the YAML writer changed
+    unpinned: int = 0  # changed defaults inside sections that are disabled in the migrated spec
+    valid: bool = True  # the rewritten spec validates against the target release
+
+    def of(self, kind: str) -> list[Change]:
+        return [c for c in self.changes if c.kind == kind]
+
+    @property
+    def decisions(self) -> list[Change]:
+        return self.of("decision")
+
+    def diff(self) -> str:
+        out = []
+        for path, (before, after) in self.files.items():
+            a, b = (str(path), str(path)) if path.is_absolute() else (f"a/{path}", f"b/{path}")
+            out += difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), a, b)
+        return "".join(out)
+
+
+# --- the spec's files, as ruamel round-trip documents ------------------------------------------------
+
+# Indentation styles tried in order; the first that reproduces a file unchanged is the file's own.
+_STYLES = ((2, 2, 0), (2, 4, 2), (4, 4, 2), (2, 4, 0), (4, 4, 0), (4, 6, 4), (3, 3, 0), (3, 5, 2))
+
+
+class Doc:
+    """One spec file for rewriting: loaded with quotes kept, dumped in the file's own indentation."""
+
+    def __init__(self, path: Path, own: bool) -> None:
+        self.path, self.own = path, own
+        self.before = path.read_text(encoding="utf-8")
+        self.yaml, self.tree, self.style_loss = self._style()
+        self.touched = False
+
+    def _style(self) -> tuple[YAML, CommentedMap, int]:
+        best = None
+        for mapping, sequence, offset in _STYLES:
+            self.indent = mapping
+            yaml = YAML(typ="rt")
+            yaml.preserve_quotes = True
+            yaml.width = 4096
+            yaml.indent(mapping=mapping, sequence=sequence, offset=offset)
+            tree = yaml.load(self.before)
+            loss = _changed_lines(self.before, _dump(yaml, tree))
+            if best is None or loss < best[2]:
+                best = (yaml, tree, loss)
+            if not loss:
+                break
+        assert best is not None
+        self.indent = best[0].map_indent or 2
+        return best
+
+    def after(self) -> str:
+        return _dump(self.yaml, self.tree) if self.touched else self.before
+
+    def node(self, loc: tuple[str | int, ...]) -> tuple[Any, bool]:
+        """(the value at `loc`, whether the file has it)."""
+        node: Any = self.tree
+        for part in loc:
+            if not isinstance(node, CommentedMap) or part not in node:
+                return None, False
+            node = node[part]
+        return node, True
+
+    def delete(self, loc: tuple[str | int, ...]) -> Any:
+        """Remove the key at `loc` and the mappings it leaves empty (never the `verl:` section itself)."""
+        value, _ = self.node(loc)
+        for depth in range(len(loc), 1, -1):
+            parent, _ = self.node(loc[:depth - 1])
+            del parent[loc[depth - 1]]
+            if parent or depth - 1 <= 1:
+                break
+        self.touched = True
+        return value
+
+    def put(self, loc: tuple[str | int, ...], value: Any, comment: str = "", near: tuple[int, int] | None = None) -> None:
+        """Set the key at `loc`, creating the mappings on the way in the style of their parent; a key new
+        at depth `near[0]` goes to position `near[1]` there (where the key it replaces was)."""
+        node = self.tree
+        for depth, part in enumerate(loc):
+            last = depth == len(loc) - 1
+            if part not in node and near is not None and near[0] == depth:
+                node.insert(min(near[1], len(node)), part, None)
+            if last:
+                break
+            child = node.get(part)
+            if not isinstance(child, CommentedMap):
+                child = CommentedMap()
+                if node.fa.flow_style():
+                    child.fa.set_flow_style()
+                node[part] = child
+            node = child
+        node[loc[-1]] = _styled(value, node.fa.flow_style())
+        if comment and not node.fa.flow_style():  # two spaces before the '#' (ruamel counts the column)
+            text = _dump(self.yaml, CommentedMap([(loc[-1], node[loc[-1]])])).rstrip("\n")
+            node.yaml_add_eol_comment(f"# {comment}", loc[-1], column=(len(loc) - 1) * self.indent + len(text) + 2)
+        self.touched = True
+
+    def position(self, loc: tuple[str | int, ...]) -> int:
+        parent, _ = self.node(loc[:-1])
+        return list(parent).index(loc[-1])
+
+
+def _dump(yaml: YAML, tree: Any) -> str:
+    stream = io.StringIO()
+    yaml.dump(tree, stream)
+    return stream.getvalue()
+
+
+def _changed_lines(a: str, b: str) -> int:
+    return sum(1 for line in difflib.ndiff(a.splitlines(), b.splitlines()) if line[:1] in "+-")
+
+
+def _styled(value: Any, flow: bool) -> Any:
+    """A plain value as ruamel nodes: new lists and mappings inline (one line per key in a diff)."""
+    if isinstance(value, dict):
+        out = CommentedMap((k, _styled(v, True)) for k, v in value.items())
+        out.fa.set_flow_style()
+        return out
+    if isinstance(value, list):
+        seq = CommentedSeq(_styled(v, True) for v in value)
+        seq.fa.set_flow_style()
+        return seq
+    return value
+
+
+# --- the plan ----------------------------------------------------------------------------------------
+
+
+def plan(path: Path, target: str, *, write_bases: bool = False) -> Plan:
+    """What migrating the spec at `path` to verl `target` changes; raises SpecError on bad input."""
+    display = str(path)
+    sourced = load(path, display)
+    spec = validate(sourced)
+    if target not in RELEASES:
+        raise SpecError([Diagnostic(display, 1, 1, "verl_version", f"--to {target}: verlc has no schema for verl "
+                                                                    f"{target}; known: {', '.join(RELEASES)}")])
+    source = spec.verl_version
+    if source not in RELEASES:
+        raise SpecError([sourced.diagnostic(("verl_version",), f"verlc has no schema for verl {source}; "
+                                                              f"migrate needs the release the spec was written for")])
+    old = snapshot(source)
+    chosen = select(spec.verl, old, spec.hydra.config_name)
+    if isinstance(chosen, str):
+        raise SpecError([sourced.diagnostic(("verl",), chosen)])
+    out = Plan(source, target, display)
+    docs = _docs(sourced)
+    new = snapshot(target)
+    if source == target:
+        return out
+    top = docs[0]
+    top.put(("verl_version",), target) if "verl_version" in top.tree else _insert_version(top, target)
+
+    engine = _engine(spec, sourced, chosen, new, docs, out)
+    if engine is None:
+        out.valid = False
+        return _finish(out, docs, write_bases)
+    goal = Selection(new, spec.hydra.config_name, engine)
+    for s in settings(spec.verl, chosen.walker):
+        _carry_setting(s, sourced, chosen, goal, docs, out)
+    if not write_bases:  # a base may be shared by other specs: its lines are the user's to change
+        bases = {str(d.path) for d in docs if not d.own}
+        out.changes = [Change("decision", c.key, f"{c.kind} in a base spec: {c.text}; rerun with --write-bases to "
+                                                 f"rewrite the base", c.where)
+                       if c.kind in ("moved", "dropped") and c.where.rsplit(":", 2)[0] in bases else c
+                       for c in out.changes]
+    _finish(out, docs, write_bases)
+    _pin_defaults(out, spec, chosen, goal, docs, write_bases)
+    return out
+
+
+def _docs(sourced: Sourced) -> list[Doc]:
+    """The spec's own file first, then its bases (nearest first), each once."""
+    seen: dict[Path, Doc] = {}
+    for shown_name, _ in reversed(sourced.layers):
+        path = Path(shown_name)
+        if path.resolve() not in seen:
+            seen[path.resolve()] = Doc(path, own=not seen)
+    return list(seen.values())
+
+
+def _insert_version(doc: Doc, target: str) -> None:
+    keys = list(doc.tree)
+    doc.tree.insert(keys.index("name") + 1 if "name" in keys else 0, "verl_version", target)
+    doc.touched = True
+
+
+def _engine(spec: Spec, sourced: Sourced, chosen: Selection, new: Release, docs: list[Doc],
+            out: Plan) -> str | None:
+    """The model_engine the spec gets in the target release (None: the plan stops at a decision)."""
+    config = spec.hydra.config_name
+    if config not in new.configs:
+        out.changes.append(Change("decision", "", f"verl {out.target} has no trainer config '{config}' "
+                                                  f"(hydra.config_name); it has {', '.join(new.configs)}",
+                                  _where(sourced, ("hydra", "config_name"))))
+        return None
+    engines = new.engines(config)
+    written = ENGINE_KEY in spec.verl
+    if engines == ("",):
+        if written:
+            doc = next(d for d in docs if d.node(("verl", ENGINE_KEY))[1])
+            if spec.verl[ENGINE_KEY] != chosen.release.default_engine(config):
+                out.changes.append(Change("decision", ENGINE_KEY, (
+                    f"verl {out.target} has no model_engine; its trainer config chooses the engine: set "
+                    f"hydra.config_name to the one for {spec.verl[ENGINE_KEY]} ({', '.join(new.configs)})"),
+                    _where(sourced, ("verl", ENGINE_KEY))))
+                return None
+            doc.delete(("verl", ENGINE_KEY))
+            out.changes.append(Change("dropped", ENGINE_KEY, f"verl {out.target} has no model_engine (it came in "
+                                                             f"0.7.1); {config} is the {spec.verl[ENGINE_KEY]} "
+                                                             f"engine's config", _where(sourced, ("verl", ENGINE_KEY))))
+        return ""
+    engine = chosen.engine or new.default_engine(config)
+    if engine not in engines:
+        out.changes.append(Change("decision", ENGINE_KEY, f"verl {out.target} has no model_engine '{engine}'; it "
+                                                          f"has {', '.join(engines)}",
+                                  _where(sourced, ("verl", ENGINE_KEY))))
+        return None
+    return engine
+
+
+def _where(sourced: Sourced, loc: tuple[str | int, ...]) -> str:
+    file, line, col = sourced.locate(loc, at_key=True)
+    return f"{file}:{line}:{col}"
+
+
+def _carry_setting(s: Any, sourced: Sourced, chosen: Selection, goal: Selection, docs: list[Doc],
+                   out: Plan) -> None:
+    """One `verl:` leaf of the spec: kept, moved to its new name, or dropped."""
+    key, moves = carry(s.key, chosen.release.version, goal.release.version)
+    place = goal.walker.place(key.split("."))
+    where = _where(sourced, s.loc)
+    if place.status != KNOWN and not (s.explicit and not moves):
+        hint = elsewhere(key.split("."), goal.tree)
+        out.changes.append(Change("dropped", s.key, f"verl {goal.release.version} has no {key}" + (
+            f"; it has {hint}: if that is the same setting, set it there" if hint else ""), where))
+        for doc in _holding(docs, s.loc):
+            doc.delete(s.loc)
+        return
+    if not moves and not (s.explicit and place.in_yaml):
+        return  # kept as written
+    new_loc = ("verl", *key.split("."))
+    depth = next(i for i, (a, b) in enumerate(zip(s.loc, new_loc)) if a != b)
+    for doc in _holding(docs, s.loc):
+        near = (depth, doc.position(s.loc[:depth + 1]))
+        value = doc.delete(s.loc)
+        doc.put(new_loc, value, near=near)
+    if moves:
+        out.changes.append(Change("moved", s.key, f"-> {key} (" + ", ".join(f"verl {m.release}" for m in moves)
+                                  + ")", where))
+    else:
+        out.changes.append(Change("moved", s.key, f"-> {key}: verl {goal.release.version} has it, so no '+'", where))
+
+
+def _holding(docs: list[Doc], loc: tuple[str | int, ...]) -> Iterator[Doc]:
+    yield from (d for d in docs if d.node(loc)[1])
+
+
+def _finish(out: Plan, docs: list[Doc], write_bases: bool) -> Plan:
+    """Record each file's new text; a base (`extends:`) is rewritten only when asked."""
+    out.files.clear()
+    for doc in docs:
+        after = doc.after()
+        if after == doc.before or (not doc.own and not write_bases):
+            continue
+        out.files[doc.path] = (doc.before, after)
+        if doc.style_loss:
+            out.reformatted[doc.path] = doc.style_loss
+    return out
+
+
+def _values(spec: Spec, chosen: Selection) -> dict[str, Any]:
+    """Every verl key the spec or verlc sets, as lowering passes them."""
+    values = {**resume_defaults(spec), **{s.key: s.value for s in settings(spec.verl, chosen.walker)}}
+    values.update({d.key: d.value for d in derived(spec)})
+    values.update(determinism_defaults(spec, chosen))
+    return {k: verl_value(v) for k, v in values.items()}
+
+
+def _pin_defaults(out: Plan, spec: Spec, chosen: Selection, goal: Selection, docs: list[Doc],
+                  write_bases: bool) -> None:
+    """Pin every default the spec relied on whose value the target changed; keep only pins the target takes."""
+    top = docs[0]
+    texts = {p.resolve(): after for p, (_, after) in out.files.items()}
+    moved = _load_spec(top.path, texts, out)
+    if moved is None:
+        return
+    before = Config(chosen.tree, _values(spec, chosen))
+    set_before = _values(spec, chosen)
+    set_after = _values(moved, goal)
+    after = Config(goal.tree, set_after)
+    pins: dict[str, tuple[Any, Any]] = {}
+    review: list[Change] = []
+    unchecked = [(k.partition("@")[2] or k.partition("@")[0].replace("/", ".")) for k in spec.hydra.groups]
+    for key in all_keys(chosen.tree):
+        if ("_target_" in key or isinstance(_raw(chosen.tree, key), dict) or _set(key, set_before)
+                or placeholder(key, out.source)):
+            continue
+        new_key, _ = carry(key, out.source, out.target)
+        if _set(new_key, set_after):
+            continue
+        place = goal.walker.place(new_key.split("."))
+        if (place.status != KNOWN or not place.in_yaml or isinstance(place.default, dict)
+                or placeholder(new_key, out.target) or any(new_key.startswith(p + ".") for p in unchecked)):
+            continue
+        was, now = before.get(key), after.get(new_key)
+        if was == MISSING or _same(was, now):
+            continue
+        if was is None:  # the old release decided in its code; what it decided, verlc cannot know
+            review.append(Change("review", new_key, f"verl {out.source} leaves it null (its code decides); verl "
+                                                    f"{out.target}'s default is {shown(now)}: not pinned, check it"))
+            continue
+        raw = _raw(chosen.tree, key)  # an interpolation stays one: it follows the key it names
+        pins[new_key] = (raw if isinstance(raw, str) and "${" in raw else was, now)
+    pinned = Config(goal.tree, {**set_after, **{k: v for k, (v, _) in pins.items()}})
+    for key in [k for k in pins if _disabled(pinned, k)]:  # settings of a feature that is off do nothing
+        del pins[key]
+        out.unpinned += 1
+    for c in review:
+        if _disabled(pinned, c.key):
+            out.unpinned += 1
+        else:
+            out.changes.append(c)
+    for key, (was, now) in pins.items():
+        top.put(("verl", *key.split(".")), was, f"verl {out.source}'s default; {out.target}'s is {shown(now)}")
+    for _ in range(3):  # a pin the target refuses is a decision; taking it out may show the next one
+        _finish(out, docs, write_bases)
+        problems = _problems(top.path, out)
+        refused = {k for k in pins if any(d.path == f"verl.{k}" for d in problems)}
+        for key in refused:
+            was, now = pins.pop(key)
+            top.delete(("verl", *key.split(".")))
+            message = next(d.message for d in problems if d.path == f"verl.{key}")
+            out.changes.append(Change("decision", key, f"the spec relied on verl {out.source}'s default "
+                                                       f"{shown(was)}; {out.target}'s is {shown(now)} and it "
+                                                       f"refuses the old one ({message}): choose a value"))
+        if not refused:
+            break
+    _finish(out, docs, write_bases)
+    for key, (was, now) in pins.items():
+        out.changes.append(Change("pinned", key, f"{shown(was)} (verl {out.target}'s default: {shown(now)})"))
+    problems = _problems(top.path, out)
+    out.valid = not problems
+    for d in problems:
+        out.changes.append(Change("decision", d.path.removeprefix("verl."), d.message, f"{d.file}:{d.line}:{d.col}"))
+
+
+def _load_spec(path: Path, texts: dict[Path, str], out: Plan) -> Spec | None:
+    try:
+        return validate(load(path, str(path), texts=texts))
+    except SpecError as exc:
+        for d in exc.diagnostics:
+            out.changes.append(Change("decision", d.path, d.message, f"{d.file}:{d.line}:{d.col}"))
+        out.valid = False
+        return None
+
+
+def _problems(path: Path, out: Plan) -> list[Diagnostic]:
+    """What the whole compiler says about the rewritten spec, against the target release (notes aside)."""
+    from .pipeline import compile_spec
+
+    texts = {p.resolve(): after for p, (_, after) in out.files.items()}
+    try:
+        compile_spec(path, display=str(path), source=str(path), texts=texts)
+    except SpecError as exc:
+        return [d for d in exc.diagnostics if not d.message.startswith(NOTE)]
+    return []
+
+
+def _raw(tree: dict[str, Any], key: str) -> Any:
+    node: Any = tree
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _set(key: str, values: dict[str, Any]) -> bool:
+    """Whether the spec (or verlc) sets this key, a section holding it, or a key below it."""
+    return any(key == k or key.startswith(k + ".") or k.startswith(key + ".") for k in values)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as verl would use them: True is not 1, 1 is 1.0, lists item by item."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _disabled(config: Config, key: str) -> bool:
+    """Inside a section whose `enable` is false: its settings do nothing (the switch itself counts)."""
+    parts = key.split(".")
+    switches = {".".join([*parts[:i], "enable"]) for i in range(1, len(parts))} - {key}
+    return any(config.get(k) is False for k in switches)
+
+
+def write(p: Plan) -> None:
+    """Rewrite the plan's files: every new text is written beside its file first, then each replaces its
+    file, so an interrupted write leaves each file whole (old or new)."""
+    staged = []
+    try:
+        for path, (_, after) in p.files.items():
+            temp = path.with_name(f".{path.name}.verlc-migrate")
+            temp.write_text(after, encoding="utf-8")
+            shutil.copymode(path, temp)
+            staged.append((temp, path))
+        for temp, path in staged:
+            os.replace(temp, path)
+    finally:
+        for temp, _ in staged:
+            temp.unlink(missing_ok=True)
+
+
+# --- the report ----------------------------------------------------------------------------------------
+
+_TITLES = {"moved": "Moved", "dropped": "Dropped (the target release has no such key)",
+           "pinned": "Defaults pinned to the old release's value (the spec relied on them)",
+           "review": "Changed defaults verlc cannot pin (check them)",
+           "decision": "Decisions for you (not migrated automatically)"}
+
+
+def report(p: Plan, markdown: bool = False) -> str:
+    lines: list[str] = []
+    head = f"verlc migrate {p.spec}: verl {p.source} -> {p.target}"
+    lines += [f"# {head}"] if markdown else [head]
+    if p.source == p.target:
+        lines += ["", f"the spec already targets verl {p.target}; nothing to do"] if markdown else [
+            f"the spec already targets verl {p.target}; nothing to do"]
+        return "\n".join(lines) + "\n"
+    for kind in ("moved", "dropped", "pinned", "review", "decision"):
+        items = p.of(kind)
+        if not items:
+            continue
+        lines += ["", f"## {_TITLES[kind]}", ""] if markdown else [f"{_TITLES[kind]}:"]
+        for c in items:
+            where = f" ({c.where})" if c.where else ""
+            key = f"`{c.key}`" if markdown and c.key else c.key
+            text = f"{key}: {c.text}" if c.key else c.text
+            lines.append(f"- {text}{where}" if markdown else f"  {text}{where}")
+    notes = []
+    if p.unpinned:
+        notes.append(f"{p.unpinned} changed default(s) inside sections the migrated spec leaves disabled (enable: false) were not pinned")
+    notes += [f"{path}: the YAML writer also reformats {n} line(s) of this file" for path, n in p.reformatted.items()]
+    if not p.changes:
+        notes.append("no key moved, none dropped, no default the spec relies on changed")
+    if notes:
+        lines += ["", "## Notes", ""] if markdown else ["Notes:"]
+        lines += [f"- {n}" if markdown else f"  {n}" for n in notes]
+    verdict = f"the migrated spec {'validates' if p.valid else 'does not validate'} against verl {p.target}"
+    if p.decisions:
+        verdict = f"{len(p.decisions)} decision(s) left for you; {verdict}"
+    lines += ["", verdict] if markdown else [verdict]
+    return "\n".join(lines) + "\n"
