@@ -196,20 +196,25 @@ class Doc:
             node = node[part]
         return node, True
 
-    def delete(self, loc: tuple[str | int, ...]) -> Any:
-        """Remove the key at `loc` and the mappings it leaves empty (never the `verl:` section itself)."""
+    def delete(self, loc: tuple[str | int, ...]) -> tuple[Any, Any]:
+        """Remove the key at `loc` and the mappings it leaves empty (never the `verl:` section itself);
+        returns its value and its end-of-line comment (for put())."""
         value, _ = self.node(loc)
+        parent, _ = self.node(loc[:-1])
+        comment = parent.ca.items.get(loc[-1])
         for depth in range(len(loc), 1, -1):
             parent, _ = self.node(loc[:depth - 1])
             del parent[loc[depth - 1]]
             if parent or depth - 1 <= 1:
                 break
         self.touched = True
-        return value
+        return value, comment
 
-    def put(self, loc: tuple[str | int, ...], value: Any, comment: str = "", near: tuple[int, int] | None = None) -> None:
+    def put(self, loc: tuple[str | int, ...], value: Any, comment: str = "", near: tuple[int, int] | None = None,
+            carried: Any = None) -> None:
         """Set the key at `loc`, creating the mappings on the way in the style of their parent; a key new
-        at depth `near[0]` goes to position `near[1]` there (where the key it replaces was)."""
+        at depth `near[0]` goes to position `near[1]` there (where the key it replaces was); `carried` is
+        the comment of the key it replaces."""
         node = self.tree
         for depth, part in enumerate(loc):
             last = depth == len(loc) - 1
@@ -225,9 +230,13 @@ class Doc:
                 node[part] = child
             node = child
         node[loc[-1]] = _styled(value, node.fa.flow_style())
-        if comment and not node.fa.flow_style():  # two spaces before the '#' (ruamel counts the column)
-            text = _dump(self.yaml, CommentedMap([(loc[-1], node[loc[-1]])])).rstrip("\n")
-            node.yaml_add_eol_comment(f"# {comment}", loc[-1], column=(len(loc) - 1) * self.indent + len(text) + 2)
+        # two spaces before an end-of-line comment's '#' (ruamel places it by column)
+        column = (len(loc) - 1) * self.indent + len(_dump(self.yaml, CommentedMap([(loc[-1], node[loc[-1]])])).rstrip()) + 2
+        if carried and len(carried) > 2 and carried[2] is not None and not node.fa.flow_style():
+            carried[2].start_mark.column = column
+            node.ca.items[loc[-1]] = carried
+        if comment and not node.fa.flow_style():
+            node.yaml_add_eol_comment(f"# {comment}", loc[-1], column=column)
         self.touched = True
 
     def position(self, loc: tuple[str | int, ...]) -> int:
@@ -263,12 +272,15 @@ def _styled(value: Any, flow: bool) -> Any:
 
 def plan(path: Path, target: str, *, write_bases: bool = False) -> Plan:
     """What migrating the spec at `path` to verl `target` changes; raises SpecError on bad input."""
+    from .pipeline import compile_spec
+
     display = str(path)
-    sourced = load(path, display)
-    spec = validate(sourced)
     if target not in RELEASES:
         raise SpecError([Diagnostic(display, 1, 1, "verl_version", f"--to {target}: verlc has no schema for verl "
                                                                     f"{target}; known: {', '.join(RELEASES)}")])
+    compile_spec(path, display=display, source=display)  # where it starts must be right for its own release
+    sourced = load(path, display)
+    spec = validate(sourced)
     source = spec.verl_version
     if source not in RELEASES:
         raise SpecError([sourced.diagnostic(("verl_version",), f"verlc has no schema for verl {source}; "
@@ -377,8 +389,8 @@ def _carry_setting(s: Any, sourced: Sourced, chosen: Selection, goal: Selection,
     depth = next(i for i, (a, b) in enumerate(zip(s.loc, new_loc)) if a != b)
     for doc in _holding(docs, s.loc):
         near = (depth, doc.position(s.loc[:depth + 1]))
-        value = doc.delete(s.loc)
-        doc.put(new_loc, value, near=near)
+        value, comment = doc.delete(s.loc)
+        doc.put(new_loc, value, near=near, carried=comment)
     if moves:
         out.changes.append(Change("moved", s.key, f"-> {key} (" + ", ".join(f"verl {m.release}" for m in moves)
                                   + ")", where))
