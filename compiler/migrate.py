@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import io
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -406,13 +407,19 @@ def _finish(out: Plan, docs: list[Doc], write_bases: bool) -> Plan:
     """Record each file's new text; a base (`extends:`) is rewritten only when asked."""
     out.files.clear()
     for doc in docs:
-        after = doc.after()
+        after = _modeline(doc.after(), out.source, out.target)
         if after == doc.before or (not doc.own and not write_bases):
             continue
         out.files[doc.path] = (doc.before, after)
         if doc.style_loss:
             out.reformatted[doc.path] = doc.style_loss
     return out
+
+
+def _modeline(text: str, source: str, target: str) -> str:
+    """The editor's schema follows the release: `$schema=.../verl-<source>.json` -> verl-<target>.json."""
+    return re.sub(rf"^(# yaml-language-server: \$schema=\S*verl-){re.escape(source)}(\.json)$",
+                  rf"\g<1>{target}\g<2>", text, flags=re.M)
 
 
 def _values(spec: Spec, chosen: Selection) -> dict[str, Any]:

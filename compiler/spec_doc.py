@@ -10,11 +10,29 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from .spec import Seconds, Spec
+from .verl.editor import verl_schema
+from .verl.release import snapshot
 
 
-def json_schema() -> str:
-    """JSON Schema of a spec file (for yaml-language-server's `$schema=` modeline)."""
-    return json.dumps(Spec.model_json_schema(), indent=2, sort_keys=True) + "\n"
+SCHEMA_DIR = "schema"  # schema/verl-<release>.json, committed: what a spec's modeline points at
+
+
+def json_schema(version: str | None = None) -> str:
+    """JSON Schema of a spec file for one verl release (yaml-language-server's `$schema=` modeline):
+    the spec's own sections, and `verl:` with every key of that release (compiler/verl/editor.py).
+    One file per release, not one schema switching on verl_version: editors complete and hover from a
+    plain schema, while conditional (if/then) branches are where their completion gives out."""
+    default = Spec.model_fields["verl_version"].default
+    version = version or default
+    schema = Spec.model_json_schema()
+    schema["title"] = f"verlc spec for verl {version}"
+    props = schema["properties"]
+    props["verl"] = {**verl_schema(snapshot(version)), "description": props["verl"]["description"]}
+    props["verl_version"] = {**props["verl_version"], "enum": [version]}
+    if version != default:  # a spec for another release must say so
+        props["verl_version"].pop("default", None)
+        schema["required"] = sorted({*schema.get("required", []), "verl_version"})
+    return json.dumps(schema, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def markdown() -> str:

@@ -1,4 +1,4 @@
-"""Write compiler/verl/schemas/<version>.json.gz for every verl release verlc supports.
+"""Write compiler/verl/schemas/<version>.json.gz (and .docs.json.gz) for every verl release verlc supports.
 
     .venv/bin/python dev/verl_schema.py                 # every release in compiler/verl/release.py
     .venv/bin/python dev/verl_schema.py 0.4.1 0.9.1     # some of them
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from verlc.compiler.verl.extract import extract
-from verlc.compiler.verl.release import RELEASES, pack
+from verlc.compiler.verl.release import RELEASES, pack, pack_docs
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("VERLC_RELEASE_CACHE", REPO / ".cache" / "verl-releases"))
@@ -40,17 +40,19 @@ def main(argv: list[str]) -> int:
     stale = []
     for version in versions:
         started = time.perf_counter()
-        blob = pack(version, extract(release_package(version)))
-        path = REPO / "compiler" / "verl" / "schemas" / f"{version}.json.gz"
-        name = path.relative_to(REPO)
-        if check:
-            same = path.exists() and path.read_bytes() == blob
-            if not same:
-                stale.append(version)
-            print(f"{name}: {'matches' if same else 'DIFFERS FROM'} verl {version}'s own files", flush=True)
-        else:
-            path.write_bytes(blob)
-            print(f"wrote {name} ({len(blob) / 1024:.0f} KiB, {time.perf_counter() - started:.1f} s)", flush=True)
+        data = extract(release_package(version))
+        folder = REPO / "compiler" / "verl" / "schemas"
+        for path, blob in ((folder / f"{version}.json.gz", pack(version, data)),
+                           (folder / f"{version}.docs.json.gz", pack_docs(data))):
+            name = path.relative_to(REPO)
+            if check:
+                same = path.exists() and path.read_bytes() == blob
+                if not same and version not in stale:
+                    stale.append(version)
+                print(f"{name}: {'matches' if same else 'DIFFERS FROM'} verl {version}'s own files", flush=True)
+            else:
+                path.write_bytes(blob)
+                print(f"wrote {name} ({len(blob) / 1024:.0f} KiB, {time.perf_counter() - started:.1f} s)", flush=True)
     if stale:
         print(f"regenerate with: .venv/bin/python dev/verl_schema.py {' '.join(stale)}", file=sys.stderr)
         return 1

@@ -123,9 +123,21 @@ def _parser() -> argparse.ArgumentParser:
     migrate.add_argument("--format", choices=["text", "markdown"], default="text",
                          help="markdown: the report (and the diff) for a pull request")
 
+    explain = sub.add_parser(
+        "explain", help="what a verl setting is, in which releases, the rules on it, and where a spec sets it",
+        description="Type, default, allowed values and verl's own description of a verl key (dotted, as under "
+                    "`verl:`), the releases that have it (and its name where it moved), the verl rules that read "
+                    "it; with SPEC, where the spec's value comes from and the exact override its bundle passes.")
+    explain.add_argument("key", metavar="KEY", help="e.g. actor_rollout_ref.actor.ppo_mini_batch_size")
+    explain.add_argument("spec", nargs="?", type=Path, metavar="SPEC")
+    explain.add_argument("--verl-version", metavar="VERSION", help="the release to describe (default: the "
+                                                                   "spec's verl_version, else 0.9.1)")
+
     schema = sub.add_parser("schema", help="print the spec's JSON Schema (or its Markdown reference)",
                             description="Print the spec's JSON Schema, for yaml-language-server and editors.")
     schema.add_argument("--format", choices=["json", "markdown"], default="json")
+    schema.add_argument("--verl-version", metavar="VERSION",
+                        help="the verl release whose keys `verl:` completes (default: verl_version's default)")
     return parser
 
 
@@ -145,6 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _diff(args.a, args.b, args.format == "markdown")
         if args.command in ("submit", "status", "logs", "cancel", "runs", "attach"):
             return _lifecycle(args)
+        if args.command == "explain":
+            return _explain(args.key, args.verl_version, args.spec)
         if args.command == "migrate":
             return _migrate(args.spec, args.to, args.write, args.write_bases, args.format == "markdown")
         if args.command == "stage-in":
@@ -152,7 +166,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "schema":
             from .compiler import spec_doc
 
-            sys.stdout.write(spec_doc.json_schema() if args.format == "json" else spec_doc.markdown())
+            from .compiler.verl.release import RELEASES
+
+            if args.verl_version is not None and args.verl_version not in RELEASES:
+                print(f"verlc: no schema for verl {args.verl_version}; known: {', '.join(RELEASES)}", file=sys.stderr)
+                return EXIT_SPEC
+            sys.stdout.write(spec_doc.json_schema(args.verl_version) if args.format == "json" else spec_doc.markdown())
             return 0
         return _validate(args.specs, args.target, args.verl_config, args.max_variants, args.strict)
     except KeyboardInterrupt:
@@ -296,6 +315,22 @@ def _diff(a: Path, b: Path, markdown: bool) -> int:
     changes = diff.changes(result[0], result[1])
     sys.stdout.write(diff.render(str(a), str(b), changes, markdown))
     return 1 if changes else 0
+
+
+def _explain(key: str, version: str | None, spec: Path | None) -> int:
+    from .compiler.diagnostics import SpecError
+    from .compiler.explain import explain
+
+    if spec is not None and version is not None:
+        print("verlc: give SPEC or --verl-version, not both: a spec names its release", file=sys.stderr)
+        return EXIT_SPEC
+    try:
+        sys.stdout.write(explain(key, version, spec))
+    except SpecError as exc:
+        for d in exc.diagnostics:
+            print(d if d.file != "<command line>" else f"verlc: {d.message}", file=sys.stderr)
+        return EXIT_SPEC
+    return 0
 
 
 def _migrate(spec: Path, target: str, write: bool, write_bases: bool, markdown: bool) -> int:

@@ -4,7 +4,9 @@
   `model_engine` choice, unresolved: keys, defaults, `???` for mandatory values, `_target_` names;
 - the dataclasses the `_target_` names point at, read with `ast`: each field's type, so that types
   and openness come from what verl builds, not from what a YAML default happens to look like;
-- closed value sets, where the source states them (enums, `Literal` fields, `__post_init__` checks).
+- closed value sets, where the source states them (enums, `Literal` fields, `__post_init__` checks);
+- each key's description: the comment verl's YAML writes above it (or after it), else the dataclass
+  field's own documentation (a comment above it, a docstring after it, or the class's `Args:` entry).
 
 Used by `dev/verl_schema.py` (one release at a time, from a scratch install) and by
 `--verl-config live` (the installed verl). Needs hydra-core; the shipped schemas need nothing.
@@ -13,6 +15,7 @@ Used by `dev/verl_schema.py` (one release at a time, from a scratch install) and
 from __future__ import annotations
 
 import ast
+import os
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -39,12 +42,15 @@ def extract(package: Path, *, lazy: bool = False) -> dict[str, Any]:
     written = sorted({m[1] for path in config_dir.rglob("*.yaml")
                       for m in _TARGET.finditer(path.read_text(encoding="utf-8", errors="replace"))})
     targets = {t: q for t in written if (q := source.target(t)) in classes}
+    used = {q: info for q, info in sorted(classes.items()) if _used(q, set(targets.values()), classes)}
     return {
         "configs": configs,
         "groups": _groups(config_dir),
         "targets": targets,
-        "classes": {q: info for q, info in sorted(classes.items()) if _used(q, set(targets.values()), classes)},
+        "classes": {q: {k: v for k, v in info.items() if k != "docs"} for q, info in used.items()},
         "allowed": _allowed(package, classes),
+        "docs": {"keys": {} if lazy else yaml_docs(config_dir, {n: c["engines"] for n, c in configs.items()}),
+                 "fields": {q: info["docs"] for q, info in used.items() if info["docs"]}},
     }
 
 
@@ -96,6 +102,83 @@ def _compose_variants(config_dir: Path, name: str, lazy: bool) -> dict[str, Any]
     return {"default_engine": engine, "engines": engines if lazy else dict(engines)}
 
 
+def yaml_docs(config_dir: Path, variants: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """Dotted key -> the comment verl's YAML files write for it, over every trainer config and engine.
+
+    Hydra's own defaults list says which file lands at which package, in merge order; a later file's
+    comment replaces an earlier one's (as its value does), and the first variant to describe a key wins."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    docs: dict[str, str] = {}
+    with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
+        loader = GlobalHydra.instance().config_loader()
+        for name, engines in variants.items():
+            for engine in engines:
+                found: dict[str, str] = {}
+                chosen = loader.compute_defaults_list(name, [f"model_engine={engine}"] if engine else [], RunMode.RUN)
+                for item in chosen.defaults:
+                    path = os.path.normpath(item.config_path or "")
+                    if not item.config_path or path.startswith("hydra"):
+                        continue
+                    prefix = [p for p in (item.package or "").split(".") if p]
+                    found.update(_file_docs(config_dir / f"{path}.yaml", prefix))
+                for key, text in found.items():
+                    docs.setdefault(key, text)
+    return dict(sorted(docs.items()))
+
+
+def _file_docs(path: Path, prefix: list[str]) -> dict[str, str]:
+    """Each key of one YAML file with the comment lines right above it, or its end-of-line comment."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.comments import CommentedMap
+
+    if not path.exists():
+        return {}
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    tree = YAML(typ="rt").load(text)
+    out: dict[str, str] = {}
+
+    def walk(node: Any, parts: list[str]) -> None:
+        if not isinstance(node, CommentedMap):
+            return
+        for key in node:
+            if not isinstance(key, str) or (not parts and key == "defaults"):
+                continue
+            line = node.lc.key(key)[0]
+            described = _comment(_above(lines, line)) or _comment([_end_comment(lines[line])])
+            if described:
+                out[".".join([*parts, key])] = described
+            walk(node[key], [*parts, key])
+
+    walk(tree, prefix)
+    return out
+
+
+def _end_comment(line: str) -> str:
+    """The `# ...` after a value on its line (not a '#' inside quotes)."""
+    quote = ""
+    for i, ch in enumerate(line):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and i and line[i - 1] in " \t":
+            return line[i:]
+    return ""
+
+
+_RULE = re.compile(r"^[#\s=*-]*$")
+
+
+def _comment(lines: Any) -> str:
+    """Comment lines as one sentence-ish text: '#' marks, rulers and formatting notes dropped."""
+    words = [ln.strip().lstrip("#").strip() for ln in lines if ln and not _RULE.fullmatch(ln.strip())]
+    return " ".join(w for w in words if w)
+
+
 def _groups(config_dir: Path) -> dict[str, list[str]]:
     """Every config group (a folder of YAML files) and its options: what `group@package=option` may name."""
     out: dict[str, list[str]] = {}
@@ -115,14 +198,17 @@ class _Source:
         self.classes: dict[str, tuple[str, ast.ClassDef]] = {}  # qualified name -> (module, node)
         self.imports: dict[str, dict[str, str]] = {}            # module -> local name -> "module.name"
         self.stars: dict[str, list[str]] = {}                   # module -> modules it `import *`s
+        self.lines: dict[str, list[str]] = {}                   # module -> its source lines
         for path in sorted(package.rglob("*.py")):
             try:
-                tree = ast.parse(path.read_text(encoding="utf-8"))
+                text = path.read_text(encoding="utf-8")
+                tree = ast.parse(text)
             except (SyntaxError, UnicodeDecodeError):
                 continue
             parts = ("verl", *path.relative_to(package).with_suffix("").parts)
             is_package = parts[-1] == "__init__"
             module = ".".join(parts[:-1] if is_package else parts)
+            self.lines[module] = text.splitlines()
             names: dict[str, str] = {}
             for node in tree.body:
                 if isinstance(node, ast.ClassDef):
@@ -175,6 +261,7 @@ def read_dataclasses(package: Path) -> tuple[dict[str, dict[str, Any]], _Source]
         module, node = source.classes[qual]
         fields: dict[str, str] = {}
         literals: dict[str, list[Any]] = {}
+        docs: dict[str, str] = {}
         is_dataclass = _is_dataclass(node)
         for base in node.bases:
             base_qual = source.resolve(module, _name(base)) if _name(base) else None
@@ -182,24 +269,75 @@ def read_dataclasses(package: Path) -> tuple[dict[str, dict[str, Any]], _Source]
                 parent = resolve(base_qual, seen | {qual})
                 fields.update(parent["fields"])
                 literals.update(parent["literals"])
+                docs.update(parent["docs"])
                 is_dataclass = is_dataclass or parent["dataclass"]
-        for stmt in node.body:
+        documented = _args_section(ast.get_docstring(node) or "")
+        for i, stmt in enumerate(node.body):
             if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
                 if _name(stmt.annotation) == "ClassVar" or stmt.target.id.startswith("__"):
                     continue
                 kinds, values = _type(stmt.annotation, lambda n: source.resolve(module, n))
                 fields[stmt.target.id] = "|".join(kinds)
+                after = node.body[i + 1] if i + 1 < len(node.body) else None
+                text = (after.value.value if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                        and isinstance(after.value.value, str) else "")
+                described = (_comment(_above(source.lines[module], stmt.lineno - 1)) or " ".join(text.split())
+                             or documented.get(stmt.target.id, ""))
+                if described:
+                    docs[stmt.target.id] = described
                 if values:
                     literals[stmt.target.id] = values
                 else:
                     literals.pop(stmt.target.id, None)
         literals.update(_post_init_choices(node))
-        out[qual] = {"name": node.name, "fields": fields, "literals": literals, "dataclass": is_dataclass}
+        out[qual] = {"name": node.name, "fields": fields, "literals": literals, "docs": docs,
+                     "dataclass": is_dataclass}
         return out[qual]
 
     for qual in sorted(source.classes):
         resolve(qual)
     return {q: {k: v for k, v in c.items() if k != "dataclass"} for q, c in out.items() if c["dataclass"]}, source
+
+
+def _above(lines: list[str], index: int) -> list[str]:
+    """The comment lines right above line `index` (0-based), top to bottom."""
+    found = []
+    for before in reversed(lines[:index]):
+        if not before.strip().startswith("#"):
+            break
+        found.append(before)
+    return found[::-1]
+
+
+_ARG = re.compile(r"(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)")
+
+
+def _args_section(docstring: str) -> dict[str, str]:
+    """`name (type): text` entries of a Google-style `Args:`/`Attributes:` section, continuations joined."""
+    out: dict[str, str] = {}
+    inside, base, current = False, 0, ""
+    for line in docstring.splitlines():
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        if stripped in ("Args:", "Arguments:", "Attributes:", "Parameters:"):
+            inside, base, current = True, -1, ""
+            continue
+        if not inside:
+            continue
+        if not stripped:
+            continue
+        if base < 0:
+            base = indent
+        if indent < base or (indent == base and stripped.endswith(":") and " " not in stripped):
+            inside = False
+            continue
+        match = _ARG.fullmatch(stripped) if indent == base else None
+        if match:
+            current = match[1]
+            out[current] = match[2].strip()
+        elif current:
+            out[current] = f"{out[current]} {stripped}".strip()
+    return out
 
 
 def _is_dataclass(node: ast.ClassDef) -> bool:

@@ -59,7 +59,7 @@ class Walker:
     """Walks keys through one (release, trainer config, model_engine) combination."""
 
     def __init__(self, release: Release, config: str, engine: str) -> None:
-        self.release = release
+        self.release, self.config, self.engine = release, config, engine
         self.tree = release.tree(config, engine)
 
     def built(self, node: Any) -> DataClass | None:

@@ -1,7 +1,8 @@
 """The verl releases verlc knows, and one release's config facts.
 
 A shipped schema is `schemas/<version>.json.gz`, written by `dev/verl_schema.py` from that release's
-own files. Trees are stored interned: every mapping appears once in `nodes` and is referenced by its
+own files; `schemas/<version>.docs.json.gz` beside it holds verl's descriptions of its keys, which only
+`verlc schema` and `verlc explain` read (checks and builds never load them). Trees are stored interned: every mapping appears once in `nodes` and is referenced by its
 index as `{"&": i}` ("&" cannot be a Hydra key), so the engines and trainer configs of a release,
 which share most of their structure, cost little. Loading one release reads one small file.
 """
@@ -108,6 +109,23 @@ def from_data(version: str, data: dict[str, Any], source: str) -> Release:
     )
 
 
+@cache
+def docs(version: str) -> dict[str, Any]:
+    """verl's own descriptions for one release: {"keys": {dotted key: text}, "fields": {class qualname:
+    {field: text}}} (from its YAML comments and its dataclasses' documentation)."""
+    blob = resources.files("verlc.compiler.verl").joinpath("schemas", f"{version}.docs.json.gz").read_bytes()
+    return json.loads(zlib.decompress(blob, wbits=31))
+
+
+def pack_docs(data: dict[str, Any]) -> bytes:
+    return _gzip(json.dumps(data["docs"], ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode())
+
+
+def _gzip(text: bytes) -> bytes:
+    squeeze = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip framing, no timestamp: the same bytes every time
+    return squeeze.compress(text) + squeeze.flush()
+
+
 def pack(version: str, data: dict[str, Any]) -> bytes:
     """A release's extracted facts as the bytes of its shipped file: interned, sorted, gzip'd, stable."""
     nodes: list[dict[str, Any]] = []
@@ -130,9 +148,7 @@ def pack(version: str, data: dict[str, Any]) -> bytes:
                for name, c in data["configs"].items()}
     doc = {"verl_version": version, "configs": configs, "nodes": nodes, "groups": data["groups"],
            "targets": data["targets"], "classes": data["classes"], "allowed": data["allowed"]}
-    text = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
-    squeeze = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip framing, no timestamp: the same bytes every time
-    return squeeze.compress(text) + squeeze.flush()
+    return _gzip(json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode())
 
 
 def unpack(doc: dict[str, Any]) -> dict[str, Any]:

@@ -68,6 +68,49 @@ def _literal(text: str) -> Any:
 def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
+_A, _R, _REF, _C = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref", "critic"
+_GPUS = ("trainer.nnodes", "trainer.n_gpus_per_node")
+# What rules() checks, in words, with every key each rule reads: `verlc explain KEY` lists those naming
+# KEY (tests/test_explain.py holds it to the keys rules() yields).
+RULES: tuple[tuple[tuple[str, ...], str], ...] = (
+    ((f"{_A}.ppo_micro_batch_size_per_gpu", f"{_A}.ppo_micro_batch_size", f"{_A}.use_dynamic_bsz"),
+     "unless actor.use_dynamic_bsz, the actor needs ppo_micro_batch_size_per_gpu (or the deprecated "
+     "ppo_micro_batch_size, never both)"),
+    ((*_GPUS, f"{_A}.megatron.tensor_model_parallel_size", f"{_A}.megatron.pipeline_model_parallel_size",
+      f"{_A}.megatron.context_parallel_size", f"{_A}.strategy"),
+     "Megatron: the GPU count must be divisible by TP x PP x CP"),
+    (("data.train_batch_size", f"{_R}.n", *_GPUS, f"{_A}.ppo_micro_batch_size_per_gpu"),
+     "data.train_batch_size x rollout.n must be divisible by the GPU count (Megatron: by the data-parallel "
+     "size x the micro batch)"),
+    ((f"{_A}.ppo_mini_batch_size", "data.train_batch_size"), "actor.ppo_mini_batch_size <= data.train_batch_size"),
+    ((f"{_A}.ppo_micro_batch_size", f"{_A}.ppo_mini_batch_size", f"{_A}.ulysses_sequence_parallel_size", *_GPUS),
+     "the deprecated actor.ppo_micro_batch_size must divide ppo_mini_batch_size, and times the sequence "
+     "parallel size be >= the GPU count"),
+    ((f"{_A}.ppo_mini_batch_size", f"{_R}.n", *_GPUS, f"{_A}.ulysses_sequence_parallel_size",
+      f"{_A}.ppo_micro_batch_size_per_gpu"),
+     "per GPU, ppo_mini_batch_size x rollout.n / (GPUs / sequence parallel) must be > 0 and divisible by "
+     "actor.ppo_micro_batch_size_per_gpu (found once the workers start)"),
+    ((f"{_R}.log_prob_micro_batch_size_per_gpu", f"{_R}.log_prob_micro_batch_size",
+      f"{_REF}.log_prob_micro_batch_size_per_gpu", f"{_REF}.log_prob_micro_batch_size", f"{_A}.use_kl_loss",
+      "algorithm.use_kl_in_reward"),
+     "the rollout (and the reference policy, when a KL term uses it) needs log_prob_micro_batch_size_per_gpu, "
+     "not together with the deprecated log_prob_micro_batch_size"),
+    ((f"{_A}.ulysses_sequence_parallel_size", "actor_rollout_ref.model.use_remove_padding"),
+     "sequence parallelism (> 1) needs actor_rollout_ref.model.use_remove_padding: true"),
+    ((f"{_A}.loss_agg_mode",), "actor.loss_agg_mode must be a string"),
+    ((f"{_C}.ppo_micro_batch_size_per_gpu", f"{_C}.ppo_micro_batch_size", f"{_C}.ppo_mini_batch_size",
+      f"{_C}.use_dynamic_bsz", f"{_C}.ulysses_sequence_parallel_size", "data.train_batch_size", *_GPUS),
+     "a GAE critic needs ppo_micro_batch_size_per_gpu unless critic.use_dynamic_bsz (not with the deprecated "
+     "ppo_micro_batch_size, which must divide ppo_mini_batch_size and times sequence parallel be >= the GPU "
+     "count); critic.ppo_mini_batch_size <= data.train_batch_size"),
+    ((f"{_R}.val_kwargs.do_sample", f"{_R}.temperature"), "validation sampling needs rollout.temperature > 0"),
+    ((f"{_R}.tensor_model_parallel_size", f"{_R}.data_parallel_size", f"{_R}.pipeline_model_parallel_size",
+      *_GPUS),
+     "the rollout has no pipeline parallelism, its TP fits in one node, and the GPU count is divisible by "
+     "TP x DP x PP (found once the workers start)"),
+)
+
+
 def rules(cfg: Config, use_critic: bool) -> Iterator[tuple[tuple[str, ...], str, str]]:
     """verl's consistency rules: (keys involved, message, START or WORKERS) for each one broken.
 
