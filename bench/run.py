@@ -257,6 +257,23 @@ def main() -> int:
                      "<= 5 MB for all releases", f"{'met' if schema_bytes <= 5e6 else 'NOT met'} "
                                                   f"(whole wheel {wheel_bytes / 1024:.0f} KiB)"))
 
+        # 4c. help in the editor and on the command line: `verlc explain` cold, the editor schemas' size
+        key = "actor_rollout_ref.actor.ppo_mini_batch_size"
+        bare = median_seconds(lambda: run(PY, "-m", "verlc", "explain", key), runs)
+        given = median_seconds(lambda: run(PY, "-m", "verlc", "explain", key, SCENARIO_A), runs)
+        rows.append(("`verlc explain KEY` (cold, a new process)", f"{bare:.3f} s", "well under 1 s",
+                     "met" if bare < 0.5 else "NOT met"))
+        rows.append(("`verlc explain KEY SPEC` (cold: the spec compiled, its override found)", f"{given:.3f} s",
+                     "well under 1 s", "met" if given < 0.5 else "NOT met"))
+        editor = {p.stem.removeprefix("verl-"): p.stat().st_size for p in (REPO / "schema").glob("verl-*.json")}
+        largest = max(editor, key=editor.get)
+        rows.append((f"editor schema per release (schema/verl-<release>.json, {len(editor)} files)",
+                     f"largest {largest}: {editor[largest] / 1024:.0f} KiB; all: {sum(editor.values()) / 2**20:.1f} MiB",
+                     "a few MB per file", "met" if editor[largest] <= 3 * 2**20 else "NOT met: split it"))
+        migrate = median_seconds(lambda: run(PY, "-m", "verlc", "migrate", SCENARIO_A, "--to", "0.6.0", check=False), runs)
+        rows.append(("`verlc migrate` scenario A 0.9.1 -> 0.6.0 (plan, rewrite, check; no write)",
+                     f"{migrate:.2f} s", "", ""))
+
         # 5. bring-up on the local Slurm: job steps per stage for 2, 4 and 8 nodes
         counts = [] if args.quick else [2, 4, 8]
         figures = {n: bring_up(tmp / f"slurm{n}", n) for n in counts}

@@ -20,7 +20,7 @@ from .spec import Spec
 from .validate import validate
 from .verl.check import _ranges, all_keys, describe, select, settings
 from .verl.editor import Key, describe_key, walkers
-from .verl.hydra import shown
+from .verl.hydra import hydra_value, shown, verl_value
 from .verl.place import KNOWN, Walker
 from .verl.release import MISSING, RELEASES, Release, snapshot
 from .verl.rules import RULES
@@ -144,10 +144,11 @@ def _origin(key: str, spec: Spec, sourced: Sourced, release: Release) -> Origin:
     swept = spec.sweep.matrix.get(f"verl.{key}") if spec.sweep else None
     if swept is not None:
         where = _where(sourced, ("sweep", "matrix", f"verl.{key}"))
-        return Origin(list(swept), "sweep", where, override or f"{key}=<each value: one variant>")
+        each = " | ".join(f"{key}={hydra_value(verl_value(v))}" for v in swept)
+        return Origin(list(swept), "sweep", where, f"{each} (one variant each)")
     for d in derived(spec):
         if d.key == key:
-            return Origin(d.value, "derived", d.source, override)
+            return Origin(d.value, "derived", f"{d.source} ({_where(sourced, tuple(d.source.split('.')))})", override)
     for s in settings(spec.verl, chosen.walker):
         if s.key == key:
             where = _where(sourced, s.loc)
