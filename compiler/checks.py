@@ -6,10 +6,13 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 from .diagnostics import Diagnostic, SpecError
-from .derive import DETERMINISM, checkpoint_dir, critic_in_use, derived, derived_environment, slurm_log_dirs, variant_specs
+from .derive import (
+    DETERMINISM, RAYJOB_NAME_MAX, checkpoint_dir, critic_in_use, derived, derived_environment, is_rayjob_name,
+    node_image, node_workdir, persistent_home, rayjob_names, slurm_log_dirs, variant_specs,
+)
 from .ir import parse_word
 from .load import Sourced
-from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, is_hub_id
+from .spec import Apptainer, Engine, Kubernetes, NoContainer, PinnedModel, Pyxis, Skypilot, Spec, is_hub_id
 from .verl.check import NOTE, Selection, Setting, check_groups, check_verl, select, settings
 from .verl.hydra import hydra_value, shown
 from .verl.release import Release
@@ -40,7 +43,8 @@ def check(spec: Spec, sourced: Sourced, release: Release, targets: Iterable[str]
         *_ray(spec, sourced),
         *_reproducible(spec, sourced, chosen),
         *_stall_timeout(spec, sourced, chosen),
-        *_container_paths(spec, sourced),
+        *(_container_paths(spec, sourced) if {"slurm", "compose"} & (set(targets) or set(spec.targets or ("slurm",)))
+          else ()),  # docker/podman containers are the slurm and compose targets'
         *_for_targets(spec, sourced, set(targets)),
     ]
     notes += [p for p in problems if p.message.startswith(NOTE)]
@@ -297,6 +301,10 @@ def _for_targets(spec: Spec, sourced: Sourced, targets: set[str]) -> Iterator[Di
                 yield sourced.diagnostic(("cluster", "slurm", field), (
                     f"{NOTE}Slurm does not create the folder {folder}/ and the job dies without a log when it "
                     f"is missing: run `mkdir -p {folder}` where you run sbatch (here: {os.getcwd()})"))
+    if "kuberay" in targets:
+        yield from _kuberay(spec, sourced)
+    if "skypilot" in targets:
+        yield from _skypilot(spec, sourced)
     if "compose" in targets:
         if spec.sweep is not None:
             yield sourced.diagnostic(("sweep",), "the compose target runs one job on one host; build sweeps for "
@@ -315,3 +323,81 @@ def _for_targets(spec: Spec, sourced: Sourced, targets: set[str]) -> Iterator[Di
             yield sourced.diagnostic(("name",), "the compose target uses the name as the Compose project "
                                                 "name: lowercase letters, digits, '-' and '_' only")
 
+
+def _node_image(spec: Spec, sourced: Sourced, section: str, image: str | None,
+                workdir: str | None) -> Iterator[Diagnostic]:
+    """The kuberay and skypilot targets run an OCI image, named literally (nothing expands it there)."""
+    if image is None or workdir is None:
+        yield sourced.diagnostic((section,) if section in sourced.data else ("container", "runtime"), (
+            f"the {_TARGET[section]} target runs an OCI image: set {section}.image and {section}.workdir (or use "
+            f"a docker, podman or pyxis container, or a compose section)"))
+    elif "$" in image or "~" in image:
+        yield sourced.diagnostic((section, "image"), f"the {_TARGET[section]} target names the image literally; "
+                                                     f"{image!r} has a variable in it")
+
+
+_TARGET = {"kubernetes": "kuberay", "skypilot": "skypilot"}
+
+
+def _literal_env(spec: Spec, sourced: Sourced, target: str) -> Iterator[Diagnostic]:
+    for name, value in spec.env.items():
+        try:
+            parts = parse_word(value).parts
+        except ValueError:
+            continue  # _words reports it
+        if any(not isinstance(p, str) for p in parts):
+            yield sourced.diagnostic(("env", name), f"the {target} target sets env values as they are; {value!r} "
+                                                    f"needs a shell to expand it on the node")
+
+
+def _kept(spec: Spec, sourced: Sourced, workdir: str | None, mounts: list[str], what: str,
+          required: str | None) -> Iterator[Diagnostic]:
+    """Checkpoints outside `mounts` die with the pods or nodes: an error when `required` says why they must
+    live on, else a note."""
+    path = checkpoint_dir(spec)
+    trainer = spec.verl.get("trainer") if isinstance(spec.verl.get("trainer"), dict) else {}
+    loc = ("verl", "trainer", "default_local_dir") if isinstance(trainer, dict) and \
+        trainer.get("default_local_dir") else ("name",)
+    if "${" not in path and persistent_home(path, workdir, mounts) is not None:
+        return
+    where = "a path with a variable in it cannot be checked" if "${" in path else f"{path} is not under any of them"
+    if required:
+        yield sourced.diagnostic(loc, f"{required}: the checkpoints must be on {what} ({where}); set "
+                                      f"trainer.default_local_dir under one")
+    else:
+        yield sourced.diagnostic(loc, f"{NOTE}the checkpoint folder is lost with the nodes unless it is on {what} "
+                                      f"({where})")
+
+
+def _kuberay(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    k = spec.kubernetes or Kubernetes()
+    image, workdir = node_image(spec, k.image), node_workdir(spec, k.workdir)
+    yield from _node_image(spec, sourced, "kubernetes", image, workdir)
+    bad = [n for n in rayjob_names(spec) if not is_rayjob_name(n)]
+    if bad:
+        yield sourced.diagnostic(("name",), (
+            f"the kuberay target names the RayJob {bad[0]!r} (the name in lowercase, '_' and '.' as '-'"
+            f"{', -vNNN per sweep variant' if spec.sweep else ''}); KubeRay needs a DNS-1035 label: at most "
+            f"{RAYJOB_NAME_MAX} characters, starting with a letter"))
+    if spec.secrets and k.secret is None:
+        yield sourced.diagnostic(("secrets",), (
+            f"the kuberay target reads secrets from a Kubernetes Secret: set kubernetes.secret to the Secret "
+            f"holding {', '.join(spec.secrets)} (one key per name)"))
+    yield from _literal_env(spec, sourced, "kuberay")
+    mounts = [v.mount for v in k.volumes]
+    yield from _kept(spec, sourced, workdir, mounts, "a kubernetes.volumes claim",
+                     "kubernetes.retries recreates the pods" if k.retries else None)
+
+
+def _skypilot(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    k = spec.skypilot or Skypilot()
+    image, workdir = node_image(spec, k.image), node_workdir(spec, k.workdir)
+    yield from _node_image(spec, sourced, "skypilot", image, workdir)
+    if spec.cluster.gpu_type is None:
+        yield sourced.diagnostic(("cluster",), "the skypilot target asks for GPUs by model: set cluster.gpu_type "
+                                               "(SkyPilot's accelerator name, e.g. H100, A100-80GB, MI300X)")
+    yield from _literal_env(spec, sourced, "skypilot")
+    mounts = [b.mount for b in k.buckets] + [v.mount for v in k.volumes]
+    yield from _kept(spec, sourced, workdir, mounts, "a skypilot.buckets or skypilot.volumes mount",
+                     f"skypilot.recovery {k.recovery} restarts the job on new nodes (or set recovery: off)"
+                     if k.recovery != "off" else None)

@@ -8,14 +8,15 @@ from typing import Any
 from verlc import __version__
 
 from .ir import (
-    ContainerIR, DataPrepIR, EnvVar, ImageBuildIR, JobIR, ModelFetchIR, Override, RayIR, SlurmIR, VariantIR, Var, Word,
-    parse_word,
+    ContainerIR, DataPrepIR, EnvVar, ImageBuildIR, JobIR, KubeIR, ModelFetchIR, MountIR, Override, RayIR, SkyIR,
+    SlurmIR, TolerationIR, VariantIR, Var, Word, parse_word,
 )
 from . import yaml_text
 from .derive import (
-    DETERMINISM, checkpoint_dir, derived, derived_environment, resume_defaults, slurm_log_dirs, variant_specs,
+    DETERMINISM, checkpoint_dir, derived, derived_environment, node_image, node_workdir, rayjob_names,
+    resume_defaults, slurm_log_dirs, variant_specs,
 )
-from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec
+from .spec import Apptainer, Engine, Kubernetes, NoContainer, PinnedModel, Pyxis, Skypilot, Spec
 from .verl.check import Selection, select, settings
 from .verl.hydra import hydra_value, verl_value
 from .verl.place import KNOWN
@@ -31,7 +32,8 @@ PREPARE_SCRIPTS = {
 }
 
 
-def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, notes: tuple[str, ...] = ()) -> JobIR:
+def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, notes: tuple[str, ...] = (),
+          targets: tuple[str, ...] = ()) -> JobIR:
     """Resolve a checked spec into the IR every target renders from."""
     slurm = spec.cluster.slurm
     chosen = select(spec.verl, release, spec.hydra.config_name)
@@ -85,6 +87,10 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
         overrides=overrides(spec, chosen),
         slurm=slurm_ir(spec),
         compose=compose_container(spec),
+        kubernetes=kube_ir(spec),
+        skypilot=sky_ir(spec),
+        gpu_type=spec.cluster.gpu_type,
+        targets=targets,
         variants=variants(spec, chosen),
         stall_timeout=spec.stall_timeout,
         notes=notes,
@@ -254,7 +260,8 @@ def slurm_ir(spec: Spec) -> SlurmIR | None:
         ("nodes", spec.cluster.nodes),
         ("ntasks-per-node", 1),  # one Ray node per host; Ray schedules the GPUs
         ("cpus-per-task", s.cpus_per_task),
-        ("gpus-per-node", spec.cluster.gpus_per_node),
+        ("gpus-per-node", f"{spec.cluster.gpu_type}:{spec.cluster.gpus_per_node}" if spec.cluster.gpu_type
+         else spec.cluster.gpus_per_node),  # a typed GRES when the spec names the GPU model
         ("mem", s.mem),
         ("time", s.time),
         ("partition", s.partition),
@@ -276,6 +283,47 @@ def slurm_ir(spec: Spec) -> SlurmIR | None:
         log_dirs=slurm_log_dirs(spec),
         modules=s.modules,
         requeue=s.requeue_grace is not None,
+    )
+
+
+GPU_RESOURCE = {"cuda": "nvidia.com/gpu", "rocm": "amd.com/gpu"}  # the device plugins' resource names
+GPU_LABEL = {"cuda": "nvidia.com/gpu.product", "rocm": "amd.com/gpu.product-name"}  # GPU feature discovery's
+
+
+def kube_ir(spec: Spec) -> KubeIR | None:
+    k = spec.kubernetes or Kubernetes()
+    image, workdir = node_image(spec, k.image), node_workdir(spec, k.workdir)
+    if image is None or workdir is None:
+        return None  # the checks refuse the kuberay target without them
+    selector = dict(k.node_selector)
+    if spec.cluster.gpu_type:
+        selector.setdefault(k.gpu_label or GPU_LABEL[spec.cluster.accelerator], spec.cluster.gpu_type)
+    return KubeIR(
+        names=rayjob_names(spec), namespace=k.namespace, image=image, workdir=workdir,
+        service_account=k.service_account, image_pull_secret=k.image_pull_secret, secret=k.secret,
+        node_selector=tuple(sorted(selector.items())),
+        tolerations=tuple(TolerationIR(t.key, t.operator, t.value, t.effect) for t in k.tolerations),
+        priority_class=k.priority_class, gpu_resource=GPU_RESOURCE[spec.cluster.accelerator],
+        cpus=k.cpus, memory=k.memory, shm_size=k.shm_size,
+        volumes=tuple(MountIR(v.claim, v.mount, "ro" if v.read_only else "") for v in k.volumes),
+        retries=k.retries, ttl_after_finished=k.ttl_after_finished, deadline=k.deadline,
+    )
+
+
+def sky_ir(spec: Spec) -> SkyIR | None:
+    k = spec.skypilot or Skypilot()
+    image, workdir = node_image(spec, k.image), node_workdir(spec, k.workdir)
+    if image is None or workdir is None or spec.cluster.gpu_type is None:
+        return None  # the checks refuse the skypilot target without them
+    count = len(variant_specs(spec))
+    base = spec.name
+    return SkyIR(
+        names=tuple(f"{base}-v{i:03d}" for i in range(count)) if count else (base,),
+        image=image, workdir=workdir, accelerators=f"{spec.cluster.gpu_type}:{spec.cluster.gpus_per_node}",
+        infra=k.infra, use_spot=k.use_spot, cpus=k.cpus, memory=k.memory, disk_size=k.disk_size,
+        buckets=tuple(MountIR(b.source, b.mount, b.mode) for b in k.buckets),
+        volumes=tuple(MountIR(v.name, v.mount) for v in k.volumes),
+        recovery=None if k.recovery == "off" else k.recovery, max_restarts_on_errors=k.max_restarts_on_errors,
     )
 
 

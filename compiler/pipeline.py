@@ -14,7 +14,7 @@ from .diagnostics import Diagnostic, SpecError
 from .ir import JobIR
 from .load import Sourced, load
 from .lower import lower
-from .spec import Hydra, Spec
+from .spec import TARGET_NAMES, Hydra, Spec
 from .verl.check import check_verl_keys, select
 from .validate import validate
 from .verl.release import RELEASES, Release, live, snapshot
@@ -27,8 +27,8 @@ def compile_spec(path: Path, *, display: str, source: str, targets: Iterable[str
                 texts: Mapping[Path, str] | None = None) -> JobIR:
     """Compile one spec file; raise SpecError listing every problem.
 
-    `display` names the file in diagnostics; `source` names it in the generated files; `texts` stands in
-    for files by resolved path (load()).
+    `display` names the file in diagnostics; `source` names it in the generated files; `targets` are those
+    whose checks run ("all": the spec's own `targets`); `texts` stands in for files by resolved path (load()).
     """
     sourced = load(path, display, texts=texts)
     try:
@@ -36,8 +36,11 @@ def compile_spec(path: Path, *, display: str, source: str, targets: Iterable[str
     except SpecError as exc:
         raise SpecError([*exc.diagnostics, *_verl_problems_anyway(sourced, exc.diagnostics)]) from None
     release = verl_release_for(spec, sourced, verl_config)
+    meant = spec.targets or TARGET_NAMES
+    targets = [t for t in targets if t != "all"] + (list(meant) if "all" in targets else [])  # "all": the spec's
     notes = check(spec, sourced, release, targets, max_variants)
-    ir = lower(spec, release, spec_file=source, spec_sha256=sourced.sha256, notes=tuple(map(str, notes)))
+    ir = lower(spec, release, spec_file=source, spec_sha256=sourced.sha256, notes=tuple(map(str, notes)),
+               targets=tuple(meant))
     if verl_config == "live":
         _compose_live(ir, sourced)
     return ir

@@ -149,10 +149,17 @@ class Slurm(Model):
                          "stops cleanly and requeues itself, and verl resumes from its checkpoints. null: off.")
 
 
+GpuType = Annotated[str, Strict(), _matching(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}",
+                                              "a GPU model such as H100, A100-80GB or MI300X")]
+
+
 class Cluster(Model):
     nodes: Int = Field(ge=1, le=4096, description="Nodes of the run; verl's trainer.nnodes.")
     gpus_per_node: Int = Field(ge=1, le=64, description="GPUs per node; verl's trainer.n_gpus_per_node.")
     accelerator: Literal["cuda", "rocm"] = Field("cuda", description="NVIDIA (cuda) or AMD (rocm) GPUs.")
+    gpu_type: GpuType | None = Field(
+        None, description="The GPU model, e.g. H100 or MI300X: SkyPilot's accelerators (H100:8), the Kubernetes "
+                          "node selector's value (kubernetes.gpu_label), Slurm's typed GRES (--gpus-per-node=H100:8).")
     slurm: Slurm | None = Field(None, description="sbatch directives; the slurm target needs them.")
 
 
@@ -215,6 +222,110 @@ class Compose(Model):
 
 
 # --- network, ray ----------------------------------------------------------------------------------
+
+# --- Kubernetes (the kuberay target) and clouds (the skypilot target) ---------------------------------
+
+K8sName = Annotated[str, Strict(), _matching(
+    r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", "a Kubernetes name: lowercase letters, digits and '-', at most 63")]
+LabelKey = Annotated[str, Strict(), _matching(
+    r"([a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?",
+    "a Kubernetes label key such as nvidia.com/gpu.product")]
+LabelValue = Annotated[str, Strict(), _matching(
+    r"([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?", "a Kubernetes label value")]
+Quantity = Annotated[str, BeforeValidator(lambda v: _int_as_str(v)), Strict(), _matching(
+    r"[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?", "a Kubernetes quantity such as 32, 500m or 256Gi"),
+    _STR_OR_INT]
+AbsPath = Annotated[str, Strict(), _matching(r"/[A-Za-z0-9_.@+=,/-]{0,255}", "an absolute path such as /checkpoints")]
+
+
+class Toleration(Model):
+    """One Kubernetes toleration of a node taint."""
+
+    key: LabelKey | None = Field(None, description="The taint's key (none with Exists: every taint).")
+    operator: Literal["Equal", "Exists"] = Field("Equal", description="Equal: key and value match; Exists: the key.")
+    value: LabelValue | None = Field(None, description="The taint's value (with Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="The effect.")
+
+
+class Claim(Model):
+    """A PersistentVolumeClaim mounted into every pod."""
+
+    claim: K8sName = Field(description="The claim's name in the namespace.")
+    mount: AbsPath = Field(description="Where it is mounted in every container.")
+    read_only: Bool = Field(False, description="Mount it read-only.")
+
+
+class Kubernetes(Model):
+    """The kuberay target: where and how the RayJob's pods run. Nothing here reaches the other targets."""
+
+    image: Text | None = Field(None, description="The pods' image (verl, ray, verl's data-prep scripts); default: "
+                                                 "container.image (docker, podman or pyxis), else compose.image.")
+    workdir: AbsPath | None = Field(None, description="Working directory in the pods; default: the container's.")
+    namespace: K8sName = Field("default", description="The namespace of the RayJob and its ConfigMap.")
+    service_account: K8sName | None = Field(None, description="The pods' service account.")
+    image_pull_secret: K8sName | None = Field(None, description="A Secret for pulling the image from a private "
+                                                                "registry.")
+    secret: K8sName | None = Field(None, description="The Secret holding the spec's `secrets`, one key per name; "
+                                                     "the pods read them with secretKeyRef (never values).")
+    node_selector: dict[LabelKey, LabelValue] = Field(default_factory=dict, description="Node labels the pods need.")
+    gpu_label: LabelKey | None = Field(None, description="The node label whose value is cluster.gpu_type; default: "
+                                                         "nvidia.com/gpu.product (cuda), amd.com/gpu.product-name "
+                                                         "(rocm).")
+    tolerations: tuple[Toleration, ...] = Field((), description="Taints the pods tolerate (e.g. GPU nodes').")
+    priority_class: K8sName | None = Field(None, description="The pods' PriorityClass.")
+    cpus: Quantity | None = Field(None, description="CPU request (and limit) of each pod, e.g. 64.")
+    memory: Quantity | None = Field(None, description="Memory request (and limit) of each pod, e.g. 512Gi.")
+    shm_size: Quantity = Field("64Gi", description="/dev/shm of each pod: a memory-backed emptyDir of this size.")
+    volumes: tuple[Claim, ...] = Field((), description="PersistentVolumeClaims for data, models and checkpoints.")
+    retries: Int = Field(0, ge=0, le=100, description="RayJob backoffLimit: new pods, same checkpoints (they must "
+                                                      "be on a volume).")
+    ttl_after_finished: Seconds = Field(3600, description="How long a finished RayJob's cluster stays for "
+                                                          "inspection before KubeRay deletes it.")
+    deadline: Seconds | None = Field(None, description="RayJob activeDeadlineSeconds: the run's time limit.")
+
+
+class Bucket(Model):
+    """Cloud storage mounted on every SkyPilot node."""
+
+    source: Annotated[str, Strict(), _matching(r"(s3|gs|r2|cos|oci|https)://[A-Za-z0-9_.@+=,/:-]{1,255}",
+                                               "a bucket URL such as s3://bucket/path")] = Field(
+        description="The bucket (and folder): s3://, gs://, r2://, cos://, oci:// or an Azure https:// URL.")
+    mount: AbsPath = Field(description="Where it is mounted on every node.")
+    mode: Literal["MOUNT", "MOUNT_CACHED", "COPY"] = Field("MOUNT", description="SkyPilot's storage mode: MOUNT "
+                                                                              "streams, COPY copies at launch.")
+
+
+class SkyVolume(Model):
+    """A SkyPilot volume (created with `sky volumes apply`) mounted on every node."""
+
+    name: K8sName = Field(description="The volume's name.")
+    mount: AbsPath = Field(description="Where it is mounted on every node.")
+
+
+class Skypilot(Model):
+    """The skypilot target: resources, storage and recovery of a SkyPilot (managed) job."""
+
+    image: Text | None = Field(None, description="The Docker image the nodes run; default: container.image "
+                                                 "(docker or podman), else compose.image.")
+    workdir: AbsPath | None = Field(None, description="Working directory in the image; default: the container's.")
+    infra: Annotated[str, Strict(), _matching(r"[a-z0-9*][A-Za-z0-9_./*-]{0,127}", "an infra such as aws, "
+                                              "gcp/us-central1 or k8s/my-context")] | None = Field(
+        None, description="Where to run (SkyPilot's infra: cloud[/region[/zone]] or k8s[/context]); default: "
+                          "the cheapest that has the GPUs.")
+    use_spot: Bool = Field(False, description="Spot (preemptible) instances.")
+    cpus: Annotated[str, BeforeValidator(_int_as_str), Strict(), _matching(r"\d+\+?", "a CPU count such as 32 or "
+                                                                                       "32+")] | None = None
+    memory: Annotated[str, BeforeValidator(_int_as_str), Strict(), _matching(r"\d+\+?", "a memory size in GB such "
+                                                                                         "as 256 or 256+")] | None = None
+    disk_size: Int | None = Field(None, ge=1, description="Boot disk size in GB.")
+    buckets: tuple[Bucket, ...] = Field((), description="Buckets mounted on every node (data, checkpoints).")
+    volumes: tuple[SkyVolume, ...] = Field((), description="SkyPilot volumes mounted on every node.")
+    recovery: Literal["EAGER_NEXT_REGION", "FAILOVER", "off"] = Field(
+        "EAGER_NEXT_REGION", description="Managed-job recovery after a preemption (job_recovery.strategy); the "
+                                         "checkpoints must then be on a bucket or volume.")
+    max_restarts_on_errors: Int = Field(0, ge=0, le=100, description="Also restart after a failure of the job "
+                                                                    "itself (job_recovery).")
+
 
 class Nccl(Model):
     ib_hca: tuple[Directive, ...] = Field((), description="NCCL_IB_HCA: the InfiniBand adapters to use.")
@@ -284,6 +395,10 @@ class Hydra(Model):
 
 # --- the spec --------------------------------------------------------------------------------------
 
+# Every target verlc renders (targets/__init__.py registers one folder for each; a test keeps them equal).
+TARGET_NAMES = ("slurm", "ray-job", "compose", "kuberay", "skypilot")
+
+
 class Spec(Model):
     """One verl run: what to train (model, data, verl settings) and where and how it runs."""
 
@@ -291,6 +406,9 @@ class Spec(Model):
         None, description="Base spec file(s), relative to this one: their settings first, this file's on top "
                           "(mappings merge, lists are replaced).")
     name: Name = Field(description="Names the bundle folder, the Slurm job, containers and Ray submissions.")
+    targets: tuple[Literal["slurm", "ray-job", "compose", "kuberay", "skypilot"], ...] | None = Field(
+        None, min_length=1, description="The bundles this spec is meant for: what `--target all` builds and checks "
+                                        "(default: every target).")
     verl_version: Str = Field("0.9.1", description="The verl release whose config `verl:` is checked against; "
                                                    "the preflight requires the cluster to run it.")
     project: Text = Field(description="verl's trainer.project_name (the logger's project).")
@@ -306,6 +424,9 @@ class Spec(Model):
     cluster: Cluster = Field(description="Nodes, GPUs, accelerator, and the Slurm directives.")
     container: Container = Field(NoContainer(runtime="none"), description="Where verl runs on each node.")
     compose: Compose | None = Field(None, description="The compose target's image when `container` has none.")
+    kubernetes: Kubernetes | None = Field(None, description="The kuberay target: namespace, pods, volumes, "
+                                                            "retries.")
+    skypilot: Skypilot | None = Field(None, description="The skypilot target: resources, storage, recovery.")
     network: Network = Field(Network(), description="Which NIC Ray uses; NCCL/RCCL settings.")
     env: dict[EnvName, EnvValue] = Field(default_factory=dict, description="Set on every node before Ray starts; "
                                          "${env:NAME} (and ${HOME}, ${USER}, a leading ~) expand on the node.")

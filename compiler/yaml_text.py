@@ -59,6 +59,9 @@ def _node(value: Any, indent: int, lines: list[str]) -> None:
             if isinstance(item, (dict, list)) and item:
                 lines.append(head)
                 _node(item, indent + (2 if isinstance(item, dict) else 0), lines)
+            elif isinstance(item, str) and _is_block(item):
+                lines.append(f"{head} |")  # a script: a literal block, read back byte for byte
+                lines.extend(f"{pad}  {line}" if line else "" for line in item[:-1].split("\n"))
             else:
                 lines.append(f"{head} {_inline(item)}")
     elif isinstance(value, list):
@@ -74,6 +77,13 @@ def _node(value: Any, indent: int, lines: list[str]) -> None:
                 lines.append(f"{pad}- {_inline(item)}")
     else:
         lines.append(pad + scalar(value))
+
+
+def _is_block(text: str) -> bool:
+    """Text a literal block scalar (`|`) holds exactly: several lines and one final newline, no tab, CR or
+    unprintable character, and a first line that does not start with a space (that needs an indicator)."""
+    return ("\n" in text[:-1] and text.endswith("\n") and not text.endswith("\n\n") and text[0] not in " \n"
+            and not re.search(r"[\t\r]", text) and not _UNPRINTABLE.search(text))
 
 
 def _inline(value: Any) -> str:

@@ -17,6 +17,8 @@ TARGETS: dict[str, str] = {  # target name -> its folder under targets/, whose `
     "slurm": "slurm",
     "ray-job": "ray_job",
     "compose": "compose",
+    "kuberay": "kuberay",
+    "skypilot": "skypilot",
 }
 
 

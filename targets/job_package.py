@@ -19,7 +19,7 @@ COMMAND = ("python3", "-m", PACKAGE, "job")
 
 
 def job_description(ir: JobIR, *, address: str | None, record: str | None,
-                    variant: VariantIR | None = None) -> dict[str, Any]:
+                    variant: VariantIR | None = None, image: str | None = None) -> dict[str, Any]:
     """What `python3 -m verlc_job job [VARIANT]` runs: wait, data, preflight, train (targets/incluster.py)."""
     checkpoints = variant.checkpoint_dir if variant else ir.checkpoint_dir
     return {
@@ -39,7 +39,7 @@ def job_description(ir: JobIR, *, address: str | None, record: str | None,
         "data_files": [f.as_json() for f in ir.data_files],
         "require_env": list(ir.node_env),
         "pins": [f"{name}={version}" for name, version in ir.pins],
-        "image": ir.image.display,
+        "image": image or ir.image.display,  # the run record names it (a target's own image, if it has one)
         "record": record,
         "reference": Word((*checkpoints.parts, f"/{REFERENCE}")).as_json() if ir.reproducible else None,
         "train": list(ir.trainer_argv_for(variant)),
@@ -47,12 +47,14 @@ def job_description(ir: JobIR, *, address: str | None, record: str | None,
     }
 
 
-def job_package(ir: JobIR, *, address: str | None, record: str | None) -> list[File]:
+def job_package(ir: JobIR, *, address: str | None, record: str | None, image: str | None = None) -> list[File]:
+    """verlc_job/: the helper, its entry point, and the job (one per sweep variant) as JSON."""
     header = "".join(f"# {line}\n" for line in header_lines(ir))
     source = resources.files("verlc.targets").joinpath("incluster.py").read_text()
     main = "import sys\n\nfrom . import main\n\nsys.exit(main(sys.argv[1:]))\n"
-    jobs = {"job.json": job_description(ir, address=address, record=record)} if not ir.variants else {
-        f"jobs/{v.index}.json": job_description(ir, address=address, record=record, variant=v) for v in ir.variants}
+    jobs = {"job.json": job_description(ir, address=address, record=record, image=image)} if not ir.variants else {
+        f"jobs/{v.index}.json": job_description(ir, address=address, record=record, variant=v, image=image)
+        for v in ir.variants}
     return [
         File(f"{PACKAGE}/__init__.py", header + source),
         File(f"{PACKAGE}/__main__.py", header + main),

@@ -16,7 +16,7 @@ EXIT_SPEC = 2  # bad input: the problems are printed, nothing is written
 EXIT_FAILED = 1  # submit --wait/--follow: the run ended in a state other than success
 # 3: the scheduler or the ledger could not answer (unknown run, unreachable Ray, a job Slurm forgot)
 # 4: the target's tool is not on PATH (sbatch, docker compose, ...)
-LAUNCH_TARGETS = ("slurm", "ray-job", "compose")
+LAUNCH_TARGETS = ("slurm", "ray-job", "compose", "kuberay", "skypilot")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -227,9 +227,7 @@ def _compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str
 
 def _validate(specs: Sequence[Path], target: str | None, verl_config: str, max_variants: int,
               strict: bool) -> int:
-    from .targets import TARGETS
-
-    targets = list(TARGETS) if target == "all" else [target] if target else []
+    targets = [target] if target else []  # "all": each spec's own targets
     result = _compile_all(specs, targets, verl_config, max_variants, strict)
     if isinstance(result, int):
         return result
@@ -242,12 +240,11 @@ def _validate(specs: Sequence[Path], target: str | None, verl_config: str, max_v
 
 def _build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_config: str,
            max_variants: int, strict: bool) -> int:
-    from .targets import TARGETS, render
+    from .targets import render
     from .targets.bundle import EditedError, write
 
-    names = list(TARGETS) if target == "all" else [target]
     shown, out = out, out.resolve()  # messages name the folder as the user gave it
-    result = _compile_all(specs, names, verl_config, max_variants, strict)
+    result = _compile_all(specs, [target], verl_config, max_variants, strict)
     if isinstance(result, int):
         return result
     seen: dict[str, str] = {}
@@ -257,7 +254,7 @@ def _build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_conf
                   f"bundles would overwrite each other", file=sys.stderr)
             return EXIT_SPEC
         seen[ir.name] = ir.spec_file
-    bundles = [render(name, ir) for ir in result for name in names]
+    bundles = [render(name, ir) for ir in result for name in (ir.targets if target == "all" else [target])]
     try:
         write(bundles, out, force=force)
     except EditedError as exc:
@@ -272,19 +269,19 @@ def _build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_conf
 
 
 def _check(paths: Sequence[Path], out: Path, show_diff: bool) -> int:
-    from .targets import TARGETS, render
+    from .targets import render
     from .targets.bundle import differences
 
     specs = sorted({p for path in paths for p in (sorted(path.glob("*.yaml")) if path.is_dir() else [path])})
     if not specs:
         print(f"verlc: no specs in {' '.join(map(str, paths))}", file=sys.stderr)
         return EXIT_SPEC
-    result = _compile_all(specs, list(TARGETS), "snapshot")
+    result = _compile_all(specs, ["all"], "snapshot")
     if isinstance(result, int):
         return result
     problems = []
     for ir in result:
-        for name in TARGETS:
+        for name in ir.targets:
             bundle = render(name, ir)
             problems += differences(bundle, out / bundle.folder)
     if problems:

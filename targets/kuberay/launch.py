@@ -1,0 +1,72 @@
+"""The kuberay bundle's lifecycle, with kubectl: apply the ConfigMap, create the RayJob(s), then read the
+RayJob's status; logs are the submitter Job's (K8sJobMode follows the driver's log); cancel deletes the
+RayJob, and with it its RayCluster."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ...compiler.ir import JobIR
+from ...lifecycle.scheduler import LaunchError, Observed, Submission, tool
+from ...lifecycle.scheduler import run as command
+
+# KubeRay's jobDeploymentStatus values after which nothing more happens to the RayJob
+FINAL = {"Complete", "Failed"}
+
+
+def kubectl() -> str:
+    return tool("kubectl", "the kuberay target talks to Kubernetes with kubectl")
+
+
+def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Submission]:
+    k = ir.kubernetes
+    assert k is not None
+    command([kubectl(), "apply", "--namespace", k.namespace, "--filename", str(bundle / "configmap.yaml")], env=env)
+    # create, not apply: a RayJob of the same name is another run's, and applying would rewrite it
+    out = command([kubectl(), "create", "--namespace", k.namespace, "--filename", str(bundle / "rayjob.yaml"),
+                   "--output", "name"], env=env).stdout
+    names = re.findall(r"^rayjob\.ray\.io/(\S+)$", out, re.M)
+    if not names:
+        raise LaunchError(f"kubectl created no RayJob: {out.strip()[-300:]}")
+    return [Submission(run=name, job_id=name, where=k.namespace, log=None, record=None) for name in names]
+
+
+def _rayjob(run: dict) -> dict:
+    out = command([kubectl(), "get", "rayjob", run["job_id"], "--namespace", run["where"], "--output", "json"]).stdout
+    return json.loads(out)
+
+
+def state(run: dict) -> Observed:
+    status = _rayjob(run).get("status", {})
+    deployment = status.get("jobDeploymentStatus", "")
+    job = status.get("jobStatus", "")
+    final = deployment in FINAL
+    code = 0 if job == "SUCCEEDED" else (1 if final else None)
+    return Observed((job or deployment or "Pending").upper(), int(status.get("failed") or 0), code, final,
+                    "kubectl get rayjob")
+
+
+def logs(run: dict) -> str:
+    """The submitter Job's log: `ray job submit` following the driver (stages, steps, the run record)."""
+    return command([kubectl(), "logs", "--namespace", run["where"], f"job/{run['job_id']}"], timeout=300).stdout
+
+
+def cancel(run: dict) -> Observed:
+    """Deleting the RayJob deletes its cluster, so nothing is left to ask: the run ends here."""
+    command([kubectl(), "delete", "rayjob", run["job_id"], "--namespace", run["where"], "--wait=false"])
+    return Observed("CANCELLED", 0, None, True, "kubectl delete rayjob")
+
+
+def attach(run: dict, argv: list[str]) -> list[str]:
+    """`kubectl exec` into the head pod of the RayJob's cluster: ARGV, or a shell."""
+    cluster = _rayjob(run).get("status", {}).get("rayClusterName")
+    if not cluster:
+        raise LaunchError(f"{run['job_id']} has no RayCluster (yet, or any more)")
+    pods = command([kubectl(), "get", "pods", "--namespace", run["where"], "--selector",
+                    f"ray.io/cluster={cluster},ray.io/node-type=head", "--output", "name"]).stdout.split()
+    if not pods:
+        raise LaunchError(f"the RayCluster {cluster} has no head pod running")
+    return [kubectl(), "exec", "--namespace", run["where"], *(["--stdin", "--tty"] if not argv else []), pods[0],
+            "--", *(argv or ["bash", "-i"])]

@@ -1,0 +1,124 @@
+"""JobIR -> the ConfigMap and RayJob(s) as data; they go out through a YAML serializer, never a template.
+
+Each RayJob brings up its own RayCluster (a head, and one worker group of nodes - 1 pods), runs the job
+package's `job` command on it as the Ray job's entrypoint (wait for every node and GPU, data, preflight,
+train: targets/incluster.py), and deletes the cluster when the job has finished.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from ...compiler.ir import JobIR, KubeIR
+from ..bundle import File
+from ..job_package import COMMAND, PACKAGE
+
+HELPER_DIR = "/opt/verlc"  # the ConfigMap is mounted at HELPER_DIR/verlc_job, on PYTHONPATH, in every pod
+DASHBOARD_PORT = 8265
+# Why K8sJobMode: KubeRay runs `ray job submit` in a Kubernetes Job that follows the driver's log until it
+# ends, so `kubectl logs job/NAME` (and `verlc logs`) show the run as it goes, and a failed submission is
+# retried by that Job; HTTPMode submits from the operator and leaves no log behind, and SidecarMode needs
+# KubeRay 1.5 or later.
+SUBMISSION_MODE = "K8sJobMode"
+SUBMISSION_WHY = ("submissionMode K8sJobMode: KubeRay runs `ray job submit` in a Kubernetes Job that",
+                  "follows the driver's log, so `kubectl logs job/<rayjob>` shows the run (HTTPMode leaves",
+                  "no log behind; SidecarMode needs KubeRay 1.5 or later).")
+
+
+def labels(ir: JobIR) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "verl", "app.kubernetes.io/managed-by": "verlc",
+            "verlc.dev/spec": ir.name.lower().replace("_", "-").replace(".", "-"),
+            "verlc.dev/spec-sha256": ir.spec_sha256[:16]}
+
+
+def configmap_name(ir: JobIR) -> str:
+    return f"{labels(ir)['verlc.dev/spec']}-verlc-job"[:63].rstrip("-")
+
+
+def configmap(ir: JobIR, files: list[File]) -> dict[str, Any]:
+    """The job package as a ConfigMap: one key per file ('/' is not allowed in a key: jobs/3.json is jobs-3.json)."""
+    k = ir.kubernetes
+    assert k is not None
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": configmap_name(ir), "namespace": k.namespace, "labels": labels(ir)},
+            "data": {_key(f.path): f.text for f in files}}
+
+
+def _key(path: str) -> str:
+    return path.removeprefix(f"{PACKAGE}/").replace("/", "-")
+
+
+def _env(ir: JobIR, k: KubeIR, head: bool) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": e.name, "value": e.value.display} for e in ir.env]
+    env += [{"name": name, "valueFrom": {"secretKeyRef": {"name": k.secret, "key": name}}} for name in ir.secrets]
+    env.append({"name": "PYTHONPATH", "value": HELPER_DIR})  # Ray imports the helper's remote functions on every node
+    if head:
+        env.append({"name": "VERLC_STOP_AFTER", "value": "train"})  # ray, data, preflight: stop after that stage
+    return env
+
+
+def _pod(ir: JobIR, k: KubeIR, role: str, files: list[File]) -> dict[str, Any]:
+    limits: dict[str, str] = {k.gpu_resource: str(ir.gpus_per_node)}
+    if k.cpus:
+        limits["cpu"] = k.cpus
+    if k.memory:
+        limits["memory"] = k.memory
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"},
+              {"name": "verlc-job", "mountPath": f"{HELPER_DIR}/{PACKAGE}", "readOnly": True}]
+    mounts += [{"name": f"claim-{i}", "mountPath": v.path, **({"readOnly": True} if v.mode == "ro" else {})}
+               for i, v in enumerate(k.volumes)]
+    container = {"name": f"ray-{role}", "image": k.image, "workingDir": k.workdir, "env": _env(ir, k, role == "head"),
+                 "resources": {"requests": dict(limits), "limits": limits}, "volumeMounts": mounts}
+    if role == "head":
+        container["ports"] = [{"name": "gcs", "containerPort": 6379}, {"name": "dashboard", "containerPort": DASHBOARD_PORT}]
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": k.shm_size}},
+               {"name": "verlc-job", "configMap": {"name": configmap_name(ir), "items": [
+                   {"key": _key(f.path), "path": f.path.removeprefix(f"{PACKAGE}/")} for f in files]}}]
+    volumes += [{"name": f"claim-{i}", "persistentVolumeClaim": {
+        "claimName": v.source, **({"readOnly": True} if v.mode == "ro" else {})}} for i, v in enumerate(k.volumes)]
+    spec: dict[str, Any] = {"containers": [container], "volumes": volumes}
+    if k.service_account:
+        spec["serviceAccountName"] = k.service_account
+    if k.image_pull_secret:
+        spec["imagePullSecrets"] = [{"name": k.image_pull_secret}]
+    if k.node_selector:
+        spec["nodeSelector"] = dict(k.node_selector)
+    if k.tolerations:
+        spec["tolerations"] = [{name: value for name, value in (("key", t.key), ("operator", t.operator),
+                                                               ("value", t.value), ("effect", t.effect))
+                                if value is not None} for t in k.tolerations]
+    if k.priority_class:
+        spec["priorityClassName"] = k.priority_class
+    return {"metadata": {"labels": labels(ir)}, "spec": spec}
+
+
+def rayjobs(ir: JobIR, files: list[File]) -> list[dict[str, Any]]:
+    """One RayJob, or one per sweep variant (each its own cluster, named NAME-vNNN)."""
+    k = ir.kubernetes
+    assert k is not None
+    variants = [str(v.index) for v in ir.variants] or [None]
+    start = {"num-gpus": str(ir.gpus_per_node), "disable-usage-stats": "true"}
+    out = []
+    for name, variant in zip(k.names, variants):
+        entrypoint = f"cd {shlex.quote(k.workdir)} && exec {shlex.join([*COMMAND, *([variant] if variant else [])])}"
+        workers = [{"groupName": "workers", "replicas": ir.nodes - 1, "minReplicas": ir.nodes - 1,
+                    "maxReplicas": ir.nodes - 1, "rayStartParams": dict(start),
+                    "template": _pod(ir, k, "worker", files)}] if ir.nodes > 1 else []
+        spec: dict[str, Any] = {
+            "entrypoint": entrypoint,
+            "submissionMode": SUBMISSION_MODE,
+            "shutdownAfterJobFinishes": True,
+            "ttlSecondsAfterFinished": k.ttl_after_finished,
+            "backoffLimit": k.retries,
+            "rayClusterSpec": {
+                "headGroupSpec": {"rayStartParams": {**start, "dashboard-host": "0.0.0.0"},
+                                  "template": _pod(ir, k, "head", files)},
+                "workerGroupSpecs": workers,
+            },
+        }
+        if k.deadline:
+            spec["activeDeadlineSeconds"] = k.deadline
+        out.append({"apiVersion": "ray.io/v1", "kind": "RayJob",
+                    "metadata": {"name": name, "namespace": k.namespace, "labels": labels(ir)}, "spec": spec})
+    return out

@@ -1,0 +1,288 @@
+"""The kuberay target: every generated RayJob passes KubeRay v1.7.0's own CRD schema (../shared/kuberay), its
+name rule and Kubernetes' quantity grammar; what Kubernetes cannot run is refused at build time; kubectl
+command lines of submit/status/logs/cancel/attach, against a recording kubectl (no cluster here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from conftest import IN_CI, REPO, run_verlc
+from verlc.compiler.diagnostics import SpecError
+from verlc.compiler.pipeline import compile_spec
+from verlc.targets import render
+
+CRD = REPO.parent / "shared" / "kuberay" / "ray.io_rayjobs.yaml"
+EXAMPLE = REPO / "specs" / "qwen2-7b-grpo-k8s-cloud.yaml"
+# Kubernetes' resource.Quantity grammar (k8s.io/apimachinery/pkg/api/resource)
+QUANTITY = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?[0-9]+)?")
+DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+
+
+def structural(node: Any) -> Any:
+    """A CRD's OpenAPI v3 structural schema as JSON Schema: int-or-string and nullable spelled out, and an
+    object with listed properties closed (`kubectl apply` validates strictly; the API server would prune)."""
+    if isinstance(node, list):
+        return [structural(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: structural(v) for k, v in node.items() if not k.startswith("x-kubernetes-") and k != "nullable"}
+    if node.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if node.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    if "properties" in node and "additionalProperties" not in node \
+            and not node.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+@pytest.fixture(scope="module")
+def rayjob_schema() -> dict[str, Any]:
+    if not CRD.exists():
+        message = f"{CRD} is missing (CI has ../shared beside the clone)"
+        pytest.fail(message) if IN_CI else pytest.skip(message)
+    crd = yaml.safe_load(CRD.read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    return structural(version["schema"]["openAPIV3Schema"])
+
+
+def cel_fields() -> set[str]:
+    """Fields whose CRD schema carries CEL rules (x-kubernetes-validations), which no JSON Schema checks."""
+    crd = yaml.safe_load(CRD.read_text())
+    found: set[str] = set()
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            if "x-kubernetes-validations" in node:
+                found.add(path)
+            for key, value in node.get("properties", {}).items():
+                walk(value, f"{path}.{key}" if path else key)
+    walk(next(v for v in crd["spec"]["versions"] if v["name"] == "v1")["schema"]["openAPIV3Schema"], "")
+    return found
+
+
+def kuberay_docs(spec: Path | dict[str, Any], tmp: Path | None = None) -> tuple[list[dict], dict, Any]:
+    if isinstance(spec, dict):
+        assert tmp is not None
+        path = tmp / "spec.yaml"
+        path.write_text(json.dumps(spec))
+        spec = path
+    ir = compile_spec(spec, display=spec.name, source=spec.name, targets=["kuberay"])
+    bundle = render("kuberay", ir)
+    files = {f.path: f.text for f in bundle.files}
+    return list(yaml.safe_load_all(files["rayjob.yaml"])), yaml.safe_load(files["configmap.yaml"]), ir
+
+
+def base(**changes: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": "k8s_Run.v2", "project": "p", "model": "org/model", "verl_version": "0.9.1",
+        "data": {"train_files": ["/data/t.parquet"], "val_files": ["/data/v.parquet"]},
+        "verl": {"algorithm": {"adv_estimator": "grpo"},
+                 "actor_rollout_ref": {"actor": {"ppo_micro_batch_size_per_gpu": 4},
+                                       "rollout": {"name": "vllm", "log_prob_micro_batch_size_per_gpu": 4}},
+                 "trainer": {"default_local_dir": "/ckpt/run"}},
+        "cluster": {"nodes": 2, "gpus_per_node": 4},
+        "container": {"runtime": "docker", "image": "registry.example/verl:0.9.1", "workdir": "/workspace/verl"},
+        "kubernetes": {"volumes": [{"claim": "ckpt", "mount": "/ckpt"}]},
+        "targets": ["kuberay"],
+    }
+    for dotted, value in changes.items():
+        node = spec
+        *parents, last = dotted.split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return spec
+
+
+VARIANTS = {
+    "example": None,
+    "one node, rocm, MI300X": base(cluster={"nodes": 1, "gpus_per_node": 8, "accelerator": "rocm",
+                                            "gpu_type": "MI300X"}),
+    "sweep of 2": base(sweep={"matrix": {"verl.actor_rollout_ref.actor.optim.lr": [1e-6, 2e-6]}}),
+    "everything set": base(kubernetes={
+        "namespace": "team-a", "service_account": "sa", "image_pull_secret": "regcred", "secret": "keys",
+        "node_selector": {"pool": "gpu"}, "tolerations": [{"operator": "Exists"}, {"key": "k", "value": "v",
+                                                                                   "effect": "NoExecute"}],
+        "priority_class": "high", "cpus": 32, "memory": "256Gi", "shm_size": "32Gi", "retries": 3,
+        "ttl_after_finished": "10m", "deadline": "2h",
+        "volumes": [{"claim": "ckpt", "mount": "/ckpt"}, {"claim": "data", "mount": "/data", "read_only": True}]},
+        secrets=["WANDB_API_KEY", "HF_TOKEN"], env={"NCCL_DEBUG": "INFO"}),
+    "pyxis image": base(container={"runtime": "pyxis", "image": "nvcr.io#nvidia/pytorch:24.05-py3",
+                                   "workdir": "/workspace"}),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_rayjob_passes_kuberays_crd(rayjob_schema: dict[str, Any], tmp_path: Path, variant: str) -> None:
+    jobs, configmap, ir = kuberay_docs(VARIANTS[variant] or EXAMPLE, tmp_path)
+    assert len(jobs) == max(1, len(ir.variants))
+    for job in jobs:
+        jsonschema.validate(job, rayjob_schema)
+        name = job["metadata"]["name"]
+        assert DNS_1035.fullmatch(name) and len(name) <= 47, name
+        spec = job["spec"]
+        assert spec["shutdownAfterJobFinishes"] is True and spec["submissionMode"] == "K8sJobMode"
+        pods = [spec["rayClusterSpec"]["headGroupSpec"]["template"],
+                *(g["template"] for g in spec["rayClusterSpec"]["workerGroupSpecs"])]
+        assert sum(g["replicas"] for g in spec["rayClusterSpec"]["workerGroupSpecs"]) == ir.nodes - 1
+        for pod in pods:
+            container = pod["spec"]["containers"][0]
+            for amounts in container["resources"].values():
+                assert all(QUANTITY.fullmatch(str(v)) for v in amounts.values()), amounts
+            gpus = "amd.com/gpu" if ir.accelerator == "rocm" else "nvidia.com/gpu"
+            assert container["resources"]["limits"][gpus] == str(ir.gpus_per_node)
+            shm = next(v for v in pod["spec"]["volumes"] if v["name"] == "dshm")
+            assert shm["emptyDir"]["medium"] == "Memory" and QUANTITY.fullmatch(shm["emptyDir"]["sizeLimit"])
+            for env in container["env"]:  # secrets by reference only
+                assert "value" in env or set(env["valueFrom"]) == {"secretKeyRef"}
+            helper = next(v for v in pod["spec"]["volumes"] if v["name"] == "verlc-job")
+            assert helper["configMap"]["name"] == configmap["metadata"]["name"]
+            assert {i["key"] for i in helper["configMap"]["items"]} == set(configmap["data"])
+    # no generated RayJob sets a field whose CRD schema carries CEL rules (which this test cannot evaluate)
+    def fields(node: Any, path: str = "") -> set[str]:
+        if not isinstance(node, dict):
+            return {path}
+        return {path} | {f for k, v in node.items() for f in fields(v, f"{path}.{k}" if path else k)}
+    assert not cel_fields() & set().union(*(fields(j) for j in jobs))
+
+
+def test_the_example_rayjob(tmp_path: Path) -> None:
+    jobs, configmap, ir = kuberay_docs(EXAMPLE)
+    (job,) = jobs
+    assert job["metadata"] == {"name": "qwen2-7b-grpo-k8s-cloud", "namespace": "ml-research", "labels": {
+        "app.kubernetes.io/name": "verl", "app.kubernetes.io/managed-by": "verlc",
+        "verlc.dev/spec": "qwen2-7b-grpo-k8s-cloud", "verlc.dev/spec-sha256": ir.spec_sha256[:16]}}
+    spec = job["spec"]
+    assert spec["entrypoint"] == "cd /workspace/verl && exec python3 -m verlc_job job"
+    assert (spec["backoffLimit"], spec["activeDeadlineSeconds"], spec["ttlSecondsAfterFinished"]) == (2, 259200, 3600)
+    head = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert head["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert (head["serviceAccountName"], head["priorityClassName"]) == ("verl-runner", "training")
+    env = {e["name"]: e for e in head["containers"][0]["env"]}
+    assert env["WANDB_API_KEY"] == {"name": "WANDB_API_KEY",
+                                    "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "WANDB_API_KEY"}}}
+    assert env["PYTHONPATH"]["value"] == "/opt/verlc"
+    assert head["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8", "cpu": "96", "memory": "1600Gi"}
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in head["volumes"] if "persistentVolumeClaim" in v}
+    mounts = {m["name"]: m["mountPath"] for m in head["containers"][0]["volumeMounts"]}
+    assert {mounts[n]: c for n, c in claims.items()} == {"/data": "verl-data", "/checkpoints": "verl-checkpoints"}
+    job_json = json.loads(configmap["data"]["job.json"])  # the same job package as the other targets
+    assert job_json["nodes"] == 2 and job_json["gpus"] == 16 and job_json["image"] == "verlai/verl:vllm024.latest"
+    assert job_json["train"][:3] == ["python3", "-m", "verl.trainer.main_ppo"]
+    assert configmap["data"]["__init__.py"].endswith((REPO / "targets" / "incluster.py").read_text())
+
+
+def problems(tmp: Path, spec: dict[str, Any]) -> list[str]:
+    path = tmp / "spec.yaml"
+    path.write_text(json.dumps(spec))
+    try:
+        compile_spec(path, display="spec.yaml", source="spec.yaml", targets=["kuberay"])
+    except SpecError as exc:
+        return [f"{d.path}: {d.message}" for d in exc.diagnostics]
+    return []
+
+
+def test_what_kubernetes_cannot_run_is_refused(tmp_path: Path) -> None:
+    retry = base(kubernetes={"retries": 2})
+    assert problems(tmp_path, retry) == [
+        "verl.trainer.default_local_dir: kubernetes.retries recreates the pods: the checkpoints must be on a "
+        "kubernetes.volumes claim (/ckpt/run is not under any of them); set trainer.default_local_dir under one"]
+    assert problems(tmp_path, base(**{"kubernetes__retries": 2})) == []  # on the /ckpt claim
+    assert problems(tmp_path, base(secrets=["WANDB_API_KEY"])) == [
+        "secrets: the kuberay target reads secrets from a Kubernetes Secret: set kubernetes.secret to the Secret "
+        "holding WANDB_API_KEY (one key per name)"]
+    assert problems(tmp_path, base(env={"CACHE": "${HOME}/.cache"})) == [
+        "env.CACHE: the kuberay target sets env values as they are; '${HOME}/.cache' needs a shell to expand it "
+        "on the node"]
+    long = base(name="a" * 48)
+    assert problems(tmp_path, long)[0].startswith("name: the kuberay target names the RayJob 'aaaa")
+    assert problems(tmp_path, base(name="9lives"))[0].startswith("name: the kuberay target names the RayJob '9lives'")
+    apptainer = base(container={"runtime": "apptainer", "image": "/img/verl.sif", "workdir": "/w"})
+    assert problems(tmp_path, apptainer)[0].startswith("kubernetes: the kuberay target runs an OCI image")
+    bad = base(**{"kubernetes__memory": "1.5 TB"})
+    assert problems(tmp_path, bad)[0].startswith("kubernetes.memory: '1.5 TB' is not a Kubernetes quantity")
+
+
+def test_a_spec_name_is_mapped_to_a_rayjob_name(tmp_path: Path) -> None:
+    jobs, configmap, _ = kuberay_docs(base(), tmp_path)
+    assert jobs[0]["metadata"]["name"] == "k8s-run-v2" and configmap["metadata"]["name"] == "k8s-run-v2-verlc-job"
+
+
+# --- lifecycle: kubectl command lines ------------------------------------------------------------------
+
+KUBECTL = r'''#!{python}
+import json, os, sys
+with open(os.environ["VERLC_RECORD"], "a") as fh:
+    fh.write(json.dumps(sys.argv[1:]) + "\n")
+args = sys.argv[1:]
+if args[:1] == ["create"]:
+    print("rayjob.ray.io/qwen2-7b-grpo-k8s-cloud")
+elif args[:2] == ["get", "rayjob"]:
+    print(json.dumps({"status": json.loads(os.environ["VERLC_RAYJOB_STATUS"])}))
+elif args[:2] == ["get", "pods"]:
+    print("pod/qwen2-7b-grpo-k8s-cloud-raycluster-head-abc12")
+elif args[:1] == ["logs"]:
+    print("verlc: stage data done")
+'''
+
+
+def test_lifecycle_runs_kubectl(tmp_path: Path) -> None:
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "kubectl"
+    fake.write_text(KUBECTL.replace("{python}", sys.executable))
+    fake.chmod(0o755)
+    record = tmp_path / "record.jsonl"
+    status = {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "failed": 1,
+              "rayClusterName": "qwen2-7b-grpo-k8s-cloud-raycluster"}
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "VERLC_RECORD": str(record),
+           "VERLC_RAYJOB_STATUS": json.dumps(status)}
+    work = tmp_path / "work"  # the ledger (runs.jsonl) goes beside a spec outside git
+    work.mkdir()
+    (work / EXAMPLE.name).write_text(EXAMPLE.read_text())
+
+    def verlc(*args: str, **extra: str) -> Any:
+        return run_verlc(*args, cwd=work, env={**env, **extra})
+
+    submitted = verlc("submit", EXAMPLE.name, "--target", "kuberay")
+    assert submitted.returncode == 0, submitted.stderr
+    bundle = work / "out" / "qwen2-7b-grpo-k8s-cloud" / "kuberay"
+    status_out = verlc("status", "qwen2-7b-grpo-k8s-cloud")
+    assert status_out.stdout == ("qwen2-7b-grpo-k8s-cloud: running, 1 restart(s) (job qwen2-7b-grpo-k8s-cloud on "
+                                 "ml-research, from kubectl get rayjob)\n"), status_out.stderr
+    assert "verlc: stage data done" in verlc("logs", "qwen2-7b-grpo-k8s-cloud").stdout
+    attach = verlc("attach", "qwen2-7b-grpo-k8s-cloud", "--", "ray", "status")
+    assert attach.returncode == 0, attach.stderr
+    done = {**status, "jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}
+    final = verlc("status", "qwen2-7b-grpo-k8s-cloud", VERLC_RAYJOB_STATUS=json.dumps(done))
+    assert final.stdout.startswith("qwen2-7b-grpo-k8s-cloud: succeeded"), final.stdout + final.stderr
+    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    assert calls[0] == ["apply", "--namespace", "ml-research", "--filename", str(bundle / "configmap.yaml")]
+    assert calls[1] == ["create", "--namespace", "ml-research", "--filename", str(bundle / "rayjob.yaml"),
+                        "--output", "name"]
+    get = ["get", "rayjob", "qwen2-7b-grpo-k8s-cloud", "--namespace", "ml-research", "--output", "json"]
+    assert calls[2] == get
+    assert calls[3] == ["logs", "--namespace", "ml-research", "job/qwen2-7b-grpo-k8s-cloud"]
+    assert calls[4:7] == [get, ["get", "pods", "--namespace", "ml-research", "--selector",
+                                "ray.io/cluster=qwen2-7b-grpo-k8s-cloud-raycluster,ray.io/node-type=head",
+                                "--output", "name"],
+                          ["exec", "--namespace", "ml-research", "pod/qwen2-7b-grpo-k8s-cloud-raycluster-head-abc12",
+                           "--", "ray", "status"]]
+    # cancel deletes the RayJob, and KubeRay its cluster with it
+    cancelled = verlc("cancel", "qwen2-7b-grpo-k8s-cloud")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(record.read_text().splitlines()[-1]) == [
+        "delete", "rayjob", "qwen2-7b-grpo-k8s-cloud", "--namespace", "ml-research", "--wait=false"]
