@@ -334,6 +334,12 @@ def _node_image(spec: Spec, sourced: Sourced, section: str, image: str | None,
     elif "$" in image or "~" in image:
         yield sourced.diagnostic((section, "image"), f"the {_TARGET[section]} target names the image literally; "
                                                      f"{image!r} has a variable in it")
+    elif not re.fullmatch(r"/[A-Za-z0-9_.@+=,/-]{0,255}", workdir):
+        own = spec.kubernetes if section == "kubernetes" else spec.skypilot
+        where = (section, "workdir") if own is not None and own.workdir else ("container", "workdir")
+        yield sourced.diagnostic(where, f"the {_TARGET[section]} target starts the job with `cd WORKDIR`, where "
+                                        f"Kubernetes and SkyPilot expand variables: {workdir!r} must be a plain "
+                                        f"absolute path (letters, digits and _.@+=,/-)")
 
 
 _TARGET = {"kubernetes": "kuberay", "skypilot": "skypilot"}

@@ -19,7 +19,8 @@ SECTION_GROUPS = {
     "verl": None, "name": "run", "verl_version": "run", "project": "run", "experiment": "run", "model": "run",
     "hydra": "run", "reproducible": "run", "sweep": "run", "stall_timeout": "stages", "data": "stages",
     "ray": "stages", "pins": "stages",
-    "cluster": "resources", "container": "container", "compose": "container", "env": "environment",
+    "cluster": "resources", "kubernetes": "resources", "skypilot": "resources", "targets": "run",
+    "container": "container", "compose": "container", "env": "environment",
     "secrets": "environment", "network": "environment",
 }
 

@@ -314,9 +314,11 @@ class Skypilot(Model):
                           "the cheapest that has the GPUs.")
     use_spot: Bool = Field(False, description="Spot (preemptible) instances.")
     cpus: Annotated[str, BeforeValidator(_int_as_str), Strict(), _matching(r"\d+\+?", "a CPU count such as 32 or "
-                                                                                       "32+")] | None = None
+                                                                                       "32+")] | None = Field(
+        None, description="vCPUs per node, e.g. 32 or 32+ (at least).")
     memory: Annotated[str, BeforeValidator(_int_as_str), Strict(), _matching(r"\d+\+?", "a memory size in GB such "
-                                                                                         "as 256 or 256+")] | None = None
+                                                                                         "as 256 or 256+")] | None = Field(
+        None, description="Memory per node in GB, e.g. 256 or 256+ (at least).")
     disk_size: Int | None = Field(None, ge=1, description="Boot disk size in GB.")
     buckets: tuple[Bucket, ...] = Field((), description="Buckets mounted on every node (data, checkpoints).")
     volumes: tuple[SkyVolume, ...] = Field((), description="SkyPilot volumes mounted on every node.")

@@ -12,6 +12,19 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SPECS = sorted((REPO / "specs").glob("*.yaml"))
+
+
+def spec_targets(spec: Path) -> tuple[str, ...]:
+    """The targets an example spec is meant for (`targets:`, default every one): what `--target all` builds."""
+    from ruamel.yaml import YAML
+
+    from verlc.compiler.spec import TARGET_NAMES
+
+    return tuple(YAML(typ="safe", pure=True).load(spec.read_text()).get("targets") or TARGET_NAMES)
+
+
+# (example spec, target) for every bundle the examples make
+EXAMPLE_BUNDLES = [(spec, target) for spec in SPECS for target in spec_targets(spec)]
 IN_CI = os.environ.get("CI") == "true"
 
 

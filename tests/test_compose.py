@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, REPO, SPECS
+from conftest import EXAMPLE_BUNDLES, IN_CI, REPO
 
-BUNDLES = [REPO / "out" / spec.stem / "compose" for spec in SPECS]
+BUNDLES = [REPO / "out" / spec.stem / "compose" for spec, target in EXAMPLE_BUNDLES if target == "compose"]
 
 
 def compose_binary() -> str:

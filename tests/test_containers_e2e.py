@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, REPO, SPECS, run_verlc
+from conftest import EXAMPLE_BUNDLES, IN_CI, REPO, run_verlc
 from test_slurm_e2e import build, job_state, sbatch, slurm, submit, wait_for, write_fixtures  # noqa: F401
 
 STATE = Path(os.environ.get("VERLC_CONTAINER_STATE", "/tmp/verlc-containers"))
@@ -336,7 +336,10 @@ def without_hardware(services: dict[str, dict]) -> dict[str, dict]:
     return {name: {k: v for k, v in s.items() if k not in (*HARDWARE_KEYS, "image")} for name, s in services.items()}
 
 
-@pytest.mark.parametrize("example", SPECS, ids=[spec.stem for spec in SPECS])
+COMPOSE_EXAMPLES = [spec for spec, target in EXAMPLE_BUNDLES if target == "compose"]
+
+
+@pytest.mark.parametrize("example", COMPOSE_EXAMPLES, ids=[spec.stem for spec in COMPOSE_EXAMPLES])
 def test_every_example_compose_bundle_comes_up_to_the_ray_stage(
         engine: dict[str, str], podman_api: dict[str, str], tmp_path: Path, example: Path) -> None:
     from test_compose import compose_binary

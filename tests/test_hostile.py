@@ -12,6 +12,7 @@ import copy
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,7 +29,7 @@ from test_compose import compose_binary
 from verlc.compiler.diagnostics import SpecError
 from verlc.compiler.ir import JobIR
 from verlc.compiler.pipeline import compile_spec
-from verlc.targets import TARGETS, render
+from verlc.targets import render
 from verlc.targets.bundle import Bundle
 
 MARKER = Path("/tmp/verlc-hostile-marker")  # every payload tries to create this file
@@ -56,7 +58,9 @@ BASE: dict[str, Any] = {
     "env": {"SOME_VAR": "v"},
     "secrets": ["WANDB_API_KEY"],
     "ray": {"address": "http://head:8265", "working_dir": "."},
+    "targets": ["slurm", "ray-job", "compose"],
 }
+SCRIPT_TARGETS = ("slurm", "ray-job", "compose")
 # Every string field of the spec, as a path into BASE.
 FIELDS: list[tuple[str | int, ...]] = [
     ("name",), ("project",), ("experiment",), ("model",), ("data", "prepare", 0, "dir"),
@@ -79,7 +83,7 @@ def with_value(path: tuple[str | int, ...], value: str) -> dict[str, Any]:
     return spec
 
 
-def build(tmp: Path, spec: dict[str, Any], targets: tuple[str, ...] = tuple(TARGETS)
+def build(tmp: Path, spec: dict[str, Any], targets: tuple[str, ...] = SCRIPT_TARGETS
           ) -> tuple[JobIR, list[Bundle]] | list[str]:
     """Compile for these targets; the diagnostics when refused."""
     path = tmp / "spec.yaml"
@@ -276,6 +280,79 @@ def test_secret_values_never_reach_a_bundle(tmp_path: Path) -> None:
             assert value not in text, f"{path} holds {name}'s value"
     sbatch = (out / "hostile" / "slurm" / "sbatch.sh").read_text()
     assert "--env WANDB_API_KEY\n" in sbatch and "--env HF_TOKEN\n" in sbatch  # passed by name
+
+
+# ---- the kuberay and skypilot targets: payloads stay data in their YAML and in SkyPilot's `run` -------
+
+CLOUD = {**copy.deepcopy(BASE), "targets": ["kuberay", "skypilot"],
+         "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu_type": "H100"},
+         "kubernetes": {"secret": "keys", "volumes": [{"claim": "ckpt", "mount": "/ckpt"}]},
+         "skypilot": {"buckets": [{"source": "s3://bucket/ckpt", "mount": "/ckpt"}]}}
+CLOUD["verl"] = {**CLOUD["verl"], "trainer": {"default_local_dir": "/ckpt/run"}}
+CLOUD_FIELDS = [("name",), ("project",), ("experiment",), ("model",), ("data", "train_files", 0),
+                ("verl", "data", "prompt_key"), ("container", "image"), ("container", "workdir"),
+                ("env", "SOME_VAR"), ("secrets", 0)]
+CLOUD_CASES = [(field, payload) for payload in PAYLOADS for field in CLOUD_FIELDS]
+FAKE = """#!{python}
+import json, os, sys
+with open(os.environ["VERLC_RECORD"], "a") as fh:
+    fh.write(json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\\n")
+"""
+
+
+def test_cloud_payloads_are_refused_cleanly_or_stay_data(tmp_path: Path) -> None:
+    """Every payload in every field that reaches a RayJob, its ConfigMap or a SkyPilot task: refused with
+    positioned lines, or read back from the YAML exactly as given, and SkyPilot's `run` (with `cd`, `ray`
+    and `python3` recorded) runs the job package with the intended argv and never the payload."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("ray", "python3", "setsid"):
+        (bin_dir / name).write_text(FAKE.replace("{python}", sys.executable))
+        (bin_dir / name).chmod(0o755)
+    built = refused = 0
+    for field, value in CLOUD_CASES:
+        MARKER.unlink(missing_ok=True)
+        spec = copy.deepcopy(CLOUD)
+        node: Any = spec
+        for part in field[:-1]:
+            node = node[part]
+        node[field[-1]] = value
+        result = build(tmp_path, spec, ("kuberay", "skypilot"))
+        if isinstance(result, list):
+            assert_clean_refusal(result)
+            refused += 1
+            continue
+        built += 1
+        ir, bundles = result
+        files = {f"{b.target}/{f.path}": f.text for b in bundles for f in b.files}
+        jobs = list(yaml.safe_load_all(files["kuberay/rayjob.yaml"]))
+        head = jobs[0]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in head["env"]}
+        written = next(e.value.display for e in ir.env if e.name == "SOME_VAR")
+        assert env["SOME_VAR"] == written.replace("$", "$$")  # Kubernetes reads $$ as $, and expands no $(...)
+        assert head["image"] == ir.kubernetes.image
+        assert head["workingDir"] == ir.kubernetes.workdir
+        entrypoint = jobs[0]["spec"]["entrypoint"]
+        assert shlex.split(entrypoint) == ["cd", ir.kubernetes.workdir, "&&", "exec", "python3", "-m", "verlc_job",
+                                           "job"]
+        configmap = yaml.safe_load(files["kuberay/configmap.yaml"])
+        assert json.loads(configmap["data"]["job.json"])["train"] == list(ir.trainer_argv)
+        task = yaml.safe_load(files["skypilot/task.yaml"])
+        assert task["envs"]["SOME_VAR"] == written
+        assert task["resources"]["image_id"] == f"docker:{ir.skypilot.image}"
+        record = tmp_path / "record.jsonl"
+        record.unlink(missing_ok=True)
+        run = ('cd() { python3 "cd" "$@"; }\n'  # the fake python3 records it; nothing changes directory
+               + task["run"])
+        result_run = subprocess.run(["bash", "-c", run], capture_output=True, text=True, timeout=60, env={
+            "PATH": f"{bin_dir}:/usr/bin:/bin", "VERLC_RECORD": str(record), "SKYPILOT_NODE_RANK": "0",
+            "SKYPILOT_NODE_IPS": "10.0.0.1", "SKYPILOT_NUM_GPUS_PER_NODE": "8", "HOME": str(tmp_path)})
+        assert result_run.returncode == 0, result_run.stderr
+        calls = [json.loads(line) for line in record.read_text().splitlines()]
+        assert ["python3", "cd", ir.skypilot.workdir] in calls
+        assert ["python3", "-m", "verlc_job", "job"] in calls
+        assert not MARKER.exists(), f"{field}={value!r} was executed"
+    assert built > 50 and refused > 10
 
 
 def test_hand_edited_files_are_not_overwritten(tmp_path: Path) -> None:

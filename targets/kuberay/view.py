@@ -50,7 +50,8 @@ def _key(path: str) -> str:
 
 
 def _env(ir: JobIR, k: KubeIR, head: bool) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [{"name": e.name, "value": e.value.display} for e in ir.env]
+    # Kubernetes expands $(NAME) in env values and reads $$ as $: every $ doubled keeps a value as written
+    env: list[dict[str, Any]] = [{"name": e.name, "value": e.value.display.replace("$", "$$")} for e in ir.env]
     env += [{"name": name, "valueFrom": {"secretKeyRef": {"name": k.secret, "key": name}}} for name in ir.secrets]
     env.append({"name": "PYTHONPATH", "value": HELPER_DIR})  # Ray imports the helper's remote functions on every node
     if head:
