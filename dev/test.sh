@@ -9,6 +9,11 @@ python=${PYTHON:-python3}
 # Pin the CPU build of torch before verl asks for "torch": the plain name pulls GBs of CUDA wheels.
 .venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
 .venv/bin/pip install --quiet --disable-pip-version-check -c dev/constraints.txt -e '.[test]'
+# SkyPilot's own task parser (tests/test_skypilot.py), in a venv of its own: its click pin clashes with verl's.
+if [[ ! -x .cache/sky/bin/python ]]; then
+  "$python" -m venv .cache/sky
+  .cache/sky/bin/pip install --quiet --disable-pip-version-check skypilot==0.14.1
+fi
 # The editors' YAML language server (npm), which tests/test_editor.py drives as an editor does.
 if command -v npm >/dev/null && [[ ! -x .cache/yls/node_modules/.bin/yaml-language-server ]]; then
   npm install --silent --no-audit --no-fund --prefix .cache/yls yaml-language-server@1.25.0
