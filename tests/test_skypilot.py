@@ -249,3 +249,26 @@ def test_lifecycle_runs_sky(tmp_path: Path) -> None:
     queue = ["jobs", "queue", "--output", "json"]
     assert calls[1:] == [queue, ["jobs", "logs", "--name", job, "--no-follow"],
                          ["jobs", "cancel", "--yes", "--name", job], queue, queue]
+
+
+def test_the_gpu_model_is_used_by_every_target_that_can_use_it(tmp_path: Path) -> None:
+    spec = base(cluster={"nodes": 2, "gpus_per_node": 4, "gpu_type": "H100", "slurm": {"cpus_per_task": 8}},
+                kubernetes={"volumes": [{"claim": "ckpt", "mount": "/ckpt"}]})
+    spec["targets"] = ["slurm", "kuberay", "skypilot"]
+
+    def files() -> dict[str, str]:
+        path = tmp_path / "spec.yaml"
+        path.write_text(json.dumps(spec))
+        ir = compile_spec(path, display="spec.yaml", source="spec.yaml", targets=["all"])
+        return {f"{t}/{f.path}": f.text for t in ir.targets for f in render(t, ir).files}
+
+    typed = files()
+    assert "#SBATCH --gpus-per-node=H100:4\n" in typed["slurm/sbatch.sh"]  # Slurm's typed GRES
+    job = yaml.safe_load(typed["kuberay/rayjob.yaml"])
+    assert job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["nodeSelector"] == {
+        "nvidia.com/gpu.product": "H100"}
+    assert yaml.safe_load(typed["skypilot/task.yaml"])["resources"]["accelerators"] == "H100:4"
+    del spec["cluster"]["gpu_type"]
+    spec["targets"] = ["slurm", "kuberay"]
+    plain = files()
+    assert "#SBATCH --gpus-per-node=4\n" in plain["slurm/sbatch.sh"] and "nodeSelector" not in plain["kuberay/rayjob.yaml"]
