@@ -183,11 +183,12 @@ def test_the_example_rayjob(tmp_path: Path) -> None:
     assert configmap["data"]["__init__.py"].endswith((REPO / "targets" / "incluster.py").read_text())
 
 
-def problems(tmp: Path, spec: dict[str, Any]) -> list[str]:
+def problems(tmp: Path, spec: dict[str, Any], target: str = "kuberay") -> list[str]:
+    """`path: message` of every problem building `spec` for `target` (none: [])."""
     path = tmp / "spec.yaml"
     path.write_text(json.dumps(spec))
     try:
-        compile_spec(path, display="spec.yaml", source="spec.yaml", targets=["kuberay"])
+        compile_spec(path, display="spec.yaml", source="spec.yaml", targets=[target])
     except SpecError as exc:
         return [f"{d.path}: {d.message}" for d in exc.diagnostics]
     return []

@@ -18,7 +18,7 @@ import yaml
 
 from conftest import IN_CI, REPO, require_tool, run_verlc
 from test_kuberay import base as kube_base
-from verlc.compiler.diagnostics import SpecError
+from test_kuberay import problems as kube_problems
 from verlc.compiler.pipeline import compile_spec
 from verlc.targets import render
 
@@ -176,13 +176,7 @@ def test_the_head_runs_the_job_and_stops_only_its_own_ray(tmp_path: Path) -> Non
 
 
 def problems(tmp: Path, spec: dict[str, Any]) -> list[str]:
-    path = tmp / "spec.yaml"
-    path.write_text(json.dumps(spec))
-    try:
-        compile_spec(path, display="spec.yaml", source="spec.yaml", targets=["skypilot"])
-    except SpecError as exc:
-        return [f"{d.path}: {d.message}" for d in exc.diagnostics]
-    return []
+    return kube_problems(tmp, spec, "skypilot")
 
 
 def test_a_recovery_that_would_lose_checkpoints_is_refused(tmp_path: Path) -> None:
