@@ -305,6 +305,8 @@ def plan(path: Path, target: str, *, write_bases: bool = False) -> Plan:
     goal = Selection(new, spec.hydra.config_name, engine)
     for s in settings(spec.verl, chosen.walker):
         _carry_setting(s, sourced, chosen, goal, docs, out)
+    for key in spec.sweep.matrix if spec.sweep else ():
+        _carry_swept(key, sourced, out, docs)
     if not write_bases:  # a base may be shared by other specs: its lines are the user's to change
         bases = {str(d.path) for d in docs if not d.own}
         out.changes = [Change("decision", c.key, f"{c.kind} in a base spec: {c.text}; rerun with --write-bases to "
@@ -397,6 +399,20 @@ def _carry_setting(s: Any, sourced: Sourced, chosen: Selection, goal: Selection,
                                   + ")", where))
     else:
         out.changes.append(Change("moved", s.key, f"-> {key}: verl {goal.release.version} has it, so no '+'", where))
+
+
+def _carry_swept(key: str, sourced: Sourced, out: Plan, docs: list[Doc]) -> None:
+    """A sweep's `verl.<key>` under its new name, in place (a key the target lacks: the check says so)."""
+    new, moves = carry(key.removeprefix("verl."), out.source, out.target)
+    if not moves:
+        return
+    loc = ("sweep", "matrix", key)
+    for doc in _holding(docs, loc):
+        matrix, _ = doc.node(loc[:-1])
+        matrix.insert(list(matrix).index(key), f"verl.{new}", matrix.pop(key))
+        doc.touched = True
+    out.changes.append(Change("moved", key, f"-> verl.{new} (" + ", ".join(f"verl {m.release}" for m in moves)
+                              + ")", _where(sourced, loc)))
 
 
 def _holding(docs: list[Doc], loc: tuple[str | int, ...]) -> Iterator[Doc]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 from functools import cache
 from pathlib import Path
@@ -297,3 +298,17 @@ def test_every_spec_to_every_release_and_back(tmp_path: Path, monkeypatch: pytes
                                     for c in judged])
         refused += [f"{c['label']}: {v}" for c, v in zip(judged, verdicts) if v]
     assert not refused, "verl refuses migrated specs:\n" + "\n".join(refused[:20])
+
+
+def test_a_swept_key_moves_with_its_values(tmp_path: Path) -> None:
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(OLD_SPEC.replace("  reward_model:\n    reward_manager: dapo   # DAPO's overlong reward\n", "")
+                    .replace("cluster: {nodes: 1, gpus_per_node: 8}\n", (
+                        "sweep:\n  matrix:\n    verl.reward_model.reward_manager: [dapo, naive]   # the reward to "
+                        "compare\ncluster: {nodes: 1, gpus_per_node: 8}\n")))
+    result = run_verlc("migrate", "sweep.yaml", "--to", "0.8.0", "--write", cwd=tmp_path)
+    assert "verl.reward_model.reward_manager: -> verl.reward.reward_manager.name (verl 0.7.1)" in result.stdout, \
+        result.stdout + result.stderr
+    assert re.search(r"\n    verl\.reward\.reward_manager\.name: \[dapo, naive\] +# the reward to compare\n",
+                     spec.read_text()), spec.read_text()
+    assert run_verlc("validate", "sweep.yaml", cwd=tmp_path).returncode == 0
