@@ -57,11 +57,13 @@ def test_rules_verl_finds_only_once_workers_start(tmp_path: Path, changes: dict,
 
 
 def test_every_shipped_schema_is_what_its_release_says() -> None:
-    """dev/verl_schema.py regenerates every release's schema from its own files; any drift fails."""
+    """dev/verl_schema.py regenerates every release's schema and descriptions from its own files; any drift fails."""
     result = subprocess.run([sys.executable, str(REPO / "dev" / "verl_schema.py"), "--check"],
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("matches") == len(RELEASES)
+    for version in RELEASES:  # the facts every check reads, and the descriptions editors and explain show
+        for name in (f"{version}.json.gz", f"{version}.docs.json.gz"):
+            assert f"compiler/verl/schemas/{name}: matches verl {version}'s own files\n" in result.stdout, name
 
 
 def test_live_reads_the_installed_verl_as_the_snapshot_does() -> None:
