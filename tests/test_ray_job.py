@@ -7,6 +7,8 @@ import hashlib
 import json
 import os
 import re
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -63,7 +65,42 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             pytest.fail(f"Ray head never reported 8 GPUs:\n{status.stdout}{status.stderr}")
         yield f"http://127.0.0.1:{dashboard}"
     finally:
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, env=ray_env(), timeout=120)
+        stop_by_pid(temp)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def stop_by_pid(temp: Path) -> None:
+    """Stop this head's processes, not every Ray on the machine as `ray stop` would: those whose command line
+    names its temp dir, and their descendants (Ray's agents rename themselves); TERM, then KILL after 10 s."""
+    def ours() -> set[int]:
+        parent: dict[int, int] = {}
+        roots = set()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+                parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):  # a process that has just gone
+                continue
+            if str(temp).encode() in cmdline:
+                roots.add(int(entry.name))
+        found, grew = set(roots), True
+        while grew:
+            more = {pid for pid, ppid in parent.items() if ppid in found} - found
+            found |= more
+            grew = bool(more)
+        return found
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in ours():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while ours() and time.monotonic() < deadline:
+            time.sleep(0.2)
 
 
 def build(root: Path, val_file: str = "data/test.parquet", checkpoints: str | None = None, **extra: object) -> Path:
