@@ -7,16 +7,18 @@ import re
 from collections.abc import Iterable, Iterator
 from .diagnostics import Diagnostic, SpecError
 from .derive import (
-    DETERMINISM, RAYJOB_NAME_MAX, checkpoint_dir, critic_in_use, derived, derived_environment, is_rayjob_name,
+    GPU_LABEL, RAYJOB_NAME_MAX, checkpoint_dir, own_checkpoint_dir, critic_in_use, derived, derived_environment, is_rayjob_name,
     node_image, node_workdir, persistent_home, rayjob_names, slurm_log_dirs, variant_specs,
 )
 from .ir import parse_word
 from .load import Sourced
 from .spec import Apptainer, Engine, Kubernetes, NoContainer, PinnedModel, Pyxis, Skypilot, Spec, is_hub_id
+from .verl import determinism, preprocess
 from .verl.check import NOTE, Selection, Setting, check_groups, check_verl, select, settings
 from .verl.hydra import hydra_value, shown
 from .verl.release import Release
 
+LOG_FOLDER_NOTE = "Slurm does not create the folder"  # `verlc submit` creates it, and leaves this note out
 _SECRET_NAME = re.compile(r"(?i).*(_KEY|_TOKEN|_SECRET|PASSWORD|PASSWD).*")
 
 
@@ -41,8 +43,10 @@ def check(spec: Spec, sourced: Sourced, release: Release, targets: Iterable[str]
         *_env(spec, sourced),
         *_container(spec, sourced),
         *_ray(spec, sourced),
+        *_data(spec, sourced),
         *_reproducible(spec, sourced, chosen),
         *_stall_timeout(spec, sourced, chosen),
+        *_tracker(spec, sourced, chosen),
         *(_container_paths(spec, sourced) if {"slurm", "compose"} & (set(targets) or set(spec.targets or ("slurm",)))
           else ()),  # docker/podman containers are the slurm and compose targets'
         *_for_targets(spec, sourced, set(targets)),
@@ -72,12 +76,33 @@ def _verl_section(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iter
             yield sourced.diagnostic(
                 s.loc, f"set to {shown(s.value)} here, but verlc derives it from {d.source} "
                        f"({shown(d.value)}); remove it from verl: or change {d.source}")
+    for s in leaves:
+        for text in _texts(s.value):
+            if bare := _SHELL_VARIABLE.search(text):
+                yield sourced.diagnostic(s.loc, (
+                    f"{NOTE}{bare[0]} stays literal (neither Hydra nor verl expands shell variables): write "
+                    f"${{oc.env:{bare[0][1:]}}} for the environment variable where verl runs"))
+                break
     critic = spec.verl.get("critic")
     if isinstance(critic, dict) and critic and not critic_in_use(spec.verl):
         yield sourced.diagnostic(("verl", "critic"),
                                  f"{NOTE}critic settings given, but the advantage estimator uses no critic "
                                  "(only gae does); remove verl.critic or set algorithm.adv_estimator: gae",
                                  at_key=True)
+
+
+_SHELL_VARIABLE = re.compile(r"(?<!\$)\$[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _texts(value: object) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _texts(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _texts(v)
 
 
 def _unspellable(leaves: Iterable[Setting], sourced: Sourced) -> Iterator[Diagnostic]:
@@ -152,6 +177,16 @@ def _container(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
                 yield sourced.diagnostic((section, "mounts", i), "a mount is SRC:DST[:OPTIONS]")
 
 
+def _data(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    options = preprocess.options(spec.verl_version)
+    for i, p in enumerate(spec.data.prepare):
+        if p.local_dataset_path and options.local_dataset is None and p.script is None:
+            yield sourced.diagnostic(("data", "prepare", i, "local_dataset_path"), (
+                f"verl {spec.verl_version}'s preprocessing scripts read the dataset from the hub only "
+                f"(--local_dataset_path came with verl 0.6.0): remove it, or name a script of your own that takes "
+                f"--local_dataset_path"), at_key=True)
+
+
 def _reproducible(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
     if not spec.reproducible:
         return
@@ -173,19 +208,40 @@ def _reproducible(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iter
         yield sourced.diagnostic(("model", "revision"), f"reproducible: true needs the commit sha (40 hex digits), "
                                                         f"not {spec.model.revision!r}: a branch or tag can move")
     given = {s.key: s for s in settings(spec.verl, chosen.walker)} if isinstance(chosen, Selection) else {}
-    for key in DETERMINISM:
+    for key in determinism.SETTINGS:
         s = given.get(key)
         if s is not None and isinstance(s.value, bool) and s.value is False:
             yield sourced.diagnostic(s.loc, "set to false here, but reproducible: true needs it on")
+    if isinstance(chosen, Selection) and not any(k.endswith("full_determinism") for k in determinism.available(chosen)):
+        yield sourced.diagnostic(("reproducible",), f"{NOTE}{determinism.describe(chosen)}; it still records and "
+                                                    f"compares the run's inputs, image and versions", at_key=True)
+
+
+def _loggers(spec: Spec, chosen: Selection) -> list[str]:
+    """trainer.logger as the run will have it (the spec's, else the release's default)."""
+    trainer = spec.verl.get("trainer") if isinstance(spec.verl.get("trainer"), dict) else {}
+    logger = trainer.get("logger", chosen.tree.get("trainer", {}).get("logger"))
+    return [logger] if isinstance(logger, str) else [str(x) for x in logger or []]
+
+
+def _tracker(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
+    if not isinstance(chosen, Selection) or "wandb" not in _loggers(spec, chosen):
+        return
+    if "WANDB_API_KEY" not in spec.secrets and "WANDB_API_KEY" not in spec.env:
+        trainer = spec.verl.get("trainer") if isinstance(spec.verl.get("trainer"), dict) else {}
+        loc = ("verl", "trainer", "logger") if "logger" in trainer else ("secrets",) if spec.secrets else ("verl",)
+        whose = "trainer.logger" if "logger" in trainer else f"verl {chosen.release.version}'s default trainer.logger"
+        yield sourced.diagnostic(loc, (
+            f"{NOTE}{whose} has wandb, and WANDB_API_KEY is not in secrets: every node then needs its own W&B "
+            f"login (~/.netrc); otherwise add `secrets: [WANDB_API_KEY]` and export it where you submit"),
+            at_key=True)
 
 
 def _stall_timeout(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
     """The watchdog counts the steps verl's console logger prints: without it, every run would look hung."""
     if spec.stall_timeout is None or not isinstance(chosen, Selection):
         return
-    trainer = spec.verl.get("trainer") if isinstance(spec.verl.get("trainer"), dict) else {}
-    logger = trainer.get("logger", chosen.release.tree(chosen.config, chosen.engine).get("trainer", {}).get("logger"))
-    loggers = [logger] if isinstance(logger, str) else list(logger or [])
+    loggers = _loggers(spec, chosen)
     if "console" not in loggers:
         yield sourced.diagnostic(("stall_timeout",), f"stall_timeout watches the steps verl's console logger "
                                  f"prints, and trainer.logger is {loggers}: add console to it", at_key=True)
@@ -226,6 +282,7 @@ def _sweep(spec: Spec, sourced: Sourced, chosen: Selection, max_variants: int,
             bad = True
     if bad:
         return
+    yield from _variant_folders(spec, sourced)
     seen: set[tuple[str, str]] = set()
     for matrix_values, variant in variant_specs(spec):
         leaves = settings(variant.verl, chosen.walker)
@@ -240,6 +297,30 @@ def _sweep(spec: Spec, sourced: Sourced, chosen: Selection, max_variants: int,
             if (d.path, d.message) not in seen:  # the same problem in many variants is reported once
                 seen.add((d.path, d.message))
                 yield d
+
+
+def _variant_folders(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    """Each variant writes its own checkpoints (and, on reproducible runs, its first-run record there):
+    two variants in one folder would resume from each other's checkpoints."""
+    variants = variant_specs(spec)
+    folders: dict[str, int] = {}
+    for index, (_, variant) in enumerate(variants):
+        folder = checkpoint_dir(variant)
+        if "experiment_name}" in folder:  # resolves to each variant's own experiment name
+            folder += f" ({variant.experiment})"
+        if folder in folders:
+            loc = ("sweep", "matrix", "verl.trainer.default_local_dir") \
+                if "verl.trainer.default_local_dir" in spec.sweep.matrix else ("verl", "trainer", "default_local_dir")
+            yield sourced.diagnostic(loc, (
+                f"variants {folders[folder]} and {index} would both checkpoint in {folder} (and resume from each "
+                f"other's checkpoints): give each variant its own trainer.default_local_dir"), at_key=True)
+            return
+        folders[folder] = index
+    given = own_checkpoint_dir(spec)
+    if given is not None and variants and checkpoint_dir(variants[0][1]) != given:
+        yield sourced.diagnostic(("verl", "trainer", "default_local_dir"), (
+            f"{NOTE}each sweep variant checkpoints in a folder of its own under {given}: "
+            f"{checkpoint_dir(variants[0][1])}, ... ({len(variants)} variants)"))
 
 
 def _container_paths(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
@@ -299,7 +380,7 @@ def _for_targets(spec: Spec, sourced: Sourced, targets: set[str]) -> Iterator[Di
                 field = "output" if spec.cluster.slurm and folder == os.path.dirname(spec.cluster.slurm.output) \
                     else "error"
                 yield sourced.diagnostic(("cluster", "slurm", field), (
-                    f"{NOTE}Slurm does not create the folder {folder}/ and the job dies without a log when it "
+                    f"{NOTE}{LOG_FOLDER_NOTE} {folder}/ and the job dies without a log when it "
                     f"is missing: run `mkdir -p {folder}` where you run sbatch (here: {os.getcwd()})"))
     if "kuberay" in targets:
         yield from _kuberay(spec, sourced)
@@ -390,9 +471,29 @@ def _kuberay(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
             f"the kuberay target reads secrets from a Kubernetes Secret: set kubernetes.secret to the Secret "
             f"holding {', '.join(spec.secrets)} (one key per name)"))
     yield from _literal_env(spec, sourced, "kuberay")
+    yield from _gpu_label(spec, sourced, k)
     mounts = [v.mount for v in k.volumes]
     yield from _kept(spec, sourced, workdir, mounts, "a kubernetes.volumes claim",
                      "kubernetes.retries recreates the pods" if k.retries else None)
+
+
+# How the GPU operators' feature discovery labels a node's GPU model: the product name, e.g.
+# NVIDIA-A100-SXM4-80GB or Tesla-V100-SXM2-16GB (NVIDIA), Instinct_MI300X or AMD_Instinct_MI300X_OAM (AMD).
+_PRODUCT_LABEL = {"cuda": re.compile(r"(NVIDIA|Tesla|Quadro)-.+"), "rocm": re.compile(r"(AMD|Instinct).+")}
+
+
+def _gpu_label(spec: Spec, sourced: Sourced, k: Kubernetes) -> Iterator[Diagnostic]:
+    """cluster.gpu_type is SkyPilot's accelerator name (A100-80GB); a node label has the full product name.
+    A selector no node matches leaves the pods Pending for ever: the label's value must be given."""
+    gpu_type, accelerator = spec.cluster.gpu_type, spec.cluster.accelerator
+    label = k.gpu_label or GPU_LABEL[accelerator]
+    if gpu_type is None or label in k.node_selector or _PRODUCT_LABEL[accelerator].fullmatch(gpu_type):
+        return
+    example = "NVIDIA-A100-SXM4-80GB" if accelerator == "cuda" else "AMD_Instinct_MI300X_OAM"
+    yield sourced.diagnostic(("cluster", "gpu_type"), (
+        f"the kuberay target selects nodes by their GPU label {label}, whose values are product names such as "
+        f"{example}, not {gpu_type}: set kubernetes.node_selector: {{{label}: <the value on your nodes>}} "
+        f"(`kubectl get nodes -L {label}` shows it)"))
 
 
 def _skypilot(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:

@@ -52,30 +52,22 @@ def derived(spec: Spec) -> tuple[Derived, ...]:
     return tuple(items)
 
 
-def checkpoint_dir(spec: Spec) -> str:
-    """Where verl saves checkpoints: trainer.default_local_dir, or verl's default for this run."""
+def own_checkpoint_dir(spec: Spec) -> str | None:
+    """trainer.default_local_dir as the spec writes it, if it does."""
     trainer = spec.verl.get("trainer")
     given = trainer.get("default_local_dir") if isinstance(trainer, dict) else None
-    return str(given) if given else f"checkpoints/{spec.project}/{spec.experiment or spec.name}"
+    return str(given) if given else None
+
+
+def checkpoint_dir(spec: Spec) -> str:
+    """Where verl saves checkpoints: trainer.default_local_dir, or verl's default for this run."""
+    return own_checkpoint_dir(spec) or f"checkpoints/{spec.project}/{spec.experiment or spec.name}"
 
 
 def resume_defaults(spec: Spec) -> dict[str, Any]:
     """Written out unless the spec sets them, so that a requeued or re-run job finds its checkpoints
     where the first run put them (verl's own default interpolates names that could change)."""
     return {"trainer.default_local_dir": checkpoint_dir(spec), "trainer.resume_mode": "auto"}
-
-
-# verl's determinism settings (verl docs/advance/determinism.md; issues #3126, #997): a seed only
-# shuffles data, so reproducible runs also need the engines' full determinism. Each is passed only
-# where the spec's release and engine have it.
-DETERMINISM = {
-    "data.seed": 42,
-    "actor_rollout_ref.rollout.seed": 42,
-    "actor_rollout_ref.rollout.full_determinism": True,
-    "actor_rollout_ref.actor.fsdp_config.full_determinism": True,
-    "actor_rollout_ref.ref.fsdp_config.full_determinism": True,
-    "critic.fsdp.full_determinism": True,
-}
 
 
 def derived_environment(spec: Spec) -> tuple[EnvVar, ...]:
@@ -122,6 +114,12 @@ def variant_specs(spec: Spec) -> list[tuple[tuple[tuple[str, Any], ...], Spec]]:
                 node = node[part]
             node[last] = value
         experiment = f"{spec.experiment or spec.name}-v{index:03d}"
+        given = own_checkpoint_dir(spec)
+        if given is not None and "verl.trainer.default_local_dir" not in spec.sweep.matrix \
+                and "experiment_name}" not in given:
+            # One folder for every variant would make them resume from each other's checkpoints and share
+            # one first-run record: each variant checkpoints under the given folder, in one of its own.
+            verl["trainer"]["default_local_dir"] = f"{given.rstrip('/')}/{experiment}"
         out.append((tuple(zip(keys, values)), spec.model_copy(update={"verl": verl, "experiment": experiment})))
     return out
 
@@ -137,6 +135,7 @@ def slurm_log_dirs(spec: Spec) -> tuple[str, ...]:
 
 # --- the kuberay and skypilot targets: names, images and where checkpoints live ---------------------
 
+GPU_LABEL = {"cuda": "nvidia.com/gpu.product", "rocm": "amd.com/gpu.product-name"}  # GPU feature discovery's
 RAYJOB_NAME_MAX = 47  # KubeRay's rule: the RayJob name makes its cluster's and pods' names (DNS-1035 labels)
 
 

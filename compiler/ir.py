@@ -67,6 +67,11 @@ def parse_word(text: str) -> Word:
         elif match[1] and (match[0].startswith("${env:") or match[1] in SHORT_VARIABLES):
             parts.append(Var(match[1]))
         else:
+            bare = re.match(r"[A-Za-z_][A-Za-z0-9_]*", text[match.end():]) if match[0] == "$" else None
+            if bare:  # `$USER`: a shell habit that nothing here expands
+                short = f"${{{bare[0]}}}" if bare[0] in SHORT_VARIABLES else f"${{env:{bare[0]}}}"
+                raise ValueError(f"${bare[0]} would stay literal: write {short} for the environment variable "
+                                 f"on the node, or $$ for a literal $")
             name = f" for the variable {match[1]}" if match[1] else ""
             raise ValueError(f"write ${{env:NAME}}{name} (the environment variable on the node; ${{HOME}}, "
                              f"${{USER}} and a leading ~ also work); write $$ for a literal $")
@@ -254,6 +259,7 @@ class JobIR:
     checkpoint_dir: Word  # verl's trainer.default_local_dir, resolved (env vars expand on the node)
     node_env: tuple[str, ...]  # env vars the spec reads on the nodes: the preflight requires them set
     pins: tuple[tuple[str, str], ...]  # (package, exact version) every node must have
+    rollout_package: str | None  # the package of the rollout engine (rollout.name): on every node
     image: Word  # the image a run record names ("none" without a container)
     trainer_module: str
     config_name: str  # verl's Hydra config (`--config-name`, the first override when not ppo_trainer)

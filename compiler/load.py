@@ -116,8 +116,14 @@ def load(path: Path, display: str | None = None, _chain: tuple[Path, ...] = (),
         tree = yaml.load(text)
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         problem = " ".join(str(exc.problem or exc.context or "invalid YAML").split())
+        if exc.context_mark and exc.problem_mark and "flow" in str(exc.context or ""):
+            # An unclosed `[` or `{` is found lines later: point at the bracket, name where parsing stopped.
+            opened = "[" if "sequence" in str(exc.context) else "{"
+            problem = (f"this '{opened}' is not closed where it should be: {problem} "
+                       f"(line {exc.problem_mark.line + 1}, column {exc.problem_mark.column + 1})")
+            mark = exc.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         raise fail(f"invalid YAML: {problem}", line, col) from None
     except YAMLError as exc:  # errors without a position
         raise fail(f"invalid YAML: {' '.join(str(exc).split())}") from None

@@ -13,23 +13,19 @@ from .ir import (
 )
 from . import yaml_text
 from .derive import (
-    DETERMINISM, checkpoint_dir, derived, derived_environment, node_image, node_workdir, rayjob_names,
+    GPU_LABEL, checkpoint_dir, derived, derived_environment, node_image, node_workdir, rayjob_names,
     resume_defaults, slurm_log_dirs, variant_specs,
 )
 from .spec import Apptainer, Engine, Kubernetes, NoContainer, PinnedModel, Pyxis, Skypilot, Spec
+from .verl import determinism, preprocess
 from .verl.check import Selection, select, settings
 from .verl.hydra import hydra_value, verl_value
-from .verl.place import KNOWN
 from .verl.release import DEFAULT_CONFIG, Release
 from .verl.rules import Config, absolute
 
 TRAINER_MODULE = "verl.trainer.main_ppo"
-
-# verl's preprocessing scripts, relative to a verl checkout (the container's workdir).
-PREPARE_SCRIPTS = {
-    "gsm8k": "examples/data_preprocess/gsm8k.py",
-    "math": "examples/data_preprocess/math_dataset.py",
-}
+# The distribution each of verl's rollout engines (rollout.name) comes in; "hf" is transformers, which verl needs.
+ROLLOUT_PACKAGES = {"vllm": "vllm", "sglang": "sglang", "sglang_async": "sglang", "trtllm": "tensorrt_llm"}
 
 
 def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, notes: tuple[str, ...] = (),
@@ -67,13 +63,7 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
             num_gpus=spec.cluster.gpus_per_node,
             debugger_external=spec.ray.debug == "legacy",
         ),
-        data_prep=tuple(
-            DataPrepIR(p.dataset, p.dir, (
-                "python3", p.script or PREPARE_SCRIPTS[p.dataset], "--local_save_dir", p.dir,
-                *(("--local_dataset_path", p.local_dataset_path) if p.local_dataset_path else ()),
-            ))
-            for p in spec.data.prepare
-        ),
+        data_prep=data_prep(spec),
         model=parse_word(spec.model_path),
         model_fetch=ModelFetchIR(spec.model.path, spec.model.revision, parse_word(spec.model.folder))
         if isinstance(spec.model, PinnedModel) else None,
@@ -81,6 +71,8 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
         checkpoint_dir=checkpoint_word(spec, chosen),
         node_env=node_env(spec, chosen),
         pins=tuple(sorted({"verl": spec.verl_version, **spec.pins}.items())),
+        rollout_package=ROLLOUT_PACKAGES.get(str(Config(chosen.tree, verl_values(spec, chosen)).get(
+            "actor_rollout_ref.rollout.name"))),
         image=parse_word(getattr(spec.container, "image", None) or "none"),
         trainer_module=TRAINER_MODULE,
         config_name=spec.hydra.config_name,
@@ -94,6 +86,20 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
         variants=variants(spec, chosen),
         stall_timeout=spec.stall_timeout,
         notes=notes,
+    )
+
+
+def data_prep(spec: Spec) -> tuple[DataPrepIR, ...]:
+    """verl's preprocessing scripts (relative to the workdir, a verl checkout) with the options of the
+    spec's release; the checks refuse an option the release's scripts lack."""
+    options = preprocess.options(spec.verl_version)
+    return tuple(
+        DataPrepIR(p.dataset, p.dir, (
+            "python3", p.script or preprocess.SCRIPTS[p.dataset], options.out_dir, p.dir,
+            *((options.local_dataset or preprocess.LOCAL_DATASET, p.local_dataset_path) if p.local_dataset_path
+              else ()),
+        ))
+        for p in spec.data.prepare
     )
 
 
@@ -125,11 +131,7 @@ def overrides(spec: Spec, chosen: Selection) -> tuple[Override, ...]:
 
 def determinism_defaults(spec: Spec, chosen: Selection) -> dict[str, Any]:
     """With `reproducible: true`, verl's determinism settings that the spec's release and engine have."""
-    if not spec.reproducible:
-        return {}
-    walker = chosen.walker
-    return {k: v for k, v in DETERMINISM.items()
-            if (p := walker.place(k.split("."))).status == KNOWN and p.in_yaml}
+    return determinism.available(chosen) if spec.reproducible else {}
 
 
 def verl_values(spec: Spec, chosen: Selection) -> dict[str, Any]:
@@ -287,7 +289,6 @@ def slurm_ir(spec: Spec) -> SlurmIR | None:
 
 
 GPU_RESOURCE = {"cuda": "nvidia.com/gpu", "rocm": "amd.com/gpu"}  # the device plugins' resource names
-GPU_LABEL = {"cuda": "nvidia.com/gpu.product", "rocm": "amd.com/gpu.product-name"}  # GPU feature discovery's
 
 
 def kube_ir(spec: Spec) -> KubeIR | None:

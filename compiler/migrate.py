@@ -23,16 +23,16 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
-from .derive import derived, resume_defaults
+from .derive import critic_in_use, derived, resume_defaults
 from .diagnostics import Diagnostic, SpecError
 from .load import Sourced, load
-from .lower import determinism_defaults
 from .spec import Spec
 from .validate import validate
+from .verl import determinism
 from .verl.check import ENGINE_KEY, NOTE, Selection, all_keys, elsewhere, select, settings
 from .verl.hydra import shown, verl_value
 from .verl.place import KNOWN
-from .verl.release import MISSING, RELEASES, Release, snapshot
+from .verl.release import MISSING, RELEASES, Release, docs as release_docs, snapshot
 from .verl.rules import Config
 
 
@@ -135,6 +135,8 @@ class Plan:
     files: dict[Path, tuple[str, str]] = field(default_factory=dict)  # path -> (before, after)
     reformatted: dict[Path, int] = field(default_factory=dict)        # lines the YAML writer changed
     unpinned: int = 0  # changed defaults inside sections that are disabled in the migrated spec
+    unused: int = 0  # changed defaults of the critic, which the run does not use
+    notes: list[str] = field(default_factory=list)  # what the migration changes that no key shows
     valid: bool = True  # the rewritten spec validates against the target release
 
     def of(self, kind: str) -> list[Change]:
@@ -303,6 +305,8 @@ def plan(path: Path, target: str, *, write_bases: bool = False) -> Plan:
         out.valid = False
         return _finish(out, docs, write_bases)
     goal = Selection(new, spec.hydra.config_name, engine)
+    if spec.reproducible and determinism.available(chosen) != determinism.available(goal):
+        out.notes.append(f"reproducible: true: {determinism.describe(goal)} ({determinism.describe(chosen)})")
     for s in settings(spec.verl, chosen.walker):
         _carry_setting(s, sourced, chosen, goal, docs, out)
     for key in spec.sweep.matrix if spec.sweep else ():
@@ -442,7 +446,8 @@ def _values(spec: Spec, chosen: Selection) -> dict[str, Any]:
     """Every verl key the spec or verlc sets, as lowering passes them."""
     values = {**resume_defaults(spec), **{s.key: s.value for s in settings(spec.verl, chosen.walker)}}
     values.update({d.key: d.value for d in derived(spec)})
-    values.update(determinism_defaults(spec, chosen))
+    if spec.reproducible:
+        values.update(determinism.available(chosen))
     return {k: verl_value(v) for k, v in values.items()}
 
 
@@ -468,6 +473,9 @@ def _pin_defaults(out: Plan, spec: Spec, chosen: Selection, goal: Selection, doc
         new_key, _ = carry(key, out.source, out.target)
         if _set(new_key, set_after):
             continue
+        if new_key.startswith("critic.") and not critic_in_use(moved.verl):
+            out.unused += 1  # no critic runs: its settings do nothing, before or after
+            continue
         place = goal.walker.place(new_key.split("."))
         if (place.status != KNOWN or not place.in_yaml or isinstance(place.default, dict)
                 or placeholder(new_key, out.target) or any(new_key.startswith(p + ".") for p in unchecked)):
@@ -478,6 +486,12 @@ def _pin_defaults(out: Plan, spec: Spec, chosen: Selection, goal: Selection, doc
         if was is None:  # the old release decided in its code; what it decided, verlc cannot know
             review.append(Change("review", new_key, f"verl {out.source} leaves it null (its code decides); verl "
                                                     f"{out.target}'s default is {shown(now)}: not pinned, check it"))
+            continue
+        unknown = _unnamed_value(new_key, was, now, out.target)
+        if unknown:
+            out.changes.append(Change("decision", new_key, f"the spec relied on verl {out.source}'s default "
+                                                           f"{shown(was)}; {out.target}'s is {shown(now)}, and {unknown}: "
+                                                           f"choose a value {out.target} takes"))
             continue
         raw = _raw(chosen.tree, key)  # an interpolation stays one: it follows the key it names
         pins[new_key] = (raw if isinstance(raw, str) and "${" in raw else was, now)
@@ -512,6 +526,22 @@ def _pin_defaults(out: Plan, spec: Spec, chosen: Selection, goal: Selection, doc
     out.valid = not problems
     for d in problems:
         out.changes.append(Change("decision", d.path.removeprefix("verl."), d.message, f"{d.file}:{d.line}:{d.col}"))
+
+
+def _unnamed_value(key: str, was: Any, now: Any, target: str) -> str | None:
+    """Why an old default is not a value the target takes, or None. verl's description of a key lists the
+    values its code knows (e.g. rollout.load_format: "dummy, hf, megatron, ..."): where it names the new
+    default and not the old one, the old one means nothing to that release (0.4.1's dummy_dtensor)."""
+    if not (isinstance(was, str) and isinstance(now, str)):
+        return None
+    text = release_docs(target)["keys"].get(key) or ""
+
+    def names(value: str) -> bool:
+        return re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])", text) is not None
+
+    if text and names(now) and not names(was):
+        return f"verl {target}'s description of it names no {shown(was)} (\"{text[:120]}\")"
+    return None
 
 
 def _load_spec(path: Path, texts: dict[Path, str], out: Plan) -> Spec | None:
@@ -610,6 +640,9 @@ def report(p: Plan, markdown: bool = False) -> str:
     notes = []
     if p.unpinned:
         notes.append(f"{p.unpinned} changed default(s) inside sections the migrated spec leaves disabled (enable: false) were not pinned")
+    if p.unused:
+        notes.append(f"{p.unused} changed default(s) of the critic were not pinned: this run uses none (only gae does)")
+    notes += p.notes
     notes += [f"{path}: the YAML writer also reformats {n} line(s) of this file" for path, n in p.reformatted.items()]
     if not p.changes:
         notes.append("no key moved, none dropped, no default the spec relies on changed")

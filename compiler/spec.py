@@ -115,10 +115,13 @@ class PinnedModel(Model):
 class DataPrep(Model):
     """One of verl's preprocessing scripts, run once before training; skipped when its output exists."""
 
-    dataset: Literal["gsm8k", "math"] = Field(description="Which of verl's preprocessing scripts to run.")
+    dataset: Literal["gsm8k", "math"] = Field(description="Which of verl's preprocessing scripts to run (with "
+                                                         "the options of verl_version's scripts: --local_dir "
+                                                         "before 0.6.0, --local_save_dir from 0.6.0).")
     dir: Text = Field(description="Output folder for train.parquet and test.parquet (relative to workdir).")
     script: Text | None = Field(None, description="Script path; default: verl's examples/data_preprocess/.")
-    local_dataset_path: Text | None = Field(None, description="Read the raw dataset from here, not the hub.")
+    local_dataset_path: Text | None = Field(None, description="Read the raw dataset from here, not the hub "
+                                                              "(verl's scripts take it from 0.6.0).")
 
 
 class Data(Model):
@@ -158,8 +161,10 @@ class Cluster(Model):
     gpus_per_node: Int = Field(ge=1, le=64, description="GPUs per node; verl's trainer.n_gpus_per_node.")
     accelerator: Literal["cuda", "rocm"] = Field("cuda", description="NVIDIA (cuda) or AMD (rocm) GPUs.")
     gpu_type: GpuType | None = Field(
-        None, description="The GPU model, e.g. H100 or MI300X: SkyPilot's accelerators (H100:8), the Kubernetes "
-                          "node selector's value (kubernetes.gpu_label), Slurm's typed GRES (--gpus-per-node=H100:8).")
+        None, description="The GPU model, e.g. H100 or MI300X: SkyPilot's accelerators (H100:8), Slurm's typed "
+                          "GRES (--gpus-per-node=H100:8), and the Kubernetes node selector's value "
+                          "(kubernetes.gpu_label) when it is a product name as node labels have it "
+                          "(NVIDIA-H100-80GB-HBM3); else kuberay needs kubernetes.node_selector.")
     slurm: Slurm | None = Field(None, description="sbatch directives; the slurm target needs them.")
 
 
@@ -369,7 +374,9 @@ class Sweep(Model):
     """Every combination of these verl settings is one variant: a Slurm array task, a Ray job."""
 
     matrix: dict[SweepKey, Annotated[tuple[Any, ...], Field(min_length=1)]] = Field(
-        min_length=1, description="verl.<key>: [values]; every combination is one variant.")
+        min_length=1, description="verl.<key>: [values]; every combination is one variant, with its own "
+                                  "experiment name and checkpoint folder (under trainer.default_local_dir when "
+                                  "the spec fixes it).")
 
 
 # --- verl's Hydra composition -------------------------------------------------------------------

@@ -72,7 +72,9 @@ class Run:
     state: str = "SUBMITTED"
     restarts: int = 0
     seen_at: str = ""
-    finished_at: str | None = None
+    finished_at: str | None = None  # when verlc saw the end
+    started_at: str | None = None  # the scheduler's start and end times, where it reports them
+    ended_at: str | None = None
     exit_code: int | None = None
     record: str | None = None  # where the in-cluster run record is
     history: list[dict] = field(default_factory=list)
@@ -103,6 +105,8 @@ def fold(ledger: Path) -> dict[str, Run]:
         run.state = event.get("state", run.state)
         run.restarts = max(run.restarts, event.get("restarts", 0))
         run.seen_at = event["at"]
+        run.started_at = event.get("started") or run.started_at
+        run.ended_at = event.get("ended") or run.ended_at
         if kind == "finished":
             run.finished_at = event["at"]
             run.exit_code = event.get("exit_code")

@@ -56,14 +56,15 @@ def _shown(path: Path, root: Path) -> str:
 def observe(ledger_file: Path, run: ledger.Run) -> Observed:
     """Ask the scheduler; append a `state` event when something changed, `finished` once it ended."""
     seen = launcher(run.target).state(run.submitted)
+    times = {k: v for k, v in (("started", seen.started), ("ended", seen.ended)) if v}  # the scheduler's own
     if seen.final:
         if not run.final:
             ledger.append(ledger_file, {"event": "finished", "run": run.run, "state": seen.state,
                                         "restarts": max(seen.restarts, run.restarts), "exit_code": seen.exit_code,
-                                        "record": run.submitted.get("record"), "source": seen.source})
-    elif (seen.state, seen.restarts) != (run.state, run.restarts):
+                                        "record": run.submitted.get("record"), "source": seen.source, **times})
+    elif (seen.state, seen.restarts) != (run.state, run.restarts) or (seen.started and not run.started_at):
         ledger.append(ledger_file, {"event": "state", "run": run.run, "state": seen.state,
-                                    "restarts": seen.restarts, "source": seen.source})
+                                    "restarts": seen.restarts, "source": seen.source, **times})
     return seen
 
 
@@ -118,8 +119,10 @@ def follow(ledger_file: Path, run: ledger.Run, keys: Sequence[str], out: TextIO,
 
 
 def duration(run: ledger.Run) -> str:
-    start = _parse(run.submitted["at"])
-    end = _parse(run.finished_at) if run.finished_at else datetime.now(timezone.utc)
+    """How long the job ran, by the scheduler's start and end times where it gave them; else from the
+    submission to when verlc saw it end."""
+    start = _parse(run.started_at or run.submitted["at"])
+    end = _parse(run.ended_at or run.finished_at) if run.finished_at else datetime.now(timezone.utc)
     seconds = int((end - start).total_seconds())
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 
@@ -33,6 +34,13 @@ class Observed:
     exit_code: int | None = None
     final: bool = False
     source: str = ""  # which tool said so
+    started: str | None = None  # when the scheduler started the job (UTC, %Y-%m-%dT%H:%M:%SZ), if it says
+    ended: str | None = None  # when it ended, if it says
+
+
+def utc(moment: datetime | None) -> str | None:
+    """A scheduler's time as the ledger writes times."""
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ") if moment else None
 
 
 def tool(name: str, why: str) -> str:

@@ -39,6 +39,7 @@ def job_description(ir: JobIR, *, address: str | None, record: str | None,
         "data_files": [f.as_json() for f in ir.data_files],
         "require_env": list(ir.node_env),
         "pins": [f"{name}={version}" for name, version in ir.pins],
+        "rollout_package": ir.rollout_package,
         "image": image or ir.image.display,  # the run record names it (a target's own image, if it has one)
         "record": record,
         "reference": Word((*checkpoints.parts, f"/{REFERENCE}")).as_json() if ir.reproducible else None,

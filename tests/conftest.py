@@ -28,6 +28,18 @@ EXAMPLE_BUNDLES = [(spec, target) for spec in SPECS for target in spec_targets(s
 IN_CI = os.environ.get("CI") == "true"
 
 
+def rollout_engine_site() -> Path:
+    """A folder with the metadata of an installed vllm (no code): the rollout engine the e2e specs name, as
+    the preflight finds it on a node. Put on a node's PYTHONPATH (or into a container's site-packages);
+    a node without it is a node without vllm."""
+    site = REPO / ".cache" / "rollout-engine-site"
+    info = site / "vllm-0.0.0+verlc.test.dist-info"
+    if not (info / "METADATA").exists():
+        info.mkdir(parents=True, exist_ok=True)
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.0.0+verlc.test\n")
+    return site
+
+
 def run_verlc(*args: str | Path, cwd: Path = REPO, env: dict[str, str] | None = None,
               ) -> subprocess.CompletedProcess[str]:
     """The installed CLI in a new process, exactly as a user runs it."""

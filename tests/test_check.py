@@ -87,6 +87,7 @@ model: Qwen/Qwen2.5-0.5B-Instruct
 data: {train_files: [data/train.parquet], val_files: [data/test.parquet], prepare: [{dataset: gsm8k, dir: data}]}
 cluster: {nodes: 1, gpus_per_node: 8, slurm: {cpus_per_task: 4}}
 container: {runtime: docker, image: verl:1, workdir: /workspace/verl, mounts: MOUNTS}
+secrets: [WANDB_API_KEY]
 verl:
   algorithm: {adv_estimator: grpo}
   actor_rollout_ref: {actor: {ppo_micro_batch_size_per_gpu: 4}, rollout: {name: vllm, log_prob_micro_batch_size_per_gpu: 4}}
@@ -131,3 +132,36 @@ def test_a_stall_timeout_needs_the_console_logger_it_watches(tmp_path: Path) -> 
     assert blind.returncode == 2
     assert ("blind.yaml:35:1: stall_timeout: stall_timeout watches the steps verl's console logger prints, "
             "and trainer.logger is ['wandb']: add console to it") in blind.stderr, blind.stderr
+
+
+def test_submit_creates_the_log_folder_so_it_leaves_the_note_out(tmp_path: Path) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text((REPO / "specs" / "quickstart-gsm8k-1node.yaml").read_text()
+                    .replace("slurm: {", "slurm: {output: runlogs/%x-%j.out, ", 1))
+    note = "Slurm does not create the folder runlogs/"
+    assert note in run_verlc("build", "s.yaml", "--target", "slurm", cwd=tmp_path).stderr
+    submitted = run_verlc("submit", "s.yaml", "--target", "slurm", cwd=tmp_path, env={"PATH": "/nonexistent"})
+    assert submitted.returncode == 4 and "sbatch is not on PATH" in submitted.stderr, submitted.stderr
+    assert note not in submitted.stderr
+
+
+def test_two_specs_of_one_name_are_named_as_a_clash_by_check_and_build(tmp_path: Path) -> None:
+    for name in ("a.yaml", "b.yaml"):
+        shutil.copy(REPO / "specs" / "quickstart-gsm8k-1node.yaml", tmp_path / name)
+    for command in (("check", "a.yaml", "b.yaml"), ("build", "a.yaml", "b.yaml", "--target", "slurm")):
+        result = run_verlc(*command, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert ("b.yaml and a.yaml both have name 'quickstart-gsm8k-1node'; their bundles would overwrite each other "
+                "in one folder: rename one") in result.stderr
+        assert "edited by hand" not in result.stderr and "--force" not in result.stderr
+
+
+def test_a_wandb_logger_without_its_key_is_a_note(tmp_path: Path) -> None:
+    spec = tmp_path / "w.yaml"
+    spec.write_text(CONTAINER_SPEC.replace("MOUNTS", "[]").replace("secrets: [WANDB_API_KEY]\n", ""))
+    result = run_verlc("validate", "w.yaml", cwd=tmp_path)
+    assert result.returncode == 0
+    assert ("verl: note: verl 0.9.1's default trainer.logger has wandb, and WANDB_API_KEY is not in secrets: every "
+            "node then needs its own W&B login (~/.netrc)") in result.stderr, result.stderr
+    spec.write_text(spec.read_text() + "  trainer: {logger: [console]}\n")
+    assert "W&B" not in run_verlc("validate", "w.yaml", cwd=tmp_path).stderr

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLE_BUNDLES, IN_CI, REPO, run_verlc
+from conftest import EXAMPLE_BUNDLES, IN_CI, REPO, rollout_engine_site, run_verlc
 from test_slurm_e2e import build, job_state, sbatch, slurm, submit, wait_for, write_fixtures  # noqa: F401
 
 STATE = Path(os.environ.get("VERLC_CONTAINER_STATE", "/tmp/verlc-containers"))
@@ -106,7 +106,8 @@ def mounts(root: Path) -> str:
     site = Path(sysconfig.get_paths()["purelib"])
     into = "/opt/venv/lib/python3.11/site-packages"  # the image's Python is 3.11, as this one must be
     assert sys.version_info[:2] == (3, 11), "torch's compiled parts must match the image's Python"
-    torch = [site / "torch", site / "torchgen", *site.glob("torch-*.dist-info")]
+    torch = [site / "torch", site / "torchgen", *site.glob("torch-*.dist-info"),
+             *rollout_engine_site().glob("vllm-*.dist-info")]  # and the rollout engine the spec names
     return "[" + ", ".join([f"'{root}:{root}'", *(f"'{p}:{into}/{p.name}:ro'" for p in torch)]) + "]"
 
 

@@ -55,7 +55,10 @@ def _yielded_keys() -> set[str]:
     function = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "rules")
     names = {"actor": ["actor_rollout_ref.actor"], "rollout": ["actor_rollout_ref.rollout"],
              "ref": ["actor_rollout_ref.ref"], "critic": ["critic"],
-             "section": ["actor_rollout_ref.rollout", "actor_rollout_ref.ref"]}
+             "section": ["actor_rollout_ref.rollout", "actor_rollout_ref.ref"],
+             "count": ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                       "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                       "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu"]}
     found: set[str] = set()
     for node in ast.walk(function):
         if isinstance(node, ast.Yield) and isinstance(node.value, ast.Tuple):

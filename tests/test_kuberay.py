@@ -107,7 +107,7 @@ def base(**changes: Any) -> dict[str, Any]:
 VARIANTS = {
     "example": None,
     "one node, rocm, MI300X": base(cluster={"nodes": 1, "gpus_per_node": 8, "accelerator": "rocm",
-                                            "gpu_type": "MI300X"}),
+                                            "gpu_type": "AMD_Instinct_MI300X_OAM"}),
     "sweep of 2": base(sweep={"matrix": {"verl.actor_rollout_ref.actor.optim.lr": [1e-6, 2e-6]}}),
     "everything set": base(kubernetes={
         "namespace": "team-a", "service_account": "sa", "image_pull_secret": "regcred", "secret": "keys",
@@ -213,6 +213,24 @@ def test_what_kubernetes_cannot_run_is_refused(tmp_path: Path) -> None:
     assert problems(tmp_path, apptainer)[0].startswith("kubernetes: the kuberay target runs an OCI image")
     bad = base(**{"kubernetes__memory": "1.5 TB"})
     assert problems(tmp_path, bad)[0].startswith("kubernetes.memory: '1.5 TB' is not a Kubernetes quantity")
+
+
+def test_a_gpu_model_name_is_not_a_node_label_value(tmp_path: Path) -> None:
+    """GPU feature discovery labels nodes NVIDIA-A100-SXM4-80GB; a selector on SkyPilot's A100-80GB matches no
+    node and leaves the pods Pending for ever."""
+    short = base(cluster={"nodes": 2, "gpus_per_node": 8, "gpu_type": "A100-80GB"})
+    assert problems(tmp_path, short) == [
+        "cluster.gpu_type: the kuberay target selects nodes by their GPU label nvidia.com/gpu.product, whose values "
+        "are product names such as NVIDIA-A100-SXM4-80GB, not A100-80GB: set kubernetes.node_selector: "
+        "{nvidia.com/gpu.product: <the value on your nodes>} (`kubectl get nodes -L nvidia.com/gpu.product` shows it)"]
+    labelled = base(cluster={"nodes": 2, "gpus_per_node": 8, "gpu_type": "A100-80GB"},
+                    **{"kubernetes__node_selector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}})
+    assert problems(tmp_path, labelled) == []
+    jobs, _, _ = kuberay_docs(labelled, tmp_path)
+    head = jobs[0]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    product = base(cluster={"nodes": 2, "gpus_per_node": 8, "gpu_type": "NVIDIA-H100-80GB-HBM3"})
+    assert problems(tmp_path, product) == []
 
 
 def test_a_spec_name_is_mapped_to_a_rayjob_name(tmp_path: Path) -> None:

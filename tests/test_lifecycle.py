@@ -85,6 +85,38 @@ def test_the_ledger_folds_events_and_finds_runs(tmp_path: Path) -> None:
         ledger.fold(book)
 
 
+def test_a_runs_duration_is_the_schedulers_start_to_end(tmp_path: Path) -> None:
+    """verlc notices an end when it next asks; the scheduler's own times say how long the job ran."""
+    from verlc.lifecycle import runs
+
+    book = tmp_path / ledger.FILE
+    lines = [{"event": "submitted", "run": "r-1", "job_id": "1", "target": "slurm", "at": "2026-12-01T10:00:00Z"},
+             {"event": "state", "run": "r-1", "state": "RUNNING", "at": "2026-12-01T10:00:05Z",
+              "started": "2026-12-01T10:00:02Z"},
+             {"event": "finished", "run": "r-1", "state": "COMPLETED", "at": "2026-12-01T10:01:09Z",
+              "started": "2026-12-01T10:00:02Z", "ended": "2026-12-01T10:00:31Z"}]
+    book.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert runs.duration(ledger.fold(book)["r-1"]) == "0:00:29"
+    older = [{k: v for k, v in line.items() if k not in ("started", "ended")} for line in lines]
+    book.write_text("".join(json.dumps(line) + "\n" for line in older))  # a ledger from before: as it was
+    assert runs.duration(ledger.fold(book)["r-1"]) == "0:01:09"
+
+
+def test_slurm_times_become_utc_ledger_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from verlc.targets.slurm import launch
+
+    monkeypatch.setenv("TZ", "Europe/Paris")
+    time.tzset()
+    try:
+        assert launch._time("2026-12-01T11:00:31") == "2026-12-01T10:00:31Z"  # the controller's local time
+        assert launch._time("Unknown") is None and launch._time(None) is None
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+
 APPENDER = """
 import sys
 from verlc.lifecycle import ledger

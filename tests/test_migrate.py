@@ -314,3 +314,57 @@ def test_a_swept_key_moves_with_its_values(tmp_path: Path) -> None:
     assert re.search(r"\n    verl\.reward\.reward_manager\.name: \[dapo, naive\] +# the reward to compare\n",
                      spec.read_text()), spec.read_text()
     assert run_verlc("validate", "sweep.yaml", cwd=tmp_path).returncode == 0
+
+
+GRPO_041 = """\
+name: grpo-run
+verl_version: 0.4.1
+project: p
+model: {path: Qwen/Qwen2.5-0.5B-Instruct, revision: 0123456789abcdef0123456789abcdef01234567}
+reproducible: true
+data: {train_files: [data/train.parquet], val_files: [data/test.parquet]}
+verl:
+  algorithm: {adv_estimator: grpo}
+  actor_rollout_ref:
+    actor: {ppo_micro_batch_size_per_gpu: 4, use_kl_loss: true}
+    rollout: {name: vllm, n: 4, log_prob_micro_batch_size_per_gpu: 8}
+    ref: {log_prob_micro_batch_size_per_gpu: 8}
+cluster: {nodes: 1, gpus_per_node: 8}
+container: {runtime: pyxis, image: "nvcr.io#v/verl@sha256:%s", workdir: /w}
+secrets: [WANDB_API_KEY]
+""" % ("0" * 64)
+
+
+def test_a_grpo_spec_pins_nothing_of_the_critic_it_does_not_use(tmp_path: Path) -> None:
+    """GRPO runs no critic: pinning its defaults only made validation note 'critic settings given'."""
+    spec = tmp_path / "grpo.yaml"
+    spec.write_text(GRPO_041)
+    p = migrate.plan(spec, "0.9.1")
+    assert not [c for c in p.changes if c.key.startswith("critic.")], [c for c in p.changes if "critic" in c.key]
+    assert any("changed default(s) of the critic were not pinned" in line for line in migrate.report(p).splitlines())
+    migrate.write(p)
+    result = run_verlc("validate", spec, "--strict")
+    assert "critic" not in result.stderr, result.stderr
+
+
+def test_an_old_default_the_new_release_does_not_know_is_a_decision_not_a_pin(tmp_path: Path) -> None:
+    """0.4.1's rollout.load_format default dummy_dtensor names a loader 0.9.1 no longer has."""
+    spec = tmp_path / "grpo.yaml"
+    spec.write_text(GRPO_041)
+    p = migrate.plan(spec, "0.9.1")
+    assert "actor_rollout_ref.rollout.load_format" not in {c.key for c in p.of("pinned")}
+    decision = next(c for c in p.decisions if c.key == "actor_rollout_ref.rollout.load_format")
+    assert "dummy_dtensor" in decision.text and "0.9.1's is dummy" in decision.text
+    assert "load_format" not in p.files[spec][1]  # not written into the spec
+
+
+def test_the_report_says_what_reproducible_turns_on_in_each_release(tmp_path: Path) -> None:
+    spec = tmp_path / "grpo.yaml"
+    spec.write_text(GRPO_041)
+    report = migrate.report(migrate.plan(spec, "0.9.1"))
+    assert ("reproducible: true: on verl 0.9.1, reproducible: true sets data.seed, actor_rollout_ref.rollout.seed, "
+            "actor_rollout_ref.rollout.full_determinism") in report
+    assert "verl 0.4.1 has none of verl's determinism settings" in report
+    built = run_verlc("validate", spec)  # and the build says it for the old release
+    assert ("grpo.yaml:5:1: reproducible: note: verl 0.4.1 has none of verl's determinism settings: reproducible: "
+            "true cannot make its training deterministic") in built.stderr, built.stderr

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, run_verlc
+from conftest import IN_CI, rollout_engine_site, run_verlc
 from test_slurm_e2e import write_fixtures
 
 BIN = Path(sys.executable).parent
@@ -35,7 +35,8 @@ NODE_ENV: dict[str, str] = {}  # the head node's own environment, set by the ray
 
 
 def ray_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    return {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "RAY_USAGE_STATS_ENABLED": "0", **(extra or {})}
+    return {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "RAY_USAGE_STATS_ENABLED": "0",
+            "PYTHONPATH": str(rollout_engine_site()), **(extra or {})}  # the node has the rollout engine
 
 
 @pytest.fixture(scope="module")

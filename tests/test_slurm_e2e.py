@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, REPO, run_verlc
+from conftest import IN_CI, REPO, rollout_engine_site, run_verlc
 
 
 # dev/slurm.sh keeps the test cluster in its own state folder; every Slurm command finds it via SLURM_CONF.
@@ -142,7 +142,9 @@ ray: {{wait_for_nodes: {wait}}}
     return next((root / "out").glob("*/slurm/sbatch.sh"))
 
 
-SUBMIT_ENV = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "SLURM_CONF": SLURM_CONF}
+# The job inherits this environment: its nodes' Python sees the rollout engine's package there.
+SUBMIT_ENV = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "SLURM_CONF": SLURM_CONF,
+              "PYTHONPATH": str(rollout_engine_site())}
 
 
 def sbatch(script: Path, root: Path, stop_after: str = "preflight", *options: str,
@@ -423,3 +425,79 @@ def test_the_dashboard_answers_on_the_head_loopback_only(slurm: None, tmp_path: 
     assert probe["listening"], f"no dashboard found listening: {probe}"
     assert all(ips == ["127.0.0.1"] for ips in probe["listening"].values()), probe
     assert probe["others"] and not any(probe["reachable"].values()), probe
+
+
+def test_a_node_without_the_rollout_engine_fails_the_preflight_naming_engine_and_node(slurm: None,
+                                                                                     tmp_path: Path) -> None:
+    """rollout.name is vllm: a node whose Python has no vllm would fail only once verl's workers start."""
+    write_fixtures(tmp_path)
+    job, output, state = sbatch(build(tmp_path), tmp_path, "preflight", env={"PYTHONPATH": ""})
+    assert state == "FAILED", output
+    failures = [line.split("PREFLIGHT FAILED: ", 1)[1] for line in output.splitlines() if "PREFLIGHT FAILED" in line]
+    assert failures and all(re.fullmatch(r"node \S+ \(\w{8}\): the rollout engine vllm "
+                                         r"\(actor_rollout_ref\.rollout\.name\) is not installed", f)
+                            for f in failures[:2]), output
+    assert len([f for f in failures if "rollout engine" in f]) == 2  # each node, by its Ray node id
+
+
+def test_a_sweep_with_one_checkpoint_folder_runs_each_variant_in_its_own(slurm: None, tmp_path: Path) -> None:
+    """Both array tasks of a 2-variant sweep whose spec fixes trainer.default_local_dir: two folders."""
+    write_fixtures(tmp_path)
+    spec = build(tmp_path).parents[3] / "spec.yaml"  # the e2e spec, then the sweep and a fixed folder
+    ckpt = tmp_path / "ckpt"
+    spec.write_text(spec.read_text().replace("verl: {", f"verl: {{trainer: {{default_local_dir: {ckpt}}}, ", 1)
+                    + "sweep: {matrix: {verl.actor_rollout_ref.actor.optim.lr: [1.0e-6, 2.0e-6]}}\n")
+    built = run_verlc("build", spec, "--target", "slurm", "--out", tmp_path / "out", "--force")
+    assert built.returncode == 0, built.stderr
+    script = next((tmp_path / "out").glob("*/slurm/sbatch.sh"))
+    job = submit(script, tmp_path, stop_after="preflight")
+    wait_for(lambda: not subprocess.run(["squeue", "--noheader", "--jobs", job], capture_output=True,
+                                        text=True).stdout.strip(), 600, f"array job {job} to end")
+    name = spec.read_text().split("name: ", 1)[1].split("\n", 1)[0]
+    assert sorted(p.name for p in ckpt.iterdir()) == [f"{name}-v000", f"{name}-v001"]
+    outputs = [p.read_text() for p in tmp_path.glob("slurm-*.out")]
+    assert len(outputs) == 2 and all("preflight passed" in o for o in outputs), outputs
+
+
+PREPARE_WITH_THE_RELEASES_PARSER = """\
+# The data stage's script: verl {version}'s own gsm8k.py argument parser parses what the bundle passes,
+# then the test's parquet files stand in for the dataset (no hub here).
+import argparse, ast, shutil, sys, tarfile
+with tarfile.open({archive!r}) as tar:
+    source = tar.extractfile("examples/data_preprocess/gsm8k.py").read().decode()
+main = next(n for n in ast.parse(source).body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test))
+body = []
+for statement in main.body:
+    if "parse_args" in ast.unparse(statement):
+        break
+    body.append(statement)
+scope = {{"argparse": argparse}}
+exec(compile(ast.Module(body=body, type_ignores=[]), "gsm8k.py", "exec"), scope)
+args = scope["parser"].parse_args(sys.argv[1:])
+out = args.local_save_dir if "--local_save_dir" in sys.argv else args.local_dir
+print("parsed by verl {version}'s gsm8k.py:", sys.argv[1:], "->", out)
+import os
+os.makedirs(out, exist_ok=True)
+for name in ("train.parquet", "test.parquet"):
+    shutil.copy(f"data/{{name}}", f"{{out}}/{{name}}")
+"""
+
+
+def test_the_data_stage_passes_the_releases_own_preprocessing_options(slurm: None, tmp_path: Path) -> None:
+    """0.7.1's own gsm8k.py parses what the bundle passes (--local_save_dir); a 0.4.1 spec gets --local_dir,
+    the only option that release's scripts have (its scripts are not in ../shared to run)."""
+    archive = REPO.parent / "shared" / "verl-examples" / "verl-v0.7.1-examples.tar.gz"
+    if not archive.exists():
+        message = f"{archive} is missing (verl's example scripts, shared beside the repository)"
+        pytest.fail(message) if IN_CI else pytest.skip(message)
+    write_fixtures(tmp_path)
+    (tmp_path / "prep.py").write_text(PREPARE_WITH_THE_RELEASES_PARSER.format(version="0.7.1", archive=str(archive)))
+    prepare = f", prepare: [{{dataset: gsm8k, dir: prepared, script: {tmp_path}/prep.py}}]"
+    script = build(tmp_path, prepare=prepare, extra="verl_version: 0.7.1\n")
+    job, output, state = sbatch(script, tmp_path, "data")
+    assert state == "COMPLETED", output
+    assert "parsed by verl 0.7.1's gsm8k.py: ['--local_save_dir', 'prepared'] -> prepared" in output, output
+    assert (tmp_path / "prepared" / "train.parquet").exists()
+    old = build(tmp_path, prepare=prepare.replace("prepared", "prepared041"), extra="verl_version: 0.4.1\n")
+    assert "examples/data_preprocess" not in old.read_text()  # the spec's own script, with 0.4.1's option:
+    assert f"python3 {tmp_path}/prep.py --local_dir prepared041" in old.read_text()

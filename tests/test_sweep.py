@@ -94,3 +94,37 @@ def test_max_variants_guards_accidents(tmp_path: Path, limit: str | None, code: 
     assert result.returncode == code, result.stderr
     if code:
         assert "1100 variants; more than --max-variants 1000" in result.stderr
+
+
+def test_variants_of_a_spec_that_fixes_the_checkpoint_folder_each_get_their_own(tmp_path: Path) -> None:
+    """A fixed trainer.default_local_dir shared by every variant made them resume from each other's
+    checkpoints (and share one first-run record): each variant now checkpoints in a folder of its own."""
+    spec = sweep_spec({"verl.actor_rollout_ref.actor.optim.lr": [1e-6, 2e-6]}, reproducible=False)
+    spec["verl"] = {**spec["verl"], "trainer": {"default_local_dir": "/lustre/ckpt/run"}}
+    ir, bundles = build(tmp_path, spec)
+    folders = [v.checkpoint_dir.display for v in ir.variants]
+    assert folders == ["/lustre/ckpt/run/e-v000", "/lustre/ckpt/run/e-v001"]
+    for variant, folder in zip(ir.variants, folders):  # the trainer, the preflight and the record agree
+        assert f"trainer.default_local_dir={folder}" in ir.trainer_argv_for(variant)
+    assert any("each sweep variant checkpoints in a folder of its own under /lustre/ckpt/run" in n for n in ir.notes)
+    slurm = next(b for b in bundles if b.target == "slurm")
+    table = next(f.text for f in slurm.files if f.path == "variants.csv")
+    assert "/lustre/ckpt/run/e-v000" in table and "/lustre/ckpt/run/e-v001" in table
+    for index in range(2):  # ray-job: each variant's job description
+        ray_job = next(b for b in bundles if b.target == "ray-job")
+        job = json.loads(next(f.text for f in ray_job.files if f.path == f"verlc_job/jobs/{index}.json"))
+        assert job["checkpoint_dir"] == [folders[index]]
+
+
+def test_a_folder_named_after_the_experiment_already_differs_per_variant(tmp_path: Path) -> None:
+    spec = sweep_spec({"verl.data.seed": [1, 2]})
+    spec["verl"] = {**spec["verl"], "trainer": {"default_local_dir": "/ckpt/${trainer.experiment_name}"}}
+    ir, _ = build(tmp_path, spec)
+    assert [v.checkpoint_dir.display for v in ir.variants] == ["/ckpt/e-v000", "/ckpt/e-v001"]
+
+
+def test_variants_that_would_share_a_checkpoint_folder_are_refused(tmp_path: Path) -> None:
+    problems = build(tmp_path, sweep_spec({"verl.trainer.default_local_dir": ["/ckpt/a", "/ckpt/a"]}))
+    assert isinstance(problems, list)
+    assert any("sweep.matrix.verl.trainer.default_local_dir: variants 0 and 1 would both checkpoint in /ckpt/a" in p
+               for p in problems), problems

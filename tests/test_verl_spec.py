@@ -91,6 +91,15 @@ REJECTED = {
                              "has no option 'megatron_actr'"),
     "unknown-group": ({}, "0.9.1", {"hydra": {"groups": {"actr@actor_rollout_ref.actor": "dp_actor"}}},
                       "verl 0.9.1 has no config group 'actr' (did you mean 'actor'?)"),
+    "micro-batch-auto-on-a-release-that-divides-by-it": (
+        {"actor_rollout_ref": {"actor": {"ppo_micro_batch_size_per_gpu": "auto"}}}, "0.4.1", {},
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu must be a whole number of samples, got 'auto': "
+        "verl's workers divide by it (verl itself only finds this once the workers start)"),
+    "fsdp-settings-in-a-megatron-run": (
+        {"actor_rollout_ref": {"actor": {"fsdp_config": {"param_offload": True}}}}, "0.9.1",
+        {"hydra": {"config_name": "ppo_megatron_trainer"}},
+        "actor_rollout_ref.actor.fsdp_config belongs to the FSDP engine; this spec uses megatron (configure "
+        "actor_rollout_ref.actor with its megatron.* settings)"),
 }
 
 
@@ -146,6 +155,40 @@ def test_a_swapped_group_is_a_note_and_live_mode_is_named(tmp_path: Path) -> Non
     assert "g.yaml:7:20: hydra.groups.actor@actor_rollout_ref.actor: note: keys under verl.actor_rollout_ref.actor " \
            "come from verl 0.9.1's 'actor/megatron_actor'" in result.stderr
     assert "--verl-config live" in result.stderr
+
+
+@pytest.mark.parametrize(("verl", "expected"), [
+    ({"actor_rollout_ref": {"rollout": {"name": "vLLM"}}},
+     "verl.actor_rollout_ref.rollout.name: note: verl 0.4.1's workers take hf, sglang, sglang_async, vllm here, not "
+     "vLLM (did you mean 'vllm'?): the run would fail once they start"),
+    ({"actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": "gspo"}}}},
+     "verl.actor_rollout_ref.actor.policy_loss.loss_mode: note: verl 0.4.1's workers take clip_cov, kl_cov, vanilla "
+     "here, not gspo: the run would fail once they start"),
+])
+def test_values_only_the_releases_workers_refuse_are_noted(tmp_path: Path, verl: dict, expected: str) -> None:
+    (tmp_path / "w.yaml").write_text(spec_text(verl, "0.4.1"))
+    result = run_verlc("validate", "w.yaml", cwd=tmp_path)
+    assert result.returncode == 0 and expected in result.stderr, result.stderr
+    (tmp_path / "ok.yaml").write_text(spec_text({"actor_rollout_ref": {"rollout": {"name": "sglang"}}}, "0.4.1"))
+    assert "workers take" not in run_verlc("validate", "ok.yaml", cwd=tmp_path).stderr
+
+
+def test_a_shell_variable_in_a_verl_value_is_noted(tmp_path: Path) -> None:
+    (tmp_path / "u.yaml").write_text(spec_text({"trainer": {"default_local_dir": "/scratch/$USER/ckpt"}}))
+    result = run_verlc("validate", "u.yaml", cwd=tmp_path)
+    assert result.returncode == 0
+    assert ("verl.trainer.default_local_dir: note: $USER stays literal (neither Hydra nor verl expands shell "
+            "variables): write ${oc.env:USER}") in result.stderr, result.stderr
+
+
+def test_a_rule_on_a_value_the_spec_did_not_write_names_verls_default_and_the_key(tmp_path: Path) -> None:
+    text = spec_text({}).replace("gpus_per_node: 8", "gpus_per_node: 1").replace("nodes: 1", "nodes: 2")
+    (tmp_path / "tp.yaml").write_text(text)
+    result = run_verlc("validate", "tp.yaml", cwd=tmp_path)
+    assert ("rollout tensor parallel size 2 spans more than one node (1 GPUs per node): set "
+            "actor_rollout_ref.rollout.tensor_model_parallel_size to at most 1 "
+            "(actor_rollout_ref.rollout.tensor_model_parallel_size: 2 is verl 0.9.1's default)") in result.stderr, \
+        result.stderr
 
 
 def test_critic_settings_without_a_critic_are_a_note(tmp_path: Path) -> None:

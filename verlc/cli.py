@@ -200,7 +200,7 @@ def _source_name(spec: Path) -> str:
 
 
 def _compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str,
-                 max_variants: int = 1000, strict: bool = False) -> list | int:
+                 max_variants: int = 1000, strict: bool = False, submitting: bool = False) -> list | int:
     from .compiler.diagnostics import SpecError
     from .compiler.pipeline import compile_spec
 
@@ -216,7 +216,9 @@ def _compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str
             print(d, file=sys.stderr)
         print(f"verlc: {len(problems)} problem(s); nothing written", file=sys.stderr)
         return EXIT_SPEC
-    notes = [note for ir in irs for note in ir.notes]
+    from .compiler.checks import LOG_FOLDER_NOTE
+
+    notes = [note for ir in irs for note in ir.notes if not (submitting and LOG_FOLDER_NOTE in note)]
     for note in notes:
         print(note, file=sys.stderr)
     if strict and notes:
@@ -238,6 +240,18 @@ def _validate(specs: Sequence[Path], target: str | None, verl_config: str, max_v
     return 0
 
 
+def _name_clash(irs: list) -> bool:
+    """Two specs of one name would write (and compare) the same bundle folder: say so."""
+    seen: dict[str, str] = {}
+    for ir in irs:
+        if ir.name in seen:
+            print(f"verlc: {ir.spec_file} and {seen[ir.name]} both have name '{ir.name}'; their bundles would "
+                  f"overwrite each other in one folder: rename one", file=sys.stderr)
+            return True
+        seen[ir.name] = ir.spec_file
+    return False
+
+
 def _build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_config: str,
            max_variants: int, strict: bool) -> int:
     from .targets import render
@@ -247,13 +261,8 @@ def _build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_conf
     result = _compile_all(specs, [target], verl_config, max_variants, strict)
     if isinstance(result, int):
         return result
-    seen: dict[str, str] = {}
-    for ir in result:
-        if ir.name in seen:
-            print(f"verlc: {ir.spec_file} and {seen[ir.name]} both have name '{ir.name}'; "
-                  f"bundles would overwrite each other", file=sys.stderr)
-            return EXIT_SPEC
-        seen[ir.name] = ir.spec_file
+    if _name_clash(result):
+        return EXIT_SPEC
     bundles = [render(name, ir) for ir in result for name in (ir.targets if target == "all" else [target])]
     try:
         write(bundles, out, force=force)
@@ -279,6 +288,8 @@ def _check(paths: Sequence[Path], out: Path, show_diff: bool) -> int:
     result = _compile_all(specs, ["all"], "snapshot")
     if isinstance(result, int):
         return result
+    if _name_clash(result):
+        return EXIT_SPEC
     problems = []
     for ir in result:
         for name in ir.targets:
@@ -446,7 +457,7 @@ def _lifecycle(args: argparse.Namespace) -> int:
 def _submit(args: argparse.Namespace) -> int:
     from .lifecycle import ledger, runs
 
-    result = _compile_all([args.spec], [args.target], "snapshot")
+    result = _compile_all([args.spec], [args.target], "snapshot", submitting=True)
     if isinstance(result, int):
         return result
     [ir] = result

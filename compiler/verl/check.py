@@ -158,6 +158,9 @@ def check_verl(verl: dict[str, Any], derived: dict[str, Any], sourced: Sourced, 
     for keys, message, when in broken:
         loc = next((where[k] for k in keys if k in where), None) or next(
             (tuple(derived_from[k].split(".")) for k in keys if k in derived_from), ("verl", *keys[0].split(".")))
+        if keys[0] not in where and keys[0] not in derived_from and config.get(keys[0]) is not None:
+            # the value the rule names was not written: say whose it is
+            message += f" ({keys[0]}: {shown(config.get(keys[0]))} is verl {chosen.release.version}'s default)"
         yield sourced.diagnostic(loc, message + (WORKERS_NOTE if when == WORKERS else ""))
 
 
@@ -245,6 +248,10 @@ def _value(s: Setting, chosen: Selection, spec_keys: frozenset[str], config: Con
                f"{shown(value)}{did_you_mean(str(value), [str(a) for a in allowed])}")
     elif value in refused:
         yield f"verl {release.version} refuses {shown(value)} here ({place.owner.name}.__post_init__)"
+    elif value is not None and (workers := release.worker_allowed.get(s.key)) and value not in workers:
+        yield (f"{NOTE}verl {release.version}'s workers take {', '.join(map(str, workers))} here, not "
+               f"{shown(value)}{did_you_mean(str(value).lower(), [str(a) for a in workers])}: the run would fail once "
+               f"they start")
 
 
 def hydra_shape(place: Place, value: Any) -> str | None:
@@ -338,11 +345,35 @@ def _unknown(parts: list[str], place: Place, chosen: Selection) -> str:
     parent = ".".join(parts[:depth])
     engine = f" ({chosen.engine} engine)" if chosen.engine else ""
     where = f"under '{parent}'" if parent else "at the top level"
+    if other := other_config(parts, chosen):
+        return other
     hint = did_you_mean(parts[depth], walker.keys(parts[:depth]))
     if not hint:  # the right name in the wrong place (a key that moved)?
         moved = elsewhere(parts, chosen.tree)
         hint = f" (did you mean '{moved}'?)" if moved else ""
     return f"verl {release.version}{engine} has no key '{parts[depth]}' {where}{hint}{other_releases(parts, release)}"
+
+
+def other_config(parts: list[str], chosen: Selection) -> str | None:
+    """The key belongs to another of this release's configs or engines (e.g. FSDP settings in a Megatron
+    run): say so, rather than which releases have it."""
+    release = chosen.release
+    others = [(c, e) for c in release.configs for e in release.engines(c) if (c, e) != (chosen.config, chosen.engine)
+              and (p := Walker(release, c, e).place(parts)).status == KNOWN and p.in_yaml]
+    if not others:
+        return None
+    key = ".".join(parts)
+    section = ".".join(parts[:-1]) or key
+    strategy = Config(chosen.tree, {}).get(f"{parts[0]}.{parts[1]}.strategy") if len(parts) > 2 else None
+    if strategy is None:
+        strategy = Config(chosen.tree, {}).get("actor_rollout_ref.actor.strategy")
+    if strategy == "megatron" and any("fsdp" in p for p in parts):
+        return (f"{key} belongs to the FSDP engine; this spec uses megatron (configure {section} with its "
+                f"megatron.* settings)")
+    config, engine = others[0]
+    return (f"{key} is not in verl {release.version}'s {chosen.config}"
+            f"{f' ({chosen.engine} engine)' if chosen.engine else ''}, which this spec uses; it belongs to "
+            f"{config}{f' ({engine} engine)' if engine else ''}")
 
 
 def elsewhere(parts: list[str], tree: dict[str, Any]) -> str | None:

@@ -49,6 +49,7 @@ def extract(package: Path, *, lazy: bool = False) -> dict[str, Any]:
         "targets": targets,
         "classes": {q: {k: v for k, v in info.items() if k != "docs"} for q, info in used.items()},
         "allowed": _allowed(package, classes),
+        "worker_allowed": _worker_allowed(package, _allowed(package, classes)),
         "docs": {"keys": {} if lazy else yaml_docs(config_dir, {n: c["engines"] for n, c in configs.items()}),
                  "fields": {q: info["docs"] for q, info in used.items() if info["docs"]}},
     }
@@ -486,6 +487,59 @@ def _allowed(package: Path, classes: dict[str, dict[str, Any]]) -> dict[str, lis
     if loss_modes and "loss_agg_mode" not in _by_name(classes, "ActorConfig").get("literals", {}):
         out["actor_rollout_ref.actor.loss_agg_mode"] = loss_modes
     return out
+
+
+def _worker_allowed(package: Path, allowed: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Values only the workers check, once they start (verlc notes them; Hydra and the dataclasses take
+    anything): the rollout names `_build_rollout` handles, and the registered policy losses."""
+    out: dict[str, list[str]] = {}
+    names = _rollout_names(package)
+    if names and "actor_rollout_ref.rollout.name" not in allowed:
+        out["actor_rollout_ref.rollout.name"] = names
+    core = package / "trainer" / "ppo" / "core_algos.py"
+    if core.exists():
+        registered = {d.args[0].value for node in ast.walk(ast.parse(core.read_text(encoding="utf-8")))
+                      if isinstance(node, ast.FunctionDef) for d in node.decorator_list
+                      if isinstance(d, ast.Call) and ast.unparse(d.func) == "register_policy_loss" and d.args
+                      and isinstance(d.args[0], ast.Constant) and isinstance(d.args[0].value, str)}
+        if registered:  # the actor takes "vanilla" itself where it is not registered
+            out["actor_rollout_ref.actor.policy_loss.loss_mode"] = sorted(registered | {"vanilla"})
+    return out
+
+
+def _rollout_names(package: Path) -> list[str]:
+    """The rollout names the FSDP workers' `_build_rollout` builds: the names an if-chain that ends in a
+    `raise` compares with, or those it compares with plus the rollout registry it looks the rest up in."""
+    path = package / "workers" / "fsdp_workers.py"
+    if not path.exists():
+        return []
+    function = next((n for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                     if isinstance(n, ast.FunctionDef) and n.name == "_build_rollout"), None)
+    if function is None:
+        return []
+    for chain in (n for n in ast.walk(function) if isinstance(n, ast.If)):
+        names, node = _compared(chain.test), chain
+        while len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
+            node = node.orelse[0]
+            names |= _compared(node.test)
+        if names and node.orelse and isinstance(node.orelse[-1], ast.Raise):
+            return sorted(names)  # a closed chain: every other name raises
+    if any(isinstance(n, ast.Call) and ast.unparse(n.func) == "get_rollout_class" for n in ast.walk(function)):
+        registry = {name for name, _ in _rollout_registry(package)}
+        compared = {v for n in ast.walk(function) if isinstance(n, ast.Compare) for v in _compared(n)}
+        return sorted(registry | compared) if registry else []
+    return []
+
+
+def _compared(test: ast.expr) -> set[str]:
+    """The strings a test compares the rollout name with (`name == "a"`, `name in ["b", "c"]`)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1
+            and ast.unparse(test.left).endswith(("rollout_name", "rollout.name"))):
+        return set()
+    right = test.comparators[0]
+    if isinstance(test.ops[0], ast.Eq) and isinstance(right, ast.Constant) and isinstance(right.value, str):
+        return {right.value}
+    return set(_strings(right)) if isinstance(test.ops[0], ast.In) else set()
 
 
 def _enum_values(package: Path, enum: str) -> list[str]:

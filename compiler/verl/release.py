@@ -51,6 +51,7 @@ class Release:
     classes: Mapping[str, DataClass]
     allowed: Mapping[str, tuple[Any, ...]]
     groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    worker_allowed: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  # only the workers check these
     targets: Mapping[str, str] = field(default_factory=dict)  # `_target_` string -> class qualname
 
     def target(self, dotted: str) -> DataClass | None:
@@ -105,6 +106,7 @@ def from_data(version: str, data: dict[str, Any], source: str) -> Release:
                  for qual, c in data["classes"].items()},
         targets=data["targets"],
         allowed={k: tuple(v) for k, v in data["allowed"].items()},
+        worker_allowed={k: tuple(v) for k, v in data.get("worker_allowed", {}).items()},
         groups={k: tuple(v) for k, v in data.get("groups", {}).items()},
     )
 
@@ -147,7 +149,8 @@ def pack(version: str, data: dict[str, Any]) -> bytes:
                       "engines": {e: intern(t) for e, t in c["engines"].items()}}
                for name, c in data["configs"].items()}
     doc = {"verl_version": version, "configs": configs, "nodes": nodes, "groups": data["groups"],
-           "targets": data["targets"], "classes": data["classes"], "allowed": data["allowed"]}
+           "targets": data["targets"], "classes": data["classes"], "allowed": data["allowed"],
+           "worker_allowed": data["worker_allowed"]}
     return _gzip(json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode())
 
 
@@ -168,4 +171,5 @@ def unpack(doc: dict[str, Any]) -> dict[str, Any]:
                            "engines": {e: build(t) for e, t in c["engines"].items()}}
                     for name, c in doc["configs"].items()},
         "groups": doc["groups"], "targets": doc["targets"], "classes": doc["classes"], "allowed": doc["allowed"],
+        "worker_allowed": doc.get("worker_allowed", {}),
     }

@@ -73,6 +73,9 @@ _GPUS = ("trainer.nnodes", "trainer.n_gpus_per_node")
 # What rules() checks, in words, with every key each rule reads: `verlc explain KEY` lists those naming
 # KEY (tests/test_explain.py holds it to the keys rules() yields).
 RULES: tuple[tuple[tuple[str, ...], str], ...] = (
+    ((f"{_A}.ppo_micro_batch_size_per_gpu", f"{_R}.log_prob_micro_batch_size_per_gpu",
+      f"{_REF}.log_prob_micro_batch_size_per_gpu", f"{_C}.ppo_micro_batch_size_per_gpu"),
+     "micro batch sizes are whole numbers: the workers divide by them (found once the workers start)"),
     ((f"{_A}.ppo_micro_batch_size_per_gpu", f"{_A}.ppo_micro_batch_size", f"{_A}.use_dynamic_bsz"),
      "unless actor.use_dynamic_bsz, the actor needs ppo_micro_batch_size_per_gpu (or the deprecated "
      "ppo_micro_batch_size, never both)"),
@@ -124,6 +127,14 @@ def rules(cfg: Config, use_critic: bool) -> Iterator[tuple[tuple[str, ...], str,
     if not all(_int(v) for v in ints):
         return  # a type problem is reported elsewhere; arithmetic on it would mislead
     n_gpus = nnodes * per_node
+    counts = [f"{actor}.ppo_micro_batch_size_per_gpu", f"{rollout}.log_prob_micro_batch_size_per_gpu",
+              f"{ref}.log_prob_micro_batch_size_per_gpu", f"{critic}.ppo_micro_batch_size_per_gpu"]
+    odd = [k for k in counts if g(k) is not None and not _int(g(k))]
+    for count in odd:  # where no dataclass types them, verl's workers divide by them as they come
+        yield (f"{count}",), (f"{count} must be a whole number of samples, got {g(count)!r}: verl's workers "
+                              f"divide by it"), WORKERS
+    if odd:
+        return
     train, n, mini = g("data.train_batch_size"), g(f"{rollout}.n"), g(f"{actor}.ppo_mini_batch_size")
     dynamic = bool(g(f"{actor}.use_dynamic_bsz"))
     megatron = g(f"{actor}.strategy") == "megatron"
@@ -229,7 +240,8 @@ def rules(cfg: Config, use_critic: bool) -> Iterator[tuple[tuple[str, ...], str,
             yield (f"{rollout}.pipeline_model_parallel_size",), "verl's rollout does not support pipeline parallelism", WORKERS
         if tp > per_node:
             yield (f"{rollout}.tensor_model_parallel_size",), (
-                f"rollout tensor parallel size {tp} spans more than one node ({per_node} GPUs per node)"), WORKERS
+                f"rollout tensor parallel size {tp} spans more than one node ({per_node} GPUs per node): set "
+                f"{rollout}.tensor_model_parallel_size to at most {per_node}"), WORKERS
         elif n_gpus % (tp * dp * pp):
             yield (f"{rollout}.tensor_model_parallel_size", "trainer.nnodes"), (
                 f"{n_gpus} GPUs are not divisible by rollout TP x DP x PP = {tp} x {dp} x {pp} "

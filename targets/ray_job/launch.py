@@ -7,10 +7,11 @@ import json
 import re
 import urllib.error
 import urllib.request
+from datetime import datetime, timezone
 from pathlib import Path
 
 from ...compiler.ir import JobIR
-from ...lifecycle.scheduler import LaunchError, Observed, Submission, tool
+from ...lifecycle.scheduler import LaunchError, Observed, Submission, tool, utc
 from ...lifecycle.scheduler import run as command
 
 FINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -48,7 +49,11 @@ def state(run: dict) -> Observed:
     info = _api(run["where"], f"/api/jobs/{run['job_id']}")
     status = info.get("status", "UNKNOWN")
     # the driver's exit code is not in the API; "SUCCEEDED" is the job's exit 0
-    return Observed(status, 0, 0 if status == "SUCCEEDED" else None, status in FINAL, "ray jobs api")
+    def moment(ms: object) -> str | None:  # the Jobs API gives milliseconds since the epoch (0: not yet)
+        return utc(datetime.fromtimestamp(ms / 1000, timezone.utc)) if isinstance(ms, (int, float)) and ms else None
+
+    return Observed(status, 0, 0 if status == "SUCCEEDED" else None, status in FINAL, "ray jobs api",
+                    moment(info.get("start_time")), moment(info.get("end_time")) if status in FINAL else None)
 
 
 def logs(run: dict) -> str:

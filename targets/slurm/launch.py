@@ -6,10 +6,11 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from datetime import datetime
 from pathlib import Path
 
 from ...compiler.ir import JobIR
-from ...lifecycle.scheduler import LaunchError, Observed, Submission, tool
+from ...lifecycle.scheduler import LaunchError, Observed, Submission, tool, utc
 from ...lifecycle.scheduler import run as command
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -47,15 +48,25 @@ def _show(job: str) -> dict[str, str] | None:
     return dict(re.findall(r"(\w+(?::\w+)?)=(\S*)", line))
 
 
+def _time(text: str | None) -> str | None:
+    """A Slurm time (the controller's local time, e.g. 2026-12-01T14:10:00) in UTC; None for Unknown/None."""
+    try:
+        return utc(datetime.strptime(text or "", "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
 def _sacct(job: str) -> Observed | None:
     """The job's state from accounting, or None where the cluster keeps none (sacct then exits non-zero)."""
     result = subprocess.run(["sacct", "--jobs", job, "--allocations", "--noheader", "--parsable2",
-                             "--format=State,ExitCode,Restarts"], capture_output=True, text=True, timeout=60)
+                             "--format=State,ExitCode,Restarts,Start,End"], capture_output=True, text=True, timeout=60)
     rows = [r.split("|") for r in result.stdout.splitlines() if r.strip()]
     if result.returncode != 0 or not rows:
         return None
-    state, exit_code, restarts = rows[-1][0].split()[0], rows[-1][1], rows[-1][2] if len(rows[-1]) > 2 else "0"
-    return Observed(state, int(restarts or 0), int(exit_code.split(":")[0]), state in FINAL, "sacct")
+    row = rows[-1] + [""] * (5 - len(rows[-1]))
+    state, exit_code, restarts = row[0].split()[0], row[1], row[2] or "0"
+    return Observed(state, int(restarts), int(exit_code.split(":")[0]), state in FINAL, "sacct",
+                    _time(row[3]), _time(row[4]) if state in FINAL else None)
 
 
 def state(run: dict) -> Observed:
@@ -65,7 +76,7 @@ def state(run: dict) -> Observed:
         name = shown.get("JobState", "UNKNOWN")
         code = int(shown.get("ExitCode", "0:0").split(":")[0])
         return Observed(name, int(shown.get("Restarts", "0")), code if name in FINAL else None, name in FINAL,
-                        "scontrol")
+                        "scontrol", _time(shown.get("StartTime")), _time(shown.get("EndTime")) if name in FINAL else None)
     accounted = _sacct(job) if shutil.which("sacct") else None
     if accounted is not None:
         return accounted

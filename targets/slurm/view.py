@@ -226,6 +226,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
             ("--model", ir.model),
             ("--checkpoint-dir", _word(Var("checkpoint_dir"))),
             *(("--pin", f"{name}={version}") for name, version in ir.pins),
+            *((("--rollout-package", ir.rollout_package),) if ir.rollout_package else ()),
             ("--image", ir.image, "--record", _word(Var("run_dir"), "/run-record.json")),
             *((("--reference", _word(Var("checkpoint_dir"), f"/{REFERENCE}")),) if ir.reproducible else ()),
             *(("--data", f) for f in ir.data_files),

@@ -28,7 +28,7 @@ import sys
 import time
 
 VERL_COLUMNS = ("prompt", "data_source", "reward_model")
-PACKAGES = ("verl", "ray", "torch", "transformers", "vllm", "sglang")
+PACKAGES = ("verl", "ray", "torch", "transformers", "vllm", "sglang", "tensorrt_llm")
 MIN_RAY = (2, 40)  # older Ray is incompatible with verl
 STAGES = ("ray", "data", "preflight", "train")
 
@@ -243,10 +243,13 @@ def version_tuple(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def version_problems(seen: dict, pins: dict[str, str]) -> list[str]:
+def version_problems(seen: dict, pins: dict[str, str], rollout_package: str | None = None) -> list[str]:
     problems = []
     for node, info in sorted(seen.items()):
         where = f"node {info['host']} ({node[:8]})"
+        if rollout_package and not info["packages"].get(rollout_package):
+            problems.append(f"{where}: the rollout engine {rollout_package} (actor_rollout_ref.rollout.name) "
+                            f"is not installed")
         for name, wanted in sorted(pins.items()):
             got = info["packages"].get(name)
             if got != wanted:
@@ -546,7 +549,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         problems.append(f"Ray has {gpus:g} GPUs, the spec asks for {args.gpus}")
     pins = dict(p.split("=", 1) for p in args.pin)
     seen = versions_per_node(ray, nodes)
-    problems += version_problems(seen, pins)
+    problems += version_problems(seen, pins, args.rollout_package)
     if args.require_env:
         problems += missing_env_per_node(ray, nodes, args.require_env)
     for path in args.data:
@@ -684,7 +687,8 @@ def cmd_job(args: argparse.Namespace) -> int:
             rc = cmd_preflight(argparse.Namespace(
                 address=address, nodes=job["nodes"], gpus=job["gpus"], model=expand(job["model"]),
                 checkpoint_dir=expand(job["checkpoint_dir"]), data=[expand(f) for f in job["data_files"]],
-                pin=job["pins"], record=job["record"], image=job["image"], require_env=job["require_env"],
+                pin=job["pins"], rollout_package=job.get("rollout_package"), record=job["record"],
+                image=job["image"], require_env=job["require_env"],
                 reference=expand(job["reference"]) if job.get("reference") else None, train=job["train"]))
         else:
             say("training: " + " ".join(job["train"]))
@@ -829,6 +833,7 @@ def main(argv: list[str]) -> int:
     pre.add_argument("--checkpoint-dir", required=True)
     pre.add_argument("--data", action="append", default=[])
     pre.add_argument("--pin", action="append", default=[], help="PACKAGE=VERSION every node must have")
+    pre.add_argument("--rollout-package", help="the rollout engine's package: installed on every node")
     pre.add_argument("--record", help="write the run record (JSON) here")
     pre.add_argument("--image", help="the container image, for the run record")
     pre.add_argument("--require-env", action="append", default=[],
