@@ -286,7 +286,8 @@ def test_secret_values_never_reach_a_bundle(tmp_path: Path) -> None:
 
 CLOUD = {**copy.deepcopy(BASE), "targets": ["kuberay", "skypilot"],
          "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu_type": "H100"},
-         "kubernetes": {"secret": "keys", "volumes": [{"claim": "ckpt", "mount": "/ckpt"}]},
+         "kubernetes": {"secret": "keys", "volumes": [{"claim": "ckpt", "mount": "/ckpt"}],
+                        "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
          "skypilot": {"buckets": [{"source": "s3://bucket/ckpt", "mount": "/ckpt"}]}}
 CLOUD["verl"] = {**CLOUD["verl"], "trainer": {"default_local_dir": "/ckpt/run"}}
 CLOUD_FIELDS = [("name",), ("project",), ("experiment",), ("model",), ("data", "train_files", 0),

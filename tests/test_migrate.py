@@ -106,7 +106,8 @@ def test_migrate_prints_a_diff_and_a_report_and_writes_nothing(tmp_path: Path) -
     assert "trainer.profile_steps: -> global_profiler.steps (verl 0.6.0) (old.yaml:21:49)" in report
     assert "actor_rollout_ref.rollout.max_num_seqs: 1024 (verl 0.9.1's default: 256)" in report
     assert "actor_rollout_ref.rollout.mode: the spec relied on verl 0.5.0's default sync; 0.9.1's is async" in report
-    assert "1 decision(s) left for you; the migrated spec validates against verl 0.9.1" in report
+    assert "actor_rollout_ref.rollout.load_format: the spec relied on verl 0.5.0's default dummy_dtensor" in report
+    assert "2 decision(s) left for you; the migrated spec validates against verl 0.9.1" in report
 
 
 def test_write_keeps_comments_quotes_and_order(tmp_path: Path) -> None:
@@ -134,7 +135,9 @@ def test_markdown_report_for_a_pull_request(tmp_path: Path) -> None:
     result = run_verlc("migrate", "old.yaml", "--to", "0.9.1", "--format", "markdown", cwd=tmp_path)
     out = result.stdout
     assert out.startswith("# verlc migrate old.yaml: verl 0.5.0 -> 0.9.1\n\n## Moved\n\n- `reward_model.reward_manager`")
-    assert "\n## Decisions for you (not migrated automatically)\n\n- `actor_rollout_ref.rollout.mode`" in out
+    decisions = out.split("\n## Decisions for you (not migrated automatically)\n\n", 1)[1].split("\n\n", 1)[0]
+    assert [line.split("`")[1] for line in decisions.splitlines()] == [
+        "actor_rollout_ref.rollout.load_format", "actor_rollout_ref.rollout.mode"]
     assert "\n```diff\n--- a/old.yaml\n" in out and out.endswith("```\n")
 
 

@@ -247,7 +247,8 @@ def test_lifecycle_runs_sky(tmp_path: Path) -> None:
 
 def test_the_gpu_model_is_used_by_every_target_that_can_use_it(tmp_path: Path) -> None:
     spec = base(cluster={"nodes": 2, "gpus_per_node": 4, "gpu_type": "H100", "slurm": {"cpus_per_task": 8}},
-                kubernetes={"volumes": [{"claim": "ckpt", "mount": "/ckpt"}]})
+                kubernetes={"volumes": [{"claim": "ckpt", "mount": "/ckpt"}],  # a node label holds the product name
+                            "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}})
     spec["targets"] = ["slurm", "kuberay", "skypilot"]
 
     def files() -> dict[str, str]:
@@ -260,9 +261,10 @@ def test_the_gpu_model_is_used_by_every_target_that_can_use_it(tmp_path: Path) -
     assert "#SBATCH --gpus-per-node=H100:4\n" in typed["slurm/sbatch.sh"]  # Slurm's typed GRES
     job = yaml.safe_load(typed["kuberay/rayjob.yaml"])
     assert job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["nodeSelector"] == {
-        "nvidia.com/gpu.product": "H100"}
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert yaml.safe_load(typed["skypilot/task.yaml"])["resources"]["accelerators"] == "H100:4"
     del spec["cluster"]["gpu_type"]
+    del spec["kubernetes"]["node_selector"]
     spec["targets"] = ["slurm", "kuberay"]
     plain = files()
     assert "#SBATCH --gpus-per-node=4\n" in plain["slurm/sbatch.sh"] and "nodeSelector" not in plain["kuberay/rayjob.yaml"]
