@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable, Iterator
+from ..targets import NAMES, TARGETS, get
 from .diagnostics import Diagnostic, SpecError
-from .derive import (
-    GPU_LABEL, RAYJOB_NAME_MAX, checkpoint_dir, own_checkpoint_dir, critic_in_use, derived, derived_environment, is_rayjob_name,
-    node_image, node_workdir, persistent_home, rayjob_names, slurm_log_dirs, variant_specs,
-)
+from .derive import checkpoint_dir, critic_in_use, derived, derived_environment, own_checkpoint_dir, variant_specs
 from .ir import parse_word
 from .load import Sourced
-from .spec import Apptainer, Engine, Kubernetes, NoContainer, PinnedModel, Pyxis, Skypilot, Spec, is_hub_id
+from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, is_hub_id
 from .verl import determinism, preprocess
 from .verl.check import NOTE, Selection, Setting, check_groups, check_verl, select, settings
 from .verl.hydra import hydra_value, shown
 from .verl.release import Release
 
-LOG_FOLDER_NOTE = "Slurm does not create the folder"  # `verlc submit` creates it, and leaves this note out
 _SECRET_NAME = re.compile(r"(?i).*(_KEY|_TOKEN|_SECRET|PASSWORD|PASSWD).*")
 
 
@@ -47,9 +43,10 @@ def check(spec: Spec, sourced: Sourced, release: Release, targets: Iterable[str]
         *_reproducible(spec, sourced, chosen),
         *_stall_timeout(spec, sourced, chosen),
         *_tracker(spec, sourced, chosen),
-        *(_container_paths(spec, sourced) if {"slurm", "compose"} & (set(targets) or set(spec.targets or ("slurm",)))
-          else ()),  # docker/podman containers are the slurm and compose targets'
-        *_for_targets(spec, sourced, set(targets)),
+        *(p for t in TARGETS for p in t.check_section(spec, sourced)),
+        *(_container_paths(spec, sourced) if any(get(t).runs_container for t in targets or spec.targets or NAMES)
+          else ()),
+        *(p for t in dict.fromkeys(targets) for p in get(t).check_build(spec, sourced)),
     ]
     notes += [p for p in problems if p.message.startswith(NOTE)]
     problems = [p for p in problems if not p.message.startswith(NOTE)]
@@ -133,9 +130,6 @@ def _words(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
                        (("container", "build", "context"), c.build.context)]
     if isinstance(c, NoContainer):
         places += [(("container", "workdir"), c.workdir), (("container", "venv"), c.venv)]
-    if spec.compose is not None:
-        places += [(("compose", "image"), spec.compose.image), (("compose", "workdir"), spec.compose.workdir)]
-        places += [(("compose", "mounts", i), m) for i, m in enumerate(spec.compose.mounts)]
     for loc, text in places:
         if text is None:
             continue
@@ -171,10 +165,9 @@ def _container(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     if isinstance(c, Pyxis) and spec.cluster.accelerator == "rocm":
         yield sourced.diagnostic(("container", "runtime"),
                                  "pyxis/enroot exposes NVIDIA GPUs only; use docker, podman or apptainer on ROCm")
-    for section, mounts in (("container", getattr(c, "mounts", ())), ("compose", getattr(spec.compose, "mounts", ()))):
-        for i, mount in enumerate(mounts):
-            if ":" not in mount:
-                yield sourced.diagnostic((section, "mounts", i), "a mount is SRC:DST[:OPTIONS]")
+    for i, mount in enumerate(getattr(c, "mounts", ())):
+        if ":" not in mount:
+            yield sourced.diagnostic(("container", "mounts", i), "a mount is SRC:DST[:OPTIONS]")
 
 
 def _data(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
@@ -324,8 +317,9 @@ def _variant_folders(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
 
 
 def _container_paths(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
-    """Docker/podman containers are removed with the job: data, checkpoints and the model cache written
-    inside them, and not under a mount, are lost. A note names the path and a mount that keeps it."""
+    """Docker/podman containers (of the targets that run the spec's container) are removed with the job:
+    data, checkpoints and the model cache written inside them, and not under a mount, are lost. A note
+    names the path and a mount that keeps it."""
     c = spec.container
     if not isinstance(c, Engine):
         return
@@ -368,143 +362,3 @@ def _container_paths(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
             yield sourced.diagnostic(loc, (
                 f"{NOTE}the {what} {full} is inside the container only and is lost when the job's container "
                 f"is removed; mount it, e.g. mounts: [\"/host/path:{folder}\"]"))
-
-
-def _for_targets(spec: Spec, sourced: Sourced, targets: set[str]) -> Iterator[Diagnostic]:
-    if "slurm" in targets and spec.cluster.slurm is None:
-        yield sourced.diagnostic(("cluster",), "the slurm target needs cluster.slurm "
-                                               "(at least cpus_per_task)")
-    if "slurm" in targets:
-        for folder in slurm_log_dirs(spec):
-            if "%" not in folder and not os.path.isdir(folder):  # relative to where sbatch is run
-                field = "output" if spec.cluster.slurm and folder == os.path.dirname(spec.cluster.slurm.output) \
-                    else "error"
-                yield sourced.diagnostic(("cluster", "slurm", field), (
-                    f"{NOTE}{LOG_FOLDER_NOTE} {folder}/ and the job dies without a log when it "
-                    f"is missing: run `mkdir -p {folder}` where you run sbatch (here: {os.getcwd()})"))
-    if "kuberay" in targets:
-        yield from _kuberay(spec, sourced)
-    if "skypilot" in targets:
-        yield from _skypilot(spec, sourced)
-    if "compose" in targets:
-        if spec.sweep is not None:
-            yield sourced.diagnostic(("sweep",), "the compose target runs one job on one host; build sweeps for "
-                                                 "slurm (one job array) or ray-job (one submission per variant)",
-                                     at_key=True)
-        if not isinstance(spec.container, Engine) and spec.compose is None:
-            yield sourced.diagnostic(("container", "runtime"), f"the compose target runs docker images; with "
-                                     f"runtime {spec.container.runtime}, add compose: {{image: ..., workdir: ...}}")
-        build = getattr(spec.container, "build", None)
-        if build is not None and spec.compose is None:
-            yield sourced.diagnostic(("container", "build"), (
-                f"{NOTE}the compose bundle does not build images: build it first, in the folder its context is "
-                f"relative to (where you run sbatch): `docker build --file "
-                f"{build.dockerfile} --tag {spec.container.image} {build.context}`"), at_key=True)
-        if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", spec.name):
-            yield sourced.diagnostic(("name",), "the compose target uses the name as the Compose project "
-                                                "name: lowercase letters, digits, '-' and '_' only")
-
-
-def _node_image(spec: Spec, sourced: Sourced, section: str, image: str | None,
-                workdir: str | None) -> Iterator[Diagnostic]:
-    """The kuberay and skypilot targets run an OCI image, named literally (nothing expands it there)."""
-    if image is None or workdir is None:
-        yield sourced.diagnostic((section,) if section in sourced.data else ("container", "runtime"), (
-            f"the {_TARGET[section]} target runs an OCI image: set {section}.image and {section}.workdir (or use "
-            f"a docker, podman or pyxis container, or a compose section)"))
-    elif "$" in image or "~" in image:
-        yield sourced.diagnostic((section, "image"), f"the {_TARGET[section]} target names the image literally; "
-                                                     f"{image!r} has a variable in it")
-    elif not re.fullmatch(r"/[A-Za-z0-9_.@+=,/-]{0,255}", workdir):
-        own = spec.kubernetes if section == "kubernetes" else spec.skypilot
-        where = (section, "workdir") if own is not None and own.workdir else ("container", "workdir")
-        yield sourced.diagnostic(where, f"the {_TARGET[section]} target starts the job with `cd WORKDIR`, where "
-                                        f"Kubernetes and SkyPilot expand variables: {workdir!r} must be a plain "
-                                        f"absolute path (letters, digits and _.@+=,/-)")
-
-
-_TARGET = {"kubernetes": "kuberay", "skypilot": "skypilot"}
-
-
-def _literal_env(spec: Spec, sourced: Sourced, target: str) -> Iterator[Diagnostic]:
-    for name, value in spec.env.items():
-        try:
-            parts = parse_word(value).parts
-        except ValueError:
-            continue  # _words reports it
-        if any(not isinstance(p, str) for p in parts):
-            yield sourced.diagnostic(("env", name), f"the {target} target sets env values as they are; {value!r} "
-                                                    f"needs a shell to expand it on the node")
-
-
-def _kept(spec: Spec, sourced: Sourced, workdir: str | None, mounts: list[str], what: str,
-          required: str | None) -> Iterator[Diagnostic]:
-    """Checkpoints outside `mounts` die with the pods or nodes: an error when `required` says why they must
-    live on, else a note."""
-    path = checkpoint_dir(spec)
-    trainer = spec.verl.get("trainer") if isinstance(spec.verl.get("trainer"), dict) else {}
-    loc = ("verl", "trainer", "default_local_dir") if isinstance(trainer, dict) and \
-        trainer.get("default_local_dir") else ("name",)
-    if "${" not in path and persistent_home(path, workdir, mounts) is not None:
-        return
-    where = "a path with a variable in it cannot be checked" if "${" in path else f"{path} is not under any of them"
-    if required:
-        yield sourced.diagnostic(loc, f"{required}: the checkpoints must be on {what} ({where}); set "
-                                      f"trainer.default_local_dir under one")
-    else:
-        yield sourced.diagnostic(loc, f"{NOTE}the checkpoint folder is lost with the nodes unless it is on {what} "
-                                      f"({where})")
-
-
-def _kuberay(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
-    k = spec.kubernetes or Kubernetes()
-    image, workdir = node_image(spec, k.image), node_workdir(spec, k.workdir)
-    yield from _node_image(spec, sourced, "kubernetes", image, workdir)
-    bad = [n for n in rayjob_names(spec) if not is_rayjob_name(n)]
-    if bad:
-        yield sourced.diagnostic(("name",), (
-            f"the kuberay target names the RayJob {bad[0]!r} (the name in lowercase, '_' and '.' as '-'"
-            f"{', -vNNN per sweep variant' if spec.sweep else ''}); KubeRay needs a DNS-1035 label: at most "
-            f"{RAYJOB_NAME_MAX} characters, starting with a letter"))
-    if spec.secrets and k.secret is None:
-        yield sourced.diagnostic(("secrets",), (
-            f"the kuberay target reads secrets from a Kubernetes Secret: set kubernetes.secret to the Secret "
-            f"holding {', '.join(spec.secrets)} (one key per name)"))
-    yield from _literal_env(spec, sourced, "kuberay")
-    yield from _gpu_label(spec, sourced, k)
-    mounts = [v.mount for v in k.volumes]
-    yield from _kept(spec, sourced, workdir, mounts, "a kubernetes.volumes claim",
-                     "kubernetes.retries recreates the pods" if k.retries else None)
-
-
-# How the GPU operators' feature discovery labels a node's GPU model: the product name, e.g.
-# NVIDIA-A100-SXM4-80GB or Tesla-V100-SXM2-16GB (NVIDIA), Instinct_MI300X or AMD_Instinct_MI300X_OAM (AMD).
-_PRODUCT_LABEL = {"cuda": re.compile(r"(NVIDIA|Tesla|Quadro)-.+"), "rocm": re.compile(r"(AMD|Instinct).+")}
-
-
-def _gpu_label(spec: Spec, sourced: Sourced, k: Kubernetes) -> Iterator[Diagnostic]:
-    """cluster.gpu_type is SkyPilot's accelerator name (A100-80GB); a node label has the full product name.
-    A selector no node matches leaves the pods Pending for ever: the label's value must be given."""
-    gpu_type, accelerator = spec.cluster.gpu_type, spec.cluster.accelerator
-    label = k.gpu_label or GPU_LABEL[accelerator]
-    if gpu_type is None or label in k.node_selector or _PRODUCT_LABEL[accelerator].fullmatch(gpu_type):
-        return
-    example = "NVIDIA-A100-SXM4-80GB" if accelerator == "cuda" else "AMD_Instinct_MI300X_OAM"
-    yield sourced.diagnostic(("cluster", "gpu_type"), (
-        f"the kuberay target selects nodes by their GPU label {label}, whose values are product names such as "
-        f"{example}, not {gpu_type}: set kubernetes.node_selector: {{{label}: <the value on your nodes>}} "
-        f"(`kubectl get nodes -L {label}` shows it)"))
-
-
-def _skypilot(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
-    k = spec.skypilot or Skypilot()
-    image, workdir = node_image(spec, k.image), node_workdir(spec, k.workdir)
-    yield from _node_image(spec, sourced, "skypilot", image, workdir)
-    if spec.cluster.gpu_type is None:
-        yield sourced.diagnostic(("cluster",), "the skypilot target asks for GPUs by model: set cluster.gpu_type "
-                                               "(SkyPilot's accelerator name, e.g. H100, A100-80GB, MI300X)")
-    yield from _literal_env(spec, sourced, "skypilot")
-    mounts = [b.mount for b in k.buckets] + [v.mount for v in k.volumes]
-    yield from _kept(spec, sourced, workdir, mounts, "a skypilot.buckets or skypilot.volumes mount",
-                     f"skypilot.recovery {k.recovery} restarts the job on new nodes (or set recovery: off)"
-                     if k.recovery != "off" else None)

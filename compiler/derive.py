@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import os
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,58 +120,3 @@ def variant_specs(spec: Spec) -> list[tuple[tuple[tuple[str, Any], ...], Spec]]:
             verl["trainer"]["default_local_dir"] = f"{given.rstrip('/')}/{experiment}"
         out.append((tuple(zip(keys, values)), spec.model_copy(update={"verl": verl, "experiment": experiment})))
     return out
-
-
-def slurm_log_dirs(spec: Spec) -> tuple[str, ...]:
-    """The folders of the job's --output/--error files. Slurm opens them before the script runs, so it
-    cannot create them, and a missing one kills the job with no log at all."""
-    s = spec.cluster.slurm
-    if s is None:
-        return ()
-    return tuple(sorted({os.path.dirname(f) for f in (s.output, s.error) if f and os.path.dirname(f)}))
-
-
-# --- the kuberay and skypilot targets: names, images and where checkpoints live ---------------------
-
-GPU_LABEL = {"cuda": "nvidia.com/gpu.product", "rocm": "amd.com/gpu.product-name"}  # GPU feature discovery's
-RAYJOB_NAME_MAX = 47  # KubeRay's rule: the RayJob name makes its cluster's and pods' names (DNS-1035 labels)
-
-
-def rayjob_names(spec: Spec) -> tuple[str, ...]:
-    """The RayJob's name (one per sweep variant): the spec's name in lowercase, '_' and '.' as '-'.
-    A name that still is not a DNS-1035 label of at most 47 characters is refused by the checks."""
-    base = re.sub(r"[_.]", "-", spec.name.lower())
-    count = len(variant_specs(spec))
-    return tuple(f"{base}-v{i:03d}" for i in range(count)) if count else (base,)
-
-
-def is_rayjob_name(name: str) -> bool:
-    return len(name) <= RAYJOB_NAME_MAX and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) is not None
-
-
-def node_image(spec: Spec, own: str | None) -> str | None:
-    """The OCI image a Kubernetes pod or a SkyPilot node runs: the target's own, else the container's
-    (a pyxis `registry#image` as registry/image), else the compose section's. None: the spec has none."""
-    if own:
-        return own
-    c = spec.container
-    if c.runtime in ("docker", "podman"):
-        return c.image  # type: ignore[union-attr]
-    if c.runtime == "pyxis":
-        return c.image.replace("#", "/", 1)  # type: ignore[union-attr]
-    return spec.compose.image if spec.compose else None
-
-
-def node_workdir(spec: Spec, own: str | None) -> str | None:
-    if own:
-        return own
-    workdir = getattr(spec.container, "workdir", None)
-    if spec.container.runtime != "none" and workdir:
-        return workdir
-    return spec.compose.workdir if spec.compose else None
-
-
-def persistent_home(path: str, workdir: str | None, mounts: list[str]) -> str | None:
-    """The mount (of `mounts`) that holds `path` (relative paths are under `workdir`), or None."""
-    full = path if path.startswith("/") else f"{(workdir or '').rstrip('/')}/{path}"
-    return next((m for m in mounts if full == m.rstrip("/") or full.startswith(m.rstrip("/") + "/")), None)

@@ -8,6 +8,7 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
+from ..targets import TARGETS
 from .ir import JobIR
 
 Facts = dict[str, dict[str, str]]
@@ -19,9 +20,10 @@ SECTION_GROUPS = {
     "verl": None, "name": "run", "verl_version": "run", "project": "run", "experiment": "run", "model": "run",
     "hydra": "run", "reproducible": "run", "sweep": "run", "stall_timeout": "stages", "data": "stages",
     "ray": "stages", "pins": "stages",
-    "cluster": "resources", "kubernetes": "resources", "skypilot": "resources", "targets": "run",
-    "container": "container", "compose": "container", "env": "environment",
+    "cluster": "resources", "targets": "run", "container": "container", "env": "environment",
     "secrets": "environment", "network": "environment",
+    # each target's own section, in the group its target names
+    **{t.section.at[0]: t.section.group for t in TARGETS if t.section and len(t.section.at) == 1},
 }
 
 

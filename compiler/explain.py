@@ -15,7 +15,7 @@ from typing import Any
 from .derive import derived, resume_defaults
 from .diagnostics import Diagnostic, SpecError, did_you_mean
 from .load import Sourced, load
-from .migrate import carry
+from .verl.moves import carry
 from .spec import Spec
 from .validate import validate
 from .verl.check import _ranges, all_keys, describe, select, settings

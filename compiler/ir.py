@@ -167,74 +167,6 @@ class VariantIR:
 
 
 @dataclass(frozen=True)
-class SlurmIR:
-    directives: tuple[tuple[str, str], ...]  # (option, value) in a fixed order
-    log_dirs: tuple[str, ...]  # folders of --output/--error: Slurm opens the files before the script runs
-    modules: tuple[str, ...]
-    requeue: bool  # on USR1: clean up, then `scontrol requeue`
-
-
-@dataclass(frozen=True)
-class TolerationIR:
-    key: str | None
-    operator: str
-    value: str | None
-    effect: str | None
-
-
-@dataclass(frozen=True)
-class MountIR:
-    """Persistent storage on every node: a Kubernetes claim, a SkyPilot bucket or volume."""
-
-    source: str  # the claim or volume name, or the bucket URL
-    path: str  # where it is mounted
-    mode: str = ""  # read-only ("ro") for a claim; MOUNT, MOUNT_CACHED or COPY for a bucket
-
-
-@dataclass(frozen=True)
-class KubeIR:
-    """The kuberay target: one RayJob (per variant), its pods and the ConfigMap with the job package."""
-
-    names: tuple[str, ...]  # the RayJob's name, or one per variant: DNS-1035 labels of at most 47 characters
-    namespace: str
-    image: str
-    workdir: str
-    service_account: str | None
-    image_pull_secret: str | None
-    secret: str | None  # the Secret holding `secrets`, read with secretKeyRef
-    node_selector: tuple[tuple[str, str], ...]
-    tolerations: tuple[TolerationIR, ...]
-    priority_class: str | None
-    gpu_resource: str  # nvidia.com/gpu or amd.com/gpu
-    cpus: str | None
-    memory: str | None
-    shm_size: str
-    volumes: tuple[MountIR, ...]
-    retries: int
-    ttl_after_finished: int
-    deadline: int | None
-
-
-@dataclass(frozen=True)
-class SkyIR:
-    """The skypilot target: one task (a managed job with recovery, or `sky launch` on a cluster)."""
-
-    names: tuple[str, ...]  # the task's name, or one per variant
-    image: str
-    workdir: str
-    accelerators: str  # GPU model:count per node
-    infra: str | None
-    use_spot: bool
-    cpus: str | None
-    memory: str | None
-    disk_size: int | None
-    buckets: tuple[MountIR, ...]
-    volumes: tuple[MountIR, ...]
-    recovery: str | None  # job_recovery strategy; None: no recovery
-    max_restarts_on_errors: int
-
-
-@dataclass(frozen=True)
 class JobIR:
     name: str
     spec_file: str
@@ -264,15 +196,18 @@ class JobIR:
     trainer_module: str
     config_name: str  # verl's Hydra config (`--config-name`, the first override when not ppo_trainer)
     overrides: tuple[Override, ...]
-    slurm: SlurmIR | None
-    compose: ContainerIR | None  # the docker container the compose target runs everything in
-    kubernetes: KubeIR | None  # the kuberay target's pods (None: no image for them)
-    skypilot: SkyIR | None  # the skypilot target's task (None: no image or GPU model for it)
     gpu_type: str | None
     targets: tuple[str, ...]  # the bundles the spec is meant for (`--target all`)
     variants: tuple[VariantIR, ...]  # empty without a sweep
     stall_timeout: int | None  # seconds without a new training step before the run is ended
     notes: tuple[str, ...] = ()  # what verlc could not check, and why (shown by validate and build)
+    parts: tuple[tuple[str, Any], ...] = ()  # (target, its own IR part): each target built, lowered by its folder
+
+    def part(self, target: str) -> Any:
+        """The IR part target `target` lowered for itself (targets/<folder>/lower.py)."""
+        found = dict(self.parts)
+        assert target in found, f"the {target} target was not lowered for this spec (build it with --target)"
+        return found[target]
 
     @property
     def varied_keys(self) -> tuple[str, ...]:

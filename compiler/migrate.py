@@ -11,7 +11,6 @@ checked by the whole compiler against the target release before anyone sees it.
 from __future__ import annotations
 
 import difflib
-import io
 import os
 import re
 import shutil
@@ -20,100 +19,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
-
 from .derive import critic_in_use, derived, resume_defaults
 from .diagnostics import Diagnostic, SpecError
 from .load import Sourced, load
 from .spec import Spec
 from .validate import validate
+from .yaml_edit import Doc
 from .verl import determinism
 from .verl.check import ENGINE_KEY, NOTE, Selection, all_keys, elsewhere, select, settings
 from .verl.hydra import shown, verl_value
 from .verl.place import KNOWN
+from .verl.moves import carry, placeholder
 from .verl.release import MISSING, RELEASES, Release, docs as release_docs, snapshot
 from .verl.rules import Config
-
-
-@dataclass(frozen=True)
-class Move:
-    """A key verl renamed or moved in `release`: what the schemas alone cannot tell (a new name)."""
-
-    release: str
-    old: str
-    new: str
-
-
-# Each entry: the first release with the new name. A prefix moves everything under it.
-MOVES = (
-    Move("0.4.0", "trainer.val_generations_to_log_to_wandb", "trainer.log_val_generations"),
-    # 0.4.1 split `contents` in two; load_contents defaults to save_contents, so one key carries both.
-    Move("0.4.1", "actor_rollout_ref.actor.checkpoint.contents", "actor_rollout_ref.actor.checkpoint.save_contents"),
-    Move("0.4.1", "critic.checkpoint.contents", "critic.checkpoint.save_contents"),
-    # 0.6.0 gathered the profiler's trainer-wide settings in global_profiler, Ray's in ray_kwargs.
-    Move("0.6.0", "trainer.profile_steps", "global_profiler.steps"),
-    Move("0.6.0", "trainer.controller_nsight_options", "global_profiler.global_tool_config.nsys.controller_nsight_options"),
-    Move("0.6.0", "trainer.worker_nsight_options", "global_profiler.global_tool_config.nsys.worker_nsight_options"),
-    Move("0.6.0", "ray_init.timeline_json_file", "ray_kwargs.timeline_json_file"),
-    Move("0.6.0", "ray_init", "ray_kwargs.ray_init"),
-    # 0.6.0 named the LR schedule lr_scheduler_type and kept warmup_style as a deprecated alias (null).
-    Move("0.6.0", "actor_rollout_ref.actor.optim.warmup_style", "actor_rollout_ref.actor.optim.lr_scheduler_type"),
-    Move("0.6.0", "critic.optim.warmup_style", "critic.optim.lr_scheduler_type"),
-    # 0.7.1 moved reward settings under `reward`; these are the keys verl's own migrate_legacy_reward_impl
-    # carries from the old places (which 0.7.1+ keeps as null placeholders for it).
-    Move("0.7.1", "reward_model.enable", "reward.reward_model.enable"),
-    Move("0.7.1", "reward_model.enable_resource_pool", "reward.reward_model.enable_resource_pool"),
-    Move("0.7.1", "reward_model.n_gpus_per_node", "reward.reward_model.n_gpus_per_node"),
-    Move("0.7.1", "reward_model.nnodes", "reward.reward_model.nnodes"),
-    Move("0.7.1", "reward_model.model.path", "reward.reward_model.model_path"),
-    Move("0.7.1", "reward_model.rollout", "reward.reward_model.rollout"),
-    Move("0.7.1", "reward_model.num_workers", "reward.num_workers"),
-    Move("0.7.1", "reward_model.reward_manager", "reward.reward_manager.name"),
-    Move("0.7.1", "reward_model.reward_loop_source", "reward.reward_manager.source"),
-    Move("0.7.1", "reward_model.reward_loop_module_path", "reward.reward_manager.module.path"),
-    Move("0.7.1", "reward_model.reward_loop_class_name", "reward.reward_manager.module.name"),
-    Move("0.7.1", "reward_model.sandbox_fusion", "reward.sandbox_fusion"),
-    Move("0.7.1", "custom_reward_function", "reward.custom_reward_function"),
-    # 0.8.0: the critic's engine settings left its model section; rollout skipping became a section.
-    Move("0.8.0", "critic.model.fsdp_config", "critic.fsdp"),
-    Move("0.8.0", "actor_rollout_ref.rollout.skip_rollout", "actor_rollout_ref.rollout.skip.enable"),
-    Move("0.8.0", "actor_rollout_ref.rollout.skip_dump_dir", "actor_rollout_ref.rollout.skip.dump_dir"),
-    Move("0.9.0", "actor_rollout_ref.rollout.skip", "skip.rollout"),
-)
-
-
-# Sections a release keeps only as null placeholders, read by verl's own migration of old specs: a key
-# there is carried to its new place (MOVES) and no default is pinned there.
-PLACEHOLDERS = (("0.7.1", "reward_model"), ("0.7.1", "custom_reward_function"), ("0.7.1", "sandbox_fusion"))
-
-
-def placeholder(key: str, release: str) -> bool:
-    """Whether `release` keeps `key` only for old specs: a placeholder section, or a renamed key's alias."""
-    def under(prefix: str) -> bool:
-        return key == prefix or key.startswith(prefix + ".")
-
-    at = RELEASES.index(release)
-    return (any(at >= RELEASES.index(since) and under(top) for since, top in PLACEHOLDERS)
-            or any(at >= RELEASES.index(m.release) and under(m.old) for m in MOVES))
-
-
-def carry(key: str, source: str, target: str) -> tuple[str, tuple[Move, ...]]:
-    """Where `key` of release `source` is in release `target`, and the moves that took it there."""
-    up = RELEASES.index(target) > RELEASES.index(source)
-    low, high = sorted((RELEASES.index(source), RELEASES.index(target)))
-    crossed = [m for m in MOVES if low < RELEASES.index(m.release) <= high]
-    crossed.sort(key=lambda m: (RELEASES.index(m.release), -len(m.old if up else m.new)), reverse=not up)
-    used: list[Move] = []
-    done: set[str] = set()
-    for m in crossed:
-        frm, to = (m.old, m.new) if up else (m.new, m.old)
-        if m.release in done or not (key == frm or key.startswith(frm + ".")):
-            continue
-        key = to + key[len(frm):]
-        used.append(m)
-        done.add(m.release)  # one move per release: the most specific entry
-    return key, tuple(used)
 
 
 @dataclass(frozen=True)
@@ -152,122 +70,6 @@ class Plan:
             a, b = (str(path), str(path)) if path.is_absolute() else (f"a/{path}", f"b/{path}")
             out += difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), a, b)
         return "".join(out)
-
-
-# --- the spec's files, as ruamel round-trip documents ------------------------------------------------
-
-# Indentation styles tried in order; the first that reproduces a file unchanged is the file's own.
-_STYLES = ((2, 2, 0), (2, 4, 2), (4, 4, 2), (2, 4, 0), (4, 4, 0), (4, 6, 4), (3, 3, 0), (3, 5, 2))
-
-
-class Doc:
-    """One spec file for rewriting: loaded with quotes kept, dumped in the file's own indentation."""
-
-    def __init__(self, path: Path, own: bool) -> None:
-        self.path, self.own = path, own
-        self.before = path.read_text(encoding="utf-8")
-        self.yaml, self.tree, self.style_loss = self._style()
-        self.touched = False
-
-    def _style(self) -> tuple[YAML, CommentedMap, int]:
-        best = None
-        for mapping, sequence, offset in _STYLES:
-            self.indent = mapping
-            yaml = YAML(typ="rt")
-            yaml.preserve_quotes = True
-            yaml.width = 4096
-            yaml.indent(mapping=mapping, sequence=sequence, offset=offset)
-            tree = yaml.load(self.before)
-            loss = _changed_lines(self.before, _dump(yaml, tree))
-            if best is None or loss < best[2]:
-                best = (yaml, tree, loss)
-            if not loss:
-                break
-        assert best is not None
-        self.indent = best[0].map_indent or 2
-        return best
-
-    def after(self) -> str:
-        return _dump(self.yaml, self.tree) if self.touched else self.before
-
-    def node(self, loc: tuple[str | int, ...]) -> tuple[Any, bool]:
-        """(the value at `loc`, whether the file has it)."""
-        node: Any = self.tree
-        for part in loc:
-            if not isinstance(node, CommentedMap) or part not in node:
-                return None, False
-            node = node[part]
-        return node, True
-
-    def delete(self, loc: tuple[str | int, ...]) -> tuple[Any, Any]:
-        """Remove the key at `loc` and the mappings it leaves empty (never the `verl:` section itself);
-        returns its value and its end-of-line comment (for put())."""
-        value, _ = self.node(loc)
-        parent, _ = self.node(loc[:-1])
-        comment = parent.ca.items.get(loc[-1])
-        for depth in range(len(loc), 1, -1):
-            parent, _ = self.node(loc[:depth - 1])
-            del parent[loc[depth - 1]]
-            if parent or depth - 1 <= 1:
-                break
-        self.touched = True
-        return value, comment
-
-    def put(self, loc: tuple[str | int, ...], value: Any, comment: str = "", near: tuple[int, int] | None = None,
-            carried: Any = None) -> None:
-        """Set the key at `loc`, creating the mappings on the way in the style of their parent; a key new
-        at depth `near[0]` goes to position `near[1]` there (where the key it replaces was); `carried` is
-        the comment of the key it replaces."""
-        node = self.tree
-        for depth, part in enumerate(loc):
-            last = depth == len(loc) - 1
-            if part not in node and near is not None and near[0] == depth:
-                node.insert(min(near[1], len(node)), part, None)
-            if last:
-                break
-            child = node.get(part)
-            if not isinstance(child, CommentedMap):
-                child = CommentedMap()
-                if node.fa.flow_style():
-                    child.fa.set_flow_style()
-                node[part] = child
-            node = child
-        node[loc[-1]] = _styled(value, node.fa.flow_style())
-        # two spaces before an end-of-line comment's '#' (ruamel places it by column)
-        column = (len(loc) - 1) * self.indent + len(_dump(self.yaml, CommentedMap([(loc[-1], node[loc[-1]])])).rstrip()) + 2
-        if carried and len(carried) > 2 and carried[2] is not None and not node.fa.flow_style():
-            carried[2].start_mark.column = column
-            node.ca.items[loc[-1]] = carried
-        if comment and not node.fa.flow_style():
-            node.yaml_add_eol_comment(f"# {comment}", loc[-1], column=column)
-        self.touched = True
-
-    def position(self, loc: tuple[str | int, ...]) -> int:
-        parent, _ = self.node(loc[:-1])
-        return list(parent).index(loc[-1])
-
-
-def _dump(yaml: YAML, tree: Any) -> str:
-    stream = io.StringIO()
-    yaml.dump(tree, stream)
-    return stream.getvalue()
-
-
-def _changed_lines(a: str, b: str) -> int:
-    return sum(1 for line in difflib.ndiff(a.splitlines(), b.splitlines()) if line[:1] in "+-")
-
-
-def _styled(value: Any, flow: bool) -> Any:
-    """A plain value as ruamel nodes: new lists and mappings inline (one line per key in a diff)."""
-    if isinstance(value, dict):
-        out = CommentedMap((k, _styled(v, True)) for k, v in value.items())
-        out.fa.set_flow_style()
-        return out
-    if isinstance(value, list):
-        seq = CommentedSeq(_styled(v, True) for v in value)
-        seq.fa.set_flow_style()
-        return seq
-    return value
 
 
 # --- the plan ----------------------------------------------------------------------------------------

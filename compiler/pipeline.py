@@ -40,7 +40,7 @@ def compile_spec(path: Path, *, display: str, source: str, targets: Iterable[str
     targets = [t for t in targets if t != "all"] + (list(meant) if "all" in targets else [])  # "all": the spec's
     notes = check(spec, sourced, release, targets, max_variants)
     ir = lower(spec, release, spec_file=source, spec_sha256=sourced.sha256, notes=tuple(map(str, notes)),
-               targets=tuple(meant))
+               targets=tuple(meant), built=tuple(dict.fromkeys(targets)))
     if verl_config == "live":
         _compose_live(ir, sourced)
     return ir

@@ -6,86 +6,18 @@ under `verl:` in verl's own nesting and are checked against verl's config, not r
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (
-    AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Strict, Tag, WithJsonSchema,
+from pydantic import Discriminator, Field, Strict, Tag
+
+from ..targets import NAMES as TARGET_NAMES
+from ..targets.compose.section import Compose
+from ..targets.kuberay.section import Kubernetes
+from ..targets.skypilot.section import Skypilot
+from ..targets.slurm.section import Slurm
+from .fields import (
+    Bool, Directive, EnvName, EnvValue, Int, Model, Name, Package, Seconds, Size, Str, Text, Version, matching,
 )
-
-Int = Annotated[int, Strict()]
-Bool = Annotated[bool, Strict()]
-Str = Annotated[str, Strict()]
-
-
-def _matching(pattern: str, what: str) -> AfterValidator:
-    compiled = re.compile(pattern)
-
-    def check(value: str) -> str:
-        if not compiled.fullmatch(value):
-            raise ValueError(f"{value[:80]!r} is not {what}")
-        return value
-
-    return AfterValidator(check)
-
-
-def _no_control(value: str) -> str:
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise ValueError("must not contain newlines or control characters")
-    return value
-
-
-# A single line of text: every string that ends up in a generated file is at least this.
-Text = Annotated[str, Strict(), Field(min_length=1, max_length=4096), AfterValidator(_no_control)]
-
-# Names a Slurm job, a container, a Ray submission id and the bundle folder: the charset all of them accept.
-Name = Annotated[str, Strict(), _matching(
-    r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}",
-    "a valid name: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")]
-EnvName = Annotated[str, Strict(), _matching(
-    r"[A-Za-z_][A-Za-z0-9_]{0,127}", "an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")]
-# Values that reach `#SBATCH` lines, which sbatch splits on white space.
-Directive = Annotated[str, Strict(), _matching(
-    r"[A-Za-z0-9_.,:%@+=/\[\]{}~-]{1,255}", "a Slurm directive value (no spaces or quotes)")]
-SlurmTime = Annotated[str, Strict(), _matching(
-    r"(\d+-)?\d+(:\d{1,2}){0,2}", "a Slurm time limit such as 30-00:00:00, 48:00:00 or 90")]
-SlurmMem = Annotated[str, BeforeValidator(lambda v: _int_as_str(v)), Strict(),
-                     _matching(r"\d+[KMGT]?", "a Slurm memory size such as 200G (0: all of the node's)"),
-                     WithJsonSchema({"anyOf": [{"type": "string", "pattern": r"^\d+[KMGT]?$"}, {"type": "integer"}]})]
-Package = Annotated[str, Strict(), _matching(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", "a Python package name")]
-Version = Annotated[str, Strict(), _matching(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99}", "a version such as 2.6.0")]
-Size = Annotated[str, Strict(), _matching(r"\d+[bkmgBKMG]?", "a size such as 128G")]
-
-
-def _seconds(value: Any) -> Any:
-    """'90s', '10m', '1h' or a plain number of seconds."""
-    if isinstance(value, str):
-        match = re.fullmatch(r"(\d+)\s*([smh]?)", value.strip())
-        if not match:
-            raise ValueError(f"{value!r} is not a duration such as 90s, 10m or 1h")
-        return int(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]]
-    return value
-
-
-Seconds = Annotated[int, BeforeValidator(_seconds), Field(ge=1, le=7 * 24 * 3600), WithJsonSchema(
-    {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": r"^\d+\s*[smh]?$"}]})]
-
-
-def _int_as_str(value: Any) -> Any:
-    # `NCCL_IB_GID_INDEX: 3` or `mem: 0` is natural YAML; booleans are not (`true`/`1`/`True` differ).
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    return value
-
-
-_STR_OR_INT = WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "integer"}]})
-EnvValue = Annotated[str, BeforeValidator(_int_as_str), Strict(), Field(max_length=4096),
-                     AfterValidator(_no_control), _STR_OR_INT]
-
-
-class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
 
 # --- model -----------------------------------------------------------------------------------------
 
@@ -99,7 +31,7 @@ class PinnedModel(Model):
     (from the hub, or the local Hugging Face cache with HF_HUB_OFFLINE=1) unless it holds it already."""
 
     path: Text = Field(description="The hub id, e.g. Qwen/Qwen2-7B-Instruct.")
-    revision: Annotated[str, Strict(), _matching(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}", "a hub revision")] = Field(
+    revision: Annotated[str, Strict(), matching(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}", "a hub revision")] = Field(
         description="The hub commit (its 40-hex sha); a branch or tag moves, so reproducible: true needs the sha.")
     local_dir: Text | None = Field(
         None, description="The folder verl gets, on storage every node sees (relative: to the working dir); "
@@ -132,27 +64,7 @@ class Data(Model):
 
 # --- cluster ---------------------------------------------------------------------------------------
 
-class Slurm(Model):
-    """sbatch directives and the login environment; only the Slurm target reads them."""
-
-    cpus_per_task: Int = Field(ge=1, description="CPUs of the one task per node; Ray gets exactly these.")
-    mem: SlurmMem | None = Field(None, description="#SBATCH --mem per node, e.g. 200G (0: all of the node's).")
-    time: SlurmTime | None = Field(None, description="#SBATCH --time, e.g. 2-00:00:00.")
-    partition: Directive | None = Field(None, description="#SBATCH --partition.")
-    account: Directive | None = Field(None, description="#SBATCH --account.")
-    qos: Directive | None = Field(None, description="#SBATCH --qos.")
-    nodelist: Directive | None = Field(None, description="#SBATCH --nodelist: run on exactly these nodes.")
-    exclude: Directive | None = Field(None, description="#SBATCH --exclude: never these nodes.")
-    output: Directive = Field("slurm-%j.out", description="#SBATCH --output; its folder must exist where sbatch "
-                                                          "runs (Slurm does not create it).")
-    error: Directive | None = Field(None, description="#SBATCH --error; default: with the output.")
-    modules: tuple[Directive, ...] = Field((), description="Environment modules to `module load` first.")
-    requeue_grace: Seconds | None = Field(
-        300, description="Ask Slurm for USR1 this long before preemption or the time limit; the job then "
-                         "stops cleanly and requeues itself, and verl resumes from its checkpoints. null: off.")
-
-
-GpuType = Annotated[str, Strict(), _matching(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}",
+GpuType = Annotated[str, Strict(), matching(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}",
                                               "a GPU model such as H100, A100-80GB or MI300X")]
 
 
@@ -217,122 +129,7 @@ class NoContainer(Model):
 Container = Annotated[Union[Engine, Apptainer, Pyxis, NoContainer], Field(discriminator="runtime")]
 
 
-class Compose(Model):
-    """The compose target's image when `container` is not docker or podman (e.g. verl's own image)."""
-
-    image: Text = Field(description="A Docker image with verl, ray and verl's data-prep scripts at workdir.")
-    workdir: Text = Field(description="Working directory inside the container, e.g. the verl checkout.")
-    shm_size: Size = Field("64G", description="Shared memory of each container.")
-    mounts: tuple[Text, ...] = Field((), description="SRC:DST[:OPTS] volumes.")
-
-
 # --- network, ray ----------------------------------------------------------------------------------
-
-# --- Kubernetes (the kuberay target) and clouds (the skypilot target) ---------------------------------
-
-K8sName = Annotated[str, Strict(), _matching(
-    r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", "a Kubernetes name: lowercase letters, digits and '-', at most 63")]
-LabelKey = Annotated[str, Strict(), _matching(
-    r"([a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?",
-    "a Kubernetes label key such as nvidia.com/gpu.product")]
-LabelValue = Annotated[str, Strict(), _matching(
-    r"([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?", "a Kubernetes label value")]
-Quantity = Annotated[str, BeforeValidator(lambda v: _int_as_str(v)), Strict(), _matching(
-    r"[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?", "a Kubernetes quantity such as 32, 500m or 256Gi"),
-    _STR_OR_INT]
-AbsPath = Annotated[str, Strict(), _matching(r"/[A-Za-z0-9_.@+=,/-]{0,255}", "an absolute path such as /checkpoints")]
-
-
-class Toleration(Model):
-    """One Kubernetes toleration of a node taint."""
-
-    key: LabelKey | None = Field(None, description="The taint's key (none with Exists: every taint).")
-    operator: Literal["Equal", "Exists"] = Field("Equal", description="Equal: key and value match; Exists: the key.")
-    value: LabelValue | None = Field(None, description="The taint's value (with Equal).")
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="The effect.")
-
-
-class Claim(Model):
-    """A PersistentVolumeClaim mounted into every pod."""
-
-    claim: K8sName = Field(description="The claim's name in the namespace.")
-    mount: AbsPath = Field(description="Where it is mounted in every container.")
-    read_only: Bool = Field(False, description="Mount it read-only.")
-
-
-class Kubernetes(Model):
-    """The kuberay target: where and how the RayJob's pods run. Nothing here reaches the other targets."""
-
-    image: Text | None = Field(None, description="The pods' image (verl, ray, verl's data-prep scripts); default: "
-                                                 "container.image (docker, podman or pyxis), else compose.image.")
-    workdir: AbsPath | None = Field(None, description="Working directory in the pods; default: the container's.")
-    namespace: K8sName = Field("default", description="The namespace of the RayJob and its ConfigMap.")
-    service_account: K8sName | None = Field(None, description="The pods' service account.")
-    image_pull_secret: K8sName | None = Field(None, description="A Secret for pulling the image from a private "
-                                                                "registry.")
-    secret: K8sName | None = Field(None, description="The Secret holding the spec's `secrets`, one key per name; "
-                                                     "the pods read them with secretKeyRef (never values).")
-    node_selector: dict[LabelKey, LabelValue] = Field(default_factory=dict, description="Node labels the pods need.")
-    gpu_label: LabelKey | None = Field(None, description="The node label whose value is cluster.gpu_type; default: "
-                                                         "nvidia.com/gpu.product (cuda), amd.com/gpu.product-name "
-                                                         "(rocm).")
-    tolerations: tuple[Toleration, ...] = Field((), description="Taints the pods tolerate (e.g. GPU nodes').")
-    priority_class: K8sName | None = Field(None, description="The pods' PriorityClass.")
-    cpus: Quantity | None = Field(None, description="CPU request (and limit) of each pod, e.g. 64.")
-    memory: Quantity | None = Field(None, description="Memory request (and limit) of each pod, e.g. 512Gi.")
-    shm_size: Quantity = Field("64Gi", description="/dev/shm of each pod: a memory-backed emptyDir of this size.")
-    volumes: tuple[Claim, ...] = Field((), description="PersistentVolumeClaims for data, models and checkpoints.")
-    retries: Int = Field(0, ge=0, le=100, description="RayJob backoffLimit: new pods, same checkpoints (they must "
-                                                      "be on a volume).")
-    ttl_after_finished: Seconds = Field(3600, description="How long a finished RayJob's cluster stays for "
-                                                          "inspection before KubeRay deletes it.")
-    deadline: Seconds | None = Field(None, description="RayJob activeDeadlineSeconds: the run's time limit.")
-
-
-class Bucket(Model):
-    """Cloud storage mounted on every SkyPilot node."""
-
-    source: Annotated[str, Strict(), _matching(r"(s3|gs|r2|cos|oci|https)://[A-Za-z0-9_.@+=,/:-]{1,255}",
-                                               "a bucket URL such as s3://bucket/path")] = Field(
-        description="The bucket (and folder): s3://, gs://, r2://, cos://, oci:// or an Azure https:// URL.")
-    mount: AbsPath = Field(description="Where it is mounted on every node.")
-    mode: Literal["MOUNT", "MOUNT_CACHED", "COPY"] = Field("MOUNT", description="SkyPilot's storage mode: MOUNT "
-                                                                              "streams, COPY copies at launch.")
-
-
-class SkyVolume(Model):
-    """A SkyPilot volume (created with `sky volumes apply`) mounted on every node."""
-
-    name: K8sName = Field(description="The volume's name.")
-    mount: AbsPath = Field(description="Where it is mounted on every node.")
-
-
-class Skypilot(Model):
-    """The skypilot target: resources, storage and recovery of a SkyPilot (managed) job."""
-
-    image: Text | None = Field(None, description="The Docker image the nodes run; default: container.image "
-                                                 "(docker or podman), else compose.image.")
-    workdir: AbsPath | None = Field(None, description="Working directory in the image; default: the container's.")
-    infra: Annotated[str, Strict(), _matching(r"[a-z0-9*][A-Za-z0-9_./*-]{0,127}", "an infra such as aws, "
-                                              "gcp/us-central1 or k8s/my-context")] | None = Field(
-        None, description="Where to run (SkyPilot's infra: cloud[/region[/zone]] or k8s[/context]); default: "
-                          "the cheapest that has the GPUs.")
-    use_spot: Bool = Field(False, description="Spot (preemptible) instances.")
-    cpus: Annotated[str, BeforeValidator(_int_as_str), Strict(), _matching(r"\d+\+?", "a CPU count such as 32 or "
-                                                                                       "32+")] | None = Field(
-        None, description="vCPUs per node, e.g. 32 or 32+ (at least).")
-    memory: Annotated[str, BeforeValidator(_int_as_str), Strict(), _matching(r"\d+\+?", "a memory size in GB such "
-                                                                                         "as 256 or 256+")] | None = Field(
-        None, description="Memory per node in GB, e.g. 256 or 256+ (at least).")
-    disk_size: Int | None = Field(None, ge=1, description="Boot disk size in GB.")
-    buckets: tuple[Bucket, ...] = Field((), description="Buckets mounted on every node (data, checkpoints).")
-    volumes: tuple[SkyVolume, ...] = Field((), description="SkyPilot volumes mounted on every node.")
-    recovery: Literal["EAGER_NEXT_REGION", "FAILOVER", "off"] = Field(
-        "EAGER_NEXT_REGION", description="Managed-job recovery after a preemption (job_recovery.strategy); the "
-                                         "checkpoints must then be on a bucket or volume.")
-    max_restarts_on_errors: Int = Field(0, ge=0, le=100, description="Also restart after a failure of the job "
-                                                                    "itself (job_recovery).")
-
 
 class Nccl(Model):
     ib_hca: tuple[Directive, ...] = Field((), description="NCCL_IB_HCA: the InfiniBand adapters to use.")
@@ -366,7 +163,7 @@ class Ray(Model):
 
 # --- sweeps ----------------------------------------------------------------------------------------
 
-SweepKey = Annotated[str, Strict(), _matching(r"verl(\.[A-Za-z_][A-Za-z0-9_]*)+",
+SweepKey = Annotated[str, Strict(), matching(r"verl(\.[A-Za-z_][A-Za-z0-9_]*)+",
                                               "a verl setting such as verl.actor_rollout_ref.actor.optim.lr")]
 
 
@@ -381,11 +178,11 @@ class Sweep(Model):
 
 # --- verl's Hydra composition -------------------------------------------------------------------
 
-GroupKey = Annotated[str, Strict(), _matching(
+GroupKey = Annotated[str, Strict(), matching(
     r"[A-Za-z_][A-Za-z0-9_/]*(@[A-Za-z_][A-Za-z0-9_.]*)?", "a Hydra config group, optionally @package "
     "(e.g. actor@actor_rollout_ref.actor)")]
-GroupOption = Annotated[str, Strict(), _matching(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", "a config group option name")]
-SearchPath = Annotated[str, Strict(), _matching(
+GroupOption = Annotated[str, Strict(), matching(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", "a config group option name")]
+SearchPath = Annotated[str, Strict(), matching(
     r"(pkg|file)://[A-Za-z0-9_./-]{1,255}", "a Hydra search path such as pkg://my_plugin.config or "
     "file:///opt/plugin/config")]
 
@@ -404,10 +201,6 @@ class Hydra(Model):
 
 # --- the spec --------------------------------------------------------------------------------------
 
-# Every target verlc renders (targets/__init__.py registers one folder for each; a test keeps them equal).
-TARGET_NAMES = ("slurm", "ray-job", "compose", "kuberay", "skypilot")
-
-
 class Spec(Model):
     """One verl run: what to train (model, data, verl settings) and where and how it runs."""
 
@@ -415,7 +208,7 @@ class Spec(Model):
         None, description="Base spec file(s), relative to this one: their settings first, this file's on top "
                           "(mappings merge, lists are replaced).")
     name: Name = Field(description="Names the bundle folder, the Slurm job, containers and Ray submissions.")
-    targets: tuple[Literal["slurm", "ray-job", "compose", "kuberay", "skypilot"], ...] | None = Field(
+    targets: tuple[Literal[TARGET_NAMES], ...] | None = Field(  # type: ignore[valid-type]
         None, min_length=1, description="The bundles this spec is meant for: what `--target all` builds and checks "
                                         "(default: every target).")
     verl_version: Str = Field("0.9.1", description="The verl release whose config `verl:` is checked against; "

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ..compiler.ir import JobIR
 
 
 class LaunchError(Exception):
@@ -27,15 +32,54 @@ class Submission:
     record: str | None  # where the in-cluster run record will be
 
 
+class State(Enum):
+    """Where a run is, the same for every target: each launcher maps its scheduler's words onto these."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    UNKNOWN = "unknown"
+
+
 @dataclass(frozen=True)
 class Observed:
-    state: str  # the scheduler's word, upper case (PENDING, RUNNING, COMPLETED, FAILED, ...)
+    state: str  # the scheduler's word, upper case (PENDING, RUNNING, COMPLETED, FAILED, ...): shown and recorded
     restarts: int = 0
     exit_code: int | None = None
     final: bool = False
     source: str = ""  # which tool said so
     started: str | None = None  # when the scheduler started the job (UTC, %Y-%m-%dT%H:%M:%SZ), if it says
     ended: str | None = None  # when it ended, if it says
+    status: State = State.UNKNOWN  # the scheduler's word as one of verlc's states
+
+
+def observed(states: Mapping[str, State], word: str, *args: object, **fields: object) -> Observed:
+    """What a scheduler said (`word` and the rest, as Observed takes them), with `word` mapped through the
+    launcher's table onto verlc's states."""
+    return Observed(word, *args, status=states.get(word, State.UNKNOWN), **fields)  # type: ignore[arg-type]
+
+
+class Launcher(Protocol):
+    """A target's lifecycle with its scheduler's own tools (targets/<folder>/launch.py). `run` is the ledger's
+    submitted event of the run (job_id, where, log, record, bundle, ...)."""
+
+    def submit(self, ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Submission]:
+        """Submit the bundle from `cwd`; one Submission per job (a sweep may make several)."""
+
+    def state(self, run: dict) -> Observed:
+        """What the scheduler says of the run now (LaunchError when it cannot say)."""
+
+    def logs(self, run: dict) -> str:
+        """The run's log so far ('' before it starts)."""
+
+    def cancel(self, run: dict) -> Observed | None:
+        """Stop the run. The final state when stopping removed what `state` asks (Compose's containers, the
+        RayJob); None when the scheduler goes on reporting the run, so that `state` says how it ended."""
+
+    def attach(self, run: dict, argv: list[str]) -> list[str]:
+        """The argv that runs `argv` (a shell when empty) where the run's commands run on its head node."""
 
 
 def utc(moment: datetime | None) -> str | None:

@@ -1,32 +1,37 @@
-"""Targets turn a JobIR into a Bundle of files. Adding a target means adding a folder and a line here.
+"""The targets verlc renders. `TARGETS` is the one list of them: the spec's `targets:`, the CLI's choices and
+the docs come from it. Each is one folder of the shape targets/target.py describes; adding a target is
+adding a folder and a line here (and one line in the Spec for its section, if it has one).
 
-A target's code is imported when it is first rendered, so building one target loads only that one.
+Importing this registers each target's descriptor and spec section only; a target's checks, lowering,
+render and launcher are imported when it is first built or launched.
 """
 
 from __future__ import annotations
 
-from importlib import import_module
-from types import ModuleType
 from typing import TYPE_CHECKING
+
+from . import compose, kuberay, ray_job, skypilot, slurm
+from .target import Target
 
 if TYPE_CHECKING:
     from ..compiler.ir import JobIR
+    from ..lifecycle.scheduler import Launcher
     from .bundle import Bundle
 
-TARGETS: dict[str, str] = {  # target name -> its folder under targets/, whose `render(JobIR) -> Bundle` builds it
-    "slurm": "slurm",
-    "ray-job": "ray_job",
-    "compose": "compose",
-    "kuberay": "kuberay",
-    "skypilot": "skypilot",
-}
+TARGETS: tuple[Target, ...] = (slurm.TARGET, ray_job.TARGET, compose.TARGET, kuberay.TARGET, skypilot.TARGET)
+NAMES: tuple[str, ...] = tuple(t.name for t in TARGETS)
 
 
-def render(target: str, ir: JobIR) -> Bundle:
-    """The bundle of `target` for one compiled spec."""
-    return import_module(f".{TARGETS[target]}", __name__).render(ir)
+def get(name: str) -> Target:
+    """The target called `name` (one of NAMES)."""
+    return next(t for t in TARGETS if t.name == name)
 
 
-def launcher(target: str) -> ModuleType:
-    """The target's lifecycle module (`launch.py`): submit, state, logs and cancel with its own tools."""
-    return import_module(f".{TARGETS[target]}.launch", __name__)
+def render(name: str, ir: JobIR) -> Bundle:
+    """The bundle of target `name` for one compiled spec."""
+    return get(name).render(ir)
+
+
+def launcher(name: str) -> Launcher:
+    """The target's lifecycle (its launch.py): submit, state, logs, cancel and attach with its own tools."""
+    return get(name).launcher

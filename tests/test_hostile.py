@@ -331,16 +331,16 @@ def test_cloud_payloads_are_refused_cleanly_or_stay_data(tmp_path: Path) -> None
         env = {e["name"]: e.get("value") for e in head["env"]}
         written = next(e.value.display for e in ir.env if e.name == "SOME_VAR")
         assert env["SOME_VAR"] == written.replace("$", "$$")  # Kubernetes reads $$ as $, and expands no $(...)
-        assert head["image"] == ir.kubernetes.image
-        assert head["workingDir"] == ir.kubernetes.workdir
+        assert head["image"] == ir.part("kuberay").image
+        assert head["workingDir"] == ir.part("kuberay").workdir
         entrypoint = jobs[0]["spec"]["entrypoint"]
-        assert shlex.split(entrypoint) == ["cd", ir.kubernetes.workdir, "&&", "exec", "python3", "-m", "verlc_job",
+        assert shlex.split(entrypoint) == ["cd", ir.part("kuberay").workdir, "&&", "exec", "python3", "-m", "verlc_job",
                                            "job"]
         configmap = yaml.safe_load(files["kuberay/configmap.yaml"])
         assert json.loads(configmap["data"]["job.json"])["train"] == list(ir.trainer_argv)
         task = yaml.safe_load(files["skypilot/task.yaml"])
         assert task["envs"]["SOME_VAR"] == written
-        assert task["resources"]["image_id"] == f"docker:{ir.skypilot.image}"
+        assert task["resources"]["image_id"] == f"docker:{ir.part('skypilot').image}"
         record = tmp_path / "record.jsonl"
         record.unlink(missing_ok=True)
         run = ('cd() { python3 "cd" "$@"; }\n'  # the fake python3 records it; nothing changes directory
@@ -350,7 +350,7 @@ def test_cloud_payloads_are_refused_cleanly_or_stay_data(tmp_path: Path) -> None
             "SKYPILOT_NODE_IPS": "10.0.0.1", "SKYPILOT_NUM_GPUS_PER_NODE": "8", "HOME": str(tmp_path)})
         assert result_run.returncode == 0, result_run.stderr
         calls = [json.loads(line) for line in record.read_text().splitlines()]
-        assert ["python3", "cd", ir.skypilot.workdir] in calls
+        assert ["python3", "cd", ir.part("skypilot").workdir] in calls
         assert ["python3", "-m", "verlc_job", "job"] in calls
         assert not MARKER.exists(), f"{field}={value!r} was executed"
     assert built > 50 and refused > 10

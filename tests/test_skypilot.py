@@ -90,13 +90,13 @@ print(json.dumps(out))
     for (name, folder, ir), task in zip(folders, json.loads(result.stdout)):
         assert task["nodes"] == ir.nodes, name
         assert task["accelerators"] == {ir.gpu_type: ir.gpus_per_node}, name
-        assert task["image"] == {"null": f"docker:{ir.skypilot.image}"} or \
-            list(task["image"].values()) == [f"docker:{ir.skypilot.image}"], name
+        assert task["image"] == {"null": f"docker:{ir.part('skypilot').image}"} or \
+            list(task["image"].values()) == [f"docker:{ir.part('skypilot').image}"], name
         assert task["secrets"] == sorted(ir.secrets), name
         assert {e.name: e.value.display for e in ir.env}.items() <= task["envs"].items(), name
         assert task["mounts"] == {"/opt/verlc/verlc_job": "./verlc_job"}, name
-        assert task["storage"] == sorted(b.path for b in ir.skypilot.buckets), name
-        assert (task["recovery"] or {}).get("strategy") == ir.skypilot.recovery, name
+        assert task["storage"] == sorted(b.path for b in ir.part("skypilot").buckets), name
+        assert (task["recovery"] or {}).get("strategy") == ir.part("skypilot").recovery, name
 
 
 def test_the_example_task() -> None:

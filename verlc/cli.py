@@ -16,11 +16,10 @@ EXIT_SPEC = 2  # bad input: the problems are printed, nothing is written
 EXIT_FAILED = 1  # submit --wait/--follow: the run ended in a state other than success
 # 3: the scheduler or the ledger could not answer (unknown run, unreachable Ray, a job Slurm forgot)
 # 4: the target's tool is not on PATH (sbatch, docker compose, ...)
-LAUNCH_TARGETS = ("slurm", "ray-job", "compose", "kuberay", "skypilot")
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .targets import TARGETS
+    from .targets import NAMES
 
     parser = argparse.ArgumentParser(
         prog="verlc", description="Compile verl experiment specs into runnable, reviewable bundles.")
@@ -30,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     build = sub.add_parser("build", help="compile specs into out/<name>/<target>/",
                            description="Compile specs into bundles. All specs build, or nothing is written.")
     build.add_argument("specs", nargs="+", type=Path, metavar="SPEC")
-    build.add_argument("--target", required=True, choices=[*TARGETS, "all"],
+    build.add_argument("--target", required=True, choices=[*NAMES, "all"],
                        help="which bundle to generate; 'all' builds every target")
     build.add_argument("--out", type=Path, default=Path("out"), help="output folder (default: out)")
     build.add_argument("--force", action="store_true",
@@ -46,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--max-variants", type=int, default=1000, metavar="N",
                              help="refuse sweeps with more variants than this (default 1000)")
     validate.add_argument("specs", nargs="+", type=Path, metavar="SPEC")
-    validate.add_argument("--target", choices=[*TARGETS, "all"],
+    validate.add_argument("--target", choices=[*NAMES, "all"],
                           help="also run the checks of this target (what `build --target` would refuse)")
 
     check = sub.add_parser("check", help="fail when out/ is not what the specs generate",
@@ -71,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
                                         "with the target's own tool from this folder, and append the run to the "
                                         "ledger (runs.jsonl at the spec's git root).")
     submit.add_argument("spec", type=Path, metavar="SPEC")
-    submit.add_argument("--target", required=True, choices=LAUNCH_TARGETS)
+    submit.add_argument("--target", required=True, choices=NAMES)
     submit.add_argument("--out", type=Path, default=Path("out"), help="output folder (default: out)")
     waiting = submit.add_mutually_exclusive_group()
     waiting.add_argument("--wait", action="store_true", help="return when the run ends, with its outcome")
@@ -216,7 +215,7 @@ def _compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str
             print(d, file=sys.stderr)
         print(f"verlc: {len(problems)} problem(s); nothing written", file=sys.stderr)
         return EXIT_SPEC
-    from .compiler.checks import LOG_FOLDER_NOTE
+    from .targets.slurm.checks import LOG_FOLDER_NOTE
 
     notes = [note for ir in irs for note in ir.notes if not (submitting and LOG_FOLDER_NOTE in note)]
     for note in notes:
@@ -456,6 +455,7 @@ def _lifecycle(args: argparse.Namespace) -> int:
 
 def _submit(args: argparse.Namespace) -> int:
     from .lifecycle import ledger, runs
+    from .lifecycle.scheduler import State
 
     result = _compile_all([args.spec], [args.target], "snapshot", submitting=True)
     if isinstance(result, int):
@@ -470,7 +470,7 @@ def _submit(args: argparse.Namespace) -> int:
     if not (args.wait or args.follow):
         return 0
     outcomes = [_until_done(book, run, args.follow, args.metric) for run in submitted]
-    return 0 if all(o.state in ("COMPLETED", "SUCCEEDED") for o in outcomes) else EXIT_FAILED
+    return 0 if all(o.status is State.SUCCEEDED for o in outcomes) else EXIT_FAILED
 
 
 def _until_done(book: Path, run, follow: bool, metrics: list[str]):  # noqa: ANN001, ANN202

@@ -1,5 +1,5 @@
 """The compose target: a Ray head, workers and the trainer on one Docker host (scenario B)."""
 
-from .render import render
+from ..target import Section, Target
 
-__all__ = ["render"]
+TARGET = Target("compose", __name__, Section(("compose",), "container"), runs_container=True)

@@ -9,9 +9,13 @@ import time
 from pathlib import Path
 
 from ...compiler.ir import JobIR
-from ...lifecycle.scheduler import LaunchError, Observed, Submission
+from ...lifecycle.scheduler import LaunchError, Observed, State, Submission, observed
 from ...lifecycle.scheduler import run as command
 from .view import HEAD
+
+# The head container's state (`compose ps`), or how it ended, as verlc's
+STATES = {"CREATED": State.PENDING, "RUNNING": State.RUNNING, "RESTARTING": State.RUNNING, "PAUSED": State.RUNNING,
+          "COMPLETED": State.SUCCEEDED, "FAILED": State.FAILED, "DEAD": State.FAILED, "CANCELLED": State.CANCELLED}
 
 
 def compose() -> list[str]:
@@ -46,8 +50,8 @@ def state(run: dict) -> Observed:
     head = rows[0]
     if head.get("State") == "exited":
         code = int(head.get("ExitCode", 1))
-        return Observed("COMPLETED" if code == 0 else "FAILED", 0, code, True, "compose ps")
-    return Observed(str(head.get("State", "unknown")).upper(), 0, None, False, "compose ps")
+        return observed(STATES, "COMPLETED" if code == 0 else "FAILED", 0, code, True, "compose ps")
+    return observed(STATES, str(head.get("State", "unknown")).upper(), 0, None, False, "compose ps")
 
 
 def logs(run: dict) -> str:
@@ -57,7 +61,7 @@ def logs(run: dict) -> str:
 def cancel(run: dict) -> Observed:
     """`down` removes the containers, so Compose keeps no state to ask afterwards: the run ends here."""
     command([*compose(), "down", "--volumes"], cwd=_bundle(run), timeout=300)
-    return Observed("CANCELLED", 0, None, True, "compose down")
+    return observed(STATES, "CANCELLED", 0, None, True, "compose down")
 
 
 def attach(run: dict, argv: list[str]) -> list[str]:

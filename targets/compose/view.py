@@ -58,14 +58,13 @@ def _service(ir: JobIR, c: ContainerIR, command: list[str], node: int | None) ->
 
 def run_time_folders(ir: JobIR) -> tuple[str, ...]:
     """What runs write into the bundle folder: the run record, and mount sources relative to it."""
-    assert ir.compose is not None
-    sources = [text(m).split(":")[0] for m in ir.compose.mounts]
+    sources = [text(m).split(":")[0] for m in ir.part("compose").mounts]
     relative = [s.removeprefix("./").split("/")[0] for s in sources if not s.startswith(("/", "$", "~", "../"))]
     return tuple(sorted({"runs", *(r for r in relative if r not in ("", "."))}))
 
 
 def compose_file(ir: JobIR) -> dict[str, Any]:
-    c = ir.compose
+    c: ContainerIR = ir.part("compose")
     assert c is not None and c.workdir is not None, "checks require a docker image for the compose target"
     ray_common = [f"--num-gpus={ir.gpus_per_node}", "--disable-usage-stats"]
     # The job runs on the head, as `ray job submit` runs a driver there: a Ray driver needs a Ray node of

@@ -1,5 +1,5 @@
 """The kuberay target: a KubeRay RayJob (ray.io/v1) per run, and a ConfigMap with the job package."""
 
-from .render import render
+from ..target import Section, Target
 
-__all__ = ["render"]
+TARGET = Target("kuberay", __name__, Section(("kubernetes",), "resources"))

@@ -9,11 +9,18 @@ import re
 from pathlib import Path
 
 from ...compiler.ir import JobIR
-from ...lifecycle.scheduler import LaunchError, Observed, Submission, tool
+from ...lifecycle.scheduler import LaunchError, Observed, State, Submission, observed, tool
 from ...lifecycle.scheduler import run as command
+from .lower import KubeIR
 
 # KubeRay's jobDeploymentStatus values after which nothing more happens to the RayJob
 FINAL = {"Complete", "Failed"}
+
+# The RayJob's job status (or, before it has one, its deployment status) as verlc's
+STATES = {"PENDING": State.PENDING, "NEW": State.PENDING, "INITIALIZING": State.PENDING, "WAITING": State.PENDING,
+          "RUNNING": State.RUNNING, "SUCCEEDED": State.SUCCEEDED, "COMPLETE": State.SUCCEEDED,
+          "FAILED": State.FAILED, "STOPPED": State.CANCELLED, "CANCELLED": State.CANCELLED,
+          "SUSPENDED": State.CANCELLED}
 
 
 def kubectl() -> str:
@@ -21,8 +28,7 @@ def kubectl() -> str:
 
 
 def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Submission]:
-    k = ir.kubernetes
-    assert k is not None
+    k: KubeIR = ir.part("kuberay")
     command([kubectl(), "apply", "--namespace", k.namespace, "--filename", str(bundle / "configmap.yaml")], env=env)
     # create, not apply: a RayJob of the same name is another run's, and applying would rewrite it
     out = command([kubectl(), "create", "--namespace", k.namespace, "--filename", str(bundle / "rayjob.yaml"),
@@ -44,7 +50,7 @@ def state(run: dict) -> Observed:
     job = status.get("jobStatus", "")
     final = deployment in FINAL
     code = 0 if job == "SUCCEEDED" else (1 if final else None)
-    return Observed((job or deployment or "Pending").upper(), int(status.get("failed") or 0), code, final,
+    return observed(STATES, (job or deployment or "Pending").upper(), int(status.get("failed") or 0), code, final,
                     "kubectl get rayjob")
 
 
@@ -56,7 +62,7 @@ def logs(run: dict) -> str:
 def cancel(run: dict) -> Observed:
     """Deleting the RayJob deletes its cluster, so nothing is left to ask: the run ends here."""
     command([kubectl(), "delete", "rayjob", run["job_id"], "--namespace", run["where"], "--wait=false"])
-    return Observed("CANCELLED", 0, None, True, "kubectl delete rayjob")
+    return observed(STATES, "CANCELLED", 0, None, True, "kubectl delete rayjob")
 
 
 def attach(run: dict, argv: list[str]) -> list[str]:

@@ -7,12 +7,12 @@ from ...compiler import yaml_text
 from ...compiler.ir import JobIR
 from ..bundle import Bundle, File, finish, header_lines
 from ..job_package import job_package
+from .lower import KubeIR
 from .view import SUBMISSION_WHY, configmap, rayjobs
 
 
 def render(ir: JobIR) -> Bundle:
-    k = ir.kubernetes
-    assert k is not None, "the checks refuse the kuberay target without an image"
+    k: KubeIR = ir.part("kuberay")
     header = "".join(f"# {line}\n" for line in header_lines(ir))
     package = job_package(ir, address=None, record=None, image=k.image)  # the run record goes to the job log
     usage = (f"# Run:  kubectl apply --namespace {k.namespace} -f configmap.yaml -f rayjob.yaml   (or: verlc submit)\n"

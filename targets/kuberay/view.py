@@ -10,9 +10,10 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from ...compiler.ir import JobIR, KubeIR
+from ...compiler.ir import JobIR
 from ..bundle import File
 from ..job_package import COMMAND, PACKAGE
+from .lower import KubeIR
 
 HELPER_DIR = "/opt/verlc"  # the ConfigMap is mounted at HELPER_DIR/verlc_job, on PYTHONPATH, in every pod
 DASHBOARD_PORT = 8265
@@ -38,8 +39,7 @@ def configmap_name(ir: JobIR) -> str:
 
 def configmap(ir: JobIR, files: list[File]) -> dict[str, Any]:
     """The job package as a ConfigMap: one key per file ('/' is not allowed in a key: jobs/3.json is jobs-3.json)."""
-    k = ir.kubernetes
-    assert k is not None
+    k: KubeIR = ir.part("kuberay")
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": configmap_name(ir), "namespace": k.namespace, "labels": labels(ir)},
             "data": {_key(f.path): f.text for f in files}}
@@ -96,8 +96,7 @@ def _pod(ir: JobIR, k: KubeIR, role: str, files: list[File]) -> dict[str, Any]:
 
 def rayjobs(ir: JobIR, files: list[File]) -> list[dict[str, Any]]:
     """One RayJob, or one per sweep variant (each its own cluster, named NAME-vNNN)."""
-    k = ir.kubernetes
-    assert k is not None
+    k: KubeIR = ir.part("kuberay")
     variants = [str(v.index) for v in ir.variants] or [None]
     start = {"num-gpus": str(ir.gpus_per_node), "disable-usage-stats": "true"}
     out = []

@@ -1,5 +1,5 @@
 """The ray-job target: `ray job submit` to an existing Ray cluster (scenario C)."""
 
-from .render import render
+from ..target import Target
 
-__all__ = ["render"]
+TARGET = Target("ray-job", __name__)

@@ -11,10 +11,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ...compiler.ir import JobIR
-from ...lifecycle.scheduler import LaunchError, Observed, Submission, tool, utc
+from ...lifecycle.scheduler import LaunchError, Observed, State, Submission, observed, tool, utc
 from ...lifecycle.scheduler import run as command
 
 FINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+# The Ray Jobs API's statuses as verlc's
+STATES = {"PENDING": State.PENDING, "RUNNING": State.RUNNING, "SUCCEEDED": State.SUCCEEDED, "FAILED": State.FAILED,
+          "STOPPED": State.CANCELLED}
 
 
 def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Submission]:
@@ -52,7 +56,7 @@ def state(run: dict) -> Observed:
     def moment(ms: object) -> str | None:  # the Jobs API gives milliseconds since the epoch (0: not yet)
         return utc(datetime.fromtimestamp(ms / 1000, timezone.utc)) if isinstance(ms, (int, float)) and ms else None
 
-    return Observed(status, 0, 0 if status == "SUCCEEDED" else None, status in FINAL, "ray jobs api",
+    return observed(STATES, status, 0, 0 if status == "SUCCEEDED" else None, status in FINAL, "ray jobs api",
                     moment(info.get("start_time")), moment(info.get("end_time")) if status in FINAL else None)
 
 

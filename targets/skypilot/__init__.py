@@ -1,5 +1,5 @@
 """The skypilot target: a SkyPilot task (a managed job that recovers from preemption) per run."""
 
-from .render import render
+from ..target import Section, Target
 
-__all__ = ["render"]
+TARGET = Target("skypilot", __name__, Section(("skypilot",), "resources"))

@@ -9,11 +9,17 @@ import re
 from pathlib import Path
 
 from ...compiler.ir import JobIR
-from ...lifecycle.scheduler import LaunchError, Observed, Submission, tool
+from ...lifecycle.scheduler import LaunchError, Observed, State, Submission, observed, tool
 from ...lifecycle.scheduler import run as command
 
 FINAL = {"SUCCEEDED", "CANCELLED", "FAILED", "FAILED_SETUP", "FAILED_PRECHECKS", "FAILED_NO_RESOURCE",
          "FAILED_CONTROLLER"}
+
+# SkyPilot's managed-job statuses as verlc's
+STATES = {"PENDING": State.PENDING, "SUBMITTED": State.PENDING, "STARTING": State.PENDING,
+          "RUNNING": State.RUNNING, "RECOVERING": State.RUNNING, "CANCELLING": State.RUNNING,
+          "SUCCEEDED": State.SUCCEEDED, "CANCELLED": State.CANCELLED,
+          **{s: State.FAILED for s in FINAL - {"SUCCEEDED", "CANCELLED"}}}
 
 
 def sky() -> str:
@@ -38,7 +44,7 @@ def state(run: dict) -> Observed:
     job = max(mine, key=lambda j: j.get("job_id") or 0)
     status = str(job.get("status") or "UNKNOWN").upper()
     code = 0 if status == "SUCCEEDED" else (1 if status in FINAL else None)
-    return Observed(status, int(job.get("recovery_count") or 0), code, status in FINAL, "sky jobs queue")
+    return observed(STATES, status, int(job.get("recovery_count") or 0), code, status in FINAL, "sky jobs queue")
 
 
 def logs(run: dict) -> str:

@@ -8,12 +8,12 @@ from ...compiler.ir import JobIR
 from ..bundle import Bundle, File, finish, header_lines
 from ..jinja import environment
 from ..job_package import job_package
+from .lower import SkyIR
 from .view import sky_view, task
 
 
 def render(ir: JobIR) -> Bundle:
-    k = ir.skypilot
-    assert k is not None, "the checks refuse the skypilot target without an image and a GPU model"
+    k: SkyIR = ir.part("skypilot")
     jinja = environment("verlc.targets.skypilot")
     view = sky_view(ir)
     header = "".join(f"# {line}\n" for line in header_lines(ir))

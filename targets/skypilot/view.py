@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...compiler.ir import JobIR, SkyIR
+from ...compiler.ir import JobIR
 from ..bundle import header_lines
 from ..job_package import PACKAGE
+from .lower import SkyIR
 
 HELPER_DIR = "/opt/verlc"  # ./verlc_job is mounted at HELPER_DIR/verlc_job on every node
 RAY_PORT = 6379  # SkyPilot's own Ray listens on 6380
@@ -37,8 +38,7 @@ class SkyView:
 
 
 def sky_view(ir: JobIR) -> SkyView:
-    k = ir.skypilot
-    assert k is not None
+    k: SkyIR = ir.part("skypilot")
     return SkyView(header_lines(ir), ir.name, k.workdir, HELPER_DIR, PACKAGE, RAY_PORT, DASHBOARD_PORT,
                    ir.nodes, ir.ray.wait_seconds, ir.secrets, tuple(str(v.index) for v in ir.variants))
 

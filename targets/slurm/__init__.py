@@ -1,5 +1,5 @@
-"""The Slurm target: one sbatch script that brings up Ray in containers and runs verl."""
+"""The slurm target: one sbatch script that brings up Ray in containers and runs verl."""
 
-from .render import render
+from ..target import Section, Target
 
-__all__ = ["render"]
+TARGET = Target("slurm", __name__, Section(("cluster", "slurm"), "resources"), runs_container=True)

@@ -10,17 +10,26 @@ from datetime import datetime
 from pathlib import Path
 
 from ...compiler.ir import JobIR
-from ...lifecycle.scheduler import LaunchError, Observed, Submission, tool, utc
+from ...lifecycle.scheduler import LaunchError, Observed, State, Submission, observed, tool, utc
 from ...lifecycle.scheduler import run as command
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY",
          "BOOT_FAIL", "DEADLINE"}
 
+# Slurm's job states (squeue/scontrol/sacct) as verlc's
+STATES = {"PENDING": State.PENDING, "CONFIGURING": State.PENDING, "REQUEUED": State.PENDING,
+          "REQUEUE_HOLD": State.PENDING, "REQUEUE_FED": State.PENDING, "RESV_DEL_HOLD": State.PENDING,
+          "RUNNING": State.RUNNING, "COMPLETING": State.RUNNING, "SUSPENDED": State.RUNNING,
+          "STAGE_OUT": State.RUNNING, "SIGNALING": State.RUNNING, "RESIZING": State.RUNNING,
+          "COMPLETED": State.SUCCEEDED, "CANCELLED": State.CANCELLED,
+          **{s: State.FAILED for s in ("FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                                       "DEADLINE")}}
+
 
 def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Submission]:
     """sbatch from `cwd` (the job's submit dir), after creating the log folders Slurm cannot create."""
     sbatch = tool("sbatch", "the slurm target submits with sbatch")
-    for folder in ir.slurm.log_dirs if ir.slurm else ():
+    for folder in ir.part("slurm").log_dirs:
         (cwd / folder).mkdir(parents=True, exist_ok=True)
     out = command([sbatch, "--parsable", str(bundle / "sbatch.sh")], cwd=cwd, env=env).stdout.strip()
     job, _, cluster = out.partition(";")
@@ -65,7 +74,7 @@ def _sacct(job: str) -> Observed | None:
         return None
     row = rows[-1] + [""] * (5 - len(rows[-1]))
     state, exit_code, restarts = row[0].split()[0], row[1], row[2] or "0"
-    return Observed(state, int(restarts), int(exit_code.split(":")[0]), state in FINAL, "sacct",
+    return observed(STATES, state, int(restarts), int(exit_code.split(":")[0]), state in FINAL, "sacct",
                     _time(row[3]), _time(row[4]) if state in FINAL else None)
 
 
@@ -75,14 +84,14 @@ def state(run: dict) -> Observed:
     if shown is not None:  # slurmctld's own view, with the restart count accounting does not keep
         name = shown.get("JobState", "UNKNOWN")
         code = int(shown.get("ExitCode", "0:0").split(":")[0])
-        return Observed(name, int(shown.get("Restarts", "0")), code if name in FINAL else None, name in FINAL,
+        return observed(STATES, name, int(shown.get("Restarts", "0")), code if name in FINAL else None, name in FINAL,
                         "scontrol", _time(shown.get("StartTime")), _time(shown.get("EndTime")) if name in FINAL else None)
     accounted = _sacct(job) if shutil.which("sacct") else None
     if accounted is not None:
         return accounted
     last = _last_exit(log)
     if last is not None:
-        return Observed("COMPLETED" if last == 0 else "FAILED", 0, last, True, f"the job's log {log}")
+        return observed(STATES, "COMPLETED" if last == 0 else "FAILED", 0, last, True, f"the job's log {log}")
     raise LaunchError(f"Slurm no longer knows job {job}, keeps no accounting, and its log has no exit line")
 
 

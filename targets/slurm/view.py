@@ -12,6 +12,7 @@ from importlib import resources
 from ...compiler.ir import Arg, EnvVar, JobIR, Var, Word
 from ..bundle import header_lines
 from ..job_package import REFERENCE
+from .lower import SlurmIR
 
 # Shell variables the template sets before it uses the argv below.
 HEAD_IP, NODE_IP, RAY_PORT, DASHBOARD_PORT = Var("head_ip"), Var("node_ip"), Var("ray_port"), Var("dashboard_port")
@@ -98,7 +99,7 @@ def job_env(ir: JobIR) -> tuple[EnvVar, ...]:
 
 
 def slurm_view(ir: JobIR) -> SlurmView:
-    assert ir.slurm is not None, "checks require cluster.slurm for the slurm target"
+    slurm: SlurmIR = ir.part("slurm")
     c = ir.container
     env = (*ir.env, *job_env(ir))
     address = _word(HEAD_IP, ":", RAY_PORT)
@@ -185,10 +186,10 @@ def slurm_view(ir: JobIR) -> SlurmView:
     array = (f"--array=0-{len(ir.variants) - 1}",) if ir.variants else ()
     return SlurmView(
         header=header_lines(ir),
-        log_dirs=ir.slurm.log_dirs,
-        directives=(*(f"--{k}={v}" if v else f"--{k}" for k, v in ir.slurm.directives), *array, "--export=ALL"),
-        requeue=ir.slurm.requeue,
-        modules=ir.slurm.modules,
+        log_dirs=slurm.log_dirs,
+        directives=(*(f"--{k}={v}" if v else f"--{k}" for k, v in slurm.directives), *array, "--export=ALL"),
+        requeue=slurm.requeue,
+        modules=slurm.modules,
         env=env,
         secrets=ir.secrets,
         nodes=ir.nodes,

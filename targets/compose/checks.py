@@ -1,0 +1,47 @@
+"""The compose section's own problems (mounts and words), and what the compose target cannot run: a sweep,
+a container that is not a docker image, a name Compose refuses."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from ...compiler.diagnostics import Diagnostic
+from ...compiler.ir import parse_word
+from ...compiler.load import Sourced
+from ...compiler.spec import Engine, Spec
+from ...compiler.verl.check import NOTE
+
+
+def check_section(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    c = spec.compose
+    if c is None:
+        return
+    for loc, text in [(("compose", "image"), c.image), (("compose", "workdir"), c.workdir),
+                      *((("compose", "mounts", i), m) for i, m in enumerate(c.mounts))]:
+        try:
+            parse_word(text)
+        except ValueError as exc:
+            yield sourced.diagnostic(loc, str(exc))
+    for i, mount in enumerate(c.mounts):
+        if ":" not in mount:
+            yield sourced.diagnostic(("compose", "mounts", i), "a mount is SRC:DST[:OPTIONS]")
+
+
+def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    if spec.sweep is not None:
+        yield sourced.diagnostic(("sweep",), "the compose target runs one job on one host; build sweeps for "
+                                             "slurm (one job array) or ray-job (one submission per variant)",
+                                 at_key=True)
+    if not isinstance(spec.container, Engine) and spec.compose is None:
+        yield sourced.diagnostic(("container", "runtime"), f"the compose target runs docker images; with "
+                                 f"runtime {spec.container.runtime}, add compose: {{image: ..., workdir: ...}}")
+    build = getattr(spec.container, "build", None)
+    if build is not None and spec.compose is None:
+        yield sourced.diagnostic(("container", "build"), (
+            f"{NOTE}the compose bundle does not build images: build it first, in the folder its context is "
+            f"relative to (where you run sbatch): `docker build --file "
+            f"{build.dockerfile} --tag {spec.container.image} {build.context}`"), at_key=True)
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", spec.name):
+        yield sourced.diagnostic(("name",), "the compose target uses the name as the Compose project "
+                                            "name: lowercase letters, digits, '-' and '_' only")

@@ -1,0 +1,58 @@
+"""What the kuberay target cannot run: no OCI image, a name KubeRay refuses, secrets without a Secret,
+env values that need a shell, checkpoints that die with the pods, a GPU selector no node matches."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from ...compiler.diagnostics import Diagnostic
+from ...compiler.load import Sourced
+from ...compiler.spec import Spec
+from ..shared import image_problems, kept, literal_env, node_image, node_workdir
+from .lower import GPU_LABEL, RAYJOB_NAME_MAX, is_rayjob_name, rayjob_names
+from .section import Kubernetes
+
+# How the GPU operators' feature discovery labels a node's GPU model: the product name, e.g.
+# NVIDIA-A100-SXM4-80GB or Tesla-V100-SXM2-16GB (NVIDIA), Instinct_MI300X or AMD_Instinct_MI300X_OAM (AMD).
+_PRODUCT_LABEL = {"cuda": re.compile(r"(NVIDIA|Tesla|Quadro)-.+"), "rocm": re.compile(r"(AMD|Instinct).+")}
+
+
+def check_section(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    return iter(())  # pydantic checks the section's own values
+
+
+def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    k = spec.kubernetes or Kubernetes()
+    image, workdir = node_image(spec, k.image), node_workdir(spec, k.workdir)
+    yield from image_problems(spec, sourced, "kuberay", "kubernetes", image, workdir,
+                              spec.kubernetes.workdir if spec.kubernetes else None)
+    bad = [n for n in rayjob_names(spec) if not is_rayjob_name(n)]
+    if bad:
+        yield sourced.diagnostic(("name",), (
+            f"the kuberay target names the RayJob {bad[0]!r} (the name in lowercase, '_' and '.' as '-'"
+            f"{', -vNNN per sweep variant' if spec.sweep else ''}); KubeRay needs a DNS-1035 label: at most "
+            f"{RAYJOB_NAME_MAX} characters, starting with a letter"))
+    if spec.secrets and k.secret is None:
+        yield sourced.diagnostic(("secrets",), (
+            f"the kuberay target reads secrets from a Kubernetes Secret: set kubernetes.secret to the Secret "
+            f"holding {', '.join(spec.secrets)} (one key per name)"))
+    yield from literal_env(spec, sourced, "kuberay")
+    yield from _gpu_label(spec, sourced, k)
+    mounts = [v.mount for v in k.volumes]
+    yield from kept(spec, sourced, workdir, mounts, "a kubernetes.volumes claim",
+                    "kubernetes.retries recreates the pods" if k.retries else None)
+
+
+def _gpu_label(spec: Spec, sourced: Sourced, k: Kubernetes) -> Iterator[Diagnostic]:
+    """cluster.gpu_type is SkyPilot's accelerator name (A100-80GB); a node label has the full product name.
+    A selector no node matches leaves the pods Pending for ever: the label's value must be given."""
+    gpu_type, accelerator = spec.cluster.gpu_type, spec.cluster.accelerator
+    label = k.gpu_label or GPU_LABEL[accelerator]
+    if gpu_type is None or label in k.node_selector or _PRODUCT_LABEL[accelerator].fullmatch(gpu_type):
+        return
+    example = "NVIDIA-A100-SXM4-80GB" if accelerator == "cuda" else "AMD_Instinct_MI300X_OAM"
+    yield sourced.diagnostic(("cluster", "gpu_type"), (
+        f"the kuberay target selects nodes by their GPU label {label}, whose values are product names such as "
+        f"{example}, not {gpu_type}: set kubernetes.node_selector: {{{label}: <the value on your nodes>}} "
+        f"(`kubectl get nodes -L {label}` shows it)"))

@@ -1,0 +1,31 @@
+"""What the skypilot target cannot run: no OCI image, no GPU model to ask for, env values that need a
+shell, checkpoints that a recovery on new nodes would not find."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ...compiler.diagnostics import Diagnostic
+from ...compiler.load import Sourced
+from ...compiler.spec import Spec
+from ..shared import image_problems, kept, literal_env, node_image, node_workdir
+from .section import Skypilot
+
+
+def check_section(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    return iter(())  # pydantic checks the section's own values
+
+
+def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    k = spec.skypilot or Skypilot()
+    image, workdir = node_image(spec, k.image), node_workdir(spec, k.workdir)
+    yield from image_problems(spec, sourced, "skypilot", "skypilot", image, workdir,
+                              spec.skypilot.workdir if spec.skypilot else None)
+    if spec.cluster.gpu_type is None:
+        yield sourced.diagnostic(("cluster",), "the skypilot target asks for GPUs by model: set cluster.gpu_type "
+                                               "(SkyPilot's accelerator name, e.g. H100, A100-80GB, MI300X)")
+    yield from literal_env(spec, sourced, "skypilot")
+    mounts = [b.mount for b in k.buckets] + [v.mount for v in k.volumes]
+    yield from kept(spec, sourced, workdir, mounts, "a skypilot.buckets or skypilot.volumes mount",
+                    f"skypilot.recovery {k.recovery} restarts the job on new nodes (or set recovery: off)"
+                    if k.recovery != "off" else None)

@@ -1,0 +1,60 @@
+"""Spec -> the slurm target's part of the IR: the sbatch directives, log folders and requeueing."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ...compiler.ir import JobIR
+from ...compiler.spec import Spec
+
+
+@dataclass(frozen=True)
+class SlurmIR:
+    directives: tuple[tuple[str, str], ...]  # (option, value) in a fixed order
+    log_dirs: tuple[str, ...]  # folders of --output/--error: Slurm opens the files before the script runs
+    modules: tuple[str, ...]
+    requeue: bool  # on USR1: clean up, then `scontrol requeue`
+
+
+def log_dirs(spec: Spec) -> tuple[str, ...]:
+    """The folders of the job's --output/--error files. Slurm opens them before the script runs, so it
+    cannot create them, and a missing one kills the job with no log at all."""
+    s = spec.cluster.slurm
+    if s is None:
+        return ()
+    return tuple(sorted({os.path.dirname(f) for f in (s.output, s.error) if f and os.path.dirname(f)}))
+
+
+def lower(spec: Spec, ir: JobIR) -> SlurmIR:
+    s = spec.cluster.slurm
+    assert s is not None, "the checks refuse the slurm target without cluster.slurm"
+    directives: list[tuple[str, str | int | None]] = [
+        ("job-name", spec.name),
+        ("nodes", spec.cluster.nodes),
+        ("ntasks-per-node", 1),  # one Ray node per host; Ray schedules the GPUs
+        ("cpus-per-task", s.cpus_per_task),
+        ("gpus-per-node", f"{spec.cluster.gpu_type}:{spec.cluster.gpus_per_node}" if spec.cluster.gpu_type
+         else spec.cluster.gpus_per_node),  # a typed GRES when the spec names the GPU model
+        ("mem", s.mem),
+        ("time", s.time),
+        ("partition", s.partition),
+        ("account", s.account),
+        ("qos", s.qos),
+        ("nodelist", s.nodelist),
+        ("exclude", s.exclude),
+        ("output", s.output),
+        ("error", s.error),
+    ]
+    if s.requeue_grace is not None:
+        directives += [
+            ("signal", f"B:USR1@{s.requeue_grace}"),  # to the batch shell, whose trap stops and requeues
+            ("requeue", ""),
+            ("open-mode", "append"),  # keep the first run's log when the job restarts
+        ]
+    return SlurmIR(
+        directives=tuple((k, str(v)) for k, v in directives if v is not None),
+        log_dirs=log_dirs(spec),
+        modules=s.modules,
+        requeue=s.requeue_grace is not None,
+    )

@@ -1,0 +1,27 @@
+"""The slurm target's section: `cluster.slurm`, the sbatch directives and the login environment."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from ...compiler.fields import Directive, Int, Model, Seconds, SlurmMem, SlurmTime
+
+
+class Slurm(Model):
+    """sbatch directives and the login environment; only the Slurm target reads them."""
+
+    cpus_per_task: Int = Field(ge=1, description="CPUs of the one task per node; Ray gets exactly these.")
+    mem: SlurmMem | None = Field(None, description="#SBATCH --mem per node, e.g. 200G (0: all of the node's).")
+    time: SlurmTime | None = Field(None, description="#SBATCH --time, e.g. 2-00:00:00.")
+    partition: Directive | None = Field(None, description="#SBATCH --partition.")
+    account: Directive | None = Field(None, description="#SBATCH --account.")
+    qos: Directive | None = Field(None, description="#SBATCH --qos.")
+    nodelist: Directive | None = Field(None, description="#SBATCH --nodelist: run on exactly these nodes.")
+    exclude: Directive | None = Field(None, description="#SBATCH --exclude: never these nodes.")
+    output: Directive = Field("slurm-%j.out", description="#SBATCH --output; its folder must exist where sbatch "
+                                                          "runs (Slurm does not create it).")
+    error: Directive | None = Field(None, description="#SBATCH --error; default: with the output.")
+    modules: tuple[Directive, ...] = Field((), description="Environment modules to `module load` first.")
+    requeue_grace: Seconds | None = Field(
+        300, description="Ask Slurm for USR1 this long before preemption or the time limit; the job then "
+                         "stops cleanly and requeues itself, and verl resumes from its checkpoints. null: off.")

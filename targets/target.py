@@ -1,0 +1,73 @@
+"""What a target is: one folder under targets/ of a fixed shape, described by one `Target`.
+
+    targets/<folder>/
+      __init__.py   TARGET = Target(name, __name__, section)   (the registry in targets/__init__.py lists it)
+      section.py    its spec section, a pydantic model (the Spec has one line for it), and optionally
+                    node_words(spec): the section's words that expand on the nodes
+      checks.py     check_section(spec, sourced): the section's own problems, whatever is built
+                    check_build(spec, sourced): what this target cannot run (only when it is built)
+      lower.py      lower(spec, ir) -> its part of the IR, built only when the target is built
+      render.py     render(ir) -> Bundle
+      launch.py     the Launcher protocol (lifecycle/scheduler.py): submit, state, logs, cancel, attach
+
+Only the section (and this descriptor) is imported for every spec; the rest when the target is built or
+launched, so building one target loads only that one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..compiler.diagnostics import Diagnostic
+    from ..compiler.ir import JobIR
+    from ..compiler.load import Sourced
+    from ..compiler.spec import Spec
+    from ..lifecycle.scheduler import Launcher
+    from .bundle import Bundle
+
+
+@dataclass(frozen=True)
+class Section:
+    """Where a target's settings live in a spec, and the group `verlc diff` shows them in."""
+
+    at: tuple[str, ...]  # e.g. ("kubernetes",) or ("cluster", "slurm")
+    group: str  # resources, container, ...
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str  # as users write it: `--target NAME`, a spec's `targets:`
+    package: str  # the folder's module, verlc.targets.<folder>
+    section: Section | None = None
+    runs_container: bool = False  # runs the spec's docker/podman `container:` on its nodes
+
+    def _module(self, name: str) -> Any:
+        return import_module(f"{self.package}.{name}")
+
+    def check_section(self, spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+        """Problems of the target's own section, reported whenever a spec is checked."""
+        return self._module("checks").check_section(spec, sourced)
+
+    def check_build(self, spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+        """What this target cannot run of the spec (checked when it is built)."""
+        return self._module("checks").check_build(spec, sourced)
+
+    def lower(self, spec: Spec, ir: JobIR) -> Any:
+        """This target's part of the IR (`ir.part(name)` in its render and launcher)."""
+        return self._module("lower").lower(spec, ir)
+
+    def node_words(self, spec: Spec) -> list[str]:
+        """Texts of the target's section that expand on the nodes (their `${env:NAME}` must be set there)."""
+        words = getattr(self._module("section"), "node_words", None) if self.section else None
+        return words(spec) if words else []
+
+    def render(self, ir: JobIR) -> Bundle:
+        return self._module("render").render(ir)
+
+    @property
+    def launcher(self) -> Launcher:
+        return self._module("launch")
