@@ -308,7 +308,7 @@ def main() -> int:
 
         # 7. what the preflight adds to every run's record: data hashed (no cache), verl's config resolved
         sys.path.insert(0, str(REPO / "targets"))
-        import incluster
+        import runtime
 
         size = (64 if args.quick else 1024) * 2**20
         with tempfile.TemporaryDirectory() as tmp:
@@ -316,15 +316,15 @@ def main() -> int:
             with open(data, "wb") as fh:
                 for _ in range(size // 2**20):
                     fh.write(os.urandom(2**20))
-            hashing = median_seconds(lambda: incluster.data_inputs([str(data)]), runs)
+            hashing = median_seconds(lambda: runtime.data_inputs([str(data)]), runs)
         rows.append((f"run record: sha256 of a {size // 2**20} MiB data file (every run, no cache)",
                      f"{hashing:.2f} s ({size / 2**30 / hashing:.2f} GiB/s)", "small next to bring-up",
                      "hashed every run" if hashing < 10 else "too slow to hash every run"))
         quickstart = REPO / "out" / "quickstart-gsm8k-1node" / "ray-job" / "verlc_job" / "job.json"
         argv = json.loads(quickstart.read_text())["train"]
         resolving = median_seconds(lambda: subprocess.run(
-            [PY, "-c", "import sys, json; sys.path.insert(0, sys.argv[1]); import incluster; "
-                       "incluster.resolved_verl_config(json.loads(sys.argv[2]))", str(REPO / "targets"),
+            [PY, "-c", "import sys, json; sys.path.insert(0, sys.argv[1]); import runtime; "
+                       "runtime.resolved_verl_config(json.loads(sys.argv[2]))", str(REPO / "targets"),
              json.dumps(argv)], check=True, env=ENV), runs)
         rows.append(("run record: verl's config resolved by the node's verl (Hydra compose, a new process)",
                      f"{resolving:.2f} s", "", ""))

@@ -84,7 +84,7 @@ class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-# Kubernetes and cloud names: the kuberay and skypilot sections, and anything else that meets them.
+# Names and paths as Kubernetes and cloud schedulers take them (targets' sections use them).
 K8sName = Annotated[str, Strict(), matching(
     r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", "a Kubernetes name: lowercase letters, digits and '-', at most 63")]
 LabelKey = Annotated[str, Strict(), matching(

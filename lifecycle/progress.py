@@ -12,10 +12,12 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+from ..targets.runtime import STEP_LINE
+
 STAGE = re.compile(r"verlc: stage (\w+)(: skipped)?")
 NODE = re.compile(r"verlc: node registered: .*\((\d+)/(\d+)\)")
 TOTAL = re.compile(r"Total training steps: (\d+)")
-STEP = re.compile(r"(?:^|[\s)])step:(\d+)((?: - [^\s:]+:\S+)*)\s*$")
+STEP = STEP_LINE  # verl's console logger line, parsed as the runtime's stall watchdog parses it
 NUMBER = re.compile(r"^(?:np\.\w+\((.*)\)|(.*))$")
 
 

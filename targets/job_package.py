@@ -20,7 +20,7 @@ COMMAND = ("python3", "-m", PACKAGE, "job")
 
 def job_description(ir: JobIR, *, address: str | None, record: str | None,
                     variant: VariantIR | None = None, image: str | None = None) -> dict[str, Any]:
-    """What `python3 -m verlc_job job [VARIANT]` runs: wait, data, preflight, train (targets/incluster.py)."""
+    """What `python3 -m verlc_job job [VARIANT]` runs: wait, data, preflight, train (targets/runtime.py)."""
     checkpoints = variant.checkpoint_dir if variant else ir.checkpoint_dir
     return {
         "generated_from": ir.spec_file,
@@ -51,7 +51,7 @@ def job_description(ir: JobIR, *, address: str | None, record: str | None,
 def job_package(ir: JobIR, *, address: str | None, record: str | None, image: str | None = None) -> list[File]:
     """verlc_job/: the helper, its entry point, and the job (one per sweep variant) as JSON."""
     header = "".join(f"# {line}\n" for line in header_lines(ir))
-    source = resources.files("verlc.targets").joinpath("incluster.py").read_text()
+    source = resources.files("verlc.targets").joinpath("runtime.py").read_text()
     main = "import sys\n\nfrom . import main\n\nsys.exit(main(sys.argv[1:]))\n"
     jobs = {"job.json": job_description(ir, address=address, record=record, image=image)} if not ir.variants else {
         f"jobs/{v.index}.json": job_description(ir, address=address, record=record, variant=v, image=image)

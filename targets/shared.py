@@ -1,5 +1,6 @@
-"""What more than one target needs from a spec: the OCI image and working dir of targets that run an image
-(kuberay, skypilot), env values that must be literal there, and where checkpoints outlive the nodes."""
+"""What more than one target needs from a spec: the OCI image and working dir of the targets that run an
+image on nodes they get (a cluster scheduler, a cloud), env values that must be literal there, and where
+checkpoints outlive those nodes."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from ..compiler.verl.check import NOTE
 
 @dataclass(frozen=True)
 class MountIR:
-    """Persistent storage on every node: a Kubernetes claim, a SkyPilot bucket or volume."""
+    """Persistent storage on every node: a claim, a bucket or a volume, mounted at `path`."""
 
     source: str  # the claim or volume name, or the bucket URL
     path: str  # where it is mounted
@@ -53,9 +54,9 @@ def persistent_home(path: str, workdir: str | None, mounts: list[str]) -> str | 
 
 
 def image_problems(spec: Spec, sourced: Sourced, target: str, section: str, image: str | None,
-                   workdir: str | None, own_workdir: str | None) -> Iterator[Diagnostic]:
+                   workdir: str | None, own_workdir: str | None, system: str) -> Iterator[Diagnostic]:
     """A target that runs an OCI image names it literally (nothing expands it there) and starts the job
-    with `cd WORKDIR`, where Kubernetes and SkyPilot expand variables."""
+    with `cd WORKDIR`, where `system` (its scheduler) expands variables."""
     if image is None or workdir is None:
         yield sourced.diagnostic((section,) if section in sourced.data else ("container", "runtime"), (
             f"the {target} target runs an OCI image: set {section}.image and {section}.workdir (or use "
@@ -66,7 +67,7 @@ def image_problems(spec: Spec, sourced: Sourced, target: str, section: str, imag
     elif not re.fullmatch(r"/[A-Za-z0-9_.@+=,/-]{0,255}", workdir):
         where = (section, "workdir") if own_workdir else ("container", "workdir")
         yield sourced.diagnostic(where, f"the {target} target starts the job with `cd WORKDIR`, where "
-                                        f"Kubernetes and SkyPilot expand variables: {workdir!r} must be a plain "
+                                        f"{system} expands variables: {workdir!r} must be a plain "
                                         f"absolute path (letters, digits and _.@+=,/-)")
 
 

@@ -4,8 +4,8 @@
       __init__.py   TARGET = Target(name, __name__, section)   (the registry in targets/__init__.py lists it)
       section.py    its spec section, a pydantic model (the Spec has one line for it), and optionally
                     node_words(spec): the section's words that expand on the nodes
-      checks.py     check_section(spec, sourced): the section's own problems, whatever is built
-                    check_build(spec, sourced): what this target cannot run (only when it is built)
+      checks.py     check_build(spec, sourced): what this target cannot run (only when it is built), and
+                    check_section(spec, sourced) where the section has problems pydantic cannot see
       lower.py      lower(spec, ir) -> its part of the IR, built only when the target is built
       render.py     render(ir) -> Bundle
       launch.py     the Launcher protocol (lifecycle/scheduler.py): submit, state, logs, cancel, attach
@@ -45,12 +45,23 @@ class Target:
     section: Section | None = None
     runs_container: bool = False  # runs the spec's docker/podman `container:` on its nodes
 
+    def has_section(self, spec: Spec) -> bool:
+        """Whether the spec writes this target's section."""
+        value: Any = spec
+        for part in self.section.at if self.section else ("",):
+            value = getattr(value, part, None)
+        return value is not None
+
     def _module(self, name: str) -> Any:
         return import_module(f"{self.package}.{name}")
 
     def check_section(self, spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
-        """Problems of the target's own section, reported whenever a spec is checked."""
-        return self._module("checks").check_section(spec, sourced)
+        """Problems of the target's own section beyond its pydantic model, reported whenever a spec is checked
+        (checks.check_section, where the target has one)."""
+        if not self.has_section(spec):  # nothing to check, and nothing of the target's imported
+            return iter(())
+        own = getattr(self._module("checks"), "check_section", None)
+        return own(spec, sourced) if own else iter(())
 
     def check_build(self, spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
         """What this target cannot run of the spec (checked when it is built)."""
@@ -62,7 +73,7 @@ class Target:
 
     def node_words(self, spec: Spec) -> list[str]:
         """Texts of the target's section that expand on the nodes (their `${env:NAME}` must be set there)."""
-        words = getattr(self._module("section"), "node_words", None) if self.section else None
+        words = getattr(self._module("section"), "node_words", None) if self.has_section(spec) else None
         return words(spec) if words else []
 
     def render(self, ir: JobIR) -> Bundle:

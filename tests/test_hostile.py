@@ -164,7 +164,8 @@ elif name == "ip":
     print("1: eth0    inet 127.0.0.1/8 scope host eth0")
 elif "--block" in args or args[:1] == ["run"]:  # `ray start --block`, `docker run`: until the cleanup stops them
     time.sleep(60)
-elif name == "python3" and args[:1] != ["-"] and not any(a in args for a in ("verl.trainer.main_ppo", "upload-size")):
+elif name == "python3" and args[:1] != ["-"] and "verl.trainer.main_ppo" not in args \
+        and not any(a.endswith("/upload_size.py") for a in args):
     os.execv({python!r}, [{python!r}, *args])  # submit.sh's runtime-env merge: the real thing
 '''
 COMMANDS = ("srun", "scontrol", "docker", "podman", "apptainer", "ray", "python3", "hostname", "ip", "module")

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import run_verlc
 
-from verlc.targets import incluster
+from verlc.targets import runtime as incluster
 
 COMMIT = "0123456789abcdef" * 2 + "01234567"
 

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from conftest import SPECS, run_verlc
 from test_verl_releases import RULED, baseline, leaves, nest, oracle
 from verlc.compiler import migrate
-from verlc.compiler.verl import moves
+from verlc.compiler.verl import moves as verl_moves
 from verlc.compiler.diagnostics import SpecError
 from verlc.compiler.load import load
 from verlc.compiler.pipeline import compile_spec
@@ -70,25 +70,25 @@ def has(version: str, key: str) -> bool:
                for p in places)
 
 
-@pytest.mark.parametrize("move", moves.MOVES, ids=lambda m: f"{m.release}:{m.old}")
-def test_each_move_is_what_the_releases_show(move: moves.Move) -> None:
+@pytest.mark.parametrize("move", verl_moves.MOVES, ids=lambda m: f"{m.release}:{m.old}")
+def test_each_move_is_what_the_releases_show(move: verl_moves.Move) -> None:
     before = RELEASES[RELEASES.index(move.release) - 1]
     assert has(before, move.old), f"verl {before} has no {move.old}"
     assert not has(before, move.new) or move.new.startswith(move.old), f"verl {before} has {move.new} already"
     assert has(move.release, move.new), f"verl {move.release} has no {move.new}"
     # the old name is gone, or kept only for old specs (a deprecated alias or a placeholder section)
-    assert not has(move.release, move.old) or moves.placeholder(move.old, move.release)
+    assert not has(move.release, move.old) or verl_moves.placeholder(move.old, move.release)
 
 
 def test_carry_follows_chained_moves_both_ways() -> None:
     key = "actor_rollout_ref.rollout.skip_dump_dir"
-    up, moves = moves.carry(key, "0.7.1", "0.9.1")
+    up, moves = verl_moves.carry(key, "0.7.1", "0.9.1")
     assert up == "skip.rollout.dump_dir" and [m.release for m in moves] == ["0.8.0", "0.9.0"]
-    assert moves.carry(up, "0.9.1", "0.7.1")[0] == key
-    assert moves.carry("reward_model.rollout.max_num_seqs", "0.6.0", "0.8.0")[0] == \
+    assert verl_moves.carry(up, "0.9.1", "0.7.1")[0] == key
+    assert verl_moves.carry("reward_model.rollout.max_num_seqs", "0.6.0", "0.8.0")[0] == \
         "reward.reward_model.rollout.max_num_seqs"
-    assert moves.carry("reward_model.enable", "0.7.1", "0.9.1") == ("reward_model.enable", ())
-    assert moves.carry("trainer.total_epochs", "0.3.0.post1", "0.9.1") == ("trainer.total_epochs", ())
+    assert verl_moves.carry("reward_model.enable", "0.7.1", "0.9.1") == ("reward_model.enable", ())
+    assert verl_moves.carry("trainer.total_epochs", "0.3.0.post1", "0.9.1") == ("trainer.total_epochs", ())
 
 
 # --- the command ------------------------------------------------------------------------------------
@@ -201,9 +201,9 @@ def written_for(version: str) -> dict[str, Any]:
     rng = random.Random(f"migrate-{version}")
     plain = [(k, v) for k, v in leaves(tree) if isinstance(v, (bool, int, float, str)) and v != MISSING
              and not (isinstance(v, str) and "${" in v) and not any(s in k for s in SKIP)
-             and not moves.placeholder(k, version)]
+             and not verl_moves.placeholder(k, version)]
     flat = dict(rng.sample(plain, min(12, len(plain))))
-    flat.update((k, v) for m in moves.MOVES for k, v in leaves(tree)
+    flat.update((k, v) for m in verl_moves.MOVES for k, v in leaves(tree)
                 if (k == m.old or k.startswith(m.old + ".")) and "_target_" not in k
                 and isinstance(v, (bool, int, float, str, list))
                 and v != MISSING and not (isinstance(v, str) and "${" in v))
@@ -273,13 +273,13 @@ def test_every_spec_to_every_release_and_back(tmp_path: Path, monkeypatch: pytes
         checked += 1
         lost = {c.key for c in p.changes if c.kind in ("dropped", "decision", "review")}
         for key, value in wrote.items():
-            new_key, _ = moves.carry(key, source, target)
+            new_key, _ = verl_moves.carry(key, source, target)
             if key in lost or new_key in lost:
                 continue
             if value_at(after, new_key) != value_at(before, key):
                 failures.append(f"{label}: {key}={value!r} became {new_key}={value_at(after, new_key)!r}")
         for c in p.of("pinned"):
-            old_key = moves.carry(c.key, target, source)[0]
+            old_key = verl_moves.carry(c.key, target, source)[0]
             if value_at(after, c.key) != value_at(before, old_key):
                 failures.append(f"{label}: pinned {c.key} is {value_at(after, c.key)!r}, "
                                 f"was {value_at(before, old_key)!r}")

@@ -265,13 +265,13 @@ def test_upload_size_is_measured_with_rays_own_rules(tmp_path: Path) -> None:
     folder and excludes (within the zip's own per-entry extras)."""
     from ray._private.runtime_env.packaging import create_package
 
-    from verlc.targets import incluster
+    from verlc.targets.ray_job import upload_size
     from verlc.targets.ray_job.view import UPLOAD_EXCLUDES
 
     upload_fixture(tmp_path / "wd")
     zipped = tmp_path / "ray.zip"
     create_package(str(tmp_path / "wd"), zipped, include_gitignore=True, excludes=list(UPLOAD_EXCLUDES))
-    sizes = incluster.upload_sizes(str(tmp_path / "wd"), list(UPLOAD_EXCLUDES))
+    sizes = upload_size.upload_sizes(str(tmp_path / "wd"), list(UPLOAD_EXCLUDES))
     assert set(sizes) == {"verl", "README.md", "examples", "sub", "empty", ".gitignore", ".rayignore"}
     estimate = sum(sizes.values()) + 22
     assert abs(estimate - zipped.stat().st_size) < 0.01 * zipped.stat().st_size, (estimate, zipped.stat().st_size)

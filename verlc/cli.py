@@ -1,21 +1,22 @@
-"""`verlc`: the command line. Parses arguments, runs the pipeline, prints problems; nothing below sees argparse."""
+"""`verlc`: the command line. Parses arguments and calls the command's function in verlc/commands/ (one module
+per group) through the COMMANDS table; nothing below sees argparse."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from importlib import import_module
 from pathlib import Path
+from types import ModuleType
 
 from . import __version__
 
-EXIT_SPEC = 2  # bad input: the problems are printed, nothing is written
-EXIT_FAILED = 1  # submit --wait/--follow: the run ended in a state other than success
-# 3: the scheduler or the ledger could not answer (unknown run, unreachable Ray, a job Slurm forgot)
-# 4: the target's tool is not on PATH (sbatch, docker compose, ...)
+# Exit codes: 0 ok; 1 a run ended unsuccessfully, a check found stale files, migrate left decisions; 2 bad
+# input (nothing written); 3 the scheduler or the ledger could not answer; 4 a target's tool is not on PATH;
+# 70 a bug in verlc; 130 interrupted.
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -140,6 +141,31 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _group(name: str) -> ModuleType:
+    """A group of commands (verlc/commands/NAME.py), imported when one of its commands runs."""
+    return import_module(f".commands.{name}", __package__)
+
+
+# command -> what it runs, its arguments unpacked from argparse's namespace here and nowhere below
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "build": lambda a: _group("build").build(a.specs, a.target, a.out, a.force, a.verl_config, a.max_variants,
+                                             a.strict),
+    "validate": lambda a: _group("build").validate(a.specs, a.target, a.verl_config, a.max_variants, a.strict),
+    "check": lambda a: _group("build").check(a.specs, a.out, a.diff),
+    "diff": lambda a: _group("build").diff(a.a, a.b, a.format == "markdown"),
+    "submit": lambda a: _group("runs").submit(a.spec, a.target, a.out, a.wait, a.follow, a.metric),
+    "status": lambda a: _group("runs").status(a.run),
+    "logs": lambda a: _group("runs").logs(a.run, a.follow, a.stage, a.metric, a.ray, a.node),
+    "cancel": lambda a: _group("runs").cancel(a.run),
+    "attach": lambda a: _group("runs").attach(a.run, a.cmd),
+    "runs": lambda a: _group("runs").table(a.format == "markdown"),
+    "explain": lambda a: _group("verl").explain(a.key, a.verl_version, a.spec),
+    "migrate": lambda a: _group("verl").migrate(a.spec, a.to, a.write, a.write_bases, a.format == "markdown"),
+    "schema": lambda a: _group("verl").schema(a.format, a.verl_version),
+    "stage-in": lambda a: _group("verl").stage_in(a.spec),
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # pydantic looks for plugins (validation observers) by reading every installed package's entry
     # points before it builds the first model; verlc has none to observe, and that scan is a tenth of
@@ -147,32 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     args = _parser().parse_args(argv)
     try:
-        if args.command == "build":
-            return _build(args.specs, args.target, args.out, args.force, args.verl_config, args.max_variants,
-                          args.strict)
-        if args.command == "check":
-            return _check(args.specs, args.out, args.diff)
-        if args.command == "diff":
-            return _diff(args.a, args.b, args.format == "markdown")
-        if args.command in ("submit", "status", "logs", "cancel", "runs", "attach"):
-            return _lifecycle(args)
-        if args.command == "explain":
-            return _explain(args.key, args.verl_version, args.spec)
-        if args.command == "migrate":
-            return _migrate(args.spec, args.to, args.write, args.write_bases, args.format == "markdown")
-        if args.command == "stage-in":
-            return _stage_in(args.spec)
-        if args.command == "schema":
-            from .compiler import spec_doc
-
-            from .compiler.verl.release import RELEASES
-
-            if args.verl_version is not None and args.verl_version not in RELEASES:
-                print(f"verlc: no schema for verl {args.verl_version}; known: {', '.join(RELEASES)}", file=sys.stderr)
-                return EXIT_SPEC
-            sys.stdout.write(spec_doc.json_schema(args.verl_version) if args.format == "json" else spec_doc.markdown())
-            return 0
-        return _validate(args.specs, args.target, args.verl_config, args.max_variants, args.strict)
+        return COMMANDS[args.command](args)
     except KeyboardInterrupt:
         print("verlc: interrupted; nothing was written", file=sys.stderr)
         return 130
@@ -186,353 +187,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"verlc: internal error: {type(exc).__name__}: {exc} "
                   f"(run with VERLC_DEBUG=1 for the traceback)", file=sys.stderr)
         return 70
-
-
-def _source_name(spec: Path) -> str:
-    """How generated files name their spec: relative to the enclosing git checkout, so the same
-    spec gives the same bytes from any working directory or output folder."""
-    path = spec.resolve()
-    for folder in path.parents:
-        if (folder / ".git").exists():
-            return path.relative_to(folder).as_posix()
-    return path.name
-
-
-def _compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str,
-                 max_variants: int = 1000, strict: bool = False, submitting: bool = False) -> list | int:
-    from .compiler.diagnostics import SpecError
-    from .compiler.pipeline import compile_spec
-
-    irs, problems = [], []
-    for spec in specs:
-        try:
-            irs.append(compile_spec(spec, display=str(spec), source=_source_name(spec), targets=targets,
-                                    verl_config=verl_config, max_variants=max_variants))
-        except SpecError as exc:
-            problems.extend(exc.diagnostics)
-    if problems:
-        for d in problems:
-            print(d, file=sys.stderr)
-        print(f"verlc: {len(problems)} problem(s); nothing written", file=sys.stderr)
-        return EXIT_SPEC
-    from .targets.slurm.checks import LOG_FOLDER_NOTE
-
-    notes = [note for ir in irs for note in ir.notes if not (submitting and LOG_FOLDER_NOTE in note)]
-    for note in notes:
-        print(note, file=sys.stderr)
-    if strict and notes:
-        print(f"verlc: {len(notes)} note(s) and --strict; nothing written", file=sys.stderr)
-        return EXIT_SPEC
-    return irs
-
-
-def _validate(specs: Sequence[Path], target: str | None, verl_config: str, max_variants: int,
-              strict: bool) -> int:
-    targets = [target] if target else []  # "all": each spec's own targets
-    result = _compile_all(specs, targets, verl_config, max_variants, strict)
-    if isinstance(result, int):
-        return result
-    for ir in result:
-        print(f"{ir.spec_file}: ok ({ir.name}: {ir.nodes} node(s) x {ir.gpus_per_node} GPUs, "
-              f"{len(ir.overrides)} verl overrides checked against verl {ir.verl_schema}"
-              + (f", {len(ir.variants)} variants" if ir.variants else "") + ")")
-    return 0
-
-
-def _name_clash(irs: list) -> bool:
-    """Two specs of one name would write (and compare) the same bundle folder: say so."""
-    seen: dict[str, str] = {}
-    for ir in irs:
-        if ir.name in seen:
-            print(f"verlc: {ir.spec_file} and {seen[ir.name]} both have name '{ir.name}'; their bundles would "
-                  f"overwrite each other in one folder: rename one", file=sys.stderr)
-            return True
-        seen[ir.name] = ir.spec_file
-    return False
-
-
-def _build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_config: str,
-           max_variants: int, strict: bool) -> int:
-    from .targets import render
-    from .targets.bundle import EditedError, write
-
-    shown, out = out, out.resolve()  # messages name the folder as the user gave it
-    result = _compile_all(specs, [target], verl_config, max_variants, strict)
-    if isinstance(result, int):
-        return result
-    if _name_clash(result):
-        return EXIT_SPEC
-    bundles = [render(name, ir) for ir in result for name in (ir.targets if target == "all" else [target])]
-    try:
-        write(bundles, out, force=force)
-    except EditedError as exc:
-        for rel in exc.args[0]:
-            print(f"verlc: {out / rel}: edited by hand since it was generated", file=sys.stderr)
-        print("verlc: nothing written; move your edits into the spec, or pass --force to discard them",
-              file=sys.stderr)
-        return EXIT_SPEC
-    for b in bundles:
-        print(f"wrote {shown / b.folder}/ ({len(b.files)} files)")
-    return 0
-
-
-def _check(paths: Sequence[Path], out: Path, show_diff: bool) -> int:
-    from .targets import render
-    from .targets.bundle import differences
-
-    specs = sorted({p for path in paths for p in (sorted(path.glob("*.yaml")) if path.is_dir() else [path])})
-    if not specs:
-        print(f"verlc: no specs in {' '.join(map(str, paths))}", file=sys.stderr)
-        return EXIT_SPEC
-    result = _compile_all(specs, ["all"], "snapshot")
-    if isinstance(result, int):
-        return result
-    if _name_clash(result):
-        return EXIT_SPEC
-    problems = []
-    for ir in result:
-        for name in ir.targets:
-            bundle = render(name, ir)
-            problems += differences(bundle, out / bundle.folder)
-    if problems:
-        for summary, _ in problems:
-            print(summary, file=sys.stderr)
-        for _, diff_text in problems if show_diff else ():
-            if diff_text:
-                print(diff_text, file=sys.stderr)
-        print(f"verlc: {len(problems)} generated file(s) out of date"
-              + ("" if show_diff else " (`verlc check --diff` shows the changes)") + "; fix with: "
-              f"verlc build {' '.join(map(str, specs))} --target all --out {out}"
-              + (" --force" if any(": edited by hand" in s for s, _ in problems) else ""), file=sys.stderr)
-        return 1
-    print(f"{out}/ is up to date with {len(specs)} spec(s)")
-    return 0
-
-
-def _diff(a: Path, b: Path, markdown: bool) -> int:
-    """Exit 0 when A and B describe the same run, 1 when they differ, 2 on bad input."""
-    from .compiler import diff
-
-    if a.suffix == ".json" or b.suffix == ".json":
-        return _diff_records(a, b, markdown)
-    specs = [p / "spec.yaml" if p.is_dir() else p for p in (a, b)]  # a bundle carries its normalized spec
-    result = _compile_all(specs, (), "snapshot", max_variants=10**9)
-    if isinstance(result, int):
-        return result
-    changes = diff.changes(result[0], result[1])
-    sys.stdout.write(diff.render(str(a), str(b), changes, markdown))
-    return 1 if changes else 0
-
-
-def _explain(key: str, version: str | None, spec: Path | None) -> int:
-    from .compiler.diagnostics import SpecError
-    from .compiler.explain import explain
-
-    if spec is not None and version is not None:
-        print("verlc: give SPEC or --verl-version, not both: a spec names its release", file=sys.stderr)
-        return EXIT_SPEC
-    try:
-        sys.stdout.write(explain(key, version, spec))
-    except SpecError as exc:
-        for d in exc.diagnostics:
-            print(d if d.file != "<command line>" else f"verlc: {d.message}", file=sys.stderr)
-        return EXIT_SPEC
-    return 0
-
-
-def _migrate(spec: Path, target: str, write: bool, write_bases: bool, markdown: bool) -> int:
-    """Exit 0 when the migrated spec validates against `target`, 1 when decisions are left, 2 on bad input."""
-    from .compiler import migrate
-    from .compiler.diagnostics import SpecError
-
-    try:
-        plan = migrate.plan(spec, target, write_bases=write_bases)
-    except SpecError as exc:
-        for d in exc.diagnostics:
-            print(d, file=sys.stderr)
-        print(f"verlc: {len(exc.diagnostics)} problem(s): migrate starts from a spec that validates against "
-              f"its own verl_version; nothing written", file=sys.stderr)
-        return EXIT_SPEC
-    text = migrate.report(plan, markdown)
-    if write:
-        migrate.write(plan)
-        sys.stdout.write(text + "".join(f"rewrote {path}\n" for path in plan.files))
-    elif markdown:
-        sys.stdout.write(text + (f"\n```diff\n{plan.diff()}```\n" if plan.files else ""))
-    else:
-        sys.stderr.write(text)
-        sys.stdout.write(plan.diff())
-    return EXIT_FAILED if plan.decisions else 0
-
-
-def _stage_in(spec: Path) -> int:
-    """The data stage's downloads, here: exit 0 when everything is in place, 1 when a step failed."""
-    from .targets import incluster
-
-    result = _compile_all([spec], (), "snapshot")
-    if isinstance(result, int):
-        return result
-    [ir] = result
-    if ir.container.runtime == "none":  # where, and with which python3, the job's data stage runs
-        if ir.container.workdir is not None:
-            os.chdir(incluster.expand(ir.container.workdir.as_json()))
-        if ir.container.venv is not None:
-            os.environ["PATH"] = f"{incluster.expand(ir.container.venv.as_json())}/bin:{os.environ['PATH']}"
-    if ir.model_fetch is None and not ir.data_prep:
-        print(f"{spec}: nothing to stage in (no pinned model, no data preparation)")
-        return 0
-    rc = 0
-    if ir.model_fetch is not None:
-        rc = incluster.cmd_materialize(argparse.Namespace(
-            repo=ir.model_fetch.repo, revision=ir.model_fetch.revision,
-            folder=incluster.expand(ir.model_fetch.folder.as_json())))
-    for step in ir.data_prep:
-        rc = rc or incluster.cmd_prepare(argparse.Namespace(out_dir=step.out_dir, cmd=list(step.argv)))
-    offline = any(e.name == "HF_HUB_OFFLINE" for e in ir.env)
-    if rc == 0 and not offline:
-        print(f"{spec}: staged in {os.getcwd()}; to keep the nodes off the hub, add HF_HUB_OFFLINE: '1' under "
-              f"the spec's env")
-    return rc
-
-
-def _diff_records(a: Path, b: Path, markdown: bool) -> int:
-    """Two run records (what the preflight wrote): exit 0 when the same, 1 when they differ, 2 on bad input."""
-    from .compiler import diff
-    from .targets.incluster import record_differences
-
-    records = []
-    for path in (a, b):
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            print(f"{path}: cannot read a run record: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
-            return 2
-        if not isinstance(record, dict) or not {"nodes", "versions"} <= record.keys():
-            print(f"{path}: not a run record (run-record.json, written by the preflight)", file=sys.stderr)
-            return 2
-        records.append(record)
-
-    def shown(value: object) -> str | None:
-        return value if isinstance(value, str) or value is None else json.dumps(value)
-
-    changes = {group: [(item, shown(old), shown(new)) for item, old, new in rows]
-               for group, rows in record_differences(*records).items()}
-    sys.stdout.write(diff.render(str(a), str(b), changes, markdown))
-    return 1 if changes else 0
-
-
-def _lifecycle(args: argparse.Namespace) -> int:
-    """submit / status / logs / cancel / runs: one clear line and an exit code for anything that fails."""
-    from .lifecycle import ledger
-    from .lifecycle.scheduler import LaunchError
-    from .targets.bundle import EditedError
-
-    try:
-        if args.command == "submit":
-            return _submit(args)
-        book = ledger.location(Path.cwd())
-        runs = ledger.fold(book)
-        if args.command == "runs":
-            from .lifecycle.runs import table
-
-            sys.stdout.write(table(list(runs.values()), args.format == "markdown"))
-            return 0
-        return {"status": _status, "logs": _logs, "cancel": _cancel, "attach": _attach}[args.command](args, book, runs)
-    except LaunchError as exc:
-        print(f"verlc: {exc}", file=sys.stderr)
-        return exc.code
-    except ledger.LedgerError as exc:  # an unknown run id, a damaged ledger line
-        print(f"verlc: {exc}", file=sys.stderr)
-        return 3
-    except EditedError as exc:
-        print(f"verlc: {', '.join(exc.args[0])}: edited by hand since it was generated; not submitting "
-              "(move the edits into the spec, or rebuild with --force)", file=sys.stderr)
-        return EXIT_SPEC
-    except KeyboardInterrupt:  # Ctrl-C while following: the run itself goes on
-        print("\nverlc: stopped following; the run goes on (`verlc status` shows it)", file=sys.stderr)
-        return 130
-
-
-def _submit(args: argparse.Namespace) -> int:
-    from .lifecycle import ledger, runs
-    from .lifecycle.scheduler import State
-
-    result = _compile_all([args.spec], [args.target], "snapshot", submitting=True)
-    if isinstance(result, int):
-        return result
-    [ir] = result
-    folder, written = runs.prepare_bundle(ir, args.target, args.out.resolve())
-    print(f"{'wrote' if written else 'up to date:'} {args.out / ir.name / args.target}/")
-    book = ledger.location(args.spec)
-    submitted = runs.submit(ir, args.spec, args.target, folder, Path.cwd(), dict(os.environ), book)
-    for run in submitted:
-        print(f"submitted {run.run} (job {run.job_id} on {run.where}); ledger: {book}")
-    if not (args.wait or args.follow):
-        return 0
-    outcomes = [_until_done(book, run, args.follow, args.metric) for run in submitted]
-    return 0 if all(o.status is State.SUCCEEDED for o in outcomes) else EXIT_FAILED
-
-
-def _until_done(book: Path, run, follow: bool, metrics: list[str]):  # noqa: ANN001, ANN202
-    import io
-
-    from .lifecycle import runs
-
-    seen = runs.follow(book, run, metrics, sys.stdout if follow else io.StringIO(), tty=sys.stdout.isatty())
-    if not follow:  # --follow has printed every state already
-        print(f"{run.run}: {seen.state.lower()}" + (f" (exit code {seen.exit_code})" if seen.exit_code else ""))
-    return seen
-
-
-def _status(args: argparse.Namespace, book: Path, known: dict) -> int:
-    from .lifecycle import ledger, runs
-
-    chosen = [ledger.find(known, args.run)] if args.run else [r for r in known.values() if not r.final]
-    for run in chosen:
-        seen = runs.observe(book, run)
-        print(f"{run.run}: {seen.state.lower()}" + (f", {seen.restarts} restart(s)" if seen.restarts else "")
-              + (f", exit code {seen.exit_code}" if seen.exit_code is not None else "")
-              + f" (job {run.job_id} on {run.where}, from {seen.source})")
-    if not chosen:
-        print("no unfinished runs in " + str(book))
-    return 0
-
-
-def _logs(args: argparse.Namespace, book: Path, known: dict) -> int:
-    from .lifecycle import ledger, progress, runs
-
-    run = ledger.find(known, args.run)
-    if args.ray:
-        sys.stdout.write(runs.ray_logs(run, args.node))
-        return 0
-    if args.follow:
-        runs.follow(book, run, args.metric, sys.stdout, tty=sys.stdout.isatty())
-        return 0
-    text = runs.log_text(run)
-    if args.stage:
-        text = "".join(progress.stage_lines(text.splitlines(True), args.stage))
-    sys.stdout.write(text)
-    return 0
-
-
-def _cancel(args: argparse.Namespace, book: Path, known: dict) -> int:
-    from .lifecycle import ledger, runs
-
-    run = ledger.find(known, args.run)
-    seen = runs.cancel(book, run)
-    print(f"{run.run}: cancel sent; now {seen.state.lower()}")
-    return 0
-
-
-def _attach(args: argparse.Namespace, book: Path, known: dict) -> int:
-    import subprocess
-
-    from .lifecycle import ledger
-    from .targets import launcher
-
-    run = ledger.find(known, args.run)
-    if run.final:
-        print(f"verlc: {run.run} has ended ({run.state.lower()}): nothing to attach to", file=sys.stderr)
-        return 3
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    return subprocess.call(launcher(run.target).attach(run.submitted, cmd))

@@ -18,15 +18,11 @@ from .section import Kubernetes
 _PRODUCT_LABEL = {"cuda": re.compile(r"(NVIDIA|Tesla|Quadro)-.+"), "rocm": re.compile(r"(AMD|Instinct).+")}
 
 
-def check_section(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
-    return iter(())  # pydantic checks the section's own values
-
-
 def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     k = spec.kubernetes or Kubernetes()
     image, workdir = node_image(spec, k.image), node_workdir(spec, k.workdir)
     yield from image_problems(spec, sourced, "kuberay", "kubernetes", image, workdir,
-                              spec.kubernetes.workdir if spec.kubernetes else None)
+                              spec.kubernetes.workdir if spec.kubernetes else None, "Kubernetes")
     bad = [n for n in rayjob_names(spec) if not is_rayjob_name(n)]
     if bad:
         yield sourced.diagnostic(("name",), (
@@ -45,7 +41,7 @@ def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
 
 
 def _gpu_label(spec: Spec, sourced: Sourced, k: Kubernetes) -> Iterator[Diagnostic]:
-    """cluster.gpu_type is SkyPilot's accelerator name (A100-80GB); a node label has the full product name.
+    """cluster.gpu_type is a short accelerator name (A100-80GB); a node label has the full product name.
     A selector no node matches leaves the pods Pending for ever: the label's value must be given."""
     gpu_type, accelerator = spec.cluster.gpu_type, spec.cluster.accelerator
     label = k.gpu_label or GPU_LABEL[accelerator]

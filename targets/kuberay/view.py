@@ -2,7 +2,7 @@
 
 Each RayJob brings up its own RayCluster (a head, and one worker group of nodes - 1 pods), runs the job
 package's `job` command on it as the Ray job's entrypoint (wait for every node and GPU, data, preflight,
-train: targets/incluster.py), and deletes the cluster when the job has finished.
+train: targets/runtime.py), and deletes the cluster when the job has finished.
 """
 
 from __future__ import annotations

@@ -9,9 +9,5 @@ from ...compiler.load import Sourced
 from ...compiler.spec import Spec
 
 
-def check_section(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
-    return iter(())
-
-
 def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     return iter(())

@@ -1,13 +1,15 @@
-"""Render the ray-job bundle: submit.sh, runtime_env.yaml and the verlc_job package."""
+"""Render the ray-job bundle: submit.sh, runtime_env.yaml, the upload check and the verlc_job package."""
 
 from __future__ import annotations
+
+from importlib import resources
 
 from ...compiler.ir import JobIR
 from ...compiler import yaml_text
 from ..bundle import Bundle, File, finish, header_lines
 from ..jinja import environment
 from ..job_package import job_package
-from .view import ray_job_view, runtime_env
+from .view import UPLOAD_CHECK, ray_job_view, runtime_env
 
 
 def render(ir: JobIR) -> Bundle:
@@ -16,6 +18,7 @@ def render(ir: JobIR) -> Bundle:
     files = [
         File("submit.sh", template.render(view=ray_job_view(ir)), 0o755),
         File("runtime_env.yaml", header + yaml_text.dump(runtime_env(ir))),
+        File(UPLOAD_CHECK, header + resources.files(__package__).joinpath("upload_size.py").read_text()),
         *job_package(ir, address=None, record=None),
     ]
     return finish(ir, "ray-job", files)

@@ -14,6 +14,8 @@ from typing import Any
 from ...compiler.ir import JobIR
 from ..bundle import header_lines
 from ..job_package import COMMAND, PACKAGE
+
+UPLOAD_CHECK = "upload_size.py"  # targets/ray_job/upload_size.py, shipped beside submit.sh
 # verl's own runtime_env.yaml sets these for `ray job submit`; the spec's env wins.
 VERL_RECOMMENDED_ENV = {"TORCH_NCCL_AVOID_RECORD_STREAMS": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 
@@ -27,12 +29,12 @@ class RayJobView:
     address: str | None
     secrets: tuple[str, ...]
     entrypoint: tuple[str, ...]
-    package: str  # the job package's name (`python3 -m PACKAGE upload-size` before submitting)
+    upload_check: str  # the bundle's script that measures the upload before submitting
     variants: tuple[str, ...]  # a sweep's variant indexes; each is one submission
 
 
 def ray_job_view(ir: JobIR) -> RayJobView:
-    return RayJobView(header_lines(ir), ir.name, ir.ray.address, ir.secrets, COMMAND, PACKAGE,
+    return RayJobView(header_lines(ir), ir.name, ir.ray.address, ir.secrets, COMMAND, UPLOAD_CHECK,
                       tuple(str(v.index) for v in ir.variants))
 
 

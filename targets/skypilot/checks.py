@@ -12,15 +12,11 @@ from ..shared import image_problems, kept, literal_env, node_image, node_workdir
 from .section import Skypilot
 
 
-def check_section(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
-    return iter(())  # pydantic checks the section's own values
-
-
 def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     k = spec.skypilot or Skypilot()
     image, workdir = node_image(spec, k.image), node_workdir(spec, k.workdir)
     yield from image_problems(spec, sourced, "skypilot", "skypilot", image, workdir,
-                              spec.skypilot.workdir if spec.skypilot else None)
+                              spec.skypilot.workdir if spec.skypilot else None, "SkyPilot")
     if spec.cluster.gpu_type is None:
         yield sourced.diagnostic(("cluster",), "the skypilot target asks for GPUs by model: set cluster.gpu_type "
                                                "(SkyPilot's accelerator name, e.g. H100, A100-80GB, MI300X)")

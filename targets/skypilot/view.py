@@ -2,7 +2,7 @@
 
 The task runs the same job package as the other targets: `run` brings up the run's own Ray on every
 node (SkyPilot's node rank and IPs say which node is the head), and the head runs `python3 -m verlc_job
-job`, which waits for every node and GPU before data, preflight and training (targets/incluster.py).
+job`, which waits for every node and GPU before data, preflight and training (targets/runtime.py).
 """
 
 from __future__ import annotations

@@ -14,10 +14,6 @@ from .lower import log_dirs
 LOG_FOLDER_NOTE = "Slurm does not create the folder"  # `verlc submit` creates it, and leaves this note out
 
 
-def check_section(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
-    return iter(())  # pydantic checks the section's own values
-
-
 def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     if spec.cluster.slurm is None:
         yield sourced.diagnostic(("cluster",), "the slurm target needs cluster.slurm (at least cpus_per_task)")

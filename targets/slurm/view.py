@@ -6,6 +6,7 @@ container name); argv here refers to them as `Var`s so they are quoted like ever
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from importlib import resources
 
@@ -77,7 +78,9 @@ class SlurmView:
     checkpoint_dir: Word
     variants: tuple[VariantView, ...]
     stall_timeout: int | None
-    helper_source: str
+    runtime_file: str  # the runtime's file in the run folder
+    runtime_source: str  # targets/runtime.py, embedded after the job's logic
+    runtime_banner: tuple[str, ...]
 
 
 def _word(*parts: str | Var) -> Word:
@@ -98,7 +101,11 @@ def job_env(ir: JobIR) -> tuple[EnvVar, ...]:
     return tuple(e for e in derived if e.name not in own)
 
 
+RUNTIME_FILE = "verlc-runtime.py"
+
+
 def slurm_view(ir: JobIR) -> SlurmView:
+    runtime = resources.files("verlc.targets").joinpath("runtime.py").read_text()
     slurm: SlurmIR = ir.part("slurm")
     c = ir.container
     env = (*ir.env, *job_env(ir))
@@ -238,6 +245,10 @@ def slurm_view(ir: JobIR) -> SlurmView:
         checkpoint_dir=ir.checkpoint_dir,
         variants=variant_views,
         stall_timeout=ir.stall_timeout,
-        helper_source=resources.files("verlc.targets").joinpath("incluster.py").read_text(),
+        runtime_file=RUNTIME_FILE,
+        runtime_source=runtime,
+        runtime_banner=(f"targets/runtime.py of verlc {ir.verlc_version}, sha256 {hashlib.sha256(runtime.encode()).hexdigest()}:",
+                        "the file every verlc bundle runs on the cluster (the others ship it as verlc_job/__init__.py,",
+                        "after their header). Nothing below is specific to this job."),
     )
 

@@ -28,6 +28,7 @@ readonly gpus_per_node=8
 readonly expected_gpus=16
 readonly wait_seconds=900
 readonly run_dir="${SLURM_SUBMIT_DIR}"/verlc-runs/qwen2-7b-grpo-apptainer-"${SLURM_JOB_ID}"
+readonly runtime_file=verlc-runtime.py
 readonly stop_after=${VERLC_STOP_AFTER:-train}
 
 log() { printf '[%s] verlc: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)" "$*"; }
@@ -91,7 +92,7 @@ on_node() {
 # ends the step (--kill-on-bad-exit) and the task's own message names its node.
 declare -A node_ips=()  # node -> the IPv4 address Ray uses there
 head_ip='' ray_port='' port_base='' dashboard_port='' client_port=''
-readonly shared=(node_ips head_ip ray_port port_base dashboard_port client_port run_dir)
+readonly shared=(node_ips head_ip ray_port port_base dashboard_port client_port run_dir runtime_file)
 fan_out() {
   local where=$1 fn=$2 nodelist
   shift 2
@@ -102,7 +103,7 @@ fan_out() {
 }
 
 # Run by fan_out on each node (SLURMD_NODENAME and SLURM_PROCID are Slurm's, per task) -------------
-readonly node_functions=(log in_container node_address ray_node helper_source)
+readonly node_functions=(log in_container node_address ray_node)
 
 # node_address: this node's name and the IPv4 address Ray uses on it (the first one when several are printed)
 node_address() {
@@ -160,7 +161,7 @@ ray_node() {
   done
   wait "$ray_pid" || rc=$?
   log "Ray on $SLURMD_NODENAME exited (code $rc)"
-  "${exec_prefix[@]}" python3 - ray-logs --temp-dir "$ray_tmp" --limit-mib 50 < <(helper_source) \
+  "${exec_prefix[@]}" python3 - ray-logs --temp-dir "$ray_tmp" --limit-mib 50 <"$run_dir/$runtime_file" \
     | tar -x -C "$logs" || log "could not keep Ray's logs of $SLURMD_NODENAME"
   # Stopped on purpose (the cleanup, scancel): 0, or --kill-on-bad-exit would end the step's other nodes
   # while they keep their logs. Stopped on its own: never 0, so that the step (and bring-up) ends at once.
@@ -229,6 +230,7 @@ main() {
   readonly head_node=${nodes[0]}
   log "job $SLURM_JOB_ID on ${nodes[*]}; head $head_node; SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}"
   mkdir -p "$run_dir"
+  runtime_source >"$run_dir/$runtime_file"  # verlc's runtime, below the banner at the end of this script
   # For `verlc attach`: where the job's commands run on the head node, NUL-separated: the node, the
   # number of srun arguments, those arguments, then the command prefix (the container's exec, if any).
   in_container "$head_node"
@@ -287,7 +289,7 @@ main() {
 
     log "waiting up to ${wait_seconds}s for $expected_nodes nodes and $expected_gpus GPUs"
     step_for "$head_node" python3 - wait --address "${head_ip}":"${ray_port}" --nodes 2 --gpus 16 --timeout 900
-    "${step[@]}" < <(helper_source) &
+    "${step[@]}" <"$run_dir/$runtime_file" &
     waiter=$!
     pause_at ray-wait
     # Fail fast when a Ray step dies while we wait.
@@ -370,17 +372,23 @@ main() {
   fi
 }
 
-# helper ARGS...: verlc's in-cluster helper on the head node, its source on stdin
+# helper ARGS...: verlc's in-cluster runtime on the head node, its source on stdin
 helper() {
-  on_node "$head_node" python3 - "$@" < <(helper_source)
+  on_node "$head_node" python3 - "$@" <"$run_dir/$runtime_file"
 }
 
-# The helper: targets/incluster.py, embedded so the job needs no other file.
-helper_source() {
-  cat <<'VERLC_HELPER'
-"""verlc's in-cluster helper: runs on the head node, inside the job's container, next to verl.
+# ==== verlc's in-cluster runtime =====================================================================
+# targets/runtime.py of verlc 0.1.0, sha256 3820bf470ea23895c1f9ebe3863c74051a9427f90e16ea2cebef53fb7dbf24bd:
+# the file every verlc bundle runs on the cluster (the others ship it as verlc_job/__init__.py,
+# after their header). Nothing below is specific to this job.
+# Written once into the run folder when the job starts; every node reads it from there (never in argv).
+runtime_source() {
+  cat <<'VERLC_RUNTIME'
+"""verlc's in-cluster runtime: what runs on the cluster, on the head node (and each node's Ray logs), inside
+the job's container, next to verl.
 
-Generated bundles embed this file verbatim and run it as `python3 - COMMAND ...`. It needs only the
+Every bundle ships this one file: the Slurm script embeds it verbatim (below a banner with its sha256) and
+runs it as `python3 - COMMAND ...`; the other bundles ship it as the package `verlc_job`. It needs only the
 standard library and ray, and torch for the preflight's all-reduce; pyarrow and transformers are used when
 the image has them (verl's images have all of these).
 
@@ -389,8 +397,9 @@ the image has them (verl's images have all of these).
   materialize  put a hub model's pinned revision into a folder, unless it holds it already
   preflight    check the cluster, package versions on every node, an all-reduce over every GPU, data
                files, model and checkpoint folder before training starts, and write the run record
-  job          run a bundle's job.json (ray-job and compose targets): wait, data, preflight, train,
-               stopping after the stage named by VERLC_STOP_AFTER
+  job          run a bundle's job.json (ray-job, compose, kuberay, skypilot): wait, data, preflight, train
+               (with the stall watchdog), stopping after the stage named by VERLC_STOP_AFTER
+  ray-logs     a node's Ray session logs as a tar stream (bounded), then Ray's temp dir removed
 """
 
 from __future__ import annotations
@@ -438,43 +447,45 @@ def node_label(node: dict) -> str:
     return f"{name} ({address})"
 
 
-def cmd_wait(args: argparse.Namespace) -> int:
-    deadline = time.monotonic() + args.timeout
+def wait(address: str, nodes: int, gpus: int, timeout: int) -> int:
+    """Block until Ray has `nodes` nodes and `gpus` GPUs (0), or fail at the deadline (1)."""
+    deadline = time.monotonic() + timeout
     ray = None
     while ray is None:
         try:
-            ray = connect(args.address)
+            ray = connect(address)
         except Exception as exc:  # the head may still be starting
             if time.monotonic() > deadline:
-                say(f"ERROR: no Ray head at {args.address} after {args.timeout}s: {exc}")
+                say(f"ERROR: no Ray head at {address} after {timeout}s: {exc}")
                 return 1
             time.sleep(1)
     seen: set[str] = set()
     while True:
-        nodes = alive_nodes(ray)
-        for n in nodes:
+        alive = alive_nodes(ray)
+        for n in alive:
             if n["NodeID"] not in seen:
                 seen.add(n["NodeID"])
                 gpus = n.get("Resources", {}).get("GPU", 0)
-                say(f"node registered: {node_label(n)} GPUs={gpus:g} ({len(seen)}/{args.nodes})")
-        gpus = sum(n.get("Resources", {}).get("GPU", 0) for n in nodes)
-        if len(nodes) >= args.nodes and gpus >= args.gpus:
-            say(f"cluster ready: {len(nodes)} nodes, {gpus:g} GPUs")
+                say(f"node registered: {node_label(n)} GPUs={gpus:g} ({len(seen)}/{nodes})")
+        have = sum(n.get("Resources", {}).get("GPU", 0) for n in alive)
+        if len(alive) >= nodes and have >= gpus:
+            say(f"cluster ready: {len(alive)} nodes, {have:g} GPUs")
             return 0
         if time.monotonic() > deadline:
-            say(f"ERROR: after {args.timeout}s the cluster has {len(nodes)} of {args.nodes} nodes and "
-                f"{gpus:g} of {args.gpus} GPUs")
+            say(f"ERROR: after {timeout}s the cluster has {len(alive)} of {nodes} nodes and "
+                f"{have:g} of {gpus} GPUs")
             return 1
         time.sleep(0.5)
 
 
-def cmd_prepare(args: argparse.Namespace) -> int:
-    outputs = [os.path.join(args.out_dir, name) for name in ("train.parquet", "test.parquet")]
+def prepare(out_dir: str, cmd: list[str]) -> int:
+    """Run one data preparation command unless its outputs exist already."""
+    outputs = [os.path.join(out_dir, name) for name in ("train.parquet", "test.parquet")]
     if all(os.path.isfile(p) for p in outputs):
-        say(f"data in {args.out_dir} already prepared; skipping")
+        say(f"data in {out_dir} already prepared; skipping")
         return 0
-    say(f"preparing data into {args.out_dir}: {' '.join(args.cmd)}")
-    rc = subprocess.call(args.cmd)
+    say(f"preparing data into {out_dir}: {' '.join(cmd)}")
+    rc = subprocess.call(cmd)
     if rc != 0:
         say(f"ERROR: data preparation exited with {rc}")
         return rc
@@ -506,15 +517,14 @@ def revision_held(folder: str, revision: str) -> dict | None:
     return held
 
 
-def cmd_materialize(args: argparse.Namespace) -> int:
+def materialize(repo: str, revision: str, folder: str) -> int:
     """Put a hub model's revision into a folder verl can read: from the hub, or with HF_HUB_OFFLINE=1 from
     the local Hugging Face cache; skipped when the folder holds every file of it already."""
     import shutil
 
-    folder = args.folder
-    held = revision_held(folder, args.revision)
+    held = revision_held(folder, revision)
     if held:
-        say(f"model {args.repo} at {args.revision} already in {folder} ({len(held['files'])} files); skipping")
+        say(f"model {repo} at {revision} already in {folder} ({len(held['files'])} files); skipping")
         return 0
     if os.path.exists(folder) and not os.path.isfile(os.path.join(folder, REVISION_FILE)):
         say(f"ERROR: {folder} exists and verlc did not fill it: move it away, or choose another model.local_dir")
@@ -525,13 +535,13 @@ def cmd_materialize(args: argparse.Namespace) -> int:
         say("ERROR: a pinned model needs huggingface_hub on the head node (transformers, which verl needs, has it)")
         return 1
     offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-    say(f"fetching model {args.repo} at {args.revision} into {folder}"
+    say(f"fetching model {repo} at {revision} into {folder}"
         + (" from the local Hugging Face cache (HF_HUB_OFFLINE)" if offline else ""))
     try:
-        source = snapshot_download(repo_id=args.repo, revision=args.revision, local_files_only=offline)
+        source = snapshot_download(repo_id=repo, revision=revision, local_files_only=offline)
     except Exception as exc:
         lines = str(exc).strip().splitlines()
-        say(f"ERROR: cannot fetch {args.repo} at {args.revision}: {type(exc).__name__}: {lines[0] if lines else ''}")
+        say(f"ERROR: cannot fetch {repo} at {revision}: {type(exc).__name__}: {lines[0] if lines else ''}")
         return 1
     partial = f"{folder}.partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
@@ -548,11 +558,11 @@ def cmd_materialize(args: argparse.Namespace) -> int:
             files[rel] = os.path.getsize(into)
     commit = os.path.basename(os.path.normpath(source))  # the cache names a snapshot by its commit
     with open(os.path.join(partial, REVISION_FILE), "w", encoding="utf-8") as fh:
-        json.dump({"repo": args.repo, "requested": args.revision, "revision": commit, "files": files}, fh,
+        json.dump({"repo": repo, "requested": revision, "revision": commit, "files": files}, fh,
                   indent=1, sort_keys=True)
     shutil.rmtree(folder, ignore_errors=True)  # verlc's own folder of another revision, or a partial one
     os.replace(partial, folder)
-    say(f"model {args.repo} at {commit}: {len(files)} files, {mib(sum(files.values()))} in {folder}")
+    say(f"model {repo} at {commit}: {len(files)} files, {mib(sum(files.values()))} in {folder}")
     return 0
 
 
@@ -915,22 +925,27 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
     return problems, summary
 
 
-def cmd_preflight(args: argparse.Namespace) -> int:
+def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir: str, data: list[str],
+              pins: list[str], rollout_package: str | None, record: str | None, image: str | None,
+              require_env: list[str], reference: str | None, train: list[str]) -> int:
+    """Check the cluster, every node's packages, an all-reduce over every GPU, the data files, the model and
+    the checkpoint folder; write the run record (and a reproducible job's first-run record). 0: passed."""
     started = stamp()
     problems: list[str] = []
-    ray = connect(args.address)
+    ray = connect(address)
+    expected_nodes, expected_gpus = nodes, gpus
     nodes = alive_nodes(ray)
     gpus = sum(n.get("Resources", {}).get("GPU", 0) for n in nodes)
-    if len(nodes) != args.nodes:
-        problems.append(f"Ray has {len(nodes)} nodes, the spec asks for {args.nodes}")
-    if gpus != args.gpus:
-        problems.append(f"Ray has {gpus:g} GPUs, the spec asks for {args.gpus}")
-    pins = dict(p.split("=", 1) for p in args.pin)
+    if len(nodes) != expected_nodes:
+        problems.append(f"Ray has {len(nodes)} nodes, the spec asks for {expected_nodes}")
+    if gpus != expected_gpus:
+        problems.append(f"Ray has {gpus:g} GPUs, the spec asks for {expected_gpus}")
+    pinned = dict(p.split("=", 1) for p in pins)
     seen = versions_per_node(ray, nodes)
-    problems += version_problems(seen, pins, args.rollout_package)
-    if args.require_env:
-        problems += missing_env_per_node(ray, nodes, args.require_env)
-    for path in args.data:
+    problems += version_problems(seen, pinned, rollout_package)
+    if require_env:
+        problems += missing_env_per_node(ray, nodes, require_env)
+    for path in data:
         if not os.path.isfile(path):
             problems.append(f"data file {path} does not exist (cwd {os.getcwd()})")
             continue
@@ -941,67 +956,68 @@ def cmd_preflight(args: argparse.Namespace) -> int:
                 problems.append(f"data file {path} lacks verl's columns {', '.join(missing)}")
     collective, collective_summary = collective_problems(ray, nodes) if not problems else ([], "")
     problems += collective
-    problem = check_model(args.model)
+    problem = check_model(model)
     if problem:
         problems.append(problem)
     try:
-        os.makedirs(args.checkpoint_dir, exist_ok=True)
-        probe = os.path.join(args.checkpoint_dir, f".verlc-write-test-{os.getpid()}")
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        probe = os.path.join(checkpoint_dir, f".verlc-write-test-{os.getpid()}")
         with open(probe, "w", encoding="utf-8") as fh:
             fh.write("ok")
         os.remove(probe)
     except OSError as exc:
-        problems.append(f"checkpoint folder {args.checkpoint_dir} is not writable ({exc.strerror})")
-    record = {
+        problems.append(f"checkpoint folder {checkpoint_dir} is not writable ({exc.strerror})")
+    run_record = {
         "started": started,
-        "image": args.image,
-        "inputs": {"data": data_inputs(args.data), "model": model_input(args.model)},
-        "trainer_argv": args.train,
-        "verl_config": resolved_verl_config(args.train),
+        "image": image,
+        "inputs": {"data": data_inputs(data), "model": model_input(model)},
+        "trainer_argv": train,
+        "verl_config": resolved_verl_config(train),
         "nodes": [{"host": n.get("NodeManagerHostname"), "address": n.get("NodeManagerAddress"),
                    "gpus": n.get("Resources", {}).get("GPU", 0), "cpus": n.get("Resources", {}).get("CPU", 0),
                    **seen.get(n["NodeID"], {})} for n in nodes],
         "gpus": gpus,
         "versions": next(iter(seen.values()), {}).get("packages", {}),
-        "pins": pins,
+        "pins": pinned,
         "problems": problems,
     }
-    changes = reference_problems(record, args.reference) if args.reference else []
+    changes = reference_problems(run_record, reference) if reference else []
     if changes and os.environ.get("VERLC_ACCEPT_CHANGES") == "1":
-        record["accepted_changes"] = changes
+        run_record["accepted_changes"] = changes
         for change in changes:
             say(f"accepted change (VERLC_ACCEPT_CHANGES=1): {change}")
     else:
         problems += changes
-    text = json.dumps(record, indent=1, sort_keys=True)
-    shown = {k: v for k, v in record.items() if k != "verl_config"}
+    text = json.dumps(run_record, indent=1, sort_keys=True)
+    shown = {k: v for k, v in run_record.items() if k != "verl_config"}
     say("run record: " + json.dumps(shown, sort_keys=True))
-    unresolved = record["verl_config"].get("unresolved")
+    unresolved = run_record["verl_config"].get("unresolved")
     say(f"verl config: not resolved here ({unresolved})" if unresolved
-        else f"verl config: {len(flat(record['verl_config']))} settings, as verl resolves them (in the record)")
-    if args.record:
-        os.makedirs(os.path.dirname(os.path.abspath(args.record)), exist_ok=True)
-        with open(args.record, "w", encoding="utf-8") as fh:
+        else f"verl config: {len(flat(run_record['verl_config']))} settings, as verl resolves them (in the record)")
+    if record:
+        os.makedirs(os.path.dirname(os.path.abspath(record)), exist_ok=True)
+        with open(record, "w", encoding="utf-8") as fh:
             fh.write(text + "\n")
     for p in problems:
         say(f"PREFLIGHT FAILED: {p}")
     if problems:
         return 1
-    if args.reference and (not os.path.exists(args.reference) or record.get("accepted_changes")):
-        first = not os.path.exists(args.reference)
-        os.makedirs(os.path.dirname(os.path.abspath(args.reference)), exist_ok=True)
-        with open(args.reference + ".tmp", "w", encoding="utf-8") as fh:
+    if reference and (not os.path.exists(reference) or run_record.get("accepted_changes")):
+        first = not os.path.exists(reference)
+        os.makedirs(os.path.dirname(os.path.abspath(reference)), exist_ok=True)
+        with open(reference + ".tmp", "w", encoding="utf-8") as fh:
             fh.write(text + "\n")
-        os.replace(args.reference + ".tmp", args.reference)
-        say(f"first run of a reproducible job: its record is now {args.reference}" if first
-            else f"the accepted changes are in this run's record; later re-runs compare with it ({args.reference})")
-    say(f"preflight passed: {len(nodes)} nodes, {gpus:g} GPUs, {len(args.data)} data files, "
-        f"model {args.model}, {collective_summary}")
+        os.replace(reference + ".tmp", reference)
+        say(f"first run of a reproducible job: its record is now {reference}" if first
+            else f"the accepted changes are in this run's record; later re-runs compare with it ({reference})")
+    say(f"preflight passed: {len(nodes)} nodes, {gpus:g} GPUs, {len(data)} data files, "
+        f"model {model}, {collective_summary}")
     return 0
 
 
-# One line of verl's console logger: `step:N - key:value ...` (behind Ray's `(TaskRunner pid=...)` prefix).
-STEP_LINE = re.compile(r"(?:^|[\s)])step:\d+ - ")
+# One line of verl's console logger, `step:N - key:value - key:value ...` (behind Ray's `(TaskRunner pid=...)`
+# prefix): the one parser of it (the stall watchdog here, and `verlc logs --follow` in lifecycle/progress.py).
+STEP_LINE = re.compile(r"(?:^|[\s)])step:(\d+)((?: - [^\s:]+:\S+)*)\s*$")
 
 
 def train(argv: list[str], env: dict, stall_timeout: int | None) -> int:
@@ -1038,39 +1054,38 @@ def train(argv: list[str], env: dict, stall_timeout: int | None) -> int:
     return proc.returncode
 
 
-def cmd_job(args: argparse.Namespace) -> int:
-    """The whole job from a job.json next to this module: no shell ever parses its argv."""
+def job(variant: str | None) -> int:
+    """The whole job from a job.json next to this module (jobs/VARIANT.json for a sweep's variant), stopping
+    after the stage VERLC_STOP_AFTER names: no shell ever parses its argv."""
     here = os.path.dirname(os.path.abspath(__file__))
-    path = os.path.join(here, "jobs", f"{int(args.variant)}.json") if args.variant else os.path.join(here, "job.json")
+    path = os.path.join(here, "jobs", f"{int(variant)}.json") if variant else os.path.join(here, "job.json")
     with open(path, encoding="utf-8") as fh:
-        job = json.load(fh)
+        spec = json.load(fh)
     stop_after = os.environ.get("VERLC_STOP_AFTER") or "train"
     if stop_after not in STAGES:
         say(f"ERROR: VERLC_STOP_AFTER={stop_after}: expected one of {', '.join(STAGES)}")
         return 2
     # No address in job.json: the cluster this job runs in, which Ray names in RAY_ADDRESS.
-    address = job["address"] or os.environ.get("RAY_ADDRESS") or "auto"
+    address = spec["address"] or os.environ.get("RAY_ADDRESS") or "auto"
     for stage in STAGES:
         say(f"stage {stage}")
         if stage == "ray":
-            rc = cmd_wait(argparse.Namespace(address=address, nodes=job["nodes"], gpus=job["gpus"],
-                                             timeout=job["wait_seconds"]))
+            rc = wait(address, spec["nodes"], spec["gpus"], spec["wait_seconds"])
         elif stage == "data":
-            fetch = job.get("model_fetch")
-            rc = cmd_materialize(argparse.Namespace(repo=fetch["repo"], revision=fetch["revision"],
-                                                    folder=expand(fetch["folder"]))) if fetch else 0
-            for step in job["data_prep"]:
-                rc = rc or cmd_prepare(argparse.Namespace(out_dir=step["out_dir"], cmd=step["argv"]))
+            fetch = spec.get("model_fetch")
+            rc = materialize(fetch["repo"], fetch["revision"], expand(fetch["folder"])) if fetch else 0
+            for step in spec["data_prep"]:
+                rc = rc or prepare(step["out_dir"], step["argv"])
         elif stage == "preflight":
-            rc = cmd_preflight(argparse.Namespace(
-                address=address, nodes=job["nodes"], gpus=job["gpus"], model=expand(job["model"]),
-                checkpoint_dir=expand(job["checkpoint_dir"]), data=[expand(f) for f in job["data_files"]],
-                pin=job["pins"], rollout_package=job.get("rollout_package"), record=job["record"],
-                image=job["image"], require_env=job["require_env"],
-                reference=expand(job["reference"]) if job.get("reference") else None, train=job["train"]))
+            rc = preflight(
+                address=address, nodes=spec["nodes"], gpus=spec["gpus"], model=expand(spec["model"]),
+                checkpoint_dir=expand(spec["checkpoint_dir"]), data=[expand(f) for f in spec["data_files"]],
+                pins=spec["pins"], rollout_package=spec.get("rollout_package"), record=spec["record"],
+                image=spec["image"], require_env=spec["require_env"],
+                reference=expand(spec["reference"]) if spec.get("reference") else None, train=spec["train"])
         else:
-            say("training: " + " ".join(job["train"]))
-            rc = train(job["train"], {**os.environ, "RAY_ADDRESS": address}, job.get("stall_timeout"))
+            say("training: " + " ".join(spec["train"]))
+            rc = train(spec["train"], {**os.environ, "RAY_ADDRESS": address}, spec.get("stall_timeout"))
             say(f"training exited with code {rc}")
         if rc != 0:
             return rc
@@ -1080,97 +1095,20 @@ def cmd_job(args: argparse.Namespace) -> int:
     return 0
 
 
-# Ray's `ray job submit` zips working_dir (uncompressed: ZipFile's default ZIP_STORED) and PUTs it to the
-# dashboard, whose aiohttp server refuses bodies over client_max_size = ray_constants.DASHBOARD_CLIENT_MAX_SIZE
-# (100 MiB; HTTPRequestEntityTooLarge, verl#696). Packages stored in the GCS are further bounded by the gRPC
-# message size (512 MiB), which the dashboard's limit is far below.
-UPLOAD_LIMIT = 100 * 1024**2
-ZIP_ENTRY_OVERHEAD = 30 + 46  # a zip's local header and central-directory record, plus the name twice
-
-
-def upload_limit() -> int:
-    try:
-        from ray._private.ray_constants import DASHBOARD_CLIENT_MAX_SIZE
-        return int(DASHBOARD_CLIENT_MAX_SIZE)
-    except Exception:  # another Ray layout: the documented default
-        return UPLOAD_LIMIT
-
-
-def upload_sizes(root: str, excludes: list[str]) -> dict[str, int]:
-    """Bytes Ray would zip per top-level entry of `root`, with Ray's rules: `excludes` (gitwildmatch,
-    relative to root), and .gitignore (unless RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1) and .rayignore of every
-    folder, relative to that folder."""
-    try:  # the gitwildmatch implementation Ray itself uses: vendored in recent Ray, a dependency before
-        from ray._private.thirdparty.pathspec import PathSpec
-    except ImportError:
-        from pathspec import PathSpec
-
-    use_gitignore = os.environ.get("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "0") != "1"
-    base = os.path.abspath(root)
-    specs = [(base, PathSpec.from_lines("gitwildmatch", excludes))]
-    sizes: dict[str, int] = {}
-
-    def travel(path: str) -> None:
-        added = 0
-        if os.path.isdir(path) and not os.path.islink(path):
-            for name in ((".gitignore",) if use_gitignore else ()) + (".rayignore",):
-                ignore = os.path.join(path, name)
-                if os.path.isfile(ignore):
-                    with open(ignore, encoding="utf-8", errors="replace") as fh:
-                        specs.append((path, PathSpec.from_lines("gitwildmatch", fh.readlines())))
-                    added += 1
-        if path != base and any(spec.match_file(os.path.relpath(path, folder)) for folder, spec in specs):
-            del specs[len(specs) - added:]
-            return
-        rel = os.path.relpath(path, base)
-        top = rel.split(os.sep)[0]
-        is_dir = os.path.isdir(path) and not os.path.islink(path)
-        entries = sorted(os.listdir(path)) if is_dir else []
-        if path != base and (os.path.isfile(path) or is_dir and not entries):  # what Ray's zip holds
-            size = os.path.getsize(path) if os.path.isfile(path) else 0
-            sizes[top] = sizes.get(top, 0) + size + ZIP_ENTRY_OVERHEAD + 2 * len(rel.encode())
-        for entry in entries:
-            travel(os.path.join(path, entry))
-        del specs[len(specs) - added:]
-
-    travel(base)
-    return sizes
-
-
 def mib(size: int) -> str:
     return f"{size / 1024**2:.1f} MiB"
 
 
-def cmd_upload(args: argparse.Namespace) -> int:
-    """Refuse a working_dir upload the Ray dashboard would refuse, naming what makes it large."""
-    with open(args.runtime_env, encoding="utf-8") as fh:
-        env = json.load(fh)
-    root = env.get("working_dir")
-    if not root or "://" in root or not os.path.isdir(root):
-        return 0  # a remote URI or a zip: Ray does not upload it from here
-    sizes = upload_sizes(root, env.get("excludes", []))
-    total, limit = sum(sizes.values()) + 22, upload_limit()
-    if total < limit:
-        print(f"working_dir {root}: uploading {mib(total)} (Ray's limit: {mib(limit)})")
-        return 0
-    largest = [kv for kv in sorted(sizes.items(), key=lambda kv: -kv[1])[:5] if kv[1] >= total // 100]
-    print(f"ERROR: working_dir {root} would upload {mib(total)}, over the {mib(limit)} the Ray dashboard accepts "
-          f"(it would answer 413 Request Entity Too Large). Largest entries: "
-          + ", ".join(f"{name} ({mib(size)})" for name, size in largest)
-          + ". Exclude them (ray.working_dir, a .rayignore there) or keep them on shared storage.", file=sys.stderr)
-    return 1
-
-
-def cmd_ray_logs(args: argparse.Namespace) -> int:
+def ray_logs(temp_dir: str, limit_mib: int) -> int:
     """Write this node's Ray session logs as a tar stream to stdout, at most --limit-mib of them (each file
     over its share keeps its end; TRUNCATED.txt says what was cut), then remove Ray's temp dir."""
     import io
     import shutil
     import tarfile
 
-    logs = os.path.join(args.temp_dir, "session_latest", "logs")
+    logs = os.path.join(temp_dir, "session_latest", "logs")
     files = sorted((os.path.join(d, f) for d, _, names in os.walk(logs) for f in names), key=os.path.getsize)
-    budget, cut = args.limit_mib * 1024**2, []
+    budget, cut = limit_mib * 1024**2, []
     with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as tar:
         for n, path in enumerate(files):
             share = budget // (len(files) - n)  # small files first: what they leave goes to the large ones
@@ -1188,59 +1126,66 @@ def cmd_ray_logs(args: argparse.Namespace) -> int:
         info = tarfile.TarInfo("TRUNCATED.txt")
         info.size = len(note.encode())
         tar.addfile(info, io.BytesIO(note.encode()))
-    shutil.rmtree(args.temp_dir, ignore_errors=True)
+    shutil.rmtree(temp_dir, ignore_errors=True)
     return 0
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="verlc-helper")
+    """The command line bundles call: `python3 - COMMAND ...` (the source on stdin) or `python3 -m verlc_job`."""
+    parser = argparse.ArgumentParser(prog="verlc-runtime")
     sub = parser.add_subparsers(dest="command", required=True)
-    wait = sub.add_parser("wait")
-    wait.add_argument("--address", required=True)
-    wait.add_argument("--nodes", type=int, required=True)
-    wait.add_argument("--gpus", type=int, required=True)
-    wait.add_argument("--timeout", type=int, required=True)
-    prepare = sub.add_parser("prepare")
-    prepare.add_argument("--out-dir", required=True)
-    prepare.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the preprocessing command")
-    pre = sub.add_parser("preflight")
-    pre.add_argument("--address", required=True)
-    pre.add_argument("--nodes", type=int, required=True)
-    pre.add_argument("--gpus", type=int, required=True)
-    pre.add_argument("--model", required=True)
-    pre.add_argument("--checkpoint-dir", required=True)
-    pre.add_argument("--data", action="append", default=[])
-    pre.add_argument("--pin", action="append", default=[], help="PACKAGE=VERSION every node must have")
-    pre.add_argument("--rollout-package", help="the rollout engine's package: installed on every node")
-    pre.add_argument("--record", help="write the run record (JSON) here")
-    pre.add_argument("--image", help="the container image, for the run record")
-    pre.add_argument("--require-env", action="append", default=[],
-                     help="an env var the spec reads on the nodes: set and non-empty on every one")
-    pre.add_argument("--reference", help="reproducible jobs: the first run's record; written by the first run, "
-                                         "compared by every later one")
-    pre.add_argument("train", nargs="*", help="-- then the trainer's argv, for the record")
-    materialize = sub.add_parser("materialize")
-    materialize.add_argument("--repo", required=True)
-    materialize.add_argument("--revision", required=True)
-    materialize.add_argument("--folder", required=True)
-    ray_logs = sub.add_parser("ray-logs")
-    ray_logs.add_argument("--temp-dir", required=True)
-    ray_logs.add_argument("--limit-mib", type=int, required=True)
-    upload = sub.add_parser("upload-size")
-    upload.add_argument("runtime_env", help="the runtime env JSON that `ray job submit` will get")
-    job = sub.add_parser("job")
-    job.add_argument("variant", nargs="?", help="a sweep's variant index (jobs/<index>.json); default: job.json")
-    args = parser.parse_args(argv)
-    if args.command == "prepare":
-        args.cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-        return cmd_prepare(args)
-    return {"wait": cmd_wait, "preflight": cmd_preflight, "job": cmd_job,
-            "upload-size": cmd_upload, "ray-logs": cmd_ray_logs, "materialize": cmd_materialize}[args.command](args)
+    p = sub.add_parser("wait")
+    p.add_argument("--address", required=True)
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--timeout", type=int, required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the preprocessing command")
+    p = sub.add_parser("preflight")
+    p.add_argument("--address", required=True)
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--checkpoint-dir", required=True)
+    p.add_argument("--data", action="append", default=[])
+    p.add_argument("--pin", action="append", default=[], help="PACKAGE=VERSION every node must have")
+    p.add_argument("--rollout-package", help="the rollout engine's package: installed on every node")
+    p.add_argument("--record", help="write the run record (JSON) here")
+    p.add_argument("--image", help="the container image, for the run record")
+    p.add_argument("--require-env", action="append", default=[],
+                   help="an env var the spec reads on the nodes: set and non-empty on every one")
+    p.add_argument("--reference", help="reproducible jobs: the first run's record; written by the first run, "
+                                       "compared by every later one")
+    p.add_argument("train", nargs="*", help="-- then the trainer's argv, for the record")
+    p = sub.add_parser("materialize")
+    p.add_argument("--repo", required=True)
+    p.add_argument("--revision", required=True)
+    p.add_argument("--folder", required=True)
+    p = sub.add_parser("ray-logs")
+    p.add_argument("--temp-dir", required=True)
+    p.add_argument("--limit-mib", type=int, required=True)
+    p = sub.add_parser("job")
+    p.add_argument("variant", nargs="?", help="a sweep's variant index (jobs/<index>.json); default: job.json")
+    a = parser.parse_args(argv)
+    if a.command == "wait":
+        return wait(a.address, a.nodes, a.gpus, a.timeout)
+    if a.command == "prepare":
+        return prepare(a.out_dir, a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd)
+    if a.command == "preflight":
+        return preflight(address=a.address, nodes=a.nodes, gpus=a.gpus, model=a.model, checkpoint_dir=a.checkpoint_dir,
+                         data=a.data, pins=a.pin, rollout_package=a.rollout_package, record=a.record, image=a.image,
+                         require_env=a.require_env, reference=a.reference, train=a.train)
+    if a.command == "materialize":
+        return materialize(a.repo, a.revision, a.folder)
+    if a.command == "ray-logs":
+        return ray_logs(a.temp_dir, a.limit_mib)
+    return job(a.variant)
 
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
-VERLC_HELPER
+VERLC_RUNTIME
 }
 
 main "$@"

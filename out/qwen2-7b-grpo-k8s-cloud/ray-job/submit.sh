@@ -42,7 +42,7 @@ with open(target, "w", encoding="utf-8") as fh:
 VERLC_MERGE
 
 # Ray's dashboard refuses a working_dir upload over its size limit only after zipping it: measure first.
-PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" python3 -m verlc_job upload-size "$runtime_env"
+python3 "$here"/upload_size.py "$runtime_env"
 
 stamp=$(date -u +%Y%m%d-%H%M%S)
 variants=("")

@@ -1,0 +1,172 @@
+"""build, validate, check and diff: the compiler's commands. Problems go to stderr as file:line:col lines."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+EXIT_SPEC = 2  # bad input: the problems are printed, nothing is written
+
+
+def _source_name(spec: Path) -> str:
+    """How generated files name their spec: relative to the enclosing git checkout, so the same
+    spec gives the same bytes from any working directory or output folder."""
+    path = spec.resolve()
+    for folder in path.parents:
+        if (folder / ".git").exists():
+            return path.relative_to(folder).as_posix()
+    return path.name
+
+
+def compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str,
+                 max_variants: int = 1000, strict: bool = False, submitting: bool = False) -> list | int:
+    from ..compiler.diagnostics import SpecError
+    from ..compiler.pipeline import compile_spec
+
+    irs, problems = [], []
+    for spec in specs:
+        try:
+            irs.append(compile_spec(spec, display=str(spec), source=_source_name(spec), targets=targets,
+                                    verl_config=verl_config, max_variants=max_variants))
+        except SpecError as exc:
+            problems.extend(exc.diagnostics)
+    if problems:
+        for d in problems:
+            print(d, file=sys.stderr)
+        print(f"verlc: {len(problems)} problem(s); nothing written", file=sys.stderr)
+        return EXIT_SPEC
+    from ..targets.slurm.checks import LOG_FOLDER_NOTE
+
+    notes = [note for ir in irs for note in ir.notes if not (submitting and LOG_FOLDER_NOTE in note)]
+    for note in notes:
+        print(note, file=sys.stderr)
+    if strict and notes:
+        print(f"verlc: {len(notes)} note(s) and --strict; nothing written", file=sys.stderr)
+        return EXIT_SPEC
+    return irs
+
+
+def validate(specs: Sequence[Path], target: str | None, verl_config: str, max_variants: int,
+              strict: bool) -> int:
+    targets = [target] if target else []  # "all": each spec's own targets
+    result = compile_all(specs, targets, verl_config, max_variants, strict)
+    if isinstance(result, int):
+        return result
+    for ir in result:
+        print(f"{ir.spec_file}: ok ({ir.name}: {ir.nodes} node(s) x {ir.gpus_per_node} GPUs, "
+              f"{len(ir.overrides)} verl overrides checked against verl {ir.verl_schema}"
+              + (f", {len(ir.variants)} variants" if ir.variants else "") + ")")
+    return 0
+
+
+def _name_clash(irs: list) -> bool:
+    """Two specs of one name would write (and compare) the same bundle folder: say so."""
+    seen: dict[str, str] = {}
+    for ir in irs:
+        if ir.name in seen:
+            print(f"verlc: {ir.spec_file} and {seen[ir.name]} both have name '{ir.name}'; their bundles would "
+                  f"overwrite each other in one folder: rename one", file=sys.stderr)
+            return True
+        seen[ir.name] = ir.spec_file
+    return False
+
+
+def build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_config: str,
+           max_variants: int, strict: bool) -> int:
+    from ..targets import render
+    from ..targets.bundle import EditedError, write
+
+    shown, out = out, out.resolve()  # messages name the folder as the user gave it
+    result = compile_all(specs, [target], verl_config, max_variants, strict)
+    if isinstance(result, int):
+        return result
+    if _name_clash(result):
+        return EXIT_SPEC
+    bundles = [render(name, ir) for ir in result for name in (ir.targets if target == "all" else [target])]
+    try:
+        write(bundles, out, force=force)
+    except EditedError as exc:
+        for rel in exc.args[0]:
+            print(f"verlc: {out / rel}: edited by hand since it was generated", file=sys.stderr)
+        print("verlc: nothing written; move your edits into the spec, or pass --force to discard them",
+              file=sys.stderr)
+        return EXIT_SPEC
+    for b in bundles:
+        print(f"wrote {shown / b.folder}/ ({len(b.files)} files)")
+    return 0
+
+
+def check(paths: Sequence[Path], out: Path, show_diff: bool) -> int:
+    from ..targets import render
+    from ..targets.bundle import differences
+
+    specs = sorted({p for path in paths for p in (sorted(path.glob("*.yaml")) if path.is_dir() else [path])})
+    if not specs:
+        print(f"verlc: no specs in {' '.join(map(str, paths))}", file=sys.stderr)
+        return EXIT_SPEC
+    result = compile_all(specs, ["all"], "snapshot")
+    if isinstance(result, int):
+        return result
+    if _name_clash(result):
+        return EXIT_SPEC
+    problems = []
+    for ir in result:
+        for name in ir.targets:
+            bundle = render(name, ir)
+            problems += differences(bundle, out / bundle.folder)
+    if problems:
+        for summary, _ in problems:
+            print(summary, file=sys.stderr)
+        for _, diff_text in problems if show_diff else ():
+            if diff_text:
+                print(diff_text, file=sys.stderr)
+        print(f"verlc: {len(problems)} generated file(s) out of date"
+              + ("" if show_diff else " (`verlc check --diff` shows the changes)") + "; fix with: "
+              f"verlc build {' '.join(map(str, specs))} --target all --out {out}"
+              + (" --force" if any(": edited by hand" in s for s, _ in problems) else ""), file=sys.stderr)
+        return 1
+    print(f"{out}/ is up to date with {len(specs)} spec(s)")
+    return 0
+
+
+def diff(a: Path, b: Path, markdown: bool) -> int:
+    """Exit 0 when A and B describe the same run, 1 when they differ, 2 on bad input."""
+    from ..compiler import diff
+
+    if a.suffix == ".json" or b.suffix == ".json":
+        return _diff_records(a, b, markdown)
+    specs = [p / "spec.yaml" if p.is_dir() else p for p in (a, b)]  # a bundle carries its normalized spec
+    result = compile_all(specs, (), "snapshot", max_variants=10**9)
+    if isinstance(result, int):
+        return result
+    changes = diff.changes(result[0], result[1])
+    sys.stdout.write(diff.render(str(a), str(b), changes, markdown))
+    return 1 if changes else 0
+
+
+def _diff_records(a: Path, b: Path, markdown: bool) -> int:
+    """Two run records (what the preflight wrote): exit 0 when the same, 1 when they differ, 2 on bad input."""
+    from ..compiler import diff
+    from ..targets.runtime import record_differences
+
+    records = []
+    for path in (a, b):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            print(f"{path}: cannot read a run record: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+            return 2
+        if not isinstance(record, dict) or not {"nodes", "versions"} <= record.keys():
+            print(f"{path}: not a run record (run-record.json, written by the preflight)", file=sys.stderr)
+            return 2
+        records.append(record)
+
+    def shown(value: object) -> str | None:
+        return value if isinstance(value, str) or value is None else json.dumps(value)
+
+    changes = {group: [(item, shown(old), shown(new)) for item, old, new in rows]
+               for group, rows in record_differences(*records).items()}
+    sys.stdout.write(diff.render(str(a), str(b), changes, markdown))
+    return 1 if changes else 0

@@ -1,0 +1,153 @@
+"""submit, status, logs, cancel, attach and runs: a run's lifecycle with each target's own tools.
+
+Exit codes: 0 ok, 1 the run ended unsuccessfully (--wait/--follow), 2 bad spec, 3 the scheduler or the ledger
+cannot answer (unknown run, unreachable Ray, a job Slurm forgot), 4 the target's tool is not on PATH.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .build import EXIT_SPEC, compile_all
+
+EXIT_FAILED = 1  # submit --wait/--follow: the run ended in a state other than success
+
+
+def one_line_errors(command: Callable[..., int]) -> Callable[..., int]:
+    """One clear line and an exit code for anything the scheduler, the ledger or a bundle refuses."""
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> int:
+        from ..lifecycle import ledger
+        from ..lifecycle.scheduler import LaunchError
+        from ..targets.bundle import EditedError
+
+        try:
+            return command(*args, **kwargs)
+        except LaunchError as exc:
+            print(f"verlc: {exc}", file=sys.stderr)
+            return exc.code
+        except ledger.LedgerError as exc:  # an unknown run id, a damaged ledger line
+            print(f"verlc: {exc}", file=sys.stderr)
+            return 3
+        except EditedError as exc:
+            print(f"verlc: {', '.join(exc.args[0])}: edited by hand since it was generated; not submitting "
+                  "(move the edits into the spec, or rebuild with --force)", file=sys.stderr)
+            return EXIT_SPEC
+        except KeyboardInterrupt:  # Ctrl-C while following: the run itself goes on
+            print("\nverlc: stopped following; the run goes on (`verlc status` shows it)", file=sys.stderr)
+            return 130
+    return run
+
+
+def _book() -> tuple[Path, dict]:
+    from ..lifecycle import ledger
+
+    book = ledger.location(Path.cwd())
+    return book, ledger.fold(book)
+
+
+@one_line_errors
+def submit(spec: Path, target: str, out: Path, wait: bool, follow: bool, metrics: list[str]) -> int:
+    from ..lifecycle import ledger, runs
+    from ..lifecycle.scheduler import State
+
+    result = compile_all([spec], [target], "snapshot", submitting=True)
+    if isinstance(result, int):
+        return result
+    [ir] = result
+    folder, written = runs.prepare_bundle(ir, target, out.resolve())
+    print(f"{'wrote' if written else 'up to date:'} {out / ir.name / target}/")
+    book = ledger.location(spec)
+    submitted = runs.submit(ir, spec, target, folder, Path.cwd(), dict(os.environ), book)
+    for run in submitted:
+        print(f"submitted {run.run} (job {run.job_id} on {run.where}); ledger: {book}")
+    if not (wait or follow):
+        return 0
+    outcomes = [_until_done(book, run, follow, metrics) for run in submitted]
+    return 0 if all(o.status is State.SUCCEEDED for o in outcomes) else EXIT_FAILED
+
+
+def _until_done(book: Path, run, follow: bool, metrics: list[str]):  # noqa: ANN001, ANN202
+    import io
+
+    from ..lifecycle import runs
+
+    seen = runs.follow(book, run, metrics, sys.stdout if follow else io.StringIO(), tty=sys.stdout.isatty())
+    if not follow:  # --follow has printed every state already
+        print(f"{run.run}: {seen.state.lower()}" + (f" (exit code {seen.exit_code})" if seen.exit_code else ""))
+    return seen
+
+
+@one_line_errors
+def status(key: str | None) -> int:
+    from ..lifecycle import ledger, runs
+
+    book, known = _book()
+    chosen = [ledger.find(known, key)] if key else [r for r in known.values() if not r.final]
+    for run in chosen:
+        seen = runs.observe(book, run)
+        print(f"{run.run}: {seen.state.lower()}" + (f", {seen.restarts} restart(s)" if seen.restarts else "")
+              + (f", exit code {seen.exit_code}" if seen.exit_code is not None else "")
+              + f" (job {run.job_id} on {run.where}, from {seen.source})")
+    if not chosen:
+        print("no unfinished runs in " + str(book))
+    return 0
+
+
+@one_line_errors
+def logs(key: str, follow: bool, stage: str | None, metrics: list[str], ray: bool, node: str | None) -> int:
+    from ..lifecycle import ledger, progress, runs
+
+    book, known = _book()
+    run = ledger.find(known, key)
+    if ray:
+        sys.stdout.write(runs.ray_logs(run, node))
+        return 0
+    if follow:
+        runs.follow(book, run, metrics, sys.stdout, tty=sys.stdout.isatty())
+        return 0
+    text = runs.log_text(run)
+    if stage:
+        text = "".join(progress.stage_lines(text.splitlines(True), stage))
+    sys.stdout.write(text)
+    return 0
+
+
+@one_line_errors
+def cancel(key: str) -> int:
+    from ..lifecycle import ledger, runs
+
+    book, known = _book()
+    run = ledger.find(known, key)
+    seen = runs.cancel(book, run)
+    print(f"{run.run}: cancel sent; now {seen.state.lower()}")
+    return 0
+
+
+@one_line_errors
+def attach(key: str, cmd: list[str]) -> int:
+    import subprocess
+
+    from ..lifecycle import ledger
+    from ..targets import launcher
+
+    _, known = _book()
+    run = ledger.find(known, key)
+    if run.final:
+        print(f"verlc: {run.run} has ended ({run.state.lower()}): nothing to attach to", file=sys.stderr)
+        return 3
+    return subprocess.call(launcher(run.target).attach(run.submitted, cmd[1:] if cmd[:1] == ["--"] else cmd))
+
+
+@one_line_errors
+def table(markdown: bool) -> int:
+    from ..lifecycle.runs import table as runs_table
+
+    _, known = _book()
+    sys.stdout.write(runs_table(list(known.values()), markdown))
+    return 0
