@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
+from typing import Any
 from ..targets import NAMES, TARGETS, get
 from .diagnostics import Diagnostic, SpecError
-from .derive import checkpoint_dir, critic_in_use, derived, derived_environment, own_checkpoint_dir, variant_specs
+from .derive import (
+    checkpoint_dir, critic_in_use, derived, derived_environment, own_checkpoint_dir, strings_in, variant_specs,
+)
 from .ir import parse_word
 from .load import Sourced
 from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, is_hub_id
@@ -74,7 +77,7 @@ def _verl_section(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iter
                 s.loc, f"set to {shown(s.value)} here, but verlc derives it from {d.source} "
                        f"({shown(d.value)}); remove it from verl: or change {d.source}")
     for s in leaves:
-        for text in _texts(s.value):
+        for text in strings_in(s.value):
             if bare := _SHELL_VARIABLE.search(text):
                 yield sourced.diagnostic(s.loc, (
                     f"{NOTE}{bare[0]} stays literal (neither Hydra nor verl expands shell variables): write "
@@ -89,17 +92,6 @@ def _verl_section(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iter
 
 
 _SHELL_VARIABLE = re.compile(r"(?<!\$)\$[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _texts(value: object) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _texts(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _texts(v)
 
 
 def _unspellable(leaves: Iterable[Setting], sourced: Sourced) -> Iterator[Diagnostic]:
@@ -275,9 +267,10 @@ def _sweep(spec: Spec, sourced: Sourced, chosen: Selection, max_variants: int,
             bad = True
     if bad:
         return
-    yield from _variant_folders(spec, sourced)
+    variants = variant_specs(spec)
+    yield from _variant_folders(spec, sourced, variants)
     seen: set[tuple[str, str]] = set()
-    for matrix_values, variant in variant_specs(spec):
+    for matrix_values, variant in variants:
         leaves = settings(variant.verl, chosen.walker)
         unspellable = list(_unspellable(leaves, sourced))
         for d in unspellable or _check_verl(variant, sourced, chosen, unchecked):
@@ -292,10 +285,9 @@ def _sweep(spec: Spec, sourced: Sourced, chosen: Selection, max_variants: int,
                 yield d
 
 
-def _variant_folders(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+def _variant_folders(spec: Spec, sourced: Sourced, variants: list[tuple[Any, Spec]]) -> Iterator[Diagnostic]:
     """Each variant writes its own checkpoints (and, on reproducible runs, its first-run record there):
     two variants in one folder would resume from each other's checkpoints."""
-    variants = variant_specs(spec)
     folders: dict[str, int] = {}
     for index, (_, variant) in enumerate(variants):
         folder = checkpoint_dir(variant)

@@ -62,6 +62,17 @@ def checkpoint_dir(spec: Spec) -> str:
     return own_checkpoint_dir(spec) or f"checkpoints/{spec.project}/{spec.experiment or spec.name}"
 
 
+def strings_in(value: Any) -> list[str]:
+    """Every string in a verl value (lists and mappings walked), in order."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [t for v in value for t in strings_in(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in strings_in(v)]
+    return []
+
+
 def resume_defaults(spec: Spec) -> dict[str, Any]:
     """Written out unless the spec sets them, so that a requeued or re-run job finds its checkpoints
     where the first run put them (verl's own default interpolates names that could change)."""

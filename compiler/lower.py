@@ -11,7 +11,7 @@ from verlc import __version__
 from .ir import ContainerIR, DataPrepIR, EnvVar, ImageBuildIR, JobIR, ModelFetchIR, RayIR, VariantIR, Var, Word, parse_word
 from ..targets import TARGETS, get
 from . import yaml_text
-from .derive import checkpoint_dir, derived_environment, variant_specs
+from .derive import checkpoint_dir, derived_environment, strings_in, variant_specs
 from .overrides import determinism_defaults, overrides, verl_values
 from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec
 from .verl import preprocess
@@ -31,13 +31,15 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
     slurm = spec.cluster.slurm
     chosen = select(spec.verl, release, spec.hydra.config_name)
     assert isinstance(chosen, Selection), "the checks refuse a spec whose verl config cannot be chosen"
+    # verl's config as the trainer will see it: written into the bundle, and read for the rollout engine
+    config = Config(chosen.tree, {k: verl_value(v) for k, v in
+                                  {**determinism_defaults(spec, chosen), **verl_values(spec, chosen)}.items()})
     ir = JobIR(
         name=spec.name,
         spec_file=spec_file,
         spec_sha256=spec_sha256,
         normalized_spec=normalized(spec),
-        verl_config=yaml_text.dump(Config(chosen.tree, {k: verl_value(v) for k, v in
-                                                   {**determinism_defaults(spec, chosen), **verl_values(spec, chosen)}.items()}).tree),
+        verl_config=yaml_text.dump(config.tree),
         reproducible=spec.reproducible,
         verl_schema=f"{release.version} ({release.source})",
         verlc_version=__version__,
@@ -68,8 +70,7 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
         checkpoint_dir=checkpoint_word(spec, chosen),
         node_env=node_env(spec, chosen),
         pins=tuple(sorted({"verl": spec.verl_version, **spec.pins}.items())),
-        rollout_package=ROLLOUT_PACKAGES.get(str(Config(chosen.tree, verl_values(spec, chosen)).get(
-            "actor_rollout_ref.rollout.name"))),
+        rollout_package=ROLLOUT_PACKAGES.get(str(config.get("actor_rollout_ref.rollout.name"))),
         image=parse_word(getattr(spec.container, "image", None) or "none"),
         trainer_module=TRAINER_MODULE,
         config_name=spec.hydra.config_name,
@@ -134,19 +135,9 @@ def node_env(spec: Spec, chosen: Selection) -> tuple[str, ...]:
     for word in words:
         found.update(word.variables)
     for s in settings(spec.verl, chosen.walker):
-        for text in _strings(s.value):
+        for text in strings_in(s.value):
             found.update(m[1] for m in (_ENV_REF.fullmatch(i.strip()) for i in _INTERPOLATION.findall(text)) if m)
     return tuple(sorted(found - {"HOME", "USER"}))
-
-
-def _strings(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list):
-        return [t for v in value for t in _strings(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _strings(v)]
-    return []
 
 
 def environment(spec: Spec) -> tuple[EnvVar, ...]:
