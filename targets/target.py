@@ -47,8 +47,10 @@ class Target:
 
     def has_section(self, spec: Spec) -> bool:
         """Whether the spec writes this target's section."""
+        if self.section is None:
+            return False
         value: Any = spec
-        for part in self.section.at if self.section else ("",):
+        for part in self.section.at:
             value = getattr(value, part, None)
         return value is not None
 

@@ -364,9 +364,9 @@ def other_config(parts: list[str], chosen: Selection) -> str | None:
         return None
     key = ".".join(parts)
     section = ".".join(parts[:-1]) or key
-    strategy = Config(chosen.tree, {}).get(f"{parts[0]}.{parts[1]}.strategy") if len(parts) > 2 else None
-    if strategy is None:
-        strategy = Config(chosen.tree, {}).get("actor_rollout_ref.actor.strategy")
+    defaults = Config(chosen.tree, {})
+    strategy = (defaults.get(f"{parts[0]}.{parts[1]}.strategy") if len(parts) > 2 else None) \
+        or defaults.get("actor_rollout_ref.actor.strategy")
     if strategy == "megatron" and any("fsdp" in p for p in parts):
         return (f"{key} belongs to the FSDP engine; this spec uses megatron (configure {section} with its "
                 f"megatron.* settings)")
