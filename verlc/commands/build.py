@@ -37,9 +37,11 @@ def compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str,
             print(d, file=sys.stderr)
         print(f"verlc: {len(problems)} problem(s); nothing written", file=sys.stderr)
         return EXIT_SPEC
-    from ..targets.slurm.checks import LOG_FOLDER_NOTE
+    notes = [note for ir in irs for note in ir.notes]
+    if submitting:  # `verlc submit` creates the Slurm log folders itself: that note does not apply
+        from ..targets.slurm.checks import LOG_FOLDER_NOTE
 
-    notes = [note for ir in irs for note in ir.notes if not (submitting and LOG_FOLDER_NOTE in note)]
+        notes = [note for note in notes if LOG_FOLDER_NOTE not in note]
     for note in notes:
         print(note, file=sys.stderr)
     if strict and notes:
