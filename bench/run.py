@@ -364,9 +364,10 @@ on this path (`--verl-config live` imports Hydra only).
 The Slurm rows run the e2e tests' job (runtime none: no container stage) on dev/slurm.sh's nodes, which
 share this host. Job steps are counted from each slurmd's log ("launch task StepId=...") and placed by
 time between the job's own `stage` lines: setup is the one step that asks every node for its address;
-ray is the head, one step for all workers and the readiness wait; the preflight is one step. The
+ray is the head, one step for all workers and one for verlc's runtime on the head, which then waits for
+the cluster and runs the data, preflight and train stages in that same step. The
 docker/podman runtimes add two steps on all nodes (the one that runs every node's container, and a
-readiness wait; one more for image builds) and one at cleanup. The "last node registered -> ready" gap is the helper's poll interval at most (0.5 s).
+readiness wait; one more for image builds) and one at cleanup. The "last node registered -> ready" gap is the runtime's poll interval at most (0.5 s).
 
 The run record rows are what every preflight adds since runs record their inputs: each data file's
 sha256 (Python's hashlib, 8 MiB reads, on the head node; a 1 GiB file of random bytes, cold for the

@@ -18,15 +18,22 @@ REFERENCE = "verlc-first-run.json"  # a reproducible job's first run record, nex
 COMMAND = ("python3", "-m", PACKAGE, "job")
 
 
-def job_description(ir: JobIR, *, address: str | None, record: str | None,
-                    variant: VariantIR | None = None, image: str | None = None) -> dict[str, Any]:
-    """What `python3 -m verlc_job job [VARIANT]` runs: wait, data, preflight, train (targets/runtime.py)."""
+def variant_label(ir: JobIR, variant: VariantIR) -> str:
+    """What a sweep's variant logs first, e.g. "variant 3: actor_rollout_ref.actor.optim.lr=1e-06"."""
+    settings = " ".join(f"{k.removeprefix('verl.')}={value}" for k, value in variant.settings)
+    return f"variant {variant.index}: {settings}"
+
+
+def job_description(ir: JobIR, *, record: Word | None, variant: VariantIR | None = None,
+                    image: str | None = None) -> dict[str, Any]:
+    """What the runtime's `job` runs: wait, data, preflight, train (targets/runtime.py), in the cluster the job
+    runs in (RAY_ADDRESS)."""
     checkpoints = variant.checkpoint_dir if variant else ir.checkpoint_dir
     return {
         "generated_from": ir.spec_file,
         "spec_sha256": ir.spec_sha256,
         "name": ir.name,
-        "address": address,  # None: the cluster the job runs in (RAY_ADDRESS)
+        "variant": variant_label(ir, variant) if variant else None,
         "nodes": ir.nodes,
         "gpus": ir.total_gpus,
         "wait_seconds": ir.ray.wait_seconds,
@@ -41,24 +48,38 @@ def job_description(ir: JobIR, *, address: str | None, record: str | None,
         "pins": [f"{name}={version}" for name, version in ir.pins],
         "rollout_package": ir.rollout_package,
         "image": image or ir.image.display,  # the run record names it (a target's own image, if it has one)
-        "record": record,
+        "record": record.as_json() if record else None,
         "reference": Word((*checkpoints.parts, f"/{REFERENCE}")).as_json() if ir.reproducible else None,
         "train": list(ir.trainer_argv_for(variant)),
         "stall_timeout": ir.stall_timeout,
     }
 
 
-def job_package(ir: JobIR, *, address: str | None, record: str | None, image: str | None = None) -> list[File]:
-    """verlc_job/: the helper, its entry point, and the job (one per sweep variant) as JSON."""
+def job_json(description: dict[str, Any]) -> str:
+    """The job as JSON for review: one key per line, and a long list (the trainer's argv) one item per line."""
+    def item(value: object) -> str:
+        return json.dumps(value, ensure_ascii=False)
+
+    lines = []
+    for key, value in description.items():
+        text = item(value)
+        if isinstance(value, list) and value and len(text) > 100:
+            text = "[\n" + ",\n".join(f"    {item(v)}" for v in value) + "\n  ]"
+        lines.append(f"  {item(key)}: {text}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def job_package(ir: JobIR, *, record: Word | None, image: str | None = None) -> list[File]:
+    """verlc_job/: the runtime, its entry point, and the job (one per sweep variant) as JSON."""
     header = "".join(f"# {line}\n" for line in header_lines(ir))
     source = resources.files("verlc.targets").joinpath("runtime.py").read_text()
     main = "import sys\n\nfrom . import main\n\nsys.exit(main(sys.argv[1:]))\n"
-    jobs = {"job.json": job_description(ir, address=address, record=record, image=image)} if not ir.variants else {
-        f"jobs/{v.index}.json": job_description(ir, address=address, record=record, variant=v, image=image)
+    jobs = {"job.json": job_description(ir, record=record, image=image)} if not ir.variants else {
+        f"jobs/{v.index}.json": job_description(ir, record=record, variant=v, image=image)
         for v in ir.variants}
     return [
         File(f"{PACKAGE}/__init__.py", header + source),
         File(f"{PACKAGE}/__main__.py", header + main),
-        *(File(f"{PACKAGE}/{name}", json.dumps(job, indent=2, ensure_ascii=False) + "\n")
+        *(File(f"{PACKAGE}/{name}", job_json(job))
           for name, job in jobs.items()),
     ]

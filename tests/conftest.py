@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -45,6 +46,12 @@ def run_verlc(*args: str | Path, cwd: Path = REPO, env: dict[str, str] | None = 
     """The installed CLI in a new process, exactly as a user runs it."""
     return subprocess.run([sys.executable, "-m", "verlc", *map(str, args)], cwd=cwd, text=True,
                           capture_output=True, env={**os.environ, **(env or {})}, timeout=120)
+
+
+def slurm_job(script: str) -> dict:
+    """The job an sbatch script hands verlc's runtime (its here-document; the other bundles' job.json).
+    A sweep's script holds one per array task: the first."""
+    return json.loads(script.split("<<'VERLC_JOB'\n", 1)[1].split("\nVERLC_JOB\n", 1)[0])
 
 
 def require_tool(name: str) -> str:

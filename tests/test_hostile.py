@@ -226,12 +226,12 @@ def test_scripts_run_with_recorders_pass_exactly_the_intended_argv(tmp_path: Pat
             assert lint.returncode == 0, lint.stdout
 
     calls = run_script(by_target["slurm"], "sbatch.sh", fake_bin, tmp_path)
-    trainer = [c for c in calls if "verl.trainer.main_ppo" in c and "preflight" not in c]  # not its record
-    assert len(trainer) == 2  # srun's own argv, then the command it runs (docker exec ...)
-    argv = trainer[-1]
-    assert argv[argv.index("python3"):] == list(ir.trainer_argv)
-    assert argv[argv.index("env") + 1] == "RAY_ADDRESS=127.0.0.1:6379" or argv[argv.index("env") + 1].startswith(
-        "RAY_ADDRESS=127.0.0.1:")
+    jobs = [c for c in calls if "--json" in c]  # the runtime's job step on the head node
+    assert len(jobs) == 2  # srun's own argv, then the command it runs (docker exec ...)
+    argv = jobs[-1]
+    assert argv[argv.index("python3"):argv.index("--json")] == ["python3", "-", "job", "--begun", "ray"]
+    assert json.loads(argv[argv.index("--json") + 1])["train"] == list(ir.trainer_argv)
+    assert argv[argv.index("env") + 1].startswith("RAY_ADDRESS=127.0.0.1:")
     starts = [c for c in calls if c[:2] == ["docker", "run"]]
     assert len(starts) == 2  # one container per node
     assert starts[0][-3:] == [ir.container.image.display if "$" not in ir.container.image.display

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, REPO
+from conftest import IN_CI, REPO, slurm_job
 from test_hostile import BASE
 from test_hostile import build as build_for_targets
 from verlc.compiler.verl import preprocess
@@ -67,7 +67,7 @@ def test_each_release_gets_the_output_option_its_scripts_take(tmp_path: Path, ve
     for step, dataset in zip(ir.data_prep, ("gsm8k", "math")):
         assert step.argv == ("python3", SCRIPTS[dataset], expected, f"data/{dataset}")
     script = next(f.text for f in bundles[0].files if f.path == "sbatch.sh")
-    assert f"{expected} data/gsm8k" in script
+    assert slurm_job(script)["data_prep"][0]["argv"][2:] == [expected, "data/gsm8k"]
     ray_job = next(b for b in bundles if b.target == "ray-job")
     job = json.loads(next(f.text for f in ray_job.files if f.path == "verlc_job/job.json"))
     assert job["data_prep"][0]["argv"][2:] == [expected, "data/gsm8k"]

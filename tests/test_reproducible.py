@@ -6,6 +6,7 @@ import copy
 import json
 from pathlib import Path
 
+from conftest import slurm_job
 from test_hostile import BASE, build
 
 DIGEST = "img@sha256:" + "ab" * 32
@@ -68,7 +69,7 @@ def test_a_pinned_model_is_fetched_into_its_folder_and_verl_reads_that_folder(tm
     assert f"actor_rollout_ref.model.path={folder}" in ir.trainer_argv
     assert (ir.model_fetch.repo, ir.model_fetch.revision, ir.model_fetch.folder.display) == ("org/model", COMMIT, folder)
     script = next(f.text for f in bundles[0].files if f.path == "sbatch.sh")
-    assert f"helper materialize --repo org/model --revision {COMMIT} --folder {folder}" in script
+    assert slurm_job(script)["model_fetch"] == {"repo": "org/model", "revision": COMMIT, "folder": [folder]}
     assert "VERLC_ACCEPT_CHANGES=1" in script.split("\n\n")[0]  # the header says how to accept a change
     job = json.loads(next(f.text for f in bundles[1].files if f.path.endswith("job.json")))
     assert job["model_fetch"] == {"repo": "org/model", "revision": COMMIT, "folder": [folder]}

@@ -54,8 +54,10 @@ def test_an_array_task_runs_its_own_variant(tmp_path: Path, fake_bin: Path) -> N
     folder = write(next(b for b in bundles if b.target == "slurm"), tmp_path / "out")
     (folder / "run.sh").write_text(f"export SLURM_ARRAY_TASK_ID=37\nexec bash {folder / 'sbatch.sh'}\n")
     calls = run_script(folder, "run.sh", fake_bin, tmp_path)
-    argv = [c for c in calls if "verl.trainer.main_ppo" in c and "preflight" not in c][-1]
-    assert argv[argv.index("python3"):] == list(ir.trainer_argv_for(ir.variants[37]))
+    argv = [c for c in calls if "--json" in c][-1]  # the runtime's job step: this array task's job
+    job = json.loads(argv[argv.index("--json") + 1])
+    assert job["train"] == list(ir.trainer_argv_for(ir.variants[37]))
+    assert job["variant"].startswith("variant 37: ")
 
 
 def test_ray_job_submits_each_variant(tmp_path: Path, fake_bin: Path) -> None:  # noqa: F811

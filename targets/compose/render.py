@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...compiler.ir import JobIR
+from ...compiler.ir import JobIR, Word
 from ...compiler import yaml_text
 from ..bundle import Bundle, File, finish, header_lines
 from ..job_package import job_package
@@ -17,6 +17,6 @@ def render(ir: JobIR) -> Bundle:
              "#       VERLC_STOP_AFTER=preflight docker compose up ...   (stages: ray, data, preflight, train)\n")
     files = [
         File("compose.yaml", header + usage + yaml_text.dump(compose_file(ir))),
-        *job_package(ir, address=None, record=RECORD),  # the job runs on the head
+        *job_package(ir, record=Word((RECORD,))),  # the job runs on the head
     ]
     return finish(ir, "compose", files, run_time_folders(ir))

@@ -14,7 +14,7 @@ from .view import SUBMISSION_WHY, configmap, rayjobs
 def render(ir: JobIR) -> Bundle:
     k: KubeIR = ir.part("kuberay")
     header = "".join(f"# {line}\n" for line in header_lines(ir))
-    package = job_package(ir, address=None, record=None, image=k.image)  # the run record goes to the job log
+    package = job_package(ir, record=None, image=k.image)  # the run record goes to the job log
     usage = (f"# Run:  kubectl apply --namespace {k.namespace} -f configmap.yaml -f rayjob.yaml   (or: verlc submit)\n"
              + "".join(f"# {line}\n" for line in SUBMISSION_WHY))
     docs = "---\n".join(yaml_text.dump(doc) for doc in rayjobs(ir, package))

@@ -19,6 +19,6 @@ def render(ir: JobIR) -> Bundle:
         File("submit.sh", template.render(view=ray_job_view(ir)), 0o755),
         File("runtime_env.yaml", header + yaml_text.dump(runtime_env(ir))),
         File(UPLOAD_CHECK, header + resources.files(__package__).joinpath("upload_size.py").read_text()),
-        *job_package(ir, address=None, record=None),
+        *job_package(ir, record=None),
     ]
     return finish(ir, "ray-job", files)

@@ -22,5 +22,5 @@ def render(ir: JobIR) -> Bundle:
     return finish(ir, "skypilot", [
         File("task.yaml", header + usage + yaml_text.dump(task(ir, k, run))),
         File("launch.sh", jinja.get_template("launch.sh.j2").render(view=view), 0o755),
-        *job_package(ir, address=None, record=None, image=k.image),  # the run record goes to the job log
+        *job_package(ir, record=None, image=k.image),  # the run record goes to the job log
     ])

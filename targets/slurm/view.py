@@ -12,7 +12,7 @@ from importlib import resources
 
 from ...compiler.ir import Arg, EnvVar, JobIR, Var, Word
 from ..bundle import header_lines
-from ..job_package import REFERENCE
+from ..job_package import job_description, job_json
 from .lower import SlurmIR
 
 # Shell variables the template sets before it uses the argv below.
@@ -26,17 +26,11 @@ Line = tuple[Arg, ...]
 
 
 @dataclass(frozen=True)
-class DataStep:
-    label: str
-    argv: Line
+class JobView:
+    """The job the runtime runs (wait, data, preflight, train) as JSON: one, or one per array task of a sweep."""
 
-
-@dataclass(frozen=True)
-class VariantView:
-    index: int
-    label: str  # what the job logs, e.g. "variant 3: actor_rollout_ref.actor.optim.lr=1e-06"
-    args: Line  # overrides that replace the base run's for this array task
-    checkpoint_dir: Word
+    variant: int | None
+    json: str
 
 
 @dataclass(frozen=True)
@@ -52,8 +46,6 @@ class SlurmView:
     secrets: tuple[str, ...]
     nodes: int
     gpus_per_node: int
-    total_gpus: int
-    wait_seconds: int
     ray_port: int | None
     dashboard_port: int | None
     expose_dashboard: bool
@@ -71,13 +63,8 @@ class SlurmView:
     exec_prefix: Line
     ray_head: tuple[Line, ...]
     ray_worker: tuple[Line, ...]
-    wait: Line
-    data_steps: tuple[DataStep, ...]
-    preflight: tuple[Line, ...]
-    train: tuple[Line, ...]
-    checkpoint_dir: Word
-    variants: tuple[VariantView, ...]
-    stall_timeout: int | None
+    jobs: tuple[JobView, ...]
+    sweep: bool  # a job array: one job per array task
     runtime_file: str  # the runtime's file in the run folder
     runtime_source: str  # targets/runtime.py, embedded after the job's logic
     runtime_banner: tuple[str, ...]
@@ -109,7 +96,6 @@ def slurm_view(ir: JobIR) -> SlurmView:
     slurm: SlurmIR = ir.part("slurm")
     c = ir.container
     env = (*ir.env, *job_env(ir))
-    address = _word(HEAD_IP, ":", RAY_PORT)
     env_names = (*(e.name for e in env), *ir.secrets, *ir.node_env)
 
     # The job's container on each node; docker/podman add the node's name, which keeps the names apart
@@ -183,13 +169,11 @@ def slurm_view(ir: JobIR) -> SlurmView:
         (_word("--node-ip-address=", NODE_IP),),
         *ray_common,
     )
-    ray_env = _word("RAY_ADDRESS=", HEAD_IP, ":", RAY_PORT)
-    # A sweep's varied keys leave the base command; each array task adds its own values back.
-    varied = set(ir.varied_keys)
-    variant_views = tuple(
-        VariantView(v.index, f"variant {v.index}: " + " ".join(f"{k.removeprefix('verl.')}={val}" for k, val in v.settings),
-                    tuple(o.arg for o in ir.variant_overrides(v)), v.checkpoint_dir)
-        for v in ir.variants)
+    run_dir = _word(Var("SLURM_SUBMIT_DIR"), f"/verlc-runs/{ir.name}-", Var("SLURM_JOB_ID"))
+    record = Word((*run_dir.parts, "/run-record.json"))
+    jobs = tuple(JobView(v.index if v else None,
+                         job_json(job_description(ir, record=record, variant=v)))
+                 for v in (ir.variants or (None,)))
     array = (f"--array=0-{len(ir.variants) - 1}",) if ir.variants else ()
     return SlurmView(
         header=header_lines(ir),
@@ -201,14 +185,12 @@ def slurm_view(ir: JobIR) -> SlurmView:
         secrets=ir.secrets,
         nodes=ir.nodes,
         gpus_per_node=ir.gpus_per_node,
-        total_gpus=ir.total_gpus,
-        wait_seconds=ir.ray.wait_seconds,
         ray_port=ir.ray.port,
         dashboard_port=ir.ray.dashboard_port,
         expose_dashboard=ir.ray.expose_dashboard,
         head_interface=ir.ray.head_interface,
         container_name=_word(*job_container, "-", Var("node")) if c.runtime in ("docker", "podman") else None,
-        run_dir=_word(Var("SLURM_SUBMIT_DIR"), f"/verlc-runs/{ir.name}-", Var("SLURM_JOB_ID")),
+        run_dir=run_dir,
         workdir=c.workdir if c.runtime == "none" else None,
         venv=c.venv,
         image_check=image_check,
@@ -220,31 +202,8 @@ def slurm_view(ir: JobIR) -> SlurmView:
         exec_prefix=exec_prefix,
         ray_head=ray_head,
         ray_worker=ray_worker,
-        wait=("wait", "--address", address, "--nodes", str(ir.nodes), "--gpus", str(ir.total_gpus),
-              "--timeout", str(ir.ray.wait_seconds)),
-        data_steps=tuple(
-            DataStep(f"model {f.repo} at {f.revision}", ("materialize", "--repo", f.repo, "--revision", f.revision,
-                                                          "--folder", f.folder))
-            for f in (ir.model_fetch,) if f is not None) + tuple(
-            DataStep(f"preparing {p.dataset} into {p.out_dir}", ("prepare", "--out-dir", p.out_dir, "--", *p.argv))
-            for p in ir.data_prep),
-        preflight=(
-            ("preflight", "--address", address),
-            ("--nodes", str(ir.nodes), "--gpus", str(ir.total_gpus)),
-            ("--model", ir.model),
-            ("--checkpoint-dir", _word(Var("checkpoint_dir"))),
-            *(("--pin", f"{name}={version}") for name, version in ir.pins),
-            *((("--rollout-package", ir.rollout_package),) if ir.rollout_package else ()),
-            ("--image", ir.image, "--record", _word(Var("run_dir"), "/run-record.json")),
-            *((("--reference", _word(Var("checkpoint_dir"), f"/{REFERENCE}")),) if ir.reproducible else ()),
-            *(("--data", f) for f in ir.data_files),
-            *(("--require-env", n) for n in ir.node_env),
-        ),
-        train=(("env", ray_env), ("python3", "-m", ir.trainer_module),
-               *((o.arg,) for o in ir.overrides if o.key not in varied)),
-        checkpoint_dir=ir.checkpoint_dir,
-        variants=variant_views,
-        stall_timeout=ir.stall_timeout,
+        jobs=jobs,
+        sweep=bool(ir.variants),
         runtime_file=RUNTIME_FILE,
         runtime_source=runtime,
         runtime_banner=(f"targets/runtime.py of verlc {ir.verlc_version}, sha256 {hashlib.sha256(runtime.encode()).hexdigest()}:",

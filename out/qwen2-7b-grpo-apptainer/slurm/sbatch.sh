@@ -25,8 +25,6 @@ set -euo pipefail
 
 readonly expected_nodes=2
 readonly gpus_per_node=8
-readonly expected_gpus=16
-readonly wait_seconds=900
 readonly run_dir="${SLURM_SUBMIT_DIR}"/verlc-runs/qwen2-7b-grpo-apptainer-"${SLURM_JOB_ID}"
 readonly runtime_file=verlc-runtime.py
 readonly stop_after=${VERLC_STOP_AFTER:-train}
@@ -235,9 +233,6 @@ main() {
   # number of srun arguments, those arguments, then the command prefix (the container's exec, if any).
   in_container "$head_node"
   printf '%s\0' "$head_node" "${#step_args[@]}" "${step_args[@]}" "${exec_prefix[@]}" >"$run_dir/attach.argv"
-  checkpoint_dir="${SCRATCH}"/checkpoints/verl_grpo
-  variant=()
-
   # ---- environment: exported before any container or Ray process starts (verl #158) ---------------
   export PYTHONUNBUFFERED=1  # verlc: stream trainer logs
   export NCCL_SOCKET_IFNAME=ib0  # network.nccl.socket_ifname
@@ -287,98 +282,110 @@ main() {
       ray_steps[$!]="Ray on a worker (named above)"
     fi
 
-    log "waiting up to ${wait_seconds}s for $expected_nodes nodes and $expected_gpus GPUs"
-    step_for "$head_node" python3 - wait --address "${head_ip}":"${ray_port}" --nodes 2 --gpus 16 --timeout 900
-    "${step[@]}" <"$run_dir/$runtime_file" &
-    waiter=$!
+    # The rest is verlc's runtime, in one step on the head node (the same stages every bundle runs):
+    # wait for every node and GPU, data, preflight, train. What it reads from its
+    # environment is given on its command line (`docker exec` passes no environment).
+    local runtime_env=(
+      "RAY_ADDRESS=$head_ip:$ray_port" "SLURM_SUBMIT_DIR=$SLURM_SUBMIT_DIR" "SLURM_JOB_ID=$SLURM_JOB_ID"
+      "VERLC_STOP_AFTER=$stop_after" "VERLC_PAUSE_AT=${VERLC_PAUSE_AT:-}" "VERLC_ACCEPT_CHANGES=${VERLC_ACCEPT_CHANGES:-}"
+    )
+    log "the job's log: $run_dir/job.log"
+    step_for "$head_node" env "${runtime_env[@]}" python3 - job --begun ray --json "$(job_description)"
+    # In the background so that TERM/INT reach the traps at once instead of after training.
+    "${step[@]}" <"$run_dir/$runtime_file" > >(tee -a "$run_dir/job.log") 2>&1 &
+    job_step=$!
     pause_at ray-wait
-    # Fail fast when a Ray step dies while we wait.
-    while kill -0 "$waiter" 2>/dev/null; do
+    # Fail fast when a node's Ray stops while the job runs.
+    while kill -0 "$job_step" 2>/dev/null; do
       for pid in "${!ray_steps[@]}"; do
         kill -0 "$pid" 2>/dev/null \
-          || die "${ray_steps[$pid]} exited during bring-up; its output is above"
+          || die "${ray_steps[$pid]} exited during bring-up or training; its output is above"
       done
       sleep 1
     done
-    wait "$waiter" || die "the Ray cluster did not come up within ${wait_seconds}s"
-  fi
-
-  if begin_stage data; then
-    log 'preparing gsm8k into data/gsm8k'
-    helper prepare --out-dir data/gsm8k -- python3 examples/data_preprocess/gsm8k.py --local_save_dir data/gsm8k
-  fi
-
-  local train=(
-    env RAY_ADDRESS="${head_ip}":"${ray_port}"
-    python3 -m verl.trainer.main_ppo
-    actor_rollout_ref.actor.kl_loss_coef=0.001
-    actor_rollout_ref.actor.optim.lr=1e-06
-    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16
-    actor_rollout_ref.actor.ppo_mini_batch_size=256
-    actor_rollout_ref.actor.use_kl_loss=true
-    actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct
-    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.6
-    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16
-    actor_rollout_ref.rollout.n=5
-    actor_rollout_ref.rollout.name=vllm
-    actor_rollout_ref.rollout.tensor_model_parallel_size=2
-    algorithm.adv_estimator=grpo
-    data.max_prompt_length=512
-    data.max_response_length=1024
-    data.train_batch_size=1024
-    'data.train_files=[data/gsm8k/train.parquet]'
-    'data.val_files=[data/gsm8k/test.parquet]'
-    "trainer.default_local_dir='\${oc.env:SCRATCH}/checkpoints/\${trainer.project_name}'"
-    trainer.experiment_name=qwen2-7b-grpo-apptainer
-    'trainer.logger=[console,wandb]'
-    trainer.n_gpus_per_node=8
-    trainer.nnodes=2
-    trainer.project_name=verl_grpo
-    trainer.resume_mode=auto
-    trainer.save_freq=20
-    trainer.test_freq=5
-    trainer.total_epochs=15
-    "${variant[@]}"
-  )
-  if begin_stage preflight; then
-    helper \
-      preflight --address "${head_ip}":"${ray_port}" \
-      --nodes 2 --gpus 16 \
-      --model Qwen/Qwen2-7B-Instruct \
-      --checkpoint-dir "${checkpoint_dir}" \
-      --pin verl=0.9.1 \
-      --rollout-package vllm \
-      --image "${HOME}"/images/verl-vllm.sif --record "${run_dir}"/run-record.json \
-      --data data/gsm8k/train.parquet \
-      --data data/gsm8k/test.parquet \
-      --require-env SCRATCH \
-      -- "${train[@]}"  # for the run record
-  fi
-
-  if begin_stage train; then
-    log "training; log: $run_dir/train.log"
-    # In the background so that TERM/INT reach the traps at once instead of after training.
-    step_for "$head_node" "${train[@]}"
-    "${step[@]}" > >(tee -a "$run_dir/train.log") 2>&1 &
-    train_step=$!
-    if wait "$train_step"; then
-      log "training finished"
+    if wait "$job_step"; then
+      log "the job's stages finished"
     else
       rc=$?
-      log "training exited with code $rc"
+      log "the job's stages exited with code $rc"
       exit "$rc"
     fi
+  else
+    for stage in data preflight train; do
+      log "stage $stage: skipped (VERLC_STOP_AFTER=$stop_after)"
+    done
   fi
 }
 
-# helper ARGS...: verlc's in-cluster runtime on the head node, its source on stdin
-helper() {
-  on_node "$head_node" python3 - "$@" <"$run_dir/$runtime_file"
+# job_description: the job verlc's runtime runs, as JSON (the file the other bundles ship as verlc_job/job.json)
+job_description() {
+  cat <<'VERLC_JOB'
+{
+  "generated_from": "specs/qwen2-7b-grpo-apptainer.yaml",
+  "spec_sha256": "d1ad44ee774f8af1c5d83c1ee1cd6fada7d95c4237bf2778b5b75230378ed947",
+  "name": "qwen2-7b-grpo-apptainer",
+  "variant": null,
+  "nodes": 2,
+  "gpus": 16,
+  "wait_seconds": 900,
+  "data_prep": [
+    {"out_dir": "data/gsm8k", "argv": ["python3", "examples/data_preprocess/gsm8k.py", "--local_save_dir", "data/gsm8k"]}
+  ],
+  "model_fetch": null,
+  "model": ["Qwen/Qwen2-7B-Instruct"],
+  "checkpoint_dir": [{"env": "SCRATCH"}, "/checkpoints/", "verl_grpo"],
+  "data_files": [["data/gsm8k/train.parquet"], ["data/gsm8k/test.parquet"]],
+  "require_env": ["SCRATCH"],
+  "pins": ["verl=0.9.1"],
+  "rollout_package": "vllm",
+  "image": "${HOME}/images/verl-vllm.sif",
+  "record": [
+    {"env": "SLURM_SUBMIT_DIR"},
+    "/verlc-runs/qwen2-7b-grpo-apptainer-",
+    {"env": "SLURM_JOB_ID"},
+    "/run-record.json"
+  ],
+  "reference": null,
+  "train": [
+    "python3",
+    "-m",
+    "verl.trainer.main_ppo",
+    "actor_rollout_ref.actor.kl_loss_coef=0.001",
+    "actor_rollout_ref.actor.optim.lr=1e-06",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=256",
+    "actor_rollout_ref.actor.use_kl_loss=true",
+    "actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+    "actor_rollout_ref.rollout.n=5",
+    "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    "algorithm.adv_estimator=grpo",
+    "data.max_prompt_length=512",
+    "data.max_response_length=1024",
+    "data.train_batch_size=1024",
+    "data.train_files=[data/gsm8k/train.parquet]",
+    "data.val_files=[data/gsm8k/test.parquet]",
+    "trainer.default_local_dir='${oc.env:SCRATCH}/checkpoints/${trainer.project_name}'",
+    "trainer.experiment_name=qwen2-7b-grpo-apptainer",
+    "trainer.logger=[console,wandb]",
+    "trainer.n_gpus_per_node=8",
+    "trainer.nnodes=2",
+    "trainer.project_name=verl_grpo",
+    "trainer.resume_mode=auto",
+    "trainer.save_freq=20",
+    "trainer.test_freq=5",
+    "trainer.total_epochs=15"
+  ],
+  "stall_timeout": null
+}
+VERLC_JOB
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/runtime.py of verlc 0.1.0, sha256 3820bf470ea23895c1f9ebe3863c74051a9427f90e16ea2cebef53fb7dbf24bd:
+# targets/runtime.py of verlc 0.1.0, sha256 7ceee266a73f2958ec10190bdeaa12653bdeb12c4df837ee9ceca98fecd29adb:
 # the file every verlc bundle runs on the cluster (the others ship it as verlc_job/__init__.py,
 # after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -392,14 +399,17 @@ runs it as `python3 - COMMAND ...`; the other bundles ship it as the package `ve
 standard library and ray, and torch for the preflight's all-reduce; pyarrow and transformers are used when
 the image has them (verl's images have all of these).
 
-  wait         block until the Ray cluster has the expected nodes and GPUs, or fail at a deadline
-  prepare      run one data preprocessing command unless its outputs already exist
-  materialize  put a hub model's pinned revision into a folder, unless it holds it already
-  preflight    check the cluster, package versions on every node, an all-reduce over every GPU, data
-               files, model and checkpoint folder before training starts, and write the run record
-  job          run a bundle's job.json (ray-job, compose, kuberay, skypilot): wait, data, preflight, train
-               (with the stall watchdog), stopping after the stage named by VERLC_STOP_AFTER
+Its command line (what bundles call):
+  job          the job: wait for the Ray cluster, data, preflight, train (with the stall watchdog), stopping
+               after the stage VERLC_STOP_AFTER names; the package's job.json, or --json from the Slurm script
   ray-logs     a node's Ray session logs as a tar stream (bounded), then Ray's temp dir removed
+  materialize  put a hub model's pinned revision into a folder, unless it holds it already
+
+The stages, each a function below: `wait` blocks until the cluster has the expected nodes and GPUs, or fails at
+a deadline; `materialize` and `prepare` put the model and the data in place; `preflight` checks the cluster,
+package versions on every node, an all-reduce over every GPU, data files, model and checkpoint folder, and
+writes the run record; `train` runs verl's program. The step line of verl's console logger is parsed here
+only (STEP_LINE).
 """
 
 from __future__ import annotations
@@ -450,6 +460,7 @@ def node_label(node: dict) -> str:
 def wait(address: str, nodes: int, gpus: int, timeout: int) -> int:
     """Block until Ray has `nodes` nodes and `gpus` GPUs (0), or fail at the deadline (1)."""
     deadline = time.monotonic() + timeout
+    say(f"waiting up to {timeout}s for {nodes} nodes and {gpus} GPUs")
     ray = None
     while ray is None:
         try:
@@ -1029,6 +1040,16 @@ def train(argv: list[str], env: dict, stall_timeout: int | None) -> int:
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     last = [time.monotonic()]
 
+    def stop(signum: int, _frame: object) -> None:  # the trainer has a session of its own: pass the signal on
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+        sys.exit(128 + signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
+
     def relay() -> None:
         for raw in proc.stdout:
             line = raw.decode(errors="replace")
@@ -1054,21 +1075,43 @@ def train(argv: list[str], env: dict, stall_timeout: int | None) -> int:
     return proc.returncode
 
 
-def job(variant: str | None) -> int:
-    """The whole job from a job.json next to this module (jobs/VARIANT.json for a sweep's variant), stopping
-    after the stage VERLC_STOP_AFTER names: no shell ever parses its argv."""
+def pause_at(point: str) -> None:
+    """A debugging aid (and the tests' hook for cancellation): wait here, until signalled, when VERLC_PAUSE_AT
+    names this point (a stage's start)."""
+    if os.environ.get("VERLC_PAUSE_AT") == point:
+        say(f"paused at {point} (VERLC_PAUSE_AT)")
+        while True:
+            time.sleep(1)
+
+
+def load_job(variant: str | None) -> dict:
+    """The job.json next to this module (jobs/VARIANT.json for a sweep's variant): how the bundles that ship
+    the runtime as the package verlc_job give it its job."""
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.path.join(here, "jobs", f"{int(variant)}.json") if variant else os.path.join(here, "job.json")
     with open(path, encoding="utf-8") as fh:
-        spec = json.load(fh)
+        return json.load(fh)
+
+
+def job(spec: dict, begun: str | None = None) -> int:
+    """The one stage runner of every bundle: wait for the cluster, data, preflight, train, stopping after the
+    stage VERLC_STOP_AFTER names. `begun`: the stage the caller already began and announced (the Slurm script
+    starts Ray itself); it goes on here without a second line. No shell ever parses the job's argv."""
     stop_after = os.environ.get("VERLC_STOP_AFTER") or "train"
     if stop_after not in STAGES:
         say(f"ERROR: VERLC_STOP_AFTER={stop_after}: expected one of {', '.join(STAGES)}")
         return 2
-    # No address in job.json: the cluster this job runs in, which Ray names in RAY_ADDRESS.
-    address = spec["address"] or os.environ.get("RAY_ADDRESS") or "auto"
+    if spec.get("variant"):
+        say(spec["variant"])
+    address = os.environ.get("RAY_ADDRESS") or "auto"  # the cluster this job runs in
+    stopped = False
     for stage in STAGES:
-        say(f"stage {stage}")
+        if stopped:
+            say(f"stage {stage}: skipped (VERLC_STOP_AFTER={stop_after})")
+            continue
+        if stage != begun:
+            pause_at(stage)
+            say(f"stage {stage}")
         if stage == "ray":
             rc = wait(address, spec["nodes"], spec["gpus"], spec["wait_seconds"])
         elif stage == "data":
@@ -1076,22 +1119,25 @@ def job(variant: str | None) -> int:
             rc = materialize(fetch["repo"], fetch["revision"], expand(fetch["folder"])) if fetch else 0
             for step in spec["data_prep"]:
                 rc = rc or prepare(step["out_dir"], step["argv"])
+            if not fetch and not spec["data_prep"]:
+                say("no data preparation in the spec")
         elif stage == "preflight":
             rc = preflight(
                 address=address, nodes=spec["nodes"], gpus=spec["gpus"], model=expand(spec["model"]),
                 checkpoint_dir=expand(spec["checkpoint_dir"]), data=[expand(f) for f in spec["data_files"]],
-                pins=spec["pins"], rollout_package=spec.get("rollout_package"), record=spec["record"],
-                image=spec["image"], require_env=spec["require_env"],
-                reference=expand(spec["reference"]) if spec.get("reference") else None, train=spec["train"])
+                pins=spec["pins"], rollout_package=spec.get("rollout_package"),
+                record=expand(spec["record"]) if spec.get("record") else None, image=spec["image"],
+                require_env=spec["require_env"], reference=expand(spec["reference"]) if spec.get("reference") else None,
+                train=spec["train"])
         else:
             say("training: " + " ".join(spec["train"]))
             rc = train(spec["train"], {**os.environ, "RAY_ADDRESS": address}, spec.get("stall_timeout"))
             say(f"training exited with code {rc}")
         if rc != 0:
             return rc
-        if stage == stop_after:
+        if stage == stop_after and stage != STAGES[-1]:
             say(f"stopping after stage {stage} (VERLC_STOP_AFTER)")
-            return 0
+            stopped = True
     return 0
 
 
@@ -1134,30 +1180,6 @@ def main(argv: list[str]) -> int:
     """The command line bundles call: `python3 - COMMAND ...` (the source on stdin) or `python3 -m verlc_job`."""
     parser = argparse.ArgumentParser(prog="verlc-runtime")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("wait")
-    p.add_argument("--address", required=True)
-    p.add_argument("--nodes", type=int, required=True)
-    p.add_argument("--gpus", type=int, required=True)
-    p.add_argument("--timeout", type=int, required=True)
-    p = sub.add_parser("prepare")
-    p.add_argument("--out-dir", required=True)
-    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the preprocessing command")
-    p = sub.add_parser("preflight")
-    p.add_argument("--address", required=True)
-    p.add_argument("--nodes", type=int, required=True)
-    p.add_argument("--gpus", type=int, required=True)
-    p.add_argument("--model", required=True)
-    p.add_argument("--checkpoint-dir", required=True)
-    p.add_argument("--data", action="append", default=[])
-    p.add_argument("--pin", action="append", default=[], help="PACKAGE=VERSION every node must have")
-    p.add_argument("--rollout-package", help="the rollout engine's package: installed on every node")
-    p.add_argument("--record", help="write the run record (JSON) here")
-    p.add_argument("--image", help="the container image, for the run record")
-    p.add_argument("--require-env", action="append", default=[],
-                   help="an env var the spec reads on the nodes: set and non-empty on every one")
-    p.add_argument("--reference", help="reproducible jobs: the first run's record; written by the first run, "
-                                       "compared by every later one")
-    p.add_argument("train", nargs="*", help="-- then the trainer's argv, for the record")
     p = sub.add_parser("materialize")
     p.add_argument("--repo", required=True)
     p.add_argument("--revision", required=True)
@@ -1167,20 +1189,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--limit-mib", type=int, required=True)
     p = sub.add_parser("job")
     p.add_argument("variant", nargs="?", help="a sweep's variant index (jobs/<index>.json); default: job.json")
+    p.add_argument("--json", help="the job itself, instead of the package's job.json (the Slurm script passes it)")
+    p.add_argument("--begun", choices=STAGES, help="the stage the caller began (the Slurm script starts Ray)")
     a = parser.parse_args(argv)
-    if a.command == "wait":
-        return wait(a.address, a.nodes, a.gpus, a.timeout)
-    if a.command == "prepare":
-        return prepare(a.out_dir, a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd)
-    if a.command == "preflight":
-        return preflight(address=a.address, nodes=a.nodes, gpus=a.gpus, model=a.model, checkpoint_dir=a.checkpoint_dir,
-                         data=a.data, pins=a.pin, rollout_package=a.rollout_package, record=a.record, image=a.image,
-                         require_env=a.require_env, reference=a.reference, train=a.train)
     if a.command == "materialize":
         return materialize(a.repo, a.revision, a.folder)
     if a.command == "ray-logs":
         return ray_logs(a.temp_dir, a.limit_mib)
-    return job(a.variant)
+    return job(json.loads(a.json) if a.json else load_job(a.variant), a.begun)
 
 
 if __name__ == "__main__":

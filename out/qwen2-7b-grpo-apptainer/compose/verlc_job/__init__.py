@@ -8,14 +8,17 @@ runs it as `python3 - COMMAND ...`; the other bundles ship it as the package `ve
 standard library and ray, and torch for the preflight's all-reduce; pyarrow and transformers are used when
 the image has them (verl's images have all of these).
 
-  wait         block until the Ray cluster has the expected nodes and GPUs, or fail at a deadline
-  prepare      run one data preprocessing command unless its outputs already exist
-  materialize  put a hub model's pinned revision into a folder, unless it holds it already
-  preflight    check the cluster, package versions on every node, an all-reduce over every GPU, data
-               files, model and checkpoint folder before training starts, and write the run record
-  job          run a bundle's job.json (ray-job, compose, kuberay, skypilot): wait, data, preflight, train
-               (with the stall watchdog), stopping after the stage named by VERLC_STOP_AFTER
+Its command line (what bundles call):
+  job          the job: wait for the Ray cluster, data, preflight, train (with the stall watchdog), stopping
+               after the stage VERLC_STOP_AFTER names; the package's job.json, or --json from the Slurm script
   ray-logs     a node's Ray session logs as a tar stream (bounded), then Ray's temp dir removed
+  materialize  put a hub model's pinned revision into a folder, unless it holds it already
+
+The stages, each a function below: `wait` blocks until the cluster has the expected nodes and GPUs, or fails at
+a deadline; `materialize` and `prepare` put the model and the data in place; `preflight` checks the cluster,
+package versions on every node, an all-reduce over every GPU, data files, model and checkpoint folder, and
+writes the run record; `train` runs verl's program. The step line of verl's console logger is parsed here
+only (STEP_LINE).
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ def node_label(node: dict) -> str:
 def wait(address: str, nodes: int, gpus: int, timeout: int) -> int:
     """Block until Ray has `nodes` nodes and `gpus` GPUs (0), or fail at the deadline (1)."""
     deadline = time.monotonic() + timeout
+    say(f"waiting up to {timeout}s for {nodes} nodes and {gpus} GPUs")
     ray = None
     while ray is None:
         try:
@@ -645,6 +649,16 @@ def train(argv: list[str], env: dict, stall_timeout: int | None) -> int:
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     last = [time.monotonic()]
 
+    def stop(signum: int, _frame: object) -> None:  # the trainer has a session of its own: pass the signal on
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+        sys.exit(128 + signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
+
     def relay() -> None:
         for raw in proc.stdout:
             line = raw.decode(errors="replace")
@@ -670,21 +684,43 @@ def train(argv: list[str], env: dict, stall_timeout: int | None) -> int:
     return proc.returncode
 
 
-def job(variant: str | None) -> int:
-    """The whole job from a job.json next to this module (jobs/VARIANT.json for a sweep's variant), stopping
-    after the stage VERLC_STOP_AFTER names: no shell ever parses its argv."""
+def pause_at(point: str) -> None:
+    """A debugging aid (and the tests' hook for cancellation): wait here, until signalled, when VERLC_PAUSE_AT
+    names this point (a stage's start)."""
+    if os.environ.get("VERLC_PAUSE_AT") == point:
+        say(f"paused at {point} (VERLC_PAUSE_AT)")
+        while True:
+            time.sleep(1)
+
+
+def load_job(variant: str | None) -> dict:
+    """The job.json next to this module (jobs/VARIANT.json for a sweep's variant): how the bundles that ship
+    the runtime as the package verlc_job give it its job."""
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.path.join(here, "jobs", f"{int(variant)}.json") if variant else os.path.join(here, "job.json")
     with open(path, encoding="utf-8") as fh:
-        spec = json.load(fh)
+        return json.load(fh)
+
+
+def job(spec: dict, begun: str | None = None) -> int:
+    """The one stage runner of every bundle: wait for the cluster, data, preflight, train, stopping after the
+    stage VERLC_STOP_AFTER names. `begun`: the stage the caller already began and announced (the Slurm script
+    starts Ray itself); it goes on here without a second line. No shell ever parses the job's argv."""
     stop_after = os.environ.get("VERLC_STOP_AFTER") or "train"
     if stop_after not in STAGES:
         say(f"ERROR: VERLC_STOP_AFTER={stop_after}: expected one of {', '.join(STAGES)}")
         return 2
-    # No address in job.json: the cluster this job runs in, which Ray names in RAY_ADDRESS.
-    address = spec["address"] or os.environ.get("RAY_ADDRESS") or "auto"
+    if spec.get("variant"):
+        say(spec["variant"])
+    address = os.environ.get("RAY_ADDRESS") or "auto"  # the cluster this job runs in
+    stopped = False
     for stage in STAGES:
-        say(f"stage {stage}")
+        if stopped:
+            say(f"stage {stage}: skipped (VERLC_STOP_AFTER={stop_after})")
+            continue
+        if stage != begun:
+            pause_at(stage)
+            say(f"stage {stage}")
         if stage == "ray":
             rc = wait(address, spec["nodes"], spec["gpus"], spec["wait_seconds"])
         elif stage == "data":
@@ -692,22 +728,25 @@ def job(variant: str | None) -> int:
             rc = materialize(fetch["repo"], fetch["revision"], expand(fetch["folder"])) if fetch else 0
             for step in spec["data_prep"]:
                 rc = rc or prepare(step["out_dir"], step["argv"])
+            if not fetch and not spec["data_prep"]:
+                say("no data preparation in the spec")
         elif stage == "preflight":
             rc = preflight(
                 address=address, nodes=spec["nodes"], gpus=spec["gpus"], model=expand(spec["model"]),
                 checkpoint_dir=expand(spec["checkpoint_dir"]), data=[expand(f) for f in spec["data_files"]],
-                pins=spec["pins"], rollout_package=spec.get("rollout_package"), record=spec["record"],
-                image=spec["image"], require_env=spec["require_env"],
-                reference=expand(spec["reference"]) if spec.get("reference") else None, train=spec["train"])
+                pins=spec["pins"], rollout_package=spec.get("rollout_package"),
+                record=expand(spec["record"]) if spec.get("record") else None, image=spec["image"],
+                require_env=spec["require_env"], reference=expand(spec["reference"]) if spec.get("reference") else None,
+                train=spec["train"])
         else:
             say("training: " + " ".join(spec["train"]))
             rc = train(spec["train"], {**os.environ, "RAY_ADDRESS": address}, spec.get("stall_timeout"))
             say(f"training exited with code {rc}")
         if rc != 0:
             return rc
-        if stage == stop_after:
+        if stage == stop_after and stage != STAGES[-1]:
             say(f"stopping after stage {stage} (VERLC_STOP_AFTER)")
-            return 0
+            stopped = True
     return 0
 
 
@@ -750,30 +789,6 @@ def main(argv: list[str]) -> int:
     """The command line bundles call: `python3 - COMMAND ...` (the source on stdin) or `python3 -m verlc_job`."""
     parser = argparse.ArgumentParser(prog="verlc-runtime")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("wait")
-    p.add_argument("--address", required=True)
-    p.add_argument("--nodes", type=int, required=True)
-    p.add_argument("--gpus", type=int, required=True)
-    p.add_argument("--timeout", type=int, required=True)
-    p = sub.add_parser("prepare")
-    p.add_argument("--out-dir", required=True)
-    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the preprocessing command")
-    p = sub.add_parser("preflight")
-    p.add_argument("--address", required=True)
-    p.add_argument("--nodes", type=int, required=True)
-    p.add_argument("--gpus", type=int, required=True)
-    p.add_argument("--model", required=True)
-    p.add_argument("--checkpoint-dir", required=True)
-    p.add_argument("--data", action="append", default=[])
-    p.add_argument("--pin", action="append", default=[], help="PACKAGE=VERSION every node must have")
-    p.add_argument("--rollout-package", help="the rollout engine's package: installed on every node")
-    p.add_argument("--record", help="write the run record (JSON) here")
-    p.add_argument("--image", help="the container image, for the run record")
-    p.add_argument("--require-env", action="append", default=[],
-                   help="an env var the spec reads on the nodes: set and non-empty on every one")
-    p.add_argument("--reference", help="reproducible jobs: the first run's record; written by the first run, "
-                                       "compared by every later one")
-    p.add_argument("train", nargs="*", help="-- then the trainer's argv, for the record")
     p = sub.add_parser("materialize")
     p.add_argument("--repo", required=True)
     p.add_argument("--revision", required=True)
@@ -783,20 +798,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--limit-mib", type=int, required=True)
     p = sub.add_parser("job")
     p.add_argument("variant", nargs="?", help="a sweep's variant index (jobs/<index>.json); default: job.json")
+    p.add_argument("--json", help="the job itself, instead of the package's job.json (the Slurm script passes it)")
+    p.add_argument("--begun", choices=STAGES, help="the stage the caller began (the Slurm script starts Ray)")
     a = parser.parse_args(argv)
-    if a.command == "wait":
-        return wait(a.address, a.nodes, a.gpus, a.timeout)
-    if a.command == "prepare":
-        return prepare(a.out_dir, a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd)
-    if a.command == "preflight":
-        return preflight(address=a.address, nodes=a.nodes, gpus=a.gpus, model=a.model, checkpoint_dir=a.checkpoint_dir,
-                         data=a.data, pins=a.pin, rollout_package=a.rollout_package, record=a.record, image=a.image,
-                         require_env=a.require_env, reference=a.reference, train=a.train)
     if a.command == "materialize":
         return materialize(a.repo, a.revision, a.folder)
     if a.command == "ray-logs":
         return ray_logs(a.temp_dir, a.limit_mib)
-    return job(a.variant)
+    return job(json.loads(a.json) if a.json else load_job(a.variant), a.begun)
 
 
 if __name__ == "__main__":
