@@ -41,10 +41,10 @@ def test_stale_spec_fails(tmp_path: Path) -> None:
     summary = run_verlc("check", cwd=root)  # a short list first: one line per file, no diff bodies
     assert summary.returncode == 1
     assert "quickstart-gsm8k-1node/slurm/sbatch.sh: stale (" in summary.stderr
-    assert "+    trainer.total_epochs=4" not in summary.stderr and "`verlc check --diff`" in summary.stderr
+    assert '+    "trainer.total_epochs=4"' not in summary.stderr and "`verlc check --diff`" in summary.stderr
     assert len(summary.stderr.splitlines()) < 30
     result = run_verlc("check", "--diff", cwd=root)
-    assert "+    trainer.total_epochs=4" in result.stderr
+    assert '+    "trainer.total_epochs=4"' in result.stderr
     fixed = run_verlc("build", "specs/quickstart-gsm8k-1node.yaml", "--target", "all", cwd=root)
     assert fixed.returncode == 0, fixed.stderr
     assert run_verlc("check", cwd=root).returncode == 0
