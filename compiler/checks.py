@@ -14,7 +14,7 @@ from .ir import parse_word
 from .load import Sourced
 from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, is_hub_id
 from .verl import determinism, preprocess
-from .verl.check import NOTE, Selection, Setting, check_groups, check_verl, select, settings
+from .verl.check import NOTE, Selection, Setting, check_groups, check_verl, select, settings, without_prefixes
 from .verl.hydra import hydra_value, shown
 from .verl.release import Release
 
@@ -95,10 +95,10 @@ _SHELL_VARIABLE = re.compile(r"(?<!\$)\$[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _unspellable(leaves: Iterable[Setting], sourced: Sourced) -> Iterator[Diagnostic]:
-    """Values Hydra's override syntax cannot carry (e.g. a mapping key such as '+b' or '1x')."""
+    """Values Hydra's override syntax cannot carry (e.g. a mapping key such as '1x')."""
     for s in leaves:
         try:
-            hydra_value(s.value)
+            hydra_value(without_prefixes(s.value))
         except (TypeError, ValueError) as exc:
             yield sourced.diagnostic(s.loc, str(exc))
 

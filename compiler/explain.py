@@ -40,7 +40,7 @@ class Origin:
 
 def explain(key: str, version: str | None = None, spec_path: Path | None = None) -> str:
     """The text `verlc explain` prints; SpecError for a bad spec, an unknown release or key."""
-    key = key.removeprefix("verl.").lstrip("+")
+    key = ".".join(part.lstrip("+") for part in key.removeprefix("verl.").split("."))
     sourced = spec = None
     if spec_path is not None:
         from .pipeline import compile_spec

@@ -101,7 +101,7 @@ class Override:
     key: str
     value: str
     origin: str
-    prefix: str = ""  # '+' adds a key verl's config does not list (an open mapping)
+    prefix: str = ""  # Hydra's '+' (add) or '++' (add or override), as the spec wrote it
 
     @property
     def arg(self) -> str:

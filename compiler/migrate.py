@@ -26,7 +26,8 @@ from .spec import Spec
 from .validate import validate
 from .yaml_edit import Doc
 from .verl import determinism
-from .verl.check import ENGINE_KEY, NOTE, Selection, all_keys, elsewhere, select, settings
+from .verl.check import (ENGINE_KEY, NEEDS_PLUS, NOTE, Selection, all_keys, elsewhere, select, settings,
+                         without_prefixes)
 from .verl.hydra import shown, verl_value
 from .verl.place import KNOWN
 from .verl.moves import carry, placeholder
@@ -83,7 +84,11 @@ def plan(path: Path, target: str, *, write_bases: bool = False) -> Plan:
     if target not in RELEASES:
         raise SpecError([Diagnostic(display, 1, 1, "verl_version", f"--to {target}: verlc has no schema for verl "
                                                                     f"{target}; known: {', '.join(RELEASES)}")])
-    compile_spec(path, display=display, source=display)  # where it starts must be right for its own release
+    try:  # where it starts must be right for its own release, but for the '+' it needs, which migrate writes
+        compile_spec(path, display=display, source=display)
+    except SpecError as exc:
+        if not all(NEEDS_PLUS in d.message for d in exc.diagnostics):
+            raise
     sourced = load(path, display)
     spec = validate(sourced)
     source = spec.verl_version
@@ -97,7 +102,15 @@ def plan(path: Path, target: str, *, write_bases: bool = False) -> Plan:
     out = Plan(source, target, display)
     docs = _docs(sourced)
     new = snapshot(target)
-    if source == target:
+    if source == target:  # only the '+' the spec's keys need (a spec written before verlc required it)
+        for s in settings(spec.verl, chosen.walker):
+            _carry_setting(s, sourced, chosen, chosen, docs, out)
+        if out.changes:
+            _finish(out, docs, write_bases)
+            problems = _problems(docs[0].path, out)
+            out.valid = not problems
+            out.changes += [Change("decision", d.path.removeprefix("verl."), d.message, f"{d.file}:{d.line}:{d.col}")
+                            for d in problems]
         return out
     top = docs[0]
     top.put(("verl_version",), target) if "verl_version" in top.tree else _insert_version(top, target)
@@ -181,30 +194,56 @@ def _where(sourced: Sourced, loc: tuple[str | int, ...]) -> str:
 
 def _carry_setting(s: Any, sourced: Sourced, chosen: Selection, goal: Selection, docs: list[Doc],
                    out: Plan) -> None:
-    """One `verl:` leaf of the spec: kept, moved to its new name, or dropped."""
+    """One `verl:` leaf of the spec: kept, moved to its new name (with the Hydra prefix it needs there), or
+    dropped."""
     key, moves = carry(s.key, chosen.release.version, goal.release.version)
-    place = goal.walker.place(key.split("."))
+    parts = key.split(".")
+    place = goal.walker.place(parts)
     where = _where(sourced, s.loc)
     if place.status != KNOWN and not (s.explicit and not moves):
-        hint = elsewhere(key.split("."), goal.tree)
+        hint = elsewhere(parts, goal.tree)
         out.changes.append(Change("dropped", s.key, f"verl {goal.release.version} has no {key}" + (
             f"; it has {hint}: if that is the same setting, set it there" if hint else ""), where))
         for doc in _holding(docs, s.loc):
             doc.delete(s.loc)
         return
-    if not moves and not (s.explicit and place.in_yaml):
+    prefix, why = _prefix_needed(s, key, place, goal)
+    if not moves and not why:
         return  # kept as written
-    new_loc = ("verl", *key.split("."))
+    new_loc = ("verl", *_with_prefix(parts, prefix, goal))
+    if new_loc == s.loc:
+        return
     depth = next(i for i, (a, b) in enumerate(zip(s.loc, new_loc)) if a != b)
     for doc in _holding(docs, s.loc):
         near = (depth, doc.position(s.loc[:depth + 1]))
         value, comment = doc.delete(s.loc)
         doc.put(new_loc, value, near=near, carried=comment)
+    shown_key = ".".join(new_loc[1:])
     if moves:
-        out.changes.append(Change("moved", s.key, f"-> {key} (" + ", ".join(f"verl {m.release}" for m in moves)
-                                  + ")", where))
+        out.changes.append(Change("moved", s.key, f"-> {shown_key} (" + ", ".join(f"verl {m.release}" for m in moves)
+                                  + ")" + (f"; {why}" if why else ""), where))
     else:
-        out.changes.append(Change("moved", s.key, f"-> {key}: verl {goal.release.version} has it, so no '+'", where))
+        out.changes.append(Change("moved", s.key, f"-> {shown_key}: {why}", where))
+
+
+def _prefix_needed(s: Any, key: str, place: Any, goal: Selection) -> tuple[str, str]:
+    """(the Hydra prefix the key needs in the target release, why it differs from the spec's; '' if it does
+    not): a key its YAML lacks is added with '+'; a '+' over a value it has set is refused by Hydra."""
+    version = goal.release.version
+    if place.status == KNOWN and not place.in_yaml and not s.prefix:
+        return "+", f"verl {version}'s YAML does not have it, so Hydra adds it only with '+'"
+    if s.prefix == "+" and place.status == KNOWN and place.in_yaml and not isinstance(s.value, (dict, list)) \
+            and Config(goal.tree, {}).get(key) not in (None, MISSING):
+        return "", f"verl {version} has it, so no '+'"
+    return s.prefix, ""
+
+
+def _with_prefix(parts: list[str], prefix: str, goal: Selection) -> list[str]:
+    """The key's parts with the prefix on its first key that the target's YAML lacks (else on its leaf)."""
+    if not prefix:
+        return list(parts)
+    at = next((i for i in range(len(parts)) if not goal.walker.place(parts[:i + 1]).in_yaml), len(parts) - 1)
+    return [*parts[:at], prefix + parts[at], *parts[at + 1:]]
 
 
 def _carry_swept(key: str, sourced: Sourced, out: Plan, docs: list[Doc]) -> None:
@@ -246,7 +285,7 @@ def _modeline(text: str, source: str, target: str) -> str:
 
 def _values(spec: Spec, chosen: Selection) -> dict[str, Any]:
     """Every verl key the spec or verlc sets, as lowering passes them."""
-    values = {**resume_defaults(spec), **{s.key: s.value for s in settings(spec.verl, chosen.walker)}}
+    values = {**resume_defaults(spec), **{s.key: without_prefixes(s.value) for s in settings(spec.verl, chosen.walker)}}
     values.update({d.key: d.value for d in derived(spec)})
     if spec.reproducible:
         values.update(determinism.available(chosen))
@@ -425,7 +464,7 @@ def report(p: Plan, markdown: bool = False) -> str:
     lines: list[str] = []
     head = f"verlc migrate {p.spec}: verl {p.source} -> {p.target}"
     lines += [f"# {head}"] if markdown else [head]
-    if p.source == p.target:
+    if p.source == p.target and not p.changes:
         lines += ["", f"the spec already targets verl {p.target}; nothing to do"] if markdown else [
             f"the spec already targets verl {p.target}; nothing to do"]
         return "\n".join(lines) + "\n"

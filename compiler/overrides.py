@@ -9,7 +9,7 @@ from .derive import derived, resume_defaults
 from .ir import Override
 from .spec import Spec
 from .verl import determinism
-from .verl.check import Selection, settings
+from .verl.check import Selection, settings, without_prefixes
 from .verl.hydra import hydra_value, verl_value
 from .verl.release import DEFAULT_CONFIG
 
@@ -30,8 +30,8 @@ def overrides(spec: Spec, chosen: Selection) -> tuple[Override, ...]:
     head += [groups[k] for k in sorted(groups)]
     out = {d.key: Override(d.key, hydra_value(verl_value(d.value)), d.source) for d in derived(spec)}
     for s in settings(spec.verl, chosen.walker):
-        out.setdefault(s.key, Override(s.key, hydra_value(verl_value(s.value)), ".".join(map(str, s.loc)),
-                                       "+" if s.plus else ""))
+        out.setdefault(s.key, Override(s.key, hydra_value(verl_value(without_prefixes(s.value))),
+                                       ".".join(map(str, s.loc)), s.prefix))
     for key, value in resume_defaults(spec).items():
         out.setdefault(key, Override(key, hydra_value(verl_value(value)),
                                      "verlc: a requeued job resumes from its checkpoints"))
@@ -47,6 +47,6 @@ def determinism_defaults(spec: Spec, chosen: Selection) -> dict[str, Any]:
 
 def verl_values(spec: Spec, chosen: Selection) -> dict[str, Any]:
     """Every verl key the spec sets, derived ones included, as dotted key -> value."""
-    values = {**resume_defaults(spec), **{s.key: s.value for s in settings(spec.verl, chosen.walker)}}
+    values = {**resume_defaults(spec), **{s.key: without_prefixes(s.value) for s in settings(spec.verl, chosen.walker)}}
     values.update({d.key: d.value for d in derived(spec)})
     return values

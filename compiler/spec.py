@@ -220,8 +220,9 @@ class Spec(Model):
         description="HF model id or path, used for the actor, the reference and the critic; or a hub model "
                     "pinned to a revision: {path: ORG/NAME, revision: COMMIT}.")
     data: Data = Field(description="Preprocessing to run and the parquet files verl reads.")
-    verl: dict[Str, Any] = Field(default_factory=dict, description="verl's trainer config, verl's nesting; a "
-                                 "key written +key is one verl does not declare (Hydra's +key=value).")
+    verl: dict[Str, Any] = Field(default_factory=dict, description="verl's trainer config, verl's nesting; keys "
+                                 "mean what Hydra's overrides mean: key (set), +key (add), ++key (add or set); see "
+                                 "'Hydra's prefixes in verl:' below.")
     hydra: Hydra = Field(Hydra(), description="Which verl config Hydra composes: config name, groups, plugins.")
     cluster: Cluster = Field(description="Nodes, GPUs, accelerator, and the Slurm directives.")
     container: Container = Field(NoContainer(runtime="none"), description="Where verl runs on each node.")

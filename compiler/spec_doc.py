@@ -54,7 +54,29 @@ def markdown() -> str:
             shown = _type(Seconds) if typing.get_args(Seconds)[1] in field.metadata else _type(field.annotation)
             lines.append(f"| `{name}` | {shown} | {default} | {field.description or ''} |")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + PREFIXES)
+
+
+# How main_ppo's Hydra overrides are written as `verl:` keys: the same meaning, one example each.
+PREFIXES = """## Hydra's prefixes in `verl:`
+
+A key of `verl:` means what the same override on verl's command line means; verlc passes the override Hydra
+needs for it and judges it as that release's Hydra (and the dataclasses verl builds) would.
+
+| Hydra override | in `verl:` | accepted when |
+| --- | --- | --- |
+| `trainer.total_epochs=2` | `trainer: {total_epochs: 2}` | verl's composed config has the key |
+| `+trainer.my_flag=true` | `trainer: {+my_flag: true}` | the key is new, or null, or the value is a mapping or list (merged); below a dataclass verl builds, only its fields |
+| `+reward.reward_kwargs.max_resp_len=8192` | `reward: {reward_kwargs: {+max_resp_len: 8192}}` (or `+reward_kwargs: {max_resp_len: 8192}`) | a `+` on any key of a new path: its first new key, its leaf or between |
+| `++trainer.total_epochs=2` | `trainer: {++total_epochs: 2}` | always (add or set); dataclass fields as for `+` |
+| `~trainer.total_epochs` | not supported | refused: verl reads every key of its config; set it to null or leave it out |
+
+A key verl's YAML leaves out is written with `+` even where verl takes it (a field its dataclass declares, a new
+entry of a keyed map such as `distillation.teacher_models.<name>`, a key of a free-form mapping such as
+`override_config`): Hydra refuses it without, and so does verlc. `+key` over a mapping verl has merges into it.
+Inside a mapping that verl's YAML holds as one value (a null `dict` field), a `+` on a key changes nothing.
+`verlc migrate --to <the spec's own release>` writes the `+` a spec written for earlier verlc versions needs.
+""".splitlines()
 
 
 def _plain(value: Any) -> Any:

@@ -27,6 +27,7 @@ from conftest import REPO
 from verlc.compiler.diagnostics import SpecError
 from verlc.compiler.pipeline import compile_spec
 from verlc.compiler.verl.check import select, settings
+from verlc.compiler.verl.hydra import hydra_value, verl_value
 from verlc.compiler.verl.place import Walker
 from verlc.compiler.verl.release import MISSING, RELEASES, snapshot
 
@@ -112,7 +113,9 @@ def corpus(version: str) -> list[dict[str, Any]]:
         real = [(k, v) for k, v in leaves(tree) if not any(r in k for r in RULED)
                 and v != MISSING and not (isinstance(v, str) and "${" in v)]
         kind = rng.choice(["real", "real", "type", "typo", "new-closed", "plus-plain", "plus-dataclass",
-                           "declared", "open", "entry", "null-dict", "interp"])
+                           "declared", "open", "entry", "null-dict", "interp", "plus-null", "plus-set",
+                           "plus-merge", "force", "plus-path"])
+        plus = rng.choice(["", "+"])  # open, declared and entry keys: as Hydra needs them, or without
         key, default = rng.choice(real)
         parts = key.split(".")
         flat: dict[str, Any] = {}
@@ -144,6 +147,7 @@ def corpus(version: str) -> list[dict[str, Any]]:
                 continue
             path, field = rng.choice(found)
             place = walker.place(f"{path}.{field}".split("."))
+            field = plus + field
             sample = {"int": 1, "float": 0.5, "bool": True, "str": "x", "list": ["a"], "dict": {"k": 1},
                       "none": None}
             kinds = [k for k in place.kinds if k in sample]
@@ -155,7 +159,7 @@ def corpus(version: str) -> list[dict[str, Any]]:
                           and walker.context(p.split(".")).open]
             if not candidates:
                 continue
-            flat[f"{rng.choice(candidates)}.SOME_SETTING"] = "on"
+            flat[f"{rng.choice(candidates)}.{plus}SOME_SETTING"] = "on"
         elif kind == "entry":
             maps = [(p, f) for p, node in sections(tree) for f in [walker.place(p.split("."))]
                     if any(k.startswith("M:") for k in f.kinds)]
@@ -164,7 +168,7 @@ def corpus(version: str) -> list[dict[str, Any]]:
             path, place = rng.choice(maps)
             cls = release.classes[next(k for k in place.kinds if k.startswith("M:"))[2:]]
             field = rng.choice([f for f in cls.fields if not f.startswith("_")] + ["not_a_field"])
-            flat[f"{path}.second_entry.{field}"] = None
+            flat[f"{path}.{plus}second_entry.{field}"] = None
         elif kind == "null-dict":
             nulls = [k for k, v in leaves(tree) if v is None and "dict" in walker.place(k.split(".")).kinds]
             if not nulls:
@@ -177,12 +181,52 @@ def corpus(version: str) -> list[dict[str, Any]]:
             target = rng.choice(strings)
             flat[target] = rng.choice(["/lustre/${USER}/x", "${env:VERLC_TEST_SCRATCH}/x", "${trainer.project_name}",
                                        "${oc.select:trainer.project_name,x}", "${no_such.key}", "${.no_such_sibling}"])
+        elif kind == "plus-null":  # Hydra's '+' takes a key whose value is null
+            nulls = [k for k, v in real if v is None]
+            if not nulls:
+                continue
+            *head, leaf = rng.choice(nulls).split(".")
+            flat[".".join([*head, "+" + leaf])] = rng.choice(["x", 2, {"a": 1}])
+        elif kind == "plus-set":  # ... and refuses a plain value over one that is set
+            *head, leaf = key.split(".")
+            if default is None:
+                continue
+            flat[".".join([*head, "+" + leaf])] = default
+        elif kind == "plus-merge":  # ... and merges a mapping or a list into what is there
+            lists = [k for k, v in real if isinstance(v, list)]
+            mappings = [(p, node) for p, node in sections(tree) if node and "_target_" not in node
+                        and not any(r in p for r in RULED)]
+            if lists and rng.random() < 0.5:
+                *head, leaf = rng.choice(lists).split(".")
+                flat[".".join([*head, "+" + leaf])] = ["a", "b"]
+            elif mappings:
+                path, node = rng.choice(mappings)
+                *head, leaf = path.split(".")
+                sub = next((k for k, v in node.items() if not isinstance(v, dict)), None)
+                if sub is None:
+                    continue
+                flat[".".join([*head, "+" + leaf])] = {sub: node[sub]}
+            else:
+                continue
+        elif kind == "force":  # '++' adds or sets, always
+            *head, leaf = key.split(".")
+            flat[".".join([*head, "++" + rng.choice([leaf, "brand_new_setting"])])] = default
+        elif kind == "plus-path":  # '+' on the first new key, the leaf or between, 1-3 levels below a section
+            candidates = [p for p, node in sections(tree) if node and not any(r in p for r in ("critic",))]
+            if not candidates:
+                continue
+            new = ["new_a", "new_b", "new_c"][:rng.randint(1, 3)]
+            at = rng.randrange(len(new))
+            new[at] = "+" + new[at]
+            flat[".".join([rng.choice(candidates), *new])] = rng.choice([1, "x"])
         cases.append({"kind": kind, "config": config, "engine": engine, "flat": flat})
     return cases + reported(version)
 
 
 def reported(version: str) -> list[dict[str, Any]]:
-    """What users reported verlc got wrong (issue: verl checks you can trust), where the release has the key."""
+    """What users reported verlc got wrong (issue: verl checks you can trust; a spec's keys and Hydra's `+`/`++`
+    mean exactly what they mean to verl), where the release has the key's section."""
+    megatron = "ppo_megatron_trainer"
     cases = [
         {"actor_rollout_ref.actor.entropy_coeff": 0.001},
         {"actor_rollout_ref.rollout.top_p": 0.9},
@@ -190,6 +234,7 @@ def reported(version: str) -> list[dict[str, Any]]:
         {"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": "bf16"},
         {"actor_rollout_ref.actor.fsdp_config.turbo_config.enable": True},
         {"distillation.teacher_models.teacher_math.model_path": "/models/t"},
+        {"distillation.teacher_models.+teacher_math.model_path": "/models/t"},
         {"trainer.logger": "console"},
         {"trainer.default_local_dir": "/lustre/${USER}/ckpt"},
         {"trainer.default_local_dir": "/lustre/${env:VERLC_TEST_SCRATCH}/ckpt"},
@@ -197,22 +242,50 @@ def reported(version: str) -> list[dict[str, Any]]:
         {"algorithm.gdpo_reward_keys": ["acc", "format"]},
         {"trainer.+my_plugin_flag": True},
         {"actor_rollout_ref.actor.+my_plugin_flag": True},
+        {"reward.reward_kwargs.+max_resp_len": 8192},
+        {"reward.+reward_kwargs.max_resp_len": 8192},
+        {"++trainer.total_epochs": 2},
+        {"trainer.++my_plugin_flag": True},
+        ({"actor_rollout_ref.actor.megatron.override_transformer_config.+recompute_method": "uniform"}, megatron),
+        ({"actor_rollout_ref.ref.megatron.override_transformer_config.+gradient_accumulation_fusion": True}, megatron),
+        ({"critic.model.enable_gradient_checkpointin": True}, megatron),
+        ({"critic.model.+enable_gradient_checkpointin": True}, megatron),
     ]
     release = snapshot(version)
     out = []
-    for flat in cases:
+    for case in cases:
+        flat, config = case if isinstance(case, tuple) else (case, "ppo_trainer")
+        if config not in release.configs:
+            continue
         key = next(iter(flat)).replace("+", "")
         parts = key.split(".")
         # keep a case only where the release has its section (the key itself may be unknown)
-        if Walker(release, "ppo_trainer", release.default_engine("ppo_trainer")).context(parts[:2]) is None:
+        if Walker(release, config, release.default_engine(config)).context(parts[:2]) is None:
             continue
-        out.append({"kind": "reported", "config": "ppo_trainer", "engine": release.default_engine("ppo_trainer"),
-                    "flat": flat})
+        out.append({"kind": "reported", "config": config, "engine": release.default_engine(config), "flat": flat})
     return out
 
 
-def verlc_verdict(tmp: Path, version: str, case: dict[str, Any]) -> tuple[list[str], list[str], list[str], dict]:
-    """(problems, the overrides verlc would pass for the verl section, the keys set, key -> value)."""
+def _bare(value: Any) -> Any:
+    """A spec mapping's keys without Hydra's prefixes (the user's dict value on the command line)."""
+    if isinstance(value, dict):
+        return {k.lstrip("+"): _bare(v) for k, v in value.items()}
+    return value
+
+
+def user_overrides(version: str, flat: dict[str, Any]) -> list[str]:
+    """The case as a verl user writes it on main_ppo's command line: the baseline's keys, then each key of the
+    case with the strongest Hydra prefix on its path (`a.+b.c` is `+a.b.c`), its value as one override."""
+    written = {".".join(p.lstrip("+") for p in key.split(".")): key for key in flat}
+    out = [f"{k}={hydra_value(v)}" for k, v in leaves(baseline(version)) if k not in written]
+    for clean, key in written.items():
+        prefix = "++" if "++" in key else "+" if "+" in key else ""
+        out.append(f"{prefix}{clean}={hydra_value(verl_value(_bare(flat[key])))}")
+    return out
+
+
+def verlc_verdict(tmp: Path, version: str, case: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(problems, the overrides verlc would pass for the verl section)."""
     release = snapshot(version)
     verl = nest(case["flat"], baseline(version))
     if case["engine"] != release.default_engine(case["config"]) and case["engine"]:
@@ -229,8 +302,7 @@ def verlc_verdict(tmp: Path, version: str, case: dict[str, Any]) -> tuple[list[s
         problems = [f"{d.path}: {d.message}" for d in exc.diagnostics]
     chosen = select(verl, release, case["config"])
     assert not isinstance(chosen, str), chosen
-    found = settings(verl, chosen.walker)
-    return problems, [s.arg for s in found], [s.key for s in found], {s.key: s.value for s in found}
+    return problems, [s.arg for s in settings(verl, chosen.walker)]
 
 
 def oracle(version: str, cases: list[dict[str, Any]]) -> list[str]:
@@ -248,18 +320,31 @@ def oracle(version: str, cases: list[dict[str, Any]]) -> list[str]:
     return json.loads(result.stdout)
 
 
+def judged(tmp: Path, version: str, cases: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[str], str]]:
+    """(case, verlc's problems, verl's verdict) for each case: verl judges the case as a user writes it on the
+    command line, and where verlc accepts it, verlc's own overrides must make the very same config."""
+    out = []
+    for case in cases:
+        problems, overrides = verlc_verdict(tmp, version, case)
+        mine = user_overrides(version, case["flat"])
+        values = {k: v for k, v in leaves(baseline(version))}
+        values.update({".".join(p.lstrip("+") for p in k.split(".")): verl_value(_bare(v))
+                       for k, v in case["flat"].items()})
+        case.update(overrides=mine, keys=[o.split("=", 1)[0].lstrip("+") for o in mine], values=values,
+                    verlc=None if problems else overrides)
+        out.append((case, problems))
+    verdicts = oracle(version, [{k: c[k] for k in ("config", "engine", "overrides", "keys", "values", "verlc")}
+                                for c in cases])
+    return [(case, problems, verl_says) for (case, problems), verl_says in zip(out, verdicts)]
+
+
 @pytest.mark.parametrize("version", RELEASES)
 def test_verlc_and_verl_agree_on_every_case(tmp_path: Path, version: str) -> None:
     cases = corpus(version)
-    judged = []
-    for case in cases:
-        problems, overrides, keys, values = verlc_verdict(tmp_path, version, case)
-        judged.append((case, problems))
-        case.update(overrides=overrides, keys=keys, values=values)
-    verdicts = oracle(version, [{k: c[k] for k in ("config", "engine", "overrides", "keys", "values")}
-                                for c in cases])
+    results = judged(tmp_path, version, cases)
+    verdicts = [v for _, _, v in results]
     disagreements = []
-    for (case, problems), verl_says in zip(judged, verdicts):
+    for case, problems, verl_says in results:
         named = all(any(("verl." + k.replace("+", "")).startswith(p.split(": ")[0].replace("+", "")) for p in problems)
                     for k in case["flat"]) if problems else True
         if bool(problems) != bool(verl_says) or not named:
@@ -269,3 +354,43 @@ def test_verlc_and_verl_agree_on_every_case(tmp_path: Path, version: str) -> Non
     print(f"verl {version}: {len(cases)} cases ({', '.join(kinds)}), "
           f"{sum(bool(v) for v in verdicts)} rejected by verl")
     assert not disagreements, f"{len(disagreements)} of {len(cases)} cases:\n" + "\n".join(disagreements[:25])
+
+
+def hydra_forms(engine: str) -> dict[str, tuple[dict[str, Any], str | None]]:
+    """Each form of Hydra's override syntax as a spec writes it: (the case, the override verlc must pass, or
+    None where verl refuses it)."""
+    one_value = ("actor_rollout_ref.ref.megatron.override_transformer_config" if engine == "megatron"
+                 else "actor_rollout_ref.actor.optim.override_optimizer_config")
+    return {
+        "set": ({"trainer.total_epochs": 2}, "trainer.total_epochs=2"),
+        "add-over-null": ({"trainer.+max_actor_ckpt_to_keep": 2}, "+trainer.max_actor_ckpt_to_keep=2"),
+        "add-over-a-value": ({"trainer.+total_epochs": 2}, None),
+        "add-a-mapping-over-a-mapping": ({"actor_rollout_ref.rollout.+val_kwargs": {"n": 2}},
+                                         "++actor_rollout_ref.rollout.val_kwargs.n=2"),
+        "add-or-set-existing": ({"trainer.++total_epochs": 2}, "++trainer.total_epochs=2"),
+        "add-or-set-new": ({"trainer.++my_plugin_flag": True}, "++trainer.my_plugin_flag=true"),
+        "add-on-the-leaf-1": ({"trainer.+my_flag": 1}, "+trainer.my_flag=1"),
+        "add-on-the-leaf-3": ({"trainer.new_a.new_b.+my_flag": 1}, "+trainer.new_a.new_b.my_flag=1"),
+        "add-on-the-first-new-key": ({"trainer.+new_a.new_b": "x"}, "+trainer.new_a.new_b=x"),
+        "add-in-between": ({"trainer.new_a.+new_b.my_flag": 1}, "+trainer.new_a.new_b.my_flag=1"),
+        "add-inside-a-mapping-verl-holds-as-one-value": ({f"{one_value}.+gradient_accumulation_fusion": True},
+                                                         f"{one_value}={{gradient_accumulation_fusion:true}}"),
+        "new-key-of-a-free-form-mapping-without-add": ({"actor_rollout_ref.model.override_config.my_typo": 1}, None),
+        "new-key-of-a-free-form-mapping": ({"actor_rollout_ref.model.override_config.+my_setting": 1},
+                                           "+actor_rollout_ref.model.override_config.my_setting=1"),
+        "add-a-key-a-built-dataclass-lacks": ({"actor_rollout_ref.actor.+my_plugin_flag": 1}, None),
+    }
+
+
+@pytest.mark.parametrize(("version", "engine"), [("0.8.0", "megatron"), ("0.9.1", "dp")])
+def test_each_form_of_hydras_syntax_means_what_it_means_to_verl(tmp_path: Path, version: str, engine: str) -> None:
+    """One case per form on a megatron-engine config (0.8.0) and a dp config (0.9.1): verlc's verdict is the
+    release's own, and the bundle passes the override Hydra needs for the same config."""
+    forms = hydra_forms(engine)
+    cases = [{"kind": name, "config": "ppo_trainer", "engine": engine, "flat": flat}
+             for name, (flat, _) in forms.items()]
+    for case, problems, verl_says in judged(tmp_path, version, cases):
+        expected = forms[case["kind"]][1]
+        assert bool(problems) == bool(verl_says) == (expected is None), (case["kind"], problems, verl_says)
+        if expected is not None:
+            assert expected in case["verlc"], (case["kind"], case["verlc"])

@@ -48,12 +48,19 @@ ACCEPTED = {
                                                                "rollout": {"top_p": 0.9, "val_kwargs": {
                                                                    "temperature": 0.6}}}}, "0.9.1", {}),
     "open-dict-fields": ({"actor_rollout_ref": {"actor": {"fsdp_config": {
-        "mixed_precision": {"param_dtype": "bf16"}, "turbo_config": {"enable": True}}}}}, "0.9.1", {}),
-    "keyed-map-entry": ({"distillation": {"teacher_models": {"math_teacher": {"model_path": "/m/t"}}}}, "0.9.1", {}),
+        "+mixed_precision": {"param_dtype": "bf16"}, "turbo_config": {"+enable": True}}}}}, "0.9.1", {}),
+    "keyed-map-entry": ({"distillation": {"teacher_models": {"+math_teacher": {"model_path": "/m/t"}}}}, "0.9.1", {}),
     "logger-as-one-string": ({"trainer": {"logger": "console"}}, "0.9.1", {}),
     "null-default-dict": ({"actor_rollout_ref": {"actor": {"optim": {"override_optimizer_config": {
         "offload_fraction": 1.0}}}}}, "0.9.1", {}),
-    "declared-not-in-yaml": ({"algorithm": {"gdpo_reward_keys": ["acc", "format"]}}, "0.9.1", {}),
+    "declared-not-in-yaml": ({"algorithm": {"+gdpo_reward_keys": ["acc", "format"]}}, "0.9.1", {}),
+    "plus-on-the-leaf-of-a-new-path": ({"reward": {"reward_kwargs": {"+max_resp_len": 8192}}}, "0.9.1", {}),
+    "plus-on-a-null-key": ({"actor_rollout_ref": {"actor": {"megatron": {"override_transformer_config": {
+        "+recompute_method": "uniform"}}}}}, "0.8.0", {"hydra": {"config_name": "ppo_megatron_trainer"}}),
+    "plus-inside-a-mapping-passed-as-one-value": ({"actor_rollout_ref": {"ref": {"megatron": {
+        "override_transformer_config": {"+gradient_accumulation_fusion": True}}}}}, "0.9.1",
+        {"hydra": {"config_name": "ppo_megatron_trainer"}}),
+    "add-or-override": ({"trainer": {"++total_epochs": 2, "++my_plugin_flag": True}}, "0.9.1", {}),
     "explicit-plus-in-plain-section": ({"trainer": {"+my_plugin_flag": True}}, "0.9.1", {}),
     "env-var-on-the-node": ({"trainer": {"default_local_dir": "/lustre/${env:USER}/ckpt"}}, "0.9.1", {}),
     "interpolation-of-a-key": ({"trainer": {"default_local_dir": "/ckpt/${trainer.project_name}"}}, "0.9.1", {}),
@@ -69,11 +76,20 @@ REJECTED = {
                                         "builds 'actor_rollout_ref.actor' as FSDPActorConfig, which has no field "
                                         "'my_plugin_flag'"),
     "plus-on-an-existing-key": ({"trainer": {"+total_epochs": 2}}, "0.9.1", {},
-                                "verl 0.9.1 has trainer.total_epochs already; write it without '+'"),
+                                "verl 0.9.1 has trainer.total_epochs already (30), and Hydra's '+' only adds: "
+                                "write it without '+' (or with '++' to add or override)"),
+    "new-key-of-an-open-section-without-plus": (
+        {"critic": {"model": {"enable_gradient_checkpointin": True}}}, "0.5.0",
+        {"hydra": {"config_name": "ppo_megatron_trainer"}},
+        "no key 'enable_gradient_checkpointin' under 'critic.model' in verl's config: 'critic.model' takes new keys, "
+        "but verl 0.5.0's YAML does not have this one, so Hydra refuses it without '+'"),
+    "declared-field-without-plus": ({"algorithm": {"gdpo_reward_keys": ["acc"]}}, "0.9.1", {},
+                                    "AlgoConfig declares it, but verl 0.9.1's YAML leaves it out, so Hydra refuses it "
+                                    "without '+'; to add it write '+gdpo_reward_keys'"),
     "string-for-a-float": ({"actor_rollout_ref": {"actor": {"entropy_coeff": "high"}}}, "0.9.1", {},
                            "expects a number, got high (verl 0.9.1: FSDPActorConfig.entropy_coeff is a number)"),
-    "unknown-entry-field": ({"distillation": {"teacher_models": {"t": {"model_pth": "/m"}}}}, "0.9.1", {},
-                            "has no key 'model_pth' under 'distillation.teacher_models.t' (did you mean 'model_path'?)"),
+    "unknown-entry-field": ({"distillation": {"teacher_models": {"+t": {"model_pth": "/m"}}}}, "0.9.1", {},
+                            "as DistillationTeacherModelConfig, which has no field 'model_pth' (did you mean 'model_path'?)"),
     "newer-key-on-an-old-release": ({"trainer": {"use_v1": True}}, "0.4.1", {},
                                     "verl 0.4.1 has no key 'use_v1' under 'trainer'; trainer.use_v1 exists in verl "
                                     "0.9.0-0.9.1"),
@@ -122,21 +138,31 @@ def test_what_verl_refuses_verlc_refuses_at_its_line(tmp_path: Path) -> None:
         assert all(line.split(":")[1].isdigit() and line.split(":")[1] != "1" for line in lines), lines
 
 
-def test_overrides_carry_the_plus_hydra_needs(tmp_path: Path) -> None:
+def test_overrides_carry_the_prefix_the_spec_wrote(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text(spec_text({
-        "trainer": {"+my_plugin_flag": True, "default_local_dir": "/lustre/${env:USER}/ckpt"},
-        "algorithm": {"gdpo_reward_keys": ["acc"]},
+        "trainer": {"+my_plugin_flag": True, "default_local_dir": "/lustre/${env:USER}/ckpt", "++total_epochs": 2},
+        "algorithm": {"+gdpo_reward_keys": ["acc"]},
         "actor_rollout_ref": {"actor": {"optim": {"override_optimizer_config": {"offload_fraction": 1.0}}}},
-        "distillation": {"teacher_models": {"math_teacher": {"model_path": "/m/t"}}}},
+        "distillation": {"teacher_models": {"math_teacher": {"+model_path": "/m/t"}}}},
         hydra={"searchpath": ["pkg://my_plugin.config"]}))
     argv = compile_spec(path, display="s.yaml", source="s.yaml").trainer_argv
     assert argv[3] == "hydra.searchpath=['pkg://my_plugin.config']"
     for arg in ("+trainer.my_plugin_flag=true", "+algorithm.gdpo_reward_keys=[acc]",
                 "actor_rollout_ref.actor.optim.override_optimizer_config={offload_fraction:1.0}",
                 "+distillation.teacher_models.math_teacher.model_path=/m/t",
-                "trainer.default_local_dir='/lustre/${oc.env:USER}/ckpt'"):
+                "trainer.default_local_dir='/lustre/${oc.env:USER}/ckpt'", "++trainer.total_epochs=2"):
         assert arg in argv, (arg, argv)
+
+
+def test_a_plus_key_one_edit_from_a_known_key_gets_a_did_you_mean_note(tmp_path: Path) -> None:
+    (tmp_path / "n.yaml").write_text(spec_text({"trainer": {"+total_epoch": 2},
+                                                "actor_rollout_ref": {"model": {"override_config": {"+a": 1}}}}))
+    result = run_verlc("validate", "n.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    notes = [line for line in result.stderr.splitlines() if "did you mean" in line]
+    assert len(notes) == 1 and "verl.trainer.+total_epoch: note: '+total_epoch' adds a key verl does not read " \
+        "here; did you mean 'total_epochs'? (verl 0.9.1 has trainer.total_epochs)" in notes[0], result.stderr
 
 
 def test_the_config_name_comes_first(tmp_path: Path) -> None:

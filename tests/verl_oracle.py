@@ -3,13 +3,15 @@
     python tests/verl_oracle.py PACKAGE_DIR [--import] < cases.json > verdicts.json
 
 A case is {"config", "engine", "overrides": [Hydra override strings], "keys": [dotted keys it sets],
-"values": {key: python value}}. A case is rejected when:
+"values": {key: python value}, optionally "verlc": [the overrides verlc passes for it]}. A case is rejected
+when:
 1. Hydra refuses the overrides on the composed config (the same code path main_ppo's @hydra.main uses);
 2. OmegaConf cannot resolve a set key's value (an interpolation of a key verl does not have, ...);
 3. a dataclass verl builds from a `_target_` node gets a keyword it does not take (an unknown key there
    fails once the workers build their configs). With --import the classes are verl's own, imported
    (their dataclass fields, and, for each set field, the type hint checked against the value);
-   without it they are read from the release's source with a small ast reader written for this oracle.
+   without it they are read from the release's source with a small ast reader written for this oracle;
+4. verlc's overrides for it (when given) fail, or make a config other than the case's own overrides.
 Nothing here imports verlc: the oracle must not share verlc's code.
 """
 
@@ -210,13 +212,33 @@ def entry_class(owner_target: str, field: str, hints: dict[str, Any]) -> tuple[f
     return None
 
 
-def judge(case: dict[str, Any]) -> str:
+def applied(case: dict[str, Any], overrides: list[str]) -> DictConfig:
     cfg = copy.deepcopy(composed(case["config"], case["engine"]))
     OmegaConf.set_struct(cfg, True)
+    ConfigLoaderImpl._apply_overrides_to_config(PARSER.parse_overrides(overrides), cfg)
+    return cfg
+
+
+def judge(case: dict[str, Any]) -> str:
+    """verl's verdict on the case's overrides; when the case also carries the overrides verlc passes for it
+    ("verlc"), they must make the very same config."""
     try:
-        ConfigLoaderImpl._apply_overrides_to_config(PARSER.parse_overrides(case["overrides"]), cfg)
+        cfg = applied(case, case["overrides"])
     except Exception as exc:
         return f"hydra: {' '.join(str(exc).split())}"
+    verdict = _verl_builds(case, cfg)
+    if verdict or case.get("verlc") is None:
+        return verdict
+    try:
+        theirs = applied(case, case["verlc"])
+    except Exception as exc:
+        return f"verlc's own overrides fail in Hydra: {' '.join(str(exc).split())}"
+    if OmegaConf.to_container(theirs) != OmegaConf.to_container(cfg):
+        return "verlc's own overrides make another config than the case's"
+    return ""
+
+
+def _verl_builds(case: dict[str, Any], cfg: DictConfig) -> str:
     resolved: dict[str, Any] = {}
     for key in case["keys"]:
         try:

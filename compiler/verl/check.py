@@ -16,6 +16,7 @@ from .release import DEFAULT_CONFIG, MISSING, RELEASES, Release, snapshot
 from .rules import WORKERS, WORKERS_NOTE, Config, absolute, rules
 
 ENGINE_KEY = "model_engine"
+NEEDS_PLUS = "so Hydra refuses it without '+'"  # a key verl's YAML lacks, written without Hydra's '+'
 NOTE = "note: "  # a message that informs without failing the build (verlc cannot know, or verl would not care)
 _INTERPOLATION = re.compile(r"\$\{([^{}]*)\}")
 _ENV = re.compile(r"(?:oc\.)?env:([A-Za-z_][A-Za-z0-9_]*)(?:,.*)?")
@@ -23,20 +24,48 @@ _SELECT = re.compile(r"oc\.select:(\.*[A-Za-z_][\w.]*)(?:,.*)?")
 _KEY_REF = re.compile(r"\.*[A-Za-z_][\w.]*")
 
 
+PREFIXES = ("++", "+")  # Hydra's add-or-override and add, as a spec writes them on a key of its path
+
+
+def split_prefix(name: str) -> tuple[str, str]:
+    """('++' | '+' | '', the key's name) of one key as the spec writes it."""
+    for prefix in PREFIXES:
+        if name.startswith(prefix):
+            return prefix, name[len(prefix):]
+    return "", name
+
+
+def without_prefixes(value: Any) -> Any:
+    """A mapping passed as one value, its keys as Hydra's dict syntax takes them (a '+' inside adds nothing:
+    the mapping replaces what verl's config holds there)."""
+    if isinstance(value, dict):
+        return {split_prefix(str(k))[1]: without_prefixes(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_prefixes(v) for v in value]
+    return value
+
+
+def _prefixed(value: Any) -> bool:
+    return isinstance(value, dict) and any(split_prefix(str(k))[0] or _prefixed(v) for k, v in value.items())
+
+
 @dataclass(frozen=True)
 class Setting:
     """One leaf of the `verl:` section as verl's command line will carry it."""
 
-    key: str                       # dotted, without '+'
+    key: str                       # dotted, without Hydra's prefix
     value: Any
     loc: tuple[str | int, ...]     # where the spec sets it
-    plus: bool                     # Hydra needs `+key=value` (the key is not in the composed YAML)
-    explicit: bool                 # the spec wrote the '+' itself: a key verl does not declare
+    prefix: str                    # Hydra's '+' or '++' as the spec wrote it on a key of the path, or ''
     place: Place
 
     @property
+    def explicit(self) -> bool:
+        return bool(self.prefix)
+
+    @property
     def arg(self) -> str:
-        return f"{'+' if self.plus else ''}{self.key}={hydra_value(verl_value(self.value))}"
+        return f"{self.prefix}{self.key}={hydra_value(verl_value(without_prefixes(self.value)))}"
 
 
 @dataclass(frozen=True)
@@ -112,29 +141,32 @@ def check_groups(groups: dict[str, str], searchpath: tuple[str, ...], release: R
 def settings(verl: dict[str, Any], walker: Walker) -> list[Setting]:
     """The spec's `verl:` leaves in file order, each placed in verl's config.
 
-    A mapping is walked into where verl's YAML has a mapping (or has nothing: new keys are passed one by
-    one with `+`); where verl's YAML holds a value (e.g. a null `dict` field), the mapping is one value."""
+    A key means what the same Hydra override means: `key` sets what verl's config has, `+key` adds (on any
+    key of a new path: its first new key, its leaf, or between; over a mapping verl has, it merges), `++key`
+    adds or sets. A mapping is walked into where verl's config has a mapping, or where it has nothing and a
+    key on the way carries a prefix; where verl's YAML holds a value (e.g. a null `dict` field), the mapping
+    is one value; a mapping under a new key without a prefix is one setting (refused there, as Hydra would)."""
     out: list[Setting] = []
 
-    def walk(tree: dict[str, Any], parts: list[str], loc: tuple[str | int, ...], explicit: bool) -> None:
+    def walk(tree: dict[str, Any], parts: list[str], loc: tuple[str | int, ...], prefix: str) -> None:
         for raw, value in tree.items():
             if not parts and raw == ENGINE_KEY:
                 continue
-            name = str(raw)
-            plus_here = name.startswith("+")
-            key_parts = [*parts, name[1:] if plus_here else name]
+            mine, name = split_prefix(str(raw))
+            key_parts = [*parts, name]
             here = (*loc, raw)
-            now_explicit = explicit or plus_here
+            now = max(prefix, mine, key=len)  # '++' over '+' over none
             place = walker.place(key_parts)
-            descend = isinstance(value, dict) and value and (
-                (place.status == KNOWN and not place.stop) or (place.status == UNKNOWN and now_explicit))
-            if descend:
-                walk(value, key_parts, here, now_explicit)
+            mapping = isinstance(value, dict) and value
+            if mapping and place.status == KNOWN and not place.stop and (place.in_yaml or now or _prefixed(value)):
+                # `+key: {...}` over a mapping verl has: Hydra merges it, setting what is there, adding the rest
+                walk(value, key_parts, here, "++" if mine == "+" and place.in_yaml else now)
+            elif mapping and place.status != KNOWN and (now or _prefixed(value)):
+                walk(value, key_parts, here, now)
             else:
-                plus = now_explicit or (place.status == KNOWN and not place.in_yaml)
-                out.append(Setting(".".join(key_parts), value, here, plus, now_explicit, place))
+                out.append(Setting(".".join(key_parts), value, here, now, place))
 
-    walk(verl, [], ("verl",), False)
+    walk(verl, [], ("verl",), "")
     return out
 
 
@@ -169,7 +201,7 @@ def _each_setting(verl: dict[str, Any], derived: dict[str, Any], sourced: Source
     """The settings, the config they make, and each one's own problems and notes (keys, types, values)."""
     found = [s for s in settings(verl, chosen.walker)
              if not any(s.key == p or s.key.startswith(p + ".") for p in unchecked)]
-    values = {s.key: s.value for s in found}
+    values = {s.key: without_prefixes(s.value) for s in found}
     values.update(derived)
     config = Config(chosen.tree, values)
     spec_keys = frozenset(values)
@@ -186,34 +218,98 @@ def _setting(s: Setting, chosen: Selection, sourced: Sourced, spec_keys: frozens
              config: Config) -> Iterator[Diagnostic]:
     release, place, parts = chosen.release, s.place, s.key.split(".")
     bad = next((p for p in parts if not KEY.fullmatch(p)), None)
+    if bad is not None and bad.startswith("~"):
+        yield sourced.diagnostic(s.loc, (
+            f"'{bad}': Hydra's '~' (delete a key) is not supported in a spec: verl's code reads every key of its "
+            f"config; set the value to null, or leave the key out to keep verl's default"), at_key=True)
+        return
     if bad is not None:
         yield sourced.diagnostic(s.loc, f"'{bad}' cannot be a key in a verl override", at_key=True)
         return
     if place.status == UNDER_VALUE:
         parent = ".".join(parts[:place.found])
+        if s.prefix:  # Hydra's add puts a mapping where the value was
+            yield sourced.diagnostic(s.loc, (
+                f"{NOTE}'{parent}' is a value in verl {release.version}'s config ({shown(Config(chosen.tree, {}).get(parent))}); "
+                f"'{s.prefix}' replaces it with a mapping, which the code reading it may not expect"), at_key=True)
+            return
         yield sourced.diagnostic(s.loc, f"'{parent}' is a value in verl's config, not a section", at_key=True)
         return
     if place.status == UNKNOWN:
-        if s.explicit:
+        if s.prefix:
             parent = ".".join(parts[:place.found])
             if place.owner is not None and place.built:
                 yield sourced.diagnostic(s.loc, (
                     f"verl {release.version} builds '{parent}' as {place.owner.name}, which has no field "
-                    f"'{parts[place.found]}': Hydra would take the '+' key, then verl would fail with an "
-                    f"unexpected keyword argument once the workers start"), at_key=True)
+                    f"'{parts[place.found]}'{did_you_mean(parts[place.found], place.owner.fields)}: Hydra would take "
+                    f"the '{s.prefix}' key, then verl would fail with an unexpected keyword argument once the workers "
+                    f"start"), at_key=True)
             elif place.owner is not None:
                 yield sourced.diagnostic(s.loc, (
                     f"{NOTE}verl {release.version} hands '{parent}' on as a mapping, described by "
                     f"{place.owner.name}, which has no field '{parts[place.found]}'; verlc cannot tell whether "
                     f"the code reading it expects one"), at_key=True)
+            else:
+                yield from _near_miss(s, chosen, sourced)
             return
         yield sourced.diagnostic(s.loc, _unknown(parts, place, chosen), at_key=True)
         return
-    if s.explicit and place.in_yaml:
-        yield sourced.diagnostic(s.loc, f"verl {release.version} has {s.key} already; write it without '+'",
-                                 at_key=True)
-        return
+    if not place.in_yaml:
+        if not s.prefix:
+            yield sourced.diagnostic(s.loc, _needs_plus(parts, chosen), at_key=True)
+            return
+        yield from _near_miss(s, chosen, sourced)
+    elif s.prefix == "+" and not isinstance(s.value, (dict, list)):
+        current = Config(chosen.tree, {}).get(s.key)
+        if current is not None and current != MISSING:
+            yield sourced.diagnostic(s.loc, (
+                f"verl {release.version} has {s.key} already ({shown(current)}), and Hydra's '+' only adds: "
+                f"write it without '+' (or with '++' to add or override)"), at_key=True)
+            return
     yield from (sourced.diagnostic(s.loc, m) for m in _value(s, chosen, spec_keys, config))
+
+
+def _first_new(parts: list[str], walker: Walker) -> int:
+    """The index of the first key of `parts` that verl's composed YAML does not have."""
+    return next((i for i in range(len(parts)) if not walker.place(parts[:i + 1]).in_yaml), len(parts) - 1)
+
+
+def _needs_plus(parts: list[str], chosen: Selection) -> str:
+    """Hydra refuses `key=value` for a key its composed config does not have, even where verl takes it."""
+    walker = chosen.walker
+    i = _first_new(parts, walker)
+    where = ".".join(parts[:i]) or "the top level"
+    declared = walker.place(parts[:i + 1]).owner if i else None
+    why = (f"{declared.name} declares it, but verl {chosen.release.version}'s YAML leaves it out"
+           if declared is not None and parts[i] in declared.fields else
+           f"'{where}' takes new keys, but verl {chosen.release.version}'s YAML does not have this one")
+    near = did_you_mean(parts[i], [k for k in walker.keys(parts[:i]) if walker.place([*parts[:i], k]).in_yaml])
+    return (f"no key '{parts[i]}' under '{where}' in verl's config{near}: {why}, {NEEDS_PLUS}; to add it "
+            f"write '+{parts[i]}' (Hydra's +{'.'.join(parts)}=...){' or run `verlc migrate`' if not near else ''}")
+
+
+def _near_miss(s: Setting, chosen: Selection, sourced: Sourced) -> Iterator[Diagnostic]:
+    """A key the spec adds with '+' that is one edit away from a key verl's config has: likely a typo."""
+    walker, parts = chosen.walker, s.key.split(".")
+    i = _first_new(parts, walker)
+    known = [k for k in walker.keys(parts[:i]) if walker.place([*parts[:i], k]).in_yaml]
+    near = [k for k in known if _one_edit(parts[i], k)]
+    if near:
+        yield sourced.diagnostic(s.loc, (
+            f"{NOTE}'{s.prefix}{parts[i]}' adds a key verl does not read here; did you mean '{near[0]}'? "
+            f"(verl {chosen.release.version} has {'.'.join([*parts[:i], near[0]])})"), at_key=True)
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Whether b is one insertion, deletion, substitution or swap of neighbours away from a."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]]
+                                  and a[diff[1]] == b[diff[0]])
+    short, long = sorted((a, b), key=len)
+    return any(long[:i] + long[i + 1:] == short for i in range(len(long)))
 
 
 def _value(s: Setting, chosen: Selection, spec_keys: frozenset[str], config: Config) -> Iterator[str]:

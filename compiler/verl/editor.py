@@ -4,8 +4,9 @@ check and show on hover (yaml-language-server), and what `verlc explain` says ab
 Every key of every trainer config and model_engine of the release is described: its types (from the
 dataclass verl builds, else from its YAML default), default, allowed values and verl's own words for it
 (the comment its YAML gives it, else the dataclass field's documentation). A mapping verl builds a
-dataclass from, or that its YAML closes, refuses unknown keys; free-form ones take anything; `+key`
-(a key verl does not declare) is always let through, as the checks judge it. Interpolations
+dataclass from, or that its YAML closes, refuses unknown keys; as in Hydra, a key verl's YAML lacks (a
+declared field, a new entry, a key of a free-form mapping) is written `+key`, and any `+key` is let through,
+as the checks judge it; below a `+key`, free-form mappings take anything. Interpolations
 (`${...}`) are strings wherever a key takes no string: `pattern` restricts only strings.
 """
 
@@ -76,7 +77,9 @@ def verl_schema(release: Release) -> dict[str, Any]:
     return schema
 
 
-def _section(release: Release, every: list[Walker], parts: list[str], depth: int) -> dict[str, Any]:
+def _section(release: Release, every: list[Walker], parts: list[str], depth: int, added: bool = False) -> dict[str, Any]:
+    """A mapping's schema. As in Hydra, a key verl's YAML lacks is written with '+' (`+name`), and any key below
+    a '+' is plain; `added`: this mapping is such a key's value."""
     names = sorted({n for w in every for n in w.keys(parts)})
     props: dict[str, Any] = {}
     for name in names:
@@ -84,19 +87,20 @@ def _section(release: Release, every: list[Walker], parts: list[str], depth: int
         facts = describe_key(release, key, every)
         if facts is None:
             continue
+        in_yaml = added or any((p := w.place([*parts, name])).status == KNOWN and p.in_yaml for w in every)
         if facts.mapping and depth < 12:
-            sub = _section(release, every, [*parts, name], depth + 1)
+            sub = _section(release, every, [*parts, name], depth + 1, not in_yaml)
             if facts.description:
                 sub["description"] = facts.description
-            props[name] = sub
+            props[name if in_yaml else f"+{name}"] = sub
         else:
-            props[name] = leaf(facts, release.version)
+            props[name if in_yaml else f"+{name}"] = leaf(facts, release.version)
     scopes = [s for w in every if (s := w.context(parts)) is not None]
     out: dict[str, Any] = {"type": "object", "properties": props, "patternProperties": {r"^\+": {}}}
     entries = next((s.entries for s in scopes if s.entries is not None), None)
-    if entries is not None:
+    if added and entries is not None:
         out["additionalProperties"] = {"type": "object"}
-    elif not any(s.open for s in scopes):
+    elif not (added and any(s.open for s in scopes)):
         out["additionalProperties"] = False
     return out
 
