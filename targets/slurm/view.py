@@ -7,6 +7,7 @@ container name); argv here refers to them as `Var`s so they are quoted like ever
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from importlib import resources
 
@@ -26,10 +27,10 @@ Line = tuple[Arg, ...]
 
 
 @dataclass(frozen=True)
-class JobView:
-    """The job the runtime runs (wait, data, preflight, train) as JSON: one, or one per array task of a sweep."""
+class VariantView:
+    """What one array task of a sweep changes in the job, as one line of JSON (runtime.with_variant)."""
 
-    variant: int | None
+    index: int
     json: str
 
 
@@ -63,8 +64,8 @@ class SlurmView:
     exec_prefix: Line
     ray_head: tuple[Line, ...]
     ray_worker: tuple[Line, ...]
-    jobs: tuple[JobView, ...]
-    sweep: bool  # a job array: one job per array task
+    job: str  # the job the runtime runs (wait, data, preflight, train) as JSON; a sweep's without its varied keys
+    variants: tuple[VariantView, ...]  # a sweep: each array task's changes to it
     runtime_file: str  # the runtime's file in the run folder
     runtime_source: str  # targets/runtime.py, embedded after the job's logic
     runtime_banner: tuple[str, ...]
@@ -171,9 +172,17 @@ def slurm_view(ir: JobIR) -> SlurmView:
     )
     run_dir = _word(Var("SLURM_SUBMIT_DIR"), f"/verlc-runs/{ir.name}-", Var("SLURM_JOB_ID"))
     record = Word((*run_dir.parts, "/run-record.json"))
-    jobs = tuple(JobView(v.index if v else None,
-                         job_json(job_description(ir, record=record, variant=v)))
-                 for v in (ir.variants or (None,)))
+    job = job_description(ir, record=record)
+    variants = []
+    if ir.variants:  # the base job without the varied keys; each array task adds its own values back
+        varied = set(ir.varied_keys)
+        job["train"] = [*ir.trainer_argv[:3], *(o.arg for o in ir.overrides if o.key not in varied)]
+        for v in ir.variants:
+            full = job_description(ir, record=record, variant=v)
+            patch = {"variant": full["variant"], "checkpoint_dir": full["checkpoint_dir"],
+                     "reference": full["reference"], "train_overrides": [o.arg for o in ir.variant_overrides(v)]}
+            assert [*job["train"], *patch["train_overrides"]] == full["train"]
+            variants.append(VariantView(v.index, json.dumps(patch, ensure_ascii=False)))
     array = (f"--array=0-{len(ir.variants) - 1}",) if ir.variants else ()
     return SlurmView(
         header=header_lines(ir),
@@ -202,8 +211,8 @@ def slurm_view(ir: JobIR) -> SlurmView:
         exec_prefix=exec_prefix,
         ray_head=ray_head,
         ray_worker=ray_worker,
-        jobs=jobs,
-        sweep=bool(ir.variants),
+        job=job_json(job),
+        variants=tuple(variants),
         runtime_file=RUNTIME_FILE,
         runtime_source=runtime,
         runtime_banner=(f"targets/runtime.py of verlc {ir.verlc_version}, sha256 {hashlib.sha256(runtime.encode()).hexdigest()}:",

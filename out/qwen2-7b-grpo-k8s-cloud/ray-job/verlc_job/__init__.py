@@ -702,6 +702,13 @@ def load_job(variant: str | None) -> dict:
         return json.load(fh)
 
 
+def with_variant(spec: dict, variant: dict) -> dict:
+    """A sweep's job for one variant: its label, checkpoint folder and first-run record, and the values of the
+    swept keys after the base job's trainer overrides (the Slurm script's array tasks)."""
+    changed = {k: v for k, v in variant.items() if k != "train_overrides"}
+    return {**spec, **changed, "train": [*spec["train"], *variant["train_overrides"]]}
+
+
 def job(spec: dict, begun: str | None = None) -> int:
     """The one stage runner of every bundle: wait for the cluster, data, preflight, train, stopping after the
     stage VERLC_STOP_AFTER names. `begun`: the stage the caller already began and announced (the Slurm script
@@ -800,12 +807,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("variant", nargs="?", help="a sweep's variant index (jobs/<index>.json); default: job.json")
     p.add_argument("--json", help="the job itself, instead of the package's job.json (the Slurm script passes it)")
     p.add_argument("--begun", choices=STAGES, help="the stage the caller began (the Slurm script starts Ray)")
+    p.add_argument("--variant-json", help="a sweep's array task: what its variant changes in --json")
     a = parser.parse_args(argv)
     if a.command == "materialize":
         return materialize(a.repo, a.revision, a.folder)
     if a.command == "ray-logs":
         return ray_logs(a.temp_dir, a.limit_mib)
-    return job(json.loads(a.json) if a.json else load_job(a.variant), a.begun)
+    spec = json.loads(a.json) if a.json else load_job(a.variant)
+    return job(with_variant(spec, json.loads(a.variant_json)) if a.variant_json else spec, a.begun)
 
 
 if __name__ == "__main__":
