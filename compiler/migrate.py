@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .derive import critic_in_use, derived, resume_defaults
+from .derive import critic_in_use
 from .diagnostics import Diagnostic, SpecError
 from .load import Sourced, load
 from .spec import Spec
 from .validate import validate
 from .yaml_edit import Doc
 from .verl import determinism
-from .verl.check import (ENGINE_KEY, NEEDS_PLUS, NOTE, Selection, all_keys, elsewhere, select, settings,
-                         without_prefixes)
+from .overrides import determinism_defaults, verl_values
+from .verl.check import ENGINE_KEY, NEEDS_PLUS, NOTE, Selection, all_keys, elsewhere, select, settings
 from .verl.hydra import shown, verl_value
 from .verl.place import KNOWN
 from .verl.moves import carry, placeholder
@@ -285,10 +285,7 @@ def _modeline(text: str, source: str, target: str) -> str:
 
 def _values(spec: Spec, chosen: Selection) -> dict[str, Any]:
     """Every verl key the spec or verlc sets, as lowering passes them."""
-    values = {**resume_defaults(spec), **{s.key: without_prefixes(s.value) for s in settings(spec.verl, chosen.walker)}}
-    values.update({d.key: d.value for d in derived(spec)})
-    if spec.reproducible:
-        values.update(determinism.available(chosen))
+    values = {**verl_values(spec, chosen), **determinism_defaults(spec, chosen)}
     return {k: verl_value(v) for k, v in values.items()}
 
 
@@ -300,8 +297,8 @@ def _pin_defaults(out: Plan, spec: Spec, chosen: Selection, goal: Selection, doc
     moved = _load_spec(top.path, texts, out)
     if moved is None:
         return
-    before = Config(chosen.tree, _values(spec, chosen))
     set_before = _values(spec, chosen)
+    before = Config(chosen.tree, set_before)
     set_after = _values(moved, goal)
     after = Config(goal.tree, set_after)
     pins: dict[str, tuple[Any, Any]] = {}
