@@ -27,8 +27,10 @@ def check(spec: Spec, sourced: Sourced, release: Release, targets: Iterable[str]
     (what verlc could not check and why)."""
     chosen = select(spec.verl, release, spec.hydra.config_name)
     group_errors, notes, unchecked = check_groups(dict(spec.hydra.groups), spec.hydra.searchpath, release, sourced)
+    unchecked += release.unchecked
     if isinstance(chosen, str):
-        where = ("hydra", "config_name") if spec.hydra.config_name not in release.configs else ("verl", "model_engine")
+        where = ("hydra", "config_name") if (spec.hydra.config_name or release.primary) not in release.configs \
+            else ("verl", "model_engine")
         verl_problems: Iterable[Diagnostic] = [sourced.diagnostic(where, chosen)]
     elif spec.sweep is None:
         verl_problems = _check_verl(spec, sourced, chosen, unchecked)
@@ -215,7 +217,7 @@ def _tracker(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[
     if "WANDB_API_KEY" not in spec.secrets and "WANDB_API_KEY" not in spec.env:
         trainer = spec.verl.get("trainer") if isinstance(spec.verl.get("trainer"), dict) else {}
         loc = ("verl", "trainer", "logger") if "logger" in trainer else ("secrets",) if spec.secrets else ("verl",)
-        whose = "trainer.logger" if "logger" in trainer else f"verl {chosen.release.version}'s default trainer.logger"
+        whose = "trainer.logger" if "logger" in trainer else f"{chosen.release.label}'s default trainer.logger"
         yield sourced.diagnostic(loc, (
             f"{NOTE}{whose} has wandb, and WANDB_API_KEY is not in secrets: every node then needs its own W&B "
             f"login (~/.netrc); otherwise add `secrets: [WANDB_API_KEY]` and export it where you submit"),

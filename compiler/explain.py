@@ -129,7 +129,7 @@ def _unknown(key: str, release: Release, every: list[Walker]) -> str:
     keys = {k for w in every for k in all_keys(w.tree)}
     hint = did_you_mean(key, keys)
     elsewhere = [v for v in RELEASES if v != release.version and _has(snapshot(v), key)]
-    return (f"verl {release.version} has no key '{key}'{hint}"
+    return (f"{release.label} has no key '{key}'{hint}"
             + (f"; verl {_ranges(elsewhere)} has it (verlc explain {key} --verl-version {elsewhere[-1]})"
                if elsewhere else ""))
 

@@ -20,7 +20,6 @@ from .verl.hydra import verl_value
 from .verl.release import Release
 from .verl.rules import Config, absolute
 
-TRAINER_MODULE = "verl.trainer.main_ppo"
 # The distribution each of verl's rollout engines (rollout.name) comes in; "hf" is transformers, which verl needs.
 ROLLOUT_PACKAGES = {"vllm": "vllm", "sglang": "sglang", "sglang_async": "sglang", "trtllm": "tensorrt_llm"}
 
@@ -72,8 +71,8 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
         pins=tuple(sorted({"verl": spec.verl_version, **spec.pins}.items())),
         rollout_package=ROLLOUT_PACKAGES.get(str(config.get("actor_rollout_ref.rollout.name"))),
         image=parse_word(getattr(spec.container, "image", None) or "none"),
-        trainer_module=TRAINER_MODULE,
-        config_name=spec.hydra.config_name,
+        trainer_module=spec.program,
+        config_name=chosen.config,
         overrides=overrides(spec, chosen),
         gpu_type=spec.cluster.gpu_type,
         targets=targets,

@@ -27,6 +27,7 @@ from .validate import validate
 from .yaml_edit import Doc
 from .verl import determinism
 from .overrides import determinism_defaults, verl_values
+from .verl.program import MAIN_PPO
 from .verl.check import ENGINE_KEY, NEEDS_PLUS, NOTE, Selection, all_keys, elsewhere, select, settings
 from .verl.hydra import shown, verl_value
 from .verl.place import KNOWN
@@ -92,6 +93,10 @@ def plan(path: Path, target: str, *, write_bases: bool = False) -> Plan:
     sourced = load(path, display)
     spec = validate(sourced)
     source = spec.verl_version
+    if spec.verl_commit or spec.program != MAIN_PPO:
+        raise SpecError([sourced.diagnostic(("verl_commit",) if spec.verl_commit else ("program",),
+                                            "migrate moves main_ppo specs between verl's releases; a commit or "
+                                            "another program is moved by hand (verlc check says what breaks)")])
     if source not in RELEASES:
         raise SpecError([sourced.diagnostic(("verl_version",), f"verlc has no schema for verl {source}; "
                                                               f"migrate needs the release the spec was written for")])
@@ -119,7 +124,7 @@ def plan(path: Path, target: str, *, write_bases: bool = False) -> Plan:
     if engine is None:
         out.valid = False
         return _finish(out, docs, write_bases)
-    goal = Selection(new, spec.hydra.config_name, engine)
+    goal = Selection(new, spec.hydra.config_name or DEFAULT_CONFIG, engine)
     if spec.reproducible and determinism.available(chosen) != determinism.available(goal):
         out.notes.append(f"reproducible: true: {determinism.describe(goal)} ({determinism.describe(chosen)})")
     for s in settings(spec.verl, chosen.walker):
@@ -156,7 +161,7 @@ def _insert_version(doc: Doc, target: str) -> None:
 def _engine(spec: Spec, sourced: Sourced, chosen: Selection, new: Release, docs: list[Doc],
             out: Plan) -> str | None:
     """The model_engine the spec gets in the target release (None: the plan stops at a decision)."""
-    config = spec.hydra.config_name
+    config = spec.hydra.config_name or DEFAULT_CONFIG
     if config not in new.configs:
         out.changes.append(Change("decision", "", f"verl {out.target} has no trainer config '{config}' "
                                                   f"(hydra.config_name); it has {', '.join(new.configs)}",
@@ -202,7 +207,7 @@ def _carry_setting(s: Any, sourced: Sourced, chosen: Selection, goal: Selection,
     where = _where(sourced, s.loc)
     if place.status != KNOWN and not (s.explicit and not moves):
         hint = elsewhere(parts, goal.tree)
-        out.changes.append(Change("dropped", s.key, f"verl {goal.release.version} has no {key}" + (
+        out.changes.append(Change("dropped", s.key, f"{goal.release.label} has no {key}" + (
             f"; it has {hint}: if that is the same setting, set it there" if hint else ""), where))
         for doc in _holding(docs, s.loc):
             doc.delete(s.loc)

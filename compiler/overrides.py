@@ -11,17 +11,19 @@ from .spec import Spec
 from .verl import determinism
 from .verl.check import Selection, settings, without_prefixes
 from .verl.hydra import hydra_value, verl_value
+from .verl.program import MAIN_PPO
 from .verl.release import DEFAULT_CONFIG
 
 
 def overrides(spec: Spec, chosen: Selection) -> tuple[Override, ...]:
     """Derived keys plus the spec's `verl:` leaves, sorted by key: one stable line each.
 
-    What selects the config comes first, in the order Hydra reads it: `--config-name` (when not verl's
-    default), the plugin search path, then config group choices (model_engine among them)."""
+    What selects the config comes first, in the order Hydra reads it: `--config-name` (when not main_ppo's
+    default; always for another program, so the argv names its config), the plugin search path, then config
+    group choices (model_engine among them)."""
     head: list[Override] = []
-    if spec.hydra.config_name != DEFAULT_CONFIG:
-        head.append(Override("--config-name", spec.hydra.config_name, "hydra.config_name"))
+    if chosen.config != DEFAULT_CONFIG or spec.program != MAIN_PPO:
+        head.append(Override("--config-name", chosen.config, "hydra.config_name"))
     if spec.hydra.searchpath:
         head.append(Override("hydra.searchpath", hydra_value(list(spec.hydra.searchpath)), "hydra.searchpath"))
     groups = {k: Override(k, v, f"hydra.groups.{k}") for k, v in spec.hydra.groups.items()}

@@ -188,15 +188,24 @@ SearchPath = Annotated[str, Strict(), matching(
 
 
 class Hydra(Model):
-    """How Hydra composes verl's config: main_ppo's --config-name, config group choices, plugin search paths."""
+    """How Hydra composes the program's config: --config-name, config group choices, plugin search paths."""
 
-    config_name: Name = Field("ppo_trainer", description="verl's trainer config (e.g. ppo_megatron_trainer on "
-                                                        "releases before model_engine).")
+    config_name: Name | None = Field(None, description="The program's --config-name, a config in its config "
+                                                       "folder (e.g. ppo_megatron_trainer on verl releases before "
+                                                       "model_engine); default: the one its @hydra.main names "
+                                                       "(main_ppo: ppo_trainer).")
     groups: dict[GroupKey, GroupOption] = Field(
         default_factory=dict, description="Config group choices, as `group@package: option` (model_engine is "
                                           "verl.model_engine).")
     searchpath: tuple[SearchPath, ...] = Field((), description="Where Hydra also looks for configs (a plugin's "
                                                                 "groups); passed as hydra.searchpath.")
+
+
+# --- the program and its code ----------------------------------------------------------------------
+
+Module = Annotated[str, Strict(), matching(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+",
+                                           "a Python module such as recipe.dapo.main_dapo")]
+Commit = Annotated[str, Strict(), matching(r"[0-9a-f]{40}", "a full git commit (40 lowercase hex digits)")]
 
 
 # --- the spec --------------------------------------------------------------------------------------
@@ -212,7 +221,24 @@ class Spec(Model):
         None, min_length=1, description="The bundles this spec is meant for: what `--target all` builds and checks "
                                         "(default: every target).")
     verl_version: Str = Field("0.9.1", description="The verl release whose config `verl:` is checked against; "
-                                                   "the preflight requires the cluster to run it.")
+                                                   "the preflight requires the cluster to run it. With "
+                                                   "verl_commit: the version that commit installs as (default).")
+    verl_commit: Commit | None = Field(
+        None, description="verl pinned to a git commit (recipes' REQUIRED_VERL.txt): `verl:` is checked against "
+                          "that commit's configs and dataclasses (shipped, cached, or read from verl_checkout), "
+                          "and the preflight requires every node's verl to be that commit.")
+    verl_checkout: Text | None = Field(
+        None, description="A local git checkout of verl holding verl_commit, read when verlc has no schema of "
+                          "it yet (relative to the spec; default: code).")
+    program: Module = Field("verl.trainer.main_ppo", description="The Ray driver program the job starts "
+                            "(python3 -m PROGRAM), e.g. recipe.dapo.main_dapo or "
+                            "verl.experimental.fully_async_policy.fully_async_main; its Hydra config is composed "
+                            "as Hydra composes it for that module.")
+    code: Text | None = Field(None, description="The run's own code (recipes, reward functions, configs), relative "
+                                                "to the spec: shipped to the job as its working directory and "
+                                                "recorded (git commit, uncommitted diff); default: the git "
+                                                "checkout holding the spec, when the program or a setting needs "
+                                                "it.")
     project: Text = Field(description="verl's trainer.project_name (the logger's project).")
     experiment: Text | None = Field(None, description="verl's trainer.experiment_name; default: name.")
     model: Annotated[Annotated[Text, Tag("text")] | Annotated[PinnedModel, Tag("pinned")],

@@ -3,6 +3,11 @@
     .venv/bin/python dev/verl_schema.py                 # every release in compiler/verl/release.py
     .venv/bin/python dev/verl_schema.py 0.4.1 0.9.1     # some of them
     .venv/bin/python dev/verl_schema.py --check         # exit 1 if a shipped schema differs
+    .venv/bin/python dev/verl_schema.py --commit SHA SOURCE.tar.gz   # a commit's schema, from its verl source
+
+A commit's schema (compiler/verl/commit.py COMMITS) is read from a tarball of that commit's source (the
+ones in ../shared/verl-recipe/), with every dataclass kept, as verlc reads a checkout for a spec's
+verl_commit.
 
 Each release comes from PyPI as `pip install --no-deps --target .cache/verl-releases/<version>`
 (seconds; cached), and is read from its own files: Hydra composes its trainer configs, `ast` reads its
@@ -34,7 +39,26 @@ def release_package(version: str) -> Path:
     return package
 
 
+def write_commit(commit: str, tarball: Path) -> None:
+    import re
+    import tarfile
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        with tarfile.open(tarball) as tar:
+            tar.extractall(scratch, filter="data")
+        package = next(Path(scratch).glob("**/verl/version/version")).parent.parent
+        version = re.sub(r"\.dev$", ".dev0", (package / "version" / "version").read_text().strip())
+        blob = pack(version, extract(package, all_classes=True))
+    path = REPO / "compiler" / "verl" / "schemas" / f"{commit}.json.gz"
+    path.write_bytes(blob)
+    print(f"wrote {path.relative_to(REPO)} (verl {version}, {len(blob) / 1024:.0f} KiB)")
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--commit"] and len(argv) == 3:
+        write_commit(argv[1], Path(argv[2]))
+        return 0
     check = "--check" in argv
     versions = [a for a in argv if not a.startswith("--")] or list(RELEASES)
     stale = []

@@ -85,20 +85,22 @@ class Selection:
         return self.release.tree(self.config, self.engine)
 
 
-def select(verl: dict[str, Any], release: Release, config: str = DEFAULT_CONFIG) -> Selection | str:
-    """The spec's trainer config and model_engine in this release, or a message saying why not."""
+def select(verl: dict[str, Any], release: Release, config: str | None = None) -> Selection | str:
+    """The spec's trainer config (None: the program's own) and model_engine in this release, or a message
+    saying why not."""
+    config = config or release.primary
     if config not in release.configs:
-        return (f"verl {release.version} has no trainer config '{config}'; it has "
+        return (f"{release.label} has no trainer config '{config}'; it has "
                 f"{', '.join(release.configs)}{did_you_mean(config, release.configs)}")
     engines = release.engines(config)
     engine = verl.get(ENGINE_KEY, release.default_engine(config))
     if engines == ("",):
         if ENGINE_KEY in verl:
-            return (f"verl {release.version} has no model_engine (it came in 0.7.1); choose the engine "
+            return (f"{release.label} has no model_engine (it came in 0.7.1); choose the engine "
                     f"with its trainer config ({', '.join(release.configs)})")
         return Selection(release, config, "")
     if not isinstance(engine, str) or engine not in engines:
-        return (f"unknown model_engine {shown(engine)}; verl {release.version} has {', '.join(engines)}"
+        return (f"unknown model_engine {shown(engine)}; {release.label} has {', '.join(engines)}"
                 + did_you_mean(str(engine), engines))
     return Selection(release, config, engine)
 
@@ -119,15 +121,15 @@ def check_groups(groups: dict[str, str], searchpath: tuple[str, ...], release: R
         package = package or group.replace("/", ".")
         options = release.groups.get(group)
         if options is None and not searchpath:
-            errors.append(sourced.diagnostic(loc, f"verl {release.version} has no config group '{group}'"
+            errors.append(sourced.diagnostic(loc, f"{release.label} has no config group '{group}'"
                                              + did_you_mean(group, release.groups), at_key=True))
             continue
         if options is not None and option not in options and not searchpath:
-            errors.append(sourced.diagnostic(loc, f"config group '{group}' of verl {release.version} has no option "
+            errors.append(sourced.diagnostic(loc, f"config group '{group}' of {release.label} has no option "
                                                   f"'{option}'; it has {', '.join(options)}"
                                              + did_you_mean(option, options)))
             continue
-        where = "a plugin's" if options is None or option not in options else f"verl {release.version}'s"
+        where = "a plugin's" if options is None or option not in options else f"{release.label}'s"
         unchecked.append(package)
         if release.source == "live":
             continue  # Hydra composes the exact overrides with the installed verl (and plugin) next
@@ -192,7 +194,7 @@ def check_verl(verl: dict[str, Any], derived: dict[str, Any], sourced: Sourced, 
             (tuple(derived_from[k].split(".")) for k in keys if k in derived_from), ("verl", *keys[0].split(".")))
         if keys[0] not in where and keys[0] not in derived_from and config.get(keys[0]) is not None:
             # the value the rule names was not written: say whose it is
-            message += f" ({keys[0]}: {shown(config.get(keys[0]))} is verl {chosen.release.version}'s default)"
+            message += f" ({keys[0]}: {shown(config.get(keys[0]))} is {chosen.release.label}'s default)"
         yield sourced.diagnostic(loc, message + (WORKERS_NOTE if when == WORKERS else ""))
 
 
@@ -230,7 +232,7 @@ def _setting(s: Setting, chosen: Selection, sourced: Sourced, spec_keys: frozens
         parent = ".".join(parts[:place.found])
         if s.prefix:  # Hydra's add puts a mapping where the value was
             yield sourced.diagnostic(s.loc, (
-                f"{NOTE}'{parent}' is a value in verl {release.version}'s config ({shown(Config(chosen.tree, {}).get(parent))}); "
+                f"{NOTE}'{parent}' is a value in {release.label}'s config ({shown(Config(chosen.tree, {}).get(parent))}); "
                 f"'{s.prefix}' replaces it with a mapping, which the code reading it may not expect"), at_key=True)
             return
         yield sourced.diagnostic(s.loc, f"'{parent}' is a value in verl's config, not a section", at_key=True)
@@ -240,13 +242,13 @@ def _setting(s: Setting, chosen: Selection, sourced: Sourced, spec_keys: frozens
             parent = ".".join(parts[:place.found])
             if place.owner is not None and place.built:
                 yield sourced.diagnostic(s.loc, (
-                    f"verl {release.version} builds '{parent}' as {place.owner.name}, which has no field "
+                    f"{release.label} builds '{parent}' as {place.owner.name}, which has no field "
                     f"'{parts[place.found]}'{did_you_mean(parts[place.found], place.owner.fields)}: Hydra would take "
                     f"the '{s.prefix}' key, then verl would fail with an unexpected keyword argument once the workers "
                     f"start"), at_key=True)
             elif place.owner is not None:
                 yield sourced.diagnostic(s.loc, (
-                    f"{NOTE}verl {release.version} hands '{parent}' on as a mapping, described by "
+                    f"{NOTE}{release.label} hands '{parent}' on as a mapping, described by "
                     f"{place.owner.name}, which has no field '{parts[place.found]}'; verlc cannot tell whether "
                     f"the code reading it expects one"), at_key=True)
             else:
@@ -263,7 +265,7 @@ def _setting(s: Setting, chosen: Selection, sourced: Sourced, spec_keys: frozens
         current = Config(chosen.tree, {}).get(s.key)
         if current is not None and current != MISSING:
             yield sourced.diagnostic(s.loc, (
-                f"verl {release.version} has {s.key} already ({shown(current)}), and Hydra's '+' only adds: "
+                f"{release.label} has {s.key} already ({shown(current)}), and Hydra's '+' only adds: "
                 f"write it without '+' (or with '++' to add or override)"), at_key=True)
             return
     yield from (sourced.diagnostic(s.loc, m) for m in _value(s, chosen, spec_keys, config))
@@ -280,9 +282,9 @@ def _needs_plus(parts: list[str], chosen: Selection) -> str:
     i = _first_new(parts, walker)
     where = ".".join(parts[:i]) or "the top level"
     declared = walker.place(parts[:i + 1]).owner if i else None
-    why = (f"{declared.name} declares it, but verl {chosen.release.version}'s YAML leaves it out"
+    why = (f"{declared.name} declares it, but {chosen.release.label}'s YAML leaves it out"
            if declared is not None and parts[i] in declared.fields else
-           f"'{where}' takes new keys, but verl {chosen.release.version}'s YAML does not have this one")
+           f"'{where}' takes new keys, but {chosen.release.label}'s YAML does not have this one")
     near = did_you_mean(parts[i], [k for k in walker.keys(parts[:i]) if walker.place([*parts[:i], k]).in_yaml])
     return (f"no key '{parts[i]}' under '{where}' in verl's config{near}: {why}, {NEEDS_PLUS}; to add it "
             f"write '+{parts[i]}' (Hydra's +{'.'.join(parts)}=...){' or run `verlc migrate`' if not near else ''}")
@@ -297,7 +299,7 @@ def _near_miss(s: Setting, chosen: Selection, sourced: Sourced) -> Iterator[Diag
     if near:
         yield sourced.diagnostic(s.loc, (
             f"{NOTE}'{s.prefix}{parts[i]}' adds a key verl does not read here; did you mean '{near[0]}'? "
-            f"(verl {chosen.release.version} has {'.'.join([*parts[:i], near[0]])})"), at_key=True)
+            f"({chosen.release.label} has {'.'.join([*parts[:i], near[0]])})"), at_key=True)
 
 
 def _one_edit(a: str, b: str) -> bool:
@@ -331,21 +333,21 @@ def _value(s: Setting, chosen: Selection, spec_keys: frozenset[str], config: Con
         why = (f"{place.owner.name} describes it as {' | '.join(describe(k) for k in place.kinds)}, but verl hands "
                f"the mapping on as it is" if _typed(s) else
                f"no dataclass types this key; its default is {shown(place.default)}")
-        yield f"{NOTE}verl {release.version}: {why}; verl will read {shown(value)} as it comes"
+        yield f"{NOTE}{release.label}: {why}; verl will read {shown(value)} as it comes"
         return
     if problem:
-        yield f"{problem} (verl {release.version}: {_declared(s)})"
+        yield f"{problem} ({release.label}: {_declared(s)})"
         return
     field = s.key.rsplit(".", 1)[-1]
     allowed = release.allowed.get(s.key) or (place.owner.allowed(field) if place.owner else ())
     refused = place.owner.refused(field) if place.owner else ()
     if value is not None and allowed and value not in allowed:
-        yield (f"must be one of {', '.join(map(str, allowed))} in verl {release.version}, got "
+        yield (f"must be one of {', '.join(map(str, allowed))} in {release.label}, got "
                f"{shown(value)}{did_you_mean(str(value), [str(a) for a in allowed])}")
     elif value in refused:
-        yield f"verl {release.version} refuses {shown(value)} here ({place.owner.name}.__post_init__)"
+        yield f"{release.label} refuses {shown(value)} here ({place.owner.name}.__post_init__)"
     elif value is not None and (workers := release.worker_allowed.get(s.key)) and value not in workers:
-        yield (f"{NOTE}verl {release.version}'s workers take {', '.join(map(str, workers))} here, not "
+        yield (f"{NOTE}{release.label}'s workers take {', '.join(map(str, workers))} here, not "
                f"{shown(value)}{did_you_mean(str(value).lower(), [str(a) for a in workers])}: the run would fail once "
                f"they start")
 
@@ -429,10 +431,10 @@ def _interpolations(s: Setting, chosen: Selection, spec_keys: frozenset[str]) ->
         target = absolute(s.key, ref).split(".")
         found = chosen.walker.place(target)
         if not (found.status == KNOWN and found.in_yaml) and ".".join(target) not in spec_keys:
-            yield (f"'{match[0]}' refers to a key verl {chosen.release.version} does not have; "
+            yield (f"'{match[0]}' refers to a key {chosen.release.label} does not have; "
                    f"for the environment variable on the node write ${{env:{ref.lstrip('.')}}}"
                    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", ref) else
-                   f"'{match[0]}' refers to '{'.'.join(target)}', which verl {chosen.release.version} does not have")
+                   f"'{match[0]}' refers to '{'.'.join(target)}', which {chosen.release.label} does not have")
 
 
 def _unknown(parts: list[str], place: Place, chosen: Selection) -> str:
@@ -447,7 +449,7 @@ def _unknown(parts: list[str], place: Place, chosen: Selection) -> str:
     if not hint:  # the right name in the wrong place (a key that moved)?
         moved = elsewhere(parts, chosen.tree)
         hint = f" (did you mean '{moved}'?)" if moved else ""
-    return f"verl {release.version}{engine} has no key '{parts[depth]}' {where}{hint}{other_releases(parts, release)}"
+    return f"{release.label}{engine} has no key '{parts[depth]}' {where}{hint}{other_releases(parts, release)}"
 
 
 def other_config(parts: list[str], chosen: Selection) -> str | None:
@@ -467,7 +469,7 @@ def other_config(parts: list[str], chosen: Selection) -> str | None:
         return (f"{key} belongs to the FSDP engine; this spec uses megatron (configure {section} with its "
                 f"megatron.* settings)")
     config, engine = others[0]
-    return (f"{key} is not in verl {release.version}'s {chosen.config}"
+    return (f"{key} is not in {release.label}'s {chosen.config}"
             f"{f' ({chosen.engine} engine)' if chosen.engine else ''}, which this spec uses; it belongs to "
             f"{config}{f' ({engine} engine)' if engine else ''}")
 
@@ -540,5 +542,5 @@ def _mandatory(config: Config, chosen: Selection, sourced: Sourced) -> Iterator[
         allowed = chosen.release.allowed.get(key)
         choices = f" ({', '.join(map(str, allowed))})" if allowed else ""
         yield sourced.diagnostic(("verl",) if "verl" in sourced.data else (),
-                                 f"verl.{key} is mandatory in verl {chosen.release.version}; set it{choices}",
+                                 f"verl.{key} is mandatory in {chosen.release.label}; set it{choices}",
                                  at_key=True)

@@ -28,11 +28,12 @@ DICTS = {"dict", "Dict", "Mapping", "MutableMapping", "DictConfig"}
 ANY = {"Any", "object"}
 
 
-def extract(package: Path, *, lazy: bool = False) -> dict[str, Any]:
+def extract(package: Path, *, lazy: bool = False, all_classes: bool = False) -> dict[str, Any]:
     """The schema data of the verl package at `package` (the folder holding verl/__init__.py).
 
     `lazy`: compose each model_engine's config only when it is first asked for (`--verl-config live`
-    needs one; the shipped schemas hold them all)."""
+    needs one; the shipped schemas hold them all). `all_classes`: keep every dataclass, not only those
+    verl's own configs reach (a commit's schema: a recipe's config may name any of them)."""
     config_dir = package / "trainer" / "config"
     classes, source = read_dataclasses(package)
     configs: dict[str, Any] = {}
@@ -42,7 +43,8 @@ def extract(package: Path, *, lazy: bool = False) -> dict[str, Any]:
     written = sorted({m[1] for path in config_dir.rglob("*.yaml")
                       for m in _TARGET.finditer(path.read_text(encoding="utf-8", errors="replace"))})
     targets = {t: q for t in written if (q := source.target(t)) in classes}
-    used = {q: info for q, info in sorted(classes.items()) if _used(q, set(targets.values()), classes)}
+    used = {q: info for q, info in sorted(classes.items())
+            if all_classes or _used(q, set(targets.values()), classes)}
     return {
         "configs": configs,
         "groups": _groups(config_dir),

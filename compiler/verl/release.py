@@ -53,6 +53,14 @@ class Release:
     groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     worker_allowed: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  # only the workers check these
     targets: Mapping[str, str] = field(default_factory=dict)  # `_target_` string -> class qualname
+    primary: str = DEFAULT_CONFIG  # the config the program composes when the spec names none
+    commit: str | None = None      # the git commit these facts were read from (None: a PyPI release)
+    unchecked: tuple[str, ...] = ()  # packages whose keys only Hydra can judge (a program's group choices)
+
+    @property
+    def label(self) -> str:
+        """How messages name it: 'verl 0.9.1', or 'verl 0.8.0.dev0 at commit bcb638649a50'."""
+        return f"verl {self.version}" + (f" at commit {self.commit[:12]}" if self.commit else "")
 
     def target(self, dotted: str) -> DataClass | None:
         qual = self.targets.get(dotted)
@@ -98,9 +106,9 @@ def installed_package() -> Any:
     return Path(next(iter(found.submodule_search_locations)))
 
 
-def from_data(version: str, data: dict[str, Any], source: str) -> Release:
+def from_data(version: str, data: dict[str, Any], source: str, commit: str | None = None) -> Release:
     return Release(
-        version=version, source=source,
+        version=version, source=source, commit=commit,
         configs={name: (c["default_engine"], c["engines"]) for name, c in data["configs"].items()},
         classes={qual: DataClass(c["name"], qual, c["fields"], {k: tuple(v) for k, v in c["literals"].items()})
                  for qual, c in data["classes"].items()},

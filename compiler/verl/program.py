@@ -1,0 +1,332 @@
+"""The program a job starts and the Hydra config it composes, as Hydra composes it for that module.
+
+verl's main_ppo composes verl's own trainer configs, which the release's (or commit's) schema holds. Any
+other Ray driver program (a recipe's `recipe.dapo.main_dapo`, verl's experimental programs) names its
+config with `@hydra.main(config_path=..., config_name=...)` in its own source; that config usually lists
+verl's `ppo_trainer` in its defaults list (found through its `hydra.searchpath`) and adds keys of its own.
+
+This module reads the program's source with `ast` (never imports it) and composes its config the way
+Hydra does for a primary config: the defaults list in order, `_self_` where it stands (last when absent),
+mappings merged key by key, other values replaced. verl's own trainer config comes from the schema (one
+tree per model_engine choice); `_target_` classes the program's config names are read from its code with
+`ast`, their verl base classes from the schema. What the composition cannot decide (a config group choice
+in the program's defaults list) is a note, and verlc leaves the keys below it to Hydra.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..diagnostics import did_you_mean
+from .release import DEFAULT_CONFIG, DataClass, Release
+
+MAIN_PPO = "verl.trainer.main_ppo"
+VERL_CONFIG = ("verl", "trainer", "config")  # where verl's own trainer configs live in a checkout
+
+
+class ProgramError(Exception):
+    """The program or its config cannot be found or read; `where` names the spec key to blame."""
+
+    def __init__(self, message: str, where: tuple[str, ...] = ("program",)) -> None:
+        super().__init__(message)
+        self.where = where
+
+
+@dataclass(frozen=True)
+class Program:
+    """One program's config, composed: the release with that config as its primary one."""
+
+    module: str
+    source: Path | None           # the module's file (None: verl's main_ppo, known from the schema)
+    config_dir: Path | None       # its @hydra.main config folder
+    config_name: str
+    release: Release
+    notes: tuple[str, ...] = ()   # what the composition could not decide
+    unchecked: tuple[str, ...] = ()  # packages (dotted) whose keys only Hydra can judge
+
+
+def module_file(module: str, roots: list[Path]) -> Path | None:
+    """The file `python3 -m module` runs, in the first root that has it."""
+    parts = module.split(".")
+    for root in roots:
+        for candidate in (root.joinpath(*parts).with_suffix(".py"), root.joinpath(*parts, "__main__.py")):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def hydra_main(source: Path) -> tuple[str | None, str | None]:
+    """(config_path, config_name) of the module's `@hydra.main(...)`; ProgramError when it has none."""
+    try:
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError) as exc:
+        raise ProgramError(f"cannot read {source}: {exc}") from None
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for deco in node.decorator_list:
+            if isinstance(deco, ast.Call) and _dotted(deco.func) in ("hydra.main", "main"):
+                args = {k.arg: k.value for k in deco.keywords if k.arg}
+                positional = dict(zip(("config_path", "config_name"), deco.args))
+                found = {**positional, **args}
+                return _constant(found.get("config_path")), _constant(found.get("config_name"))
+    raise ProgramError(f"{source} has no @hydra.main(...): verlc starts Ray driver programs that compose a "
+                       f"Hydra config, like verl's main_ppo")
+
+
+def resolve(module: str, config_name: str | None, release: Release, *, code: Path | None,
+            verl_source: Path | None) -> Program:
+    """The program's composed config over `release`. `code`: the run's code folder (the job's working
+    directory); `verl_source`: a folder holding verl's package source at the spec's commit, if any."""
+    if module == MAIN_PPO:
+        return Program(module, None, None, config_name or DEFAULT_CONFIG, release)
+    roots = [r for r in (code,) if r is not None]
+    if module.split(".")[0] == "verl" and verl_source is not None:
+        roots.append(verl_source)
+    source = module_file(module, roots)
+    if source is None:
+        where = "the run's code" if code else "no code folder"
+        looked = ", ".join(str(r) for r in roots) or "nowhere"
+        hint = ("; verl's own programs are read from its source: pin verl_commit" if module.startswith("verl.")
+                and verl_source is None else "; name the folder of the run's code in `code:`" if code is None
+                else "")
+        raise ProgramError(f"cannot find {module} ({where}; looked in {looked}){hint}")
+    path, name = hydra_main(source)
+    config_dir = (source.parent / (path or ".")).resolve()
+    name = config_name or name
+    if name is None:
+        raise ProgramError(f"{module}'s @hydra.main names no config_name: set hydra.config_name",
+                           ("hydra", "config_name"))
+    file = config_dir / f"{name}.yaml"
+    if not file.is_file():
+        have = sorted(p.stem for p in config_dir.glob("*.yaml")) if config_dir.is_dir() else []
+        raise ProgramError(f"{module} has no config '{name}' in {config_dir} (it has {', '.join(have) or 'none'})"
+                           + did_you_mean(name, have), ("hydra", "config_name") if config_name else ("program",))
+    composer = _Composer(release, code)
+    trees = composer.compose(file, [])
+    classes, targets, class_notes = _program_classes(trees, release, roots)
+    default_engine = release.default_engine(DEFAULT_CONFIG) if composer.used_verl else ""
+    if not composer.used_verl:
+        trees = {"": trees[""]}
+    program_release = replace(release, configs={name: (default_engine, trees)}, primary=name,
+                              classes={**release.classes, **classes}, targets={**release.targets, **targets})
+    return Program(module, source, config_dir, name, program_release, (*composer.notes, *class_notes),
+                   tuple(composer.unchecked))
+
+
+class _Composer:
+    """Hydra's defaults-list composition of a primary config file, per model_engine choice of verl's tree."""
+
+    def __init__(self, release: Release, code: Path | None) -> None:
+        self.release, self.code = release, code
+        self.engines = release.engines(DEFAULT_CONFIG) if DEFAULT_CONFIG in release.configs else ("",)
+        self.used_verl = False
+        self.notes: list[str] = []
+        self.unchecked: list[str] = []
+
+    def compose(self, file: Path, stack: list[Path]) -> dict[str, Any]:
+        if file in stack:
+            raise ProgramError(f"{file}'s defaults list includes itself")
+        data = _load_yaml(file)
+        defaults = data.pop("defaults", None) or []
+        hydra = data.pop("hydra", None) or {}
+        searchpath = hydra.get("searchpath", []) if isinstance(hydra, dict) else []
+        if not isinstance(defaults, list):
+            raise ProgramError(f"{file}: 'defaults' must be a list")
+        if "_self_" not in defaults:
+            defaults = [*defaults, "_self_"]
+        trees: dict[str, Any] = {e: {} for e in self.engines}
+        for item in defaults:
+            if item == "_self_":
+                trees = {e: _merge(t, data) for e, t in trees.items()}
+            elif isinstance(item, str):
+                layer = self._find(item.lstrip("/"), file.parent, searchpath, file)
+                trees = {e: _merge(t, layer[e]) for e, t in trees.items()}
+            elif isinstance(item, dict):
+                for key, option in item.items():
+                    group = str(key).removeprefix("override ").removeprefix("optional ").strip()
+                    package = group.partition("@")[2] or group.partition("@")[0].replace("/", ".")
+                    self.unchecked.append(package)
+                    self.notes.append(f"note: {file.name}'s defaults list chooses '{group}: {option}'; verlc does "
+                                      f"not compose config groups of a program's own config: keys under "
+                                      f"{package} are left to Hydra")
+        return trees
+
+    def _find(self, name: str, here: Path, searchpath: list[Any], file: Path) -> dict[str, Any]:
+        """The config `name` of a defaults list, per engine: verl's trainer config from the schema, or a
+        file in the config's own folder or its search path, composed in turn."""
+        places: list[Path | str] = [here]
+        for entry in searchpath:
+            entry = str(entry)
+            if entry.startswith("file://"):
+                folder = Path(entry.removeprefix("file://"))
+                places.append(folder if folder.is_absolute() else (self.code or Path.cwd()) / folder)
+            elif entry.startswith("pkg://"):
+                places.append(entry.removeprefix("pkg://"))
+        for place in places:
+            if isinstance(place, str):  # a package: verl's own configs are the schema's
+                if place == ".".join(VERL_CONFIG) and name in self.release.configs:
+                    return self._verl(name)
+                continue
+            candidate = place / f"{name}.yaml"
+            if not candidate.is_file():
+                continue
+            if place.resolve().parts[-3:] == VERL_CONFIG and name in self.release.configs:
+                return self._verl(name)
+            return self.compose(candidate.resolve(), [file])
+        shown = ", ".join(str(p) for p in places)
+        raise ProgramError(f"{file.name}'s defaults list names '{name}', which Hydra would not find "
+                           f"(looked in {shown})")
+
+    def _verl(self, name: str) -> dict[str, Any]:
+        self.used_verl = True
+        return {e: self.release.tree(name, e) if e in self.release.engines(name) else
+                self.release.tree(name, self.release.default_engine(name)) for e in self.engines}
+
+
+def _merge(base: Any, over: Any) -> Any:
+    """OmegaConf's merge: mappings key by key, anything else replaced (lists too)."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for key, value in over.items():
+            out[key] = _merge(base[key], value) if key in base else copy.deepcopy(value)
+        return out
+    return copy.deepcopy(over)
+
+
+def _load_yaml(file: Path) -> dict[str, Any]:
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
+
+    try:
+        data = YAML(typ="safe", pure=True).load(file.read_text(encoding="utf-8"))
+    except (OSError, YAMLError, UnicodeDecodeError) as exc:
+        raise ProgramError(f"cannot read {file}: {' '.join(str(exc).split())}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ProgramError(f"{file} is not a mapping")
+    return data
+
+
+def _targets(tree: Any) -> set[str]:
+    if isinstance(tree, dict):
+        found = {tree["_target_"]} if isinstance(tree.get("_target_"), str) else set()
+        for value in tree.values():
+            found |= _targets(value)
+        return found
+    if isinstance(tree, list):
+        return set().union(*map(_targets, tree)) if tree else set()
+    return set()
+
+
+def _program_classes(trees: dict[str, Any], release: Release, roots: list[Path]
+                     ) -> tuple[dict[str, DataClass], dict[str, str], list[str]]:
+    """The dataclasses the program's config names by `_target_` that the schema does not map yet: verl's
+    (found by name in the schema) or the program's own (read with ast, verl bases from the schema)."""
+    classes: dict[str, DataClass] = {}
+    targets: dict[str, str] = {}
+    notes: list[str] = []
+    wanted = sorted(set().union(*map(_targets, trees.values())) - set(release.targets))
+    for dotted in wanted:
+        found = _in_schema(dotted, release)
+        if found is None:
+            found = _read_class(dotted, release, roots)
+            if found is not None:
+                classes[found.qualname] = found
+        if found is None:
+            if dotted.startswith("verl."):
+                continue  # not a dataclass verl describes (e.g. a function target): the YAML says it all
+            notes.append(f"note: cannot read the class {dotted} the program's config names: the keys of its "
+                         f"section are checked against the YAML only")
+            continue
+        targets[dotted] = found.qualname
+    return classes, targets, notes
+
+
+def _in_schema(dotted: str, release: Release) -> DataClass | None:
+    if dotted in release.classes:
+        return release.classes[dotted]
+    module, _, name = dotted.rpartition(".")
+    near = [c for q, c in release.classes.items() if c.name == name and q.startswith(module + ".")]
+    return near[0] if len(near) == 1 else None
+
+
+def _read_class(dotted: str, release: Release, roots: list[Path]) -> DataClass | None:
+    """A class of the program's own code: its annotated fields, after those of its bases (the program's
+    own, or verl's from the schema)."""
+    from .extract import _type
+
+    module, _, name = dotted.rpartition(".")
+    file = module_file(module, roots) or next(
+        (p for r in roots if (p := r.joinpath(*module.split("."), "__init__.py")).is_file()), None)
+    if file is None:
+        return None
+    try:
+        tree = ast.parse(file.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    imports: dict[str, str] = {}
+    local: dict[str, ast.ClassDef] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            imports.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+        elif isinstance(node, ast.ClassDef):
+            local[node.name] = node
+
+    def fields_of(cls_name: str, seen: frozenset[str]) -> tuple[dict[str, str], dict[str, tuple[Any, ...]]] | None:
+        node = local.get(cls_name)
+        if node is None or cls_name in seen:
+            return None
+        fields: dict[str, str] = {}
+        literals: dict[str, tuple[Any, ...]] = {}
+        for base in node.bases:
+            base_name = _dotted(base)
+            inherited = fields_of(base_name, seen | {cls_name}) if base_name in local else None
+            if inherited is None and base_name in imports:
+                known = _in_schema(imports[base_name], release)
+                inherited = (dict(known.fields), dict(known.literals)) if known else None
+            if inherited:
+                fields.update(inherited[0])
+                literals.update(inherited[1])
+        for stmt in node.body:
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) \
+                    and not stmt.target.id.startswith("__") and _dotted(stmt.annotation) != "ClassVar":
+                kinds, values = _type(stmt.annotation, lambda n: _resolve_name(n, imports, local, module, release))
+                fields[stmt.target.id] = "|".join(kinds)
+                if values:
+                    literals[stmt.target.id] = tuple(values)
+        return fields, literals
+
+    found = fields_of(name, frozenset())
+    if found is None:
+        return None
+    return DataClass(name, dotted, found[0], found[1])
+
+
+def _resolve_name(name: str, imports: dict[str, str], local: dict[str, ast.ClassDef], module: str,
+                  release: Release) -> str | None:
+    if name in local:
+        return f"{module}.{name}"
+    if name in imports:
+        known = _in_schema(imports[name], release)
+        return known.qualname if known else None
+    return None
+
+
+def _dotted(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    if isinstance(node, ast.Subscript):
+        return _dotted(node.value)
+    return ""
+
+
+def _constant(node: ast.expr | None) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
