@@ -17,7 +17,8 @@ Facts = dict[str, dict[str, str]]
 # overrides they become ("verl settings", which also holds what verlc derives). tests/test_diff.py fails
 # when a spec field is missing here, and a leaf of an unlisted section would still show, under "other".
 SECTION_GROUPS = {
-    "verl": None, "name": "run", "verl_version": "run", "project": "run", "experiment": "run", "model": "run",
+    "verl": None, "name": "run", "verl_version": "run", "verl_commit": "run", "verl_checkout": "run",
+    "program": "run", "code": "run", "project": "run", "experiment": "run", "model": "run",
     "hydra": "run", "reproducible": "run", "sweep": "run", "stall_timeout": "stages", "data": "stages",
     "ray": "stages", "pins": "stages",
     "cluster": "resources", "targets": "run", "container": "container", "env": "environment",

@@ -32,7 +32,7 @@ from .verl.check import ENGINE_KEY, NEEDS_PLUS, NOTE, Selection, all_keys, elsew
 from .verl.hydra import shown, verl_value
 from .verl.place import KNOWN
 from .verl.moves import carry, placeholder
-from .verl.release import MISSING, RELEASES, Release, docs as release_docs, snapshot
+from .verl.release import DEFAULT_CONFIG, MISSING, RELEASES, Release, docs as release_docs, snapshot
 from .verl.rules import Config
 
 

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from verlc.compiler.verl.extract import extract
+from verlc.compiler.verl.commit import COMMITS
 from verlc.compiler.verl.release import RELEASES, pack, pack_docs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,7 +40,16 @@ def release_package(version: str) -> Path:
     return package
 
 
-def write_commit(commit: str, tarball: Path) -> None:
+SHARED = Path(os.environ.get("VERLC_SHARED", REPO.parent / "shared")) / "verl-recipe"
+
+
+def commit_tarball(commit: str) -> Path | None:
+    """The shared source tarball of a shipped commit (verl-<short sha>.tar.gz)."""
+    return next((t for t in sorted(SHARED.glob("verl-*.tar.gz"))
+                 if commit.startswith(t.name.removeprefix("verl-").removesuffix(".tar.gz"))), None)
+
+
+def commit_blob(commit: str, tarball: Path) -> tuple[str, bytes]:
     import re
     import tarfile
     import tempfile
@@ -49,7 +59,11 @@ def write_commit(commit: str, tarball: Path) -> None:
             tar.extractall(scratch, filter="data")
         package = next(Path(scratch).glob("**/verl/version/version")).parent.parent
         version = re.sub(r"\.dev$", ".dev0", (package / "version" / "version").read_text().strip())
-        blob = pack(version, extract(package, all_classes=True))
+        return version, pack(version, extract(package, all_classes=True))
+
+
+def write_commit(commit: str, tarball: Path) -> None:
+    version, blob = commit_blob(commit, tarball)
     path = REPO / "compiler" / "verl" / "schemas" / f"{commit}.json.gz"
     path.write_bytes(blob)
     print(f"wrote {path.relative_to(REPO)} (verl {version}, {len(blob) / 1024:.0f} KiB)")
@@ -77,6 +91,18 @@ def main(argv: list[str]) -> int:
             else:
                 path.write_bytes(blob)
                 print(f"wrote {name} ({len(blob) / 1024:.0f} KiB, {time.perf_counter() - started:.1f} s)", flush=True)
+    for commit in COMMITS if check and not [a for a in argv if not a.startswith("--")] else ():
+        tarball = commit_tarball(commit)
+        path = REPO / "compiler" / "verl" / "schemas" / f"{commit}.json.gz"
+        if tarball is None:
+            print(f"{path.relative_to(REPO)}: no source in {SHARED}", flush=True)
+            stale.append(f"--commit {commit}")
+            continue
+        same = path.exists() and path.read_bytes() == commit_blob(commit, tarball)[1]
+        print(f"{path.relative_to(REPO)}: {'matches' if same else 'DIFFERS FROM'} verl {commit[:12]}'s own files",
+              flush=True)
+        if not same:
+            stale.append(f"--commit {commit} {tarball}")
     if stale:
         print(f"regenerate with: .venv/bin/python dev/verl_schema.py {' '.join(stale)}", file=sys.stderr)
         return 1

@@ -12,6 +12,7 @@ from ruamel.yaml import YAML
 
 from conftest import REPO, SPECS, run_verlc, slurm_job
 from test_verl_differential import verlc_problems
+from verlc.compiler.verl.commit import COMMITS
 from verlc.compiler.verl.release import RELEASES
 from verlc.compiler.verl.rules import WORKERS_NOTE
 
@@ -64,6 +65,8 @@ def test_every_shipped_schema_is_what_its_release_says() -> None:
     for version in RELEASES:  # the facts every check reads, and the descriptions editors and explain show
         for name in (f"{version}.json.gz", f"{version}.docs.json.gz"):
             assert f"compiler/verl/schemas/{name}: matches verl {version}'s own files\n" in result.stdout, name
+    for commit in COMMITS:  # the commits recipes pin, from their source in ../shared/verl-recipe
+        assert f"compiler/verl/schemas/{commit}.json.gz: matches verl {commit[:12]}'s own files\n" in result.stdout
 
 
 def test_live_reads_the_installed_verl_as_the_snapshot_does() -> None:

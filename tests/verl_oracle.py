@@ -3,7 +3,10 @@
     python tests/verl_oracle.py PACKAGE_DIR [--import] < cases.json > verdicts.json
 
 A case is {"config", "engine", "overrides": [Hydra override strings], "keys": [dotted keys it sets],
-"values": {key: python value}, optionally "verlc": [the overrides verlc passes for it]}. A case is rejected
+"values": {key: python value}, optionally "verlc": [the overrides verlc passes for it] and "config_dir" (a
+program's own config folder; default: verl's trainer configs; run from the folder its search path is
+relative to, e.g. a recipe checkout's root). Classes are looked up in verl's package and, for other
+modules (a recipe's), in the folder holding it. A case is rejected
 when:
 1. Hydra refuses the overrides on the composed config (the same code path main_ppo's @hydra.main uses);
 2. OmegaConf cannot resolve a set key's value (an interpolation of a key verl does not have, ...);
@@ -38,8 +41,8 @@ PARSER = OverridesParser.create()
 
 
 @cache
-def composed(config: str, engine: str) -> DictConfig:
-    with initialize_config_dir(config_dir=str(PACKAGE / "trainer" / "config"), version_base=None):
+def composed(config: str, engine: str, config_dir: str | None = None) -> DictConfig:
+    with initialize_config_dir(config_dir=config_dir or str(PACKAGE / "trainer" / "config"), version_base=None):
         return compose(config, overrides=[f"model_engine={engine}"] if engine else [])
 
 
@@ -74,8 +77,9 @@ def _hint(annotation: ast.expr) -> Any:
 
 
 def _module_file(module: str) -> Path | None:
-    rel = Path(*module.split(".")[1:])
-    for candidate in (PACKAGE / rel / "__init__.py", (PACKAGE / rel).with_suffix(".py")):
+    parts = module.split(".")
+    root, rel = (PACKAGE, Path(*parts[1:])) if parts[0] == "verl" else (PACKAGE.parent, Path(*parts))
+    for candidate in (root / rel / "__init__.py", (root / rel).with_suffix(".py")):
         if candidate.exists():
             return candidate
     return None
@@ -213,7 +217,7 @@ def entry_class(owner_target: str, field: str, hints: dict[str, Any]) -> tuple[f
 
 
 def applied(case: dict[str, Any], overrides: list[str]) -> DictConfig:
-    cfg = copy.deepcopy(composed(case["config"], case["engine"]))
+    cfg = copy.deepcopy(composed(case["config"], case["engine"], case.get("config_dir")))
     OmegaConf.set_struct(cfg, True)
     ConfigLoaderImpl._apply_overrides_to_config(PARSER.parse_overrides(overrides), cfg)
     return cfg
@@ -252,7 +256,7 @@ def _verl_builds(case: dict[str, Any], cfg: DictConfig) -> str:
             continue
         path, target, name = where
         names, hints = fields_of(target)
-        default = OmegaConf.select(composed(case["config"], case["engine"]), path)
+        default = OmegaConf.select(composed(case["config"], case["engine"], case.get("config_dir")), path)
         if names is None or not isinstance(default, DictConfig) or set(default.keys()) - names - {"_target_"}:
             continue  # verl cannot be building this node: its own defaults would not fit the class
         node = OmegaConf.select(cfg, path)

@@ -12,7 +12,7 @@ from ..diagnostics import Diagnostic, did_you_mean
 from ..load import Sourced
 from .hydra import KEY, hydra_value, shown, verl_value
 from .place import KNOWN, UNDER_VALUE, UNKNOWN, Place, Walker
-from .release import DEFAULT_CONFIG, MISSING, RELEASES, Release, snapshot
+from .release import MISSING, RELEASES, Release, snapshot
 from .rules import WORKERS, WORKERS_NOTE, Config, absolute, rules
 
 ENGINE_KEY = "model_engine"

@@ -92,12 +92,10 @@ def extract_commit(checkout: Path, commit: str) -> bytes:
     if not has_commit(checkout, commit):
         raise CommitError(f"the checkout {checkout} does not have commit {commit[:12]} (git fetch it, or pin "
                           f"the commit it has)")
+    from .extract import extract
+
     try:
-        from .extract import extract
-    except ImportError:  # pragma: no cover - extract imports only the standard library at import time
-        raise
-    try:
-        import hydra  # noqa: F401
+        import hydra  # noqa: F401  (extract composes with it)
     except ImportError:
         raise CommitError("reading verl's config at a commit needs Hydra: pip install 'verlc[hydra]' (or "
                           "hydra-core), then build again; the schema is cached after that") from None

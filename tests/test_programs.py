@@ -1,0 +1,254 @@
+"""Programs other than main_ppo, verl pinned to a commit: verlc composes a recipe's config as Hydra does and
+judges its keys as verl does (issue: paper runs as they are really run).
+
+The recipes and verl sources are the shared ones (../shared/verl-recipe/, made into local git checkouts by
+dev/checkouts.py); Hydra composes them in one process per checkout (tests/verl_oracle.py for verdicts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO
+from test_verl_releases import leaves, nest, other_type, user_overrides
+from verlc.compiler.diagnostics import SpecError
+from verlc.compiler.pipeline import compile_spec
+from verlc.compiler.verl.check import select, settings
+from verlc.compiler.verl.commit import _release, commit_release
+from verlc.compiler.verl.hydra import verl_value
+from verlc.compiler.verl.program import resolve
+
+sys.path.insert(0, str(REPO / "dev"))
+from checkouts import SHARED, make  # noqa: E402
+
+ROLLING = "bcb638649a50e58494a8ddd92085ad1174f674b8"    # verl-recipe's ROLLING_VERL_COMMIT
+REPRODUCTION = "4f80e465c2ec79ab9c3c30ec74b9745de61d0490"  # DAPO's published tables
+# (checkout, verl commit, program, config name or None for the program's own)
+PROGRAMS = [
+    ("verl-bcb6386-recipe", ROLLING, "recipe.dapo.main_dapo", None),
+    ("verl-bcb6386-recipe", ROLLING, "recipe.dapo.main_dapo", "dapo_megatron_trainer"),
+    ("verl-bcb6386-recipe", ROLLING, "recipe.sppo.main_sppo", None),
+    ("verl-bcb6386-recipe", ROLLING, "verl.experimental.fully_async_policy.fully_async_main", None),
+    ("verl-bcb6386-recipe", ROLLING, "verl.experimental.one_step_off_policy.main_ppo", None),
+    ("verl-4f80e465", REPRODUCTION, "recipe.dapo.src.main_dapo", None),
+]
+IDS = [f"{p[2]}:{p[3] or 'default'}" for p in PROGRAMS]
+
+
+@pytest.fixture(scope="session")
+def checkouts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not SHARED.is_dir():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{SHARED} is missing: CI runs every test")
+        pytest.skip(f"{SHARED} is missing")
+    into = tmp_path_factory.mktemp("checkouts")
+    for name in {p[0] for p in PROGRAMS}:
+        make(name, into)
+    return into
+
+
+# --- composition: verlc's tree is Hydra's, for every program and engine --------------------------
+
+HYDRA_COMPOSE = """
+import json, os, sys
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+out = []
+for case in json.load(sys.stdin):
+    os.chdir(case["cwd"])
+    with initialize_config_dir(config_dir=case["dir"], version_base=None):
+        cfg = compose(case["name"], overrides=case["overrides"])
+    tree = OmegaConf.to_container(cfg, resolve=False)
+    tree.pop("hydra", None)
+    out.append(tree)
+json.dump(out, sys.stdout)
+"""
+
+
+def test_every_programs_config_is_composed_as_hydra_composes_it(checkouts: Path) -> None:
+    cases, mine = [], []
+    for checkout, commit, module, name in PROGRAMS:
+        program = resolve(module, name, commit_release(commit, None), code=checkouts / checkout, verl_source=None)
+        release = program.release
+        for engine in release.engines(program.config_name):
+            cases.append({"cwd": str(checkouts / checkout), "dir": str(program.config_dir),
+                          "name": program.config_name, "overrides": [f"model_engine={engine}"] if engine else []})
+            mine.append((f"{module} {program.config_name} {engine or '-'}", release.tree(program.config_name, engine)))
+    result = subprocess.run([sys.executable, "-c", HYDRA_COMPOSE], input=json.dumps(cases), capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    hydras = json.loads(result.stdout)
+    assert len(mine) >= len(PROGRAMS) + 2  # the programs over verl's trainer config have every engine
+    for (label, tree), hydra in zip(mine, hydras):
+        assert tree == hydra, f"{label}: verlc's composition differs from Hydra's"
+
+
+def test_a_recipes_own_dataclass_is_read_with_its_verl_base(checkouts: Path) -> None:
+    checkout = checkouts / "verl-bcb6386-recipe"
+    program = resolve("recipe.sppo.main_sppo", None, commit_release(ROLLING, None), code=checkout, verl_source=None)
+    cls = program.release.target("recipe.sppo.config.SPPOActorConfig")
+    assert cls is not None and cls.fields["sppo_eta"] == "float"
+    assert "ppo_mini_batch_size" in cls.fields  # inherited from verl's ActorConfig, read from the commit's schema
+
+
+# --- verdicts: verlc refuses what verl refuses, on the recipes' own keys and verl's ---------------
+
+def base_verl() -> dict[str, Any]:
+    return {"algorithm": {"adv_estimator": "grpo"},
+            "actor_rollout_ref": {"actor": {"ppo_micro_batch_size_per_gpu": 4},
+                                  "rollout": {"name": "vllm", "log_prob_micro_batch_size_per_gpu": 4}}}
+
+
+def recipe_cases(program: Any, tree: dict[str, Any], rng: random.Random, count: int) -> list[dict[str, Any]]:
+    """Keys drawn from the composed config, half of them from the recipe's own file (what verl lacks)."""
+    own = {k for k, _ in leaves(_own_keys(program))}
+    real = [(k, v) for k, v in leaves(tree) if v != "???" and not (isinstance(v, str) and "${" in v)
+            and not any(r in k for r in ("_target_", "batch_size", "parallel_size", "nnodes", "n_gpus", "enable",
+                                         "adv_estimator", "name", "mode", "strategy", "use_", "critic.", "path",
+                                         "_files", "project_name", "experiment_name", "default_local_dir",
+                                         "resume_mode", "rollout.n", "do_sample", "loss_agg_mode", "ulysses",
+                                         "temperature", "total_training_steps"))]
+    mine = [(k, v) for k, v in real if k in own] or real
+    cases = []
+    while len(cases) < count:
+        key, default = rng.choice(mine if rng.random() < 0.5 else real)
+        kind = rng.choice(["real", "type", "typo", "new-closed", "plus-new"])
+        parts = key.split(".")
+        if kind == "real":
+            flat = {key: default}
+        elif kind == "type":
+            flat = {key: other_type(default)}
+        elif kind == "typo":
+            i = rng.randrange(len(parts))
+            parts[i] = parts[i] + "x"
+            flat = {".".join(parts): default}
+        elif kind == "new-closed":
+            flat = {".".join([*parts[:-1], "brand_new_setting"]): 1}
+        else:
+            flat = {".".join([*parts[:-1], "+brand_new_setting"]): 1}
+        cases.append({"kind": kind, "flat": flat})
+    return cases
+
+
+def _own_keys(program: Any) -> dict[str, Any]:
+    from ruamel.yaml import YAML
+
+    data = YAML(typ="safe", pure=True).load((program.config_dir / f"{program.config_name}.yaml").read_text())
+    return {k: v for k, v in (data or {}).items() if k not in ("defaults", "hydra")}
+
+
+@pytest.mark.parametrize("index", [0, 2, 5], ids=[IDS[0], IDS[2], IDS[5]])
+def test_verlc_and_verl_agree_on_a_programs_keys(checkouts: Path, tmp_path: Path, index: int,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    checkout, commit, module, name = PROGRAMS[index]
+    code = checkouts / checkout
+    program = resolve(module, name, commit_release(commit, None), code=code, verl_source=None)
+    engine = program.release.default_engine(program.config_name)
+    tree = program.release.tree(program.config_name, engine)
+    cases = recipe_cases(program, tree, random.Random(f"verlc-{module}"), 40)
+    judged = []
+    for case in cases:
+        verl = nest(case["flat"], base_verl())
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(json.dumps({"name": "recipe", "project": "p", "model": "m", "verl_commit": commit,
+                                    "program": module, "code": str(code), "verl": verl,
+                                    "data": {"train_files": ["t.parquet"], "val_files": ["v.parquet"]},
+                                    "cluster": {"nodes": 1, "gpus_per_node": 8}}))
+        try:
+            compile_spec(spec, display="spec.yaml", source="spec.yaml")
+            problems: list[str] = []
+        except SpecError as exc:
+            problems = [f"{d.path}: {d.message}" for d in exc.diagnostics]
+        chosen = select(verl, program.release)
+        assert not isinstance(chosen, str), chosen
+        mine = user_overrides("0.9.1", case["flat"])  # base_verl() is that test's baseline too
+        values = {".".join(p.lstrip("+") for p in k.split(".")): verl_value(v)
+                  for k, v in {**dict(leaves(base_verl())), **case["flat"]}.items()}
+        judged.append((case, problems, {
+            "config": program.config_name, "engine": engine, "config_dir": str(program.config_dir),
+            "overrides": mine, "keys": [o.split("=", 1)[0].lstrip("+") for o in mine], "values": values,
+            "verlc": None if problems else [s.arg for s in settings(verl, chosen.walker)]}))
+    result = subprocess.run([sys.executable, str(REPO / "tests" / "verl_oracle.py"), str(code / "verl")],
+                            input=json.dumps([j[2] for j in judged]), capture_output=True, text=True, cwd=code,
+                            timeout=600, env={**os.environ, "HYDRA_FULL_ERROR": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    disagreements = [f"{case['kind']} {case['flat']}\n  verlc: {problems or 'accepts'}\n  verl:  {says or 'accepts'}"
+                     for (case, problems, _), says in zip(judged, json.loads(result.stdout))
+                     if bool(problems) != bool(says)]
+    kinds = {c["kind"] for c in cases}
+    assert kinds == {"real", "type", "typo", "new-closed", "plus-new"}
+    assert not disagreements, f"{len(disagreements)} of {len(cases)}:\n" + "\n".join(disagreements[:20])
+
+
+# --- a commit read from a checkout, once --------------------------------------------------------
+
+def test_a_commit_is_read_from_its_checkout_once_then_cached(checkouts: Path, tmp_path: Path) -> None:
+    checkout = checkouts / "verl-bcb6386-recipe"
+    commit = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps({"name": "dapo", "project": "p", "model": "m", "verl_commit": commit,
+                                "verl_checkout": str(checkout), "program": "recipe.dapo.main_dapo",
+                                "code": str(checkout),
+                                "verl": nest({"algorithm.filter_groups.enable": True}, base_verl()),
+                                "data": {"train_files": ["t.parquet"], "val_files": ["v.parquet"]},
+                                "cluster": {"nodes": 1, "gpus_per_node": 8}}))
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+    def validate() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "verlc", "validate", str(spec)], capture_output=True,
+                              text=True, env=env, timeout=600)
+
+    first, second = validate(), validate()
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert f"reading verl {commit[:12]}" in first.stderr
+    assert "reading verl" not in second.stderr
+    cached = list((tmp_path / "cache" / "verlc" / "verl-commits").glob(f"{commit}-*.json.gz"))
+    assert len(cached) == 1
+    # the same files as the shipped schema of the commit they were unpacked from
+    shipped = commit_release(ROLLING, None)
+    read = _release(commit, cached[0].read_bytes())
+    assert read.configs == shipped.configs and read.version == shipped.version == "0.8.0.dev0"
+
+
+# --- bad input: one positioned line each, exit 2, nothing written ---------------------------------
+
+@pytest.mark.parametrize("change, where, says", [
+    ({"hydra": {"config_name": "dapo_trainr"}}, "hydra.config_name", "did you mean 'dapo_trainer'"),
+    ({"program": "recipe.dapo.main_dapoo"}, "program", "cannot find recipe.dapo.main_dapoo"),
+    ({"verl_commit": "0" * 40}, "verl_checkout", "does not have commit 000000000000"),
+    ({"code": "no/such/folder"}, "code", "no folder"),
+    ({"defaults": ["ppo_trainer", "no_such_config", "_self_"]}, "program", "names 'no_such_config'"),
+    ({"verl_version": "0.9.1"}, "verl_version", "installs as verl 0.8.0.dev0"),
+], ids=["config-name", "program", "commit", "code", "defaults", "version"])
+def test_bad_program_input_is_one_line_at_its_key(checkouts: Path, tmp_path: Path, change: dict[str, Any],
+                                                  where: str, says: str) -> None:
+    code = tmp_path / "code"
+    subprocess.run(["cp", "-r", str(checkouts / "verl-bcb6386-recipe"), str(code)], check=True)
+    defaults = change.pop("defaults", None)
+    if defaults:
+        config = code / "recipe" / "dapo" / "config" / "dapo_trainer.yaml"
+        config.write_text(config.read_text().replace("  - ppo_trainer\n", "".join(f"  - {d}\n" for d in defaults
+                                                                                 if d != "_self_"), 1))
+    spec = tmp_path / "spec.yaml"
+    data = {"name": "dapo", "project": "p", "model": "m", "verl_commit": ROLLING, "verl_checkout": str(code),
+            "program": "recipe.dapo.main_dapo", "code": str(code), "verl": base_verl(),
+            "data": {"train_files": ["t.parquet"], "val_files": ["v.parquet"]},
+            "cluster": {"nodes": 1, "gpus_per_node": 8}, **change}
+    spec.write_text(json.dumps(data, indent=1))
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-m", "verlc", "build", str(spec), "--target", "ray-job", "--out",
+                             str(out)], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert result.returncode == 2, result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith(str(spec))]
+    assert len(lines) == 1 and f": {where}: " in lines[0] and says in lines[0], result.stderr
+    assert "Traceback" not in result.stderr and not out.exists()
