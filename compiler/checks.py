@@ -63,7 +63,7 @@ def check(spec: Spec, sourced: Sourced, release: Release, targets: Iterable[str]
 def _check_verl(spec: Spec, sourced: Sourced, chosen: Selection, unchecked: tuple[str, ...]) -> Iterator[Diagnostic]:
     found = derived(spec)
     return check_verl(spec.verl, {d.key: d.value for d in found}, sourced, chosen,
-                      {d.key: d.source for d in found}, critic_in_use(spec.verl), unchecked)
+                      {d.key: d.source for d in found}, critic_in_use(spec.verl, chosen.tree), unchecked)
 
 
 def _verl_section(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
@@ -86,7 +86,7 @@ def _verl_section(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iter
                     f"${{oc.env:{bare[0][1:]}}} for the environment variable where verl runs"))
                 break
     critic = spec.verl.get("critic")
-    if isinstance(critic, dict) and critic and not critic_in_use(spec.verl):
+    if isinstance(critic, dict) and critic and not critic_in_use(spec.verl, chosen.tree):
         yield sourced.diagnostic(("verl", "critic"),
                                  f"{NOTE}critic settings given, but the advantage estimator uses no critic "
                                  "(only gae does); remove verl.critic or set algorithm.adv_estimator: gae",

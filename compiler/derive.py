@@ -24,13 +24,21 @@ class Derived:
     source: str  # the spec path it is derived from
 
 
-def critic_in_use(verl: dict[str, Any]) -> bool:
-    """verl builds a critic for GAE (its default estimator) unless critic.enable says otherwise."""
-    enable = verl.get("critic", {}).get("enable") if isinstance(verl.get("critic"), dict) else None
-    if enable is not None:
+def critic_in_use(verl: dict[str, Any], config: dict[str, Any] | None = None) -> bool:
+    """verl builds a critic for GAE unless critic.enable says otherwise: the spec's values, else the composed
+    config's (a program's own config may choose another estimator), else verl's default estimator, GAE."""
+    def given(section: str, key: str) -> tuple[bool, Any]:
+        for tree in (verl, config or {}):
+            node = tree.get(section)
+            if isinstance(node, dict) and key in node:
+                return True, node[key]
+        return False, None
+
+    found, enable = given("critic", "enable")
+    if found and enable is not None:
         return bool(enable)
-    algorithm = verl.get("algorithm") if isinstance(verl.get("algorithm"), dict) else {}
-    return algorithm.get("adv_estimator", "gae") == "gae"
+    found, estimator = given("algorithm", "adv_estimator")
+    return estimator == "gae" if found else True
 
 
 def derived(spec: Spec) -> tuple[Derived, ...]:

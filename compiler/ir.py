@@ -6,6 +6,7 @@ variable references kept apart, so each target quotes the literal parts in its o
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -166,6 +167,28 @@ class VariantIR:
     checkpoint_dir: Word
 
 
+CODE_DIFF = "code.diff"  # a bundle's copy of the code's uncommitted changes
+
+
+@dataclass(frozen=True)
+class CodeIR:
+    """What the job's working dir holds, as built."""
+
+    folder: str                             # as the bundle's commands see it (relative: to where they run)
+    commit: str | None                      # git HEAD (None: not a git checkout)
+    dirty: bool                             # uncommitted changes (tracked or untracked files)
+    diff: str                               # those changes as text ("" when clean): the bundle's code.diff
+    files: tuple[tuple[str, str], ...]      # (path in the folder, sha256): the program's config and named files
+
+    @property
+    def diff_sha256(self) -> str | None:
+        return hashlib.sha256(self.diff.encode()).hexdigest() if self.dirty else None
+
+    def as_json(self) -> dict[str, object]:
+        return {"folder": self.folder, "commit": self.commit, "dirty": self.dirty, "diff_sha256": self.diff_sha256,
+                "files": dict(self.files)}
+
+
 @dataclass(frozen=True)
 class JobIR:
     name: str
@@ -200,6 +223,8 @@ class JobIR:
     targets: tuple[str, ...]  # the bundles the spec is meant for (`--target all`)
     variants: tuple[VariantIR, ...]  # empty without a sweep
     stall_timeout: int | None  # seconds without a new training step before the run is ended
+    code: CodeIR | None = None  # the run's own code: the job's working dir (None: the target's own default)
+    verl_commit: str | None = None  # verl pinned to a git commit: the preflight checks what each node imports
     notes: tuple[str, ...] = ()  # what verlc could not check, and why (shown by validate and build)
     parts: tuple[tuple[str, Any], ...] = ()  # (target, its own IR part): each target built, lowered by its folder
 

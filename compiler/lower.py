@@ -8,7 +8,7 @@ from typing import Any
 
 from verlc import __version__
 
-from .ir import ContainerIR, DataPrepIR, EnvVar, ImageBuildIR, JobIR, ModelFetchIR, RayIR, VariantIR, Var, Word, parse_word
+from .ir import CodeIR, ContainerIR, DataPrepIR, EnvVar, ImageBuildIR, JobIR, ModelFetchIR, RayIR, VariantIR, Var, Word, parse_word
 from ..targets import TARGETS, get
 from . import yaml_text
 from .derive import checkpoint_dir, derived_environment, strings_in, variant_specs
@@ -25,7 +25,7 @@ ROLLOUT_PACKAGES = {"vllm": "vllm", "sglang": "sglang", "sglang_async": "sglang"
 
 
 def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, notes: tuple[str, ...] = (),
-          targets: tuple[str, ...] = (), built: tuple[str, ...] = ()) -> JobIR:
+          targets: tuple[str, ...] = (), built: tuple[str, ...] = (), code: CodeIR | None = None) -> JobIR:
     """Resolve a checked spec into the IR every target renders from, with the parts of the `built` targets."""
     slurm = spec.cluster.slurm
     chosen = select(spec.verl, release, spec.hydra.config_name)
@@ -40,7 +40,7 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
         normalized_spec=normalized(spec),
         verl_config=yaml_text.dump(config.tree),
         reproducible=spec.reproducible,
-        verl_schema=f"{release.version} ({release.source})",
+        verl_schema=f"{release.label.removeprefix('verl ')} ({release.source})",
         verlc_version=__version__,
         verl_version=spec.verl_version,
         nodes=spec.cluster.nodes,
@@ -48,7 +48,7 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
         accelerator=spec.cluster.accelerator,
         env=environment(spec),
         secrets=spec.secrets,
-        container=container(spec),
+        container=container(spec, code),
         ray=RayIR(
             address=spec.ray.address,
             working_dir=spec.ray.working_dir,
@@ -78,6 +78,8 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
         targets=targets,
         variants=variants(spec, chosen),
         stall_timeout=spec.stall_timeout,
+        code=code,
+        verl_commit=spec.verl_commit,
         notes=notes,
     )
     return replace(ir, parts=tuple((name, get(name).lower(spec, ir)) for name in built))
@@ -144,7 +146,8 @@ def environment(spec: Spec) -> tuple[EnvVar, ...]:
     return (*derived_environment(spec), *(EnvVar(n, parse_word(v), "env") for n, v in spec.env.items()))
 
 
-def container(spec: Spec) -> ContainerIR:
+def container(spec: Spec, code: CodeIR | None = None) -> ContainerIR:
+    """How each node runs the job; without a container, in the run's code folder when it has one."""
     c = spec.container
     rocm = spec.cluster.accelerator == "rocm"
     if isinstance(c, Engine):
@@ -172,7 +175,8 @@ def container(spec: Spec) -> ContainerIR:
     assert isinstance(c, NoContainer)
     return ContainerIR(
         runtime="none", image=None, build=None,
-        workdir=parse_word(c.workdir) if c.workdir else None, shm_size=None, mounts=(), devices=(),
+        workdir=parse_word(c.workdir) if c.workdir else parse_word(code.folder) if code else None, shm_size=None,
+        mounts=(), devices=(),
         gpu_args=(), run_args=(), venv=parse_word(c.venv) if c.venv else None,
     )
 

@@ -13,14 +13,15 @@ from .checks import check
 from pydantic import ValidationError
 
 from .diagnostics import Diagnostic, SpecError
-from .ir import JobIR
+from .ir import CodeIR, JobIR
 from .load import Sourced, load
 from .lower import lower
 from .spec import TARGET_NAMES, Hydra, Spec
-from .verl.check import check_verl_keys, select
+from .verl.check import check_verl_keys, select, settings
 from .validate import validate
-from .verl.commit import CommitError, commit_release
-from .verl.program import ProgramError, resolve
+from .code import bundle_folder, inside, named_files, sha256 as file_sha256, state as code_state
+from .verl.commit import CommitError, commit_release, git_differs, has_commit
+from .verl.program import Program, ProgramError, resolve
 from .verl.release import RELEASES, Release, live, snapshot
 
 VerlConfigSource = Literal["snapshot", "live"]
@@ -28,11 +29,12 @@ VerlConfigSource = Literal["snapshot", "live"]
 
 def compile_spec(path: Path, *, display: str, source: str, targets: Iterable[str] = (),
                  verl_config: VerlConfigSource = "snapshot", max_variants: int = 1000,
-                texts: Mapping[Path, str] | None = None) -> JobIR:
+                 texts: Mapping[Path, str] | None = None, accept_changes: bool = False) -> JobIR:
     """Compile one spec file; raise SpecError listing every problem.
 
     `display` names the file in diagnostics; `source` names it in the generated files; `targets` are those
-    whose checks run ("all": the spec's own `targets`); `texts` stands in for files by resolved path (load()).
+    whose checks run ("all": the spec's own `targets`); `texts` stands in for files by resolved path (load());
+    `accept_changes`: a reproducible spec builds from code with uncommitted changes (they are recorded).
     """
     sourced = load(path, display, texts=texts)
     try:
@@ -40,12 +42,18 @@ def compile_spec(path: Path, *, display: str, source: str, targets: Iterable[str
     except SpecError as exc:
         raise SpecError([*exc.diagnostics, *_verl_problems_anyway(sourced, exc.diagnostics)]) from None
     release = verl_release_for(spec, sourced, verl_config, path)
-    spec, release, program_notes = program_for(spec, sourced, release, path)
+    spec, program, root = program_for(spec, sourced, release, path)
+    release = program.release
     meant = spec.targets or TARGET_NAMES
     targets = [t for t in targets if t != "all"] + (list(meant) if "all" in targets else [])  # "all": the spec's
-    notes = (*program_notes, *check(spec, sourced, release, targets, max_variants))
+    notes = (*(sourced.diagnostic(("program",), n) for n in program.notes),
+             *check(spec, sourced, release, targets, max_variants))
+    code = None
+    if root is not None:
+        code, code_notes = code_for(spec, sourced, program, root, path, accept_changes)
+        notes = (*notes, *code_notes)
     ir = lower(spec, release, spec_file=source, spec_sha256=sourced.sha256, notes=tuple(map(str, notes)),
-               targets=tuple(meant), built=tuple(dict.fromkeys(targets)))
+               targets=tuple(meant), built=tuple(dict.fromkeys(targets)), code=code)
     if verl_config == "live":
         _compose_live(ir, sourced)
     return ir
@@ -85,9 +93,9 @@ def code_folder(spec: Spec, spec_path: Path) -> Path | None:
 
 
 def program_for(spec: Spec, sourced: Sourced, release: Release, spec_path: Path
-                ) -> tuple[Spec, Release, tuple[Diagnostic, ...]]:
-    """The spec (verl_version filled from its commit) and the release with the program's composed config as
-    its primary one; notes on what the composition left to Hydra."""
+                ) -> tuple[Spec, Program, Path | None]:
+    """The spec (verl_version filled from its commit), the program (its release has the program's composed
+    config as its primary one) and the run's code folder, if the spec has one."""
     if release.commit is not None:
         if "verl_version" in spec.model_fields_set and spec.verl_version != release.version:
             raise SpecError([sourced.diagnostic(("verl_version",), f"verl commit {release.commit[:12]} installs "
@@ -101,7 +109,51 @@ def program_for(spec: Spec, sourced: Sourced, release: Release, spec_path: Path
         program = resolve(spec.program, spec.hydra.config_name, release, code=code, verl_source=None)
     except ProgramError as exc:
         raise SpecError([sourced.diagnostic(exc.where, str(exc))]) from None
-    return spec, program.release, tuple(sourced.diagnostic(("program",), n) for n in program.notes)
+    return spec, program, code
+
+
+def code_for(spec: Spec, sourced: Sourced, program: Program, root: Path, spec_path: Path,
+             accept_changes: bool) -> tuple[CodeIR, tuple[Diagnostic, ...]]:
+    """The run's code as built: its git state and the files the program and the spec's settings name, each
+    of which must exist inside it; a reproducible run refuses uncommitted changes unless told to accept them."""
+    problems: list[Diagnostic] = []
+    notes: list[Diagnostic] = []
+    commit, dirty, diff = code_state(root)
+    where = ("code",) if spec.code is not None else ("program",)
+    if dirty and spec.reproducible and not accept_changes:
+        changed = sum(1 for line in diff.splitlines() if line.startswith(("diff --git", "untracked ")))
+        problems.append(sourced.diagnostic(where, f"the code in {root} has uncommitted changes ({changed} files): "
+                                                  f"a reproducible run names a commit; commit them, or build with "
+                                                  f"VERLC_ACCEPT_CHANGES=1 (the diff is then recorded with the run)"))
+    if spec.verl_commit and (root / "verl" / "__init__.py").is_file():
+        # python3 -m PROGRAM puts the working dir first on sys.path: the code's verl/ is the verl that runs
+        if commit is None or not has_commit(root, spec.verl_commit):
+            notes.append(sourced.diagnostic(("verl_commit",), f"note: the code's verl/ is what the job imports; "
+                                            f"its history lacks {spec.verl_commit[:12]}, so verlc cannot tell "
+                                            f"whether it is that commit (the preflight checks each node's "
+                                            f"installed verl)"))
+        elif git_differs(root, spec.verl_commit, "verl"):
+            problems.append(sourced.diagnostic(("verl_commit",), f"the code's verl/ (what the job imports) differs "
+                                                                 f"from commit {spec.verl_commit[:12]}: check it "
+                                                                 f"out, or pin the commit it is"))
+    files: dict[str, str] = {}
+    config = program.config_dir / f"{program.config_name}.yaml" if program.config_dir else None
+    if config is not None and config.resolve().is_relative_to(root.resolve()):
+        files[config.resolve().relative_to(root.resolve()).as_posix()] = file_sha256(config)
+    chosen = select(spec.verl, program.release, spec.hydra.config_name)
+    given = {s.key: s for s in settings(spec.verl, chosen.walker)} if not isinstance(chosen, str) else {}
+    for key, relative in named_files({k: s.value for k, s in given.items()}).items():
+        loc = given[key].loc
+        if not inside(root, relative):
+            problems.append(sourced.diagnostic(loc, f"{relative} lies outside the run's code ({root}): the job "
+                                                    f"would not have it"))
+        elif not (root / relative).is_file():
+            problems.append(sourced.diagnostic(loc, f"no file {relative} in the run's code ({root})"))
+        else:
+            files[os.path.normpath(relative)] = file_sha256(root / relative)
+    if problems:
+        raise SpecError(problems)
+    return CodeIR(bundle_folder(spec_path, root), commit, dirty, diff, tuple(sorted(files.items()))), tuple(notes)
 
 
 def verl_release_for(spec: Spec, sourced: Sourced, source: VerlConfigSource, spec_path: Path | None = None

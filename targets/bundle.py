@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..compiler.ir import JobIR
+from ..compiler.ir import CODE_DIFF, JobIR
 
 MANIFEST = "manifest.json"
 
@@ -60,8 +60,10 @@ def finish(ir: JobIR, target: str, files: Sequence[File], run_time: Sequence[str
     if run_time:
         files = [*files, File(".gitignore", header + "# Written by runs of this bundle: kept by `verlc build`.\n"
                               + "".join(f"/{name}/\n" for name in run_time))]
-    verl_note = (f"# verl's ppo_trainer config for this run (verl {ir.verl_schema}): what\n"
+    verl_note = (f"# verl's {ir.config_name} config for this run (verl {ir.verl_schema}): what\n"
                  f"# `python3 -m {ir.trainer_module} <overrides> --cfg job` prints, interpolations unresolved.\n")
+    if ir.code is not None and ir.code.dirty:  # what the code's commit lacks, as built (its sha256 is in the job)
+        files = [*files, File(CODE_DIFF, ir.code.diff)]
     all_files = sorted([*files, File("spec.yaml", header + ir.normalized_spec),
                         File("verl-config.yaml", header + verl_note + ir.verl_config)], key=lambda f: f.path)
     manifest = {
@@ -71,6 +73,8 @@ def finish(ir: JobIR, target: str, files: Sequence[File], run_time: Sequence[str
         "target": target,
         "verl_version": ir.verl_version,
         "verl_schema": ir.verl_schema,
+        **({"verl_commit": ir.verl_commit} if ir.verl_commit else {}),
+        **({"code": {k: v for k, v in ir.code.as_json().items() if k != "files"}} if ir.code else {}),
         "files": {f.path: {"sha256": sha256(f.text), "mode": oct(f.mode)} for f in all_files},
         **({"run_time": sorted(run_time)} if run_time else {}),
     }

@@ -46,6 +46,8 @@ def job_description(ir: JobIR, *, record: Word | None, variant: VariantIR | None
         "data_files": [f.as_json() for f in ir.data_files],
         "require_env": list(ir.node_env),
         "pins": [f"{name}={version}" for name, version in ir.pins],
+        "verl_commit": ir.verl_commit,
+        "code": ir.code.as_json() if ir.code else None,
         "rollout_package": ir.rollout_package,
         "image": image or ir.image.display,  # the run record names it (a target's own image, if it has one)
         "record": record.as_json() if record else None,

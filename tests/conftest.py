@@ -13,6 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SPECS = sorted((REPO / "specs").glob("*.yaml"))
+# Paper runs: their code is a checkout dev/checkouts.py makes from ../shared/verl-recipe (the `recipes` fixture)
+RECIPES = sorted((REPO / "specs" / "recipes").glob("*.yaml"))
 
 
 def spec_targets(spec: Path) -> tuple[str, ...]:
@@ -64,6 +66,22 @@ def require_tool(name: str) -> str:
     if IN_CI:
         pytest.fail(message)
     pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def recipes() -> list[Path]:
+    """The recipe example specs, with the checkouts their `code:` names made (repository's checkouts/, ignored
+    by git; made once from ../shared/verl-recipe)."""
+    sys.path.insert(0, str(REPO / "dev"))
+    from checkouts import CHECKOUTS, SHARED, make
+
+    if not SHARED.is_dir():
+        if IN_CI:
+            pytest.fail(f"{SHARED} is missing: CI runs every test")
+        pytest.skip(f"{SHARED} is missing")
+    for name in CHECKOUTS:
+        make(name, REPO / "checkouts")
+    return RECIPES
 
 
 @pytest.fixture(params=SPECS, ids=[p.stem for p in SPECS])

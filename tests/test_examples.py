@@ -47,13 +47,13 @@ def test_golden(example_spec: Path, target: str, snapshot) -> None:  # noqa: ANN
     snapshot.assert_match_dir(tree, target)
 
 
-def test_out_matches_a_fresh_build(tmp_path: Path) -> None:
+def test_out_matches_a_fresh_build(tmp_path: Path, recipes: list[Path]) -> None:
     """out/ is committed for review; it must be what `verlc build` writes today, modes included."""
-    result = run_verlc("build", *SPECS, "--target", "all", "--out", tmp_path / "out")
+    result = run_verlc("build", *SPECS, *recipes, "--target", "all", "--out", tmp_path / "out")
     assert result.returncode == 0, result.stderr
     fresh = {p.relative_to(tmp_path / "out"): p for p in (tmp_path / "out").rglob("*") if p.is_file()}
     committed = {p.relative_to(REPO / "out"): p for p in (REPO / "out").rglob("*") if p.is_file()}
-    fix = "regenerate with: verlc build specs/*.yaml --target all"
+    fix = "regenerate with: verlc build specs/*.yaml specs/recipes/*.yaml --target all --out out"
     assert sorted(committed) == sorted(fresh), fix
     for rel, path in fresh.items():
         assert committed[rel].read_bytes() == path.read_bytes(), f"out/{rel} is stale; {fix}"
@@ -81,12 +81,26 @@ def test_scripts_are_shellcheck_clean(example_spec: Path, tmp_path: Path) -> Non
         assert result.returncode == 0, f"{name}:\n{result.stdout}"
 
 
-def test_build_is_deterministic_across_processes(tmp_path: Path) -> None:
+def test_recipe_scripts_parse_and_are_shellcheck_clean(recipes: list[Path], tmp_path: Path) -> None:
+    shellcheck = require_tool("shellcheck")
+    checked = 0
+    for spec in recipes:
+        for name, text in scripts(spec):
+            script = tmp_path / "script.sh"
+            script.write_text(text)
+            for argv in (["bash", "-n"], [shellcheck, "--severity=style"]):
+                result = subprocess.run([*argv, str(script)], capture_output=True, text=True)
+                assert result.returncode == 0, f"{name}:\n{result.stdout}{result.stderr}"
+            checked += 1
+    assert checked >= 2 * len(recipes) >= 4  # each recipe's sbatch.sh and submit.sh
+
+
+def test_build_is_deterministic_across_processes(tmp_path: Path, recipes: list[Path]) -> None:
     """Same spec -> same bytes, whatever the hash seed, the working directory or the user's env."""
     trees = []
     for seed, cwd in (("1", REPO), ("12345", tmp_path)):
         out = tmp_path / f"out-{seed}"
-        result = run_verlc("build", *SPECS, "--target", "all", "--out", out, cwd=cwd,
+        result = run_verlc("build", *SPECS, *recipes, "--target", "all", "--out", out, cwd=cwd,
                            env={"PYTHONHASHSEED": seed, "HOME": f"/home/someone-{seed}", "USER": f"u{seed}"})
         assert result.returncode == 0, result.stderr
         trees.append({p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()})

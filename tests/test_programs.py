@@ -252,3 +252,67 @@ def test_bad_program_input_is_one_line_at_its_key(checkouts: Path, tmp_path: Pat
     lines = [ln for ln in result.stderr.splitlines() if ln.startswith(str(spec))]
     assert len(lines) == 1 and f": {where}: " in lines[0] and says in lines[0], result.stderr
     assert "Traceback" not in result.stderr and not out.exists()
+
+
+# --- the DAPO example starts what the recipe's own script starts ---------------------------------------
+
+# What verlc derives (from cluster, data, model, project, experiment, and the spec's checkpoint folder)
+DERIVED = ("trainer.nnodes", "trainer.n_gpus_per_node", "data.train_files", "data.val_files",
+           "actor_rollout_ref.model.path", "trainer.project_name", "trainer.experiment_name")
+# The script's keys that verl's config no longer has at the pinned commit, and the recipe config's own names
+STALE = {"reward_model.overlong_buffer.enable": "reward.reward_kwargs.overlong_buffer_cfg.enable",
+         "reward_model.overlong_buffer.len": "reward.reward_kwargs.overlong_buffer_cfg.len",
+         "reward_model.overlong_buffer.penalty_factor": "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor"}
+
+
+def script_argv(script: Path, cwd: Path, tmp_path: Path) -> list[str]:
+    """The command a launch script runs, as it computes it: its own shell code runs with a stand-in `ray`
+    on PATH that records its argv (and starts nothing)."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    record = tmp_path / "argv.json"
+    (tools / "ray").write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import json, sys; "
+                               f"json.dump(sys.argv[1:], open(sys.argv[1], \"w\"))' {record} \"$@\"\n")
+    (tools / "ray").chmod(0o755)
+    env = {"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(tmp_path / "home"), "PWD": str(cwd)}
+    result = subprocess.run(["bash", str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    argv = json.loads(record.read_text())[1:]
+    return argv[argv.index("--") + 1:]
+
+
+def test_the_dapo_example_starts_the_recipes_program_with_its_scripts_overrides(recipes: list[Path],
+                                                                                tmp_path: Path) -> None:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    checkout = REPO / "checkouts" / "verl-bcb6386-recipe"
+    script = script_argv(checkout / "recipe" / "dapo" / "run_dapo_qwen2.5_32b.sh", checkout, tmp_path)
+    job = json.loads((REPO / "out" / "dapo-qwen2.5-32b" / "ray-job" / "verlc_job" / "job.json").read_text())
+    assert script[:3] == job["train"][:3] == ["python3", "-m", "recipe.dapo.main_dapo"]
+    parser = OverridesParser.create()
+
+    def values(args: list[str]) -> dict[str, Any]:
+        return {o.key_or_group: o.value() for o in parser.parse_overrides([a for a in args if not a.startswith("-")])}
+
+    theirs, ours = values(script[3:]), values(job["train"][3:])
+    assert len(theirs) >= 50
+    for key, value in theirs.items():
+        if key in DERIVED:
+            assert key in ours, key  # from the spec's cluster, data, model and names
+        elif key in STALE:
+            assert ours[STALE[key]] == value, key
+        elif key == "trainer.default_local_dir":
+            assert ours[key] == "${oc.env:HOME}/verl/ckpts/DAPO/DAPO-Qwen2.5-32B"
+        else:
+            assert ours.get(key) == value, f"{key}: the script passes {value!r}, the bundle {ours.get(key)!r}"
+    # what the example renames, verl itself refuses at that commit (Hydra composing the recipe's config)
+    config_dir = checkout / "recipe" / "dapo" / "config"
+    probe = ("import sys; from hydra import compose, initialize_config_dir\n"
+             "with initialize_config_dir(config_dir=sys.argv[1], version_base=None):\n"
+             "    for override in sys.argv[2:]:\n"
+             "        try:\n            compose('dapo_trainer', overrides=[override]); print('accepted', override)\n"
+             "        except Exception:\n            print('refused', override)\n")
+    stale = [f"{k}={script[[a.split('=')[0] for a in script].index(k)].split('=', 1)[1]}" for k in STALE]
+    refused = subprocess.run([sys.executable, "-c", probe, str(config_dir), *stale], cwd=checkout,
+                             capture_output=True, text=True, timeout=120)
+    assert refused.stdout.split() == [w for s in stale for w in ("refused", s)], refused.stdout + refused.stderr

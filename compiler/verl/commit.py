@@ -85,6 +85,11 @@ def has_commit(checkout: Path, commit: str) -> bool:
     return git(checkout, "cat-file", "-e", f"{commit}^{{commit}}").returncode == 0
 
 
+def git_differs(checkout: Path, commit: str, path: str) -> bool:
+    """Whether `path` in the checkout's working tree (uncommitted changes included) differs from `commit`."""
+    return git(checkout, "diff", "--quiet", commit, "--", path).returncode != 0
+
+
 def extract_commit(checkout: Path, commit: str) -> bytes:
     """Read verl's facts at `commit` from the checkout's git objects; the packed schema bytes."""
     if not (checkout / ".git").exists() and git(checkout, "rev-parse", "--git-dir").returncode != 0:

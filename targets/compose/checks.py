@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from ...compiler.diagnostics import Diagnostic
 from ...compiler.ir import parse_word
 from ...compiler.load import Sourced
+from ...compiler.code import has_code
 from ...compiler.spec import Engine, Spec
 from ...compiler.verl.check import NOTE
 
@@ -29,6 +30,10 @@ def check_section(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
 
 
 def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    if has_code(spec):
+        yield sourced.diagnostic(("code",) if spec.code else ("program",), (
+            f"{NOTE}the compose job runs in the image's workdir: it must hold the run's code (mount it there); "
+            f"the preflight checks the files it names"))
     if spec.sweep is not None:
         yield sourced.diagnostic(("sweep",), "the compose target runs one job on one host; build sweeps for "
                                              "slurm (one job array) or ray-job (one submission per variant)",

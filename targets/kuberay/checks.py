@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from ...compiler.diagnostics import Diagnostic
 from ...compiler.load import Sourced
+from ...compiler.code import has_code
 from ...compiler.spec import Spec
 from ..shared import image_problems, kept, literal_env, node_image, node_workdir
 from .lower import GPU_LABEL, RAYJOB_NAME_MAX, is_rayjob_name, rayjob_names
@@ -19,6 +20,10 @@ _PRODUCT_LABEL = {"cuda": re.compile(r"(NVIDIA|Tesla|Quadro)-.+"), "rocm": re.co
 
 
 def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    if has_code(spec):
+        yield sourced.diagnostic(("code",) if spec.code else ("program",),
+                                 "the kuberay target cannot ship the run's code yet (through its image or a volume claim, which verlc cannot check yet); "
+                                 "build ray-job or slurm, or leave the program and code: out")
     k = spec.kubernetes or Kubernetes()
     image, workdir = node_image(spec, k.image), node_workdir(spec, k.workdir)
     yield from image_problems(spec, sourced, "kuberay", "kubernetes", image, workdir,

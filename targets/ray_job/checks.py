@@ -1,4 +1,5 @@
-"""The ray-job target runs on a cluster the user has: nothing of a spec stops it (its settings are `ray:`)."""
+"""The ray-job target runs on a cluster the user has: nothing of a spec stops it (its settings are `ray:`), but
+one working dir: the run's code, when the spec has one."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ from collections.abc import Iterator
 
 from ...compiler.diagnostics import Diagnostic
 from ...compiler.load import Sourced
+from ...compiler.code import has_code
 from ...compiler.spec import Spec
 
 
 def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
-    return iter(())
+    if has_code(spec) and "working_dir" in spec.ray.model_fields_set:
+        yield sourced.diagnostic(("ray", "working_dir"), "the job's working_dir is the run's code (code:); "
+                                                         "drop ray.working_dir", at_key=True)

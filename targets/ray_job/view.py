@@ -62,7 +62,7 @@ def runtime_env(ir: JobIR) -> dict[str, Any]:
     env = dict(VERL_RECOMMENDED_ENV)
     env.update({e.name: e.value.display for e in ir.env})  # Ray expands ${NAME} in env_vars itself
     return {
-        "working_dir": ir.ray.working_dir,
+        "working_dir": ir.code.folder if ir.code else ir.ray.working_dir,
         "excludes": upload_excludes(ir),
         "py_modules": [PACKAGE],  # submit.sh makes this path absolute
         "env_vars": env,

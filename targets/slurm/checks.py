@@ -7,7 +7,8 @@ from collections.abc import Iterator
 
 from ...compiler.diagnostics import Diagnostic
 from ...compiler.load import Sourced
-from ...compiler.spec import Spec
+from ...compiler.code import has_code
+from ...compiler.spec import NoContainer, Spec
 from ...compiler.verl.check import NOTE
 from .lower import log_dirs
 
@@ -17,6 +18,14 @@ LOG_FOLDER_NOTE = "Slurm does not create the folder"  # `verlc submit` creates i
 def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     if spec.cluster.slurm is None:
         yield sourced.diagnostic(("cluster",), "the slurm target needs cluster.slurm (at least cpus_per_task)")
+    c = spec.container
+    if has_code(spec) and isinstance(c, NoContainer) and c.workdir is not None:
+        yield sourced.diagnostic(("container", "workdir"), "the job runs in the run's code (code:) on every "
+                                                           "node; drop container.workdir", at_key=True)
+    elif has_code(spec) and not isinstance(c, NoContainer):
+        yield sourced.diagnostic(("container", "workdir"), (
+            f"{NOTE}the job runs in {c.workdir} inside the container: that folder must hold the run's code "
+            f"(mount it there from storage every node sees); the preflight checks the files it names"))
     for folder in log_dirs(spec):
         if "%" not in folder and not os.path.isdir(folder):  # relative to where sbatch is run
             field = "output" if spec.cluster.slurm and folder == os.path.dirname(spec.cluster.slurm.output) \

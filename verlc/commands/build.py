@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,7 +30,8 @@ def compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str,
     for spec in specs:
         try:
             irs.append(compile_spec(spec, display=str(spec), source=_source_name(spec), targets=targets,
-                                    verl_config=verl_config, max_variants=max_variants))
+                                    verl_config=verl_config, max_variants=max_variants,
+                                    accept_changes=os.environ.get("VERLC_ACCEPT_CHANGES") == "1"))
         except SpecError as exc:
             problems.extend(exc.diagnostics)
     if problems:

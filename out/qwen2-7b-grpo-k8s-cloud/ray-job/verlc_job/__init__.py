@@ -228,7 +228,59 @@ def installed_versions() -> dict:
             found[name] = version(name)
         except PackageNotFoundError:
             found[name] = None
-    return {"host": platform.node(), "python": platform.python_version(), "packages": found}
+    return {"host": platform.node(), "python": platform.python_version(), "packages": found,
+            "verl_source": installed_from("verl")}
+
+
+def installed_from(name: str) -> dict | None:
+    """Where pip installed a distribution from (PEP 610's direct_url.json): {"commit": sha} for a git
+    install, {"url": ...} for a folder or an archive; None for an index install (or none at all)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        text = distribution(name).read_text("direct_url.json")
+    except PackageNotFoundError:
+        return None
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {"url": "an unreadable direct_url.json"}
+    commit = (data.get("vcs_info") or {}).get("commit_id")
+    return {"commit": commit, "url": data.get("url")} if commit else {"url": data.get("url")}
+
+
+def verl_commit_problems(seen: dict, commit: str) -> list[str]:
+    """Each node's verl must be the spec's commit, as pip recorded it (a git install)."""
+    problems = []
+    for node, info in sorted(seen.items()):
+        source = info.get("verl_source") or {}
+        got = source.get("commit")
+        if got == commit:
+            continue
+        what = (f"verl is commit {got}" if got else f"verl was installed from {source['url']}, not from git"
+                if source.get("url") else "verl was not installed from git (no commit recorded)")
+        problems.append(f"node {info['host']} ({node[:8]}): {what}; the spec pins commit {commit} "
+                        f"(pip install verl@git+https://github.com/verl-project/verl.git@{commit})")
+    return problems
+
+
+def code_inputs(code: dict) -> tuple[dict, list[str]]:
+    """The run's code where the job runs (its working dir): each file the bundle was built with, hashed
+    here; problems for one that is missing or not the same bytes."""
+    files, problems = {}, []
+    for name, built in sorted(code.get("files", {}).items()):
+        if not os.path.isfile(name):
+            files[name] = None
+            problems.append(f"the run's code lacks {name} here ({os.getcwd()}): the job runs in {code['folder']}")
+            continue
+        files[name] = sha256_file(name)
+        if files[name] != built:
+            problems.append(f"{name} here is not the file the bundle was built with (sha256 {files[name][:12]}, "
+                            f"built {built[:12]}): rebuild, or ship the code that was built")
+    return {"commit": code.get("commit"), "dirty": code.get("dirty"), "diff_sha256": code.get("diff_sha256"),
+            "files": files}, problems
 
 
 def versions_per_node(ray, nodes: list[dict]) -> dict:  # noqa: ANN001
@@ -360,6 +412,10 @@ GROUPS = ("inputs", "versions", "verl config", "resources")
 
 def record_items(record: dict) -> dict[str, dict[str, object]]:
     inputs: dict[str, object] = {}
+    code = record.get("inputs", {}).get("code") or {}
+    if code:
+        inputs.update({"code commit": code.get("commit"), "code uncommitted diff sha256": code.get("diff_sha256")})
+        inputs.update({f"code {name} sha256": h for name, h in sorted(code.get("files", {}).items())})
     for f in record.get("inputs", {}).get("data", []):
         inputs.update({f"data {f['path']} sha256": f["sha256"], f"data {f['path']} rows": f["rows"],
                        f"data {f['path']} bytes": f["bytes"]})
@@ -547,7 +603,8 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
 
 def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir: str, data: list[str],
               pins: list[str], rollout_package: str | None, record: str | None, image: str | None,
-              require_env: list[str], reference: str | None, train: list[str]) -> int:
+              require_env: list[str], reference: str | None, train: list[str], verl_commit: str | None = None,
+              code: dict | None = None) -> int:
     """Check the cluster, every node's packages, an all-reduce over every GPU, the data files, the model and
     the checkpoint folder; write the run record (and a reproducible job's first-run record). 0: passed."""
     started = stamp()
@@ -563,6 +620,10 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
     pinned = dict(p.split("=", 1) for p in pins)
     seen = versions_per_node(ray, nodes)
     problems += version_problems(seen, pinned, rollout_package)
+    if verl_commit:
+        problems += verl_commit_problems(seen, verl_commit)
+    code_record, code_problems = code_inputs(code) if code else (None, [])
+    problems += code_problems
     if require_env:
         problems += missing_env_per_node(ray, nodes, require_env)
     for path in data:
@@ -590,7 +651,8 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
     run_record = {
         "started": started,
         "image": image,
-        "inputs": {"data": data_inputs(data), "model": model_input(model)},
+        "inputs": {"data": data_inputs(data), "model": model_input(model),
+                   **({"code": code_record} if code_record else {})},
         "trainer_argv": train,
         "verl_config": resolved_verl_config(train),
         "nodes": [{"host": n.get("NodeManagerHostname"), "address": n.get("NodeManagerAddress"),
@@ -744,7 +806,7 @@ def job(spec: dict, begun: str | None = None) -> int:
                 pins=spec["pins"], rollout_package=spec.get("rollout_package"),
                 record=expand(spec["record"]) if spec.get("record") else None, image=spec["image"],
                 require_env=spec["require_env"], reference=expand(spec["reference"]) if spec.get("reference") else None,
-                train=spec["train"])
+                train=spec["train"], verl_commit=spec.get("verl_commit"), code=spec.get("code"))
         else:
             say("training: " + " ".join(spec["train"]))
             rc = train(spec["train"], {**os.environ, "RAY_ADDRESS": address}, spec.get("stall_timeout"))
