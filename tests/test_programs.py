@@ -7,9 +7,11 @@ dev/checkouts.py); Hydra composes them in one process per checkout (tests/verl_o
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -316,3 +318,101 @@ def test_the_dapo_example_starts_the_recipes_program_with_its_scripts_overrides(
     refused = subprocess.run([sys.executable, "-c", probe, str(config_dir), *stale], cwd=checkout,
                              capture_output=True, text=True, timeout=120)
     assert refused.stdout.split() == [w for s in stale for w in ("refused", s)], refused.stdout + refused.stderr
+
+
+# --- the run's code at build time: named files, uncommitted changes, the working dir --------------
+
+GIT = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
+       "GIT_COMMITTER_EMAIL": "t@example.invalid", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+
+
+def code_repo(root: Path) -> str:
+    """A git checkout of a run's own code (a reward function); its commit."""
+    root.mkdir(parents=True)
+    (root / "rewards").mkdir()
+    (root / "rewards" / "math.py").write_text("def compute_score(data_source, solution_str, ground_truth, "
+                                              "extra_info=None):\n    return float(ground_truth in solution_str)\n")
+    (root / ".gitignore").write_text("data/\n")
+    env = {**os.environ, **GIT}
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "reward"]):
+        subprocess.run(["git", "-C", str(root), *args], env=env, check=True)
+    return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def code_spec(tmp_path: Path, reward: str = "rewards/math.py", **extra: object) -> Path:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps({
+        "name": "own-code", "project": "p", "model": "/models/m", "code": "code",
+        "data": {"train_files": ["data/train.parquet"], "val_files": ["data/test.parquet"]},
+        "verl": {**base_verl(), "custom_reward_function": {"path": reward, "name": "compute_score"}},
+        "cluster": {"nodes": 1, "gpus_per_node": 8, "slurm": {"cpus_per_task": 8}}, **extra}))
+    return spec
+
+
+def build_code_spec(spec: Path, out: Path, target: str = "ray-job", **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "verlc", "build", str(spec), "--target", target, "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+
+
+def test_the_code_is_the_jobs_working_dir_and_its_files_are_hashed(tmp_path: Path) -> None:
+    commit = code_repo(tmp_path / "code")
+    result = build_code_spec(code_spec(tmp_path), tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    bundle = tmp_path / "out" / "own-code" / "ray-job"
+    job = json.loads((bundle / "verlc_job" / "job.json").read_text())
+    reward = tmp_path / "code" / "rewards" / "math.py"
+    assert job["code"] == {"folder": "code", "commit": commit, "dirty": False, "diff_sha256": None,
+                           "files": {"rewards/math.py": hashlib.sha256(reward.read_bytes()).hexdigest()}}
+    assert "working_dir: code\n" in (bundle / "runtime_env.yaml").read_text()
+    assert "custom_reward_function.path=rewards/math.py" in job["train"]
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["code"]["commit"] == commit and not (bundle / "code.diff").exists()
+    # Slurm without a container: the job's step runs in the code folder (relative to where sbatch runs)
+    result = build_code_spec(code_spec(tmp_path), tmp_path / "out", "slurm")
+    assert result.returncode == 0, result.stderr
+    assert "\n  cd code\n" in (tmp_path / "out" / "own-code" / "slurm" / "sbatch.sh").read_text()
+
+
+@pytest.mark.parametrize("reward, says", [
+    ("rewards/nope.py", "verl.custom_reward_function.path: no file rewards/nope.py in the run's code"),
+    ("../outside.py", "verl.custom_reward_function.path: ../outside.py lies outside the run's code"),
+])
+def test_a_file_a_setting_names_must_be_in_the_code(tmp_path: Path, reward: str, says: str) -> None:
+    code_repo(tmp_path / "code")
+    (tmp_path / "outside.py").write_text("x = 1\n")
+    result = build_code_spec(code_spec(tmp_path, reward), tmp_path / "out")
+    assert result.returncode == 2 and says in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_uncommitted_changes_are_refused_for_a_reproducible_run_unless_accepted_and_then_recorded(
+        tmp_path: Path) -> None:
+    code_repo(tmp_path / "code")
+    reward = tmp_path / "code" / "rewards" / "math.py"
+    reward.write_text(reward.read_text() + "# tuned\n")
+    (tmp_path / "code" / "notes.txt").write_text("untracked\n")
+    spec = code_spec(tmp_path, reproducible=True, verl_version="0.9.1",
+                     container={"runtime": "docker", "image": "verl@sha256:" + "0" * 64, "workdir": "/w"})
+    refused = build_code_spec(spec, tmp_path / "out")
+    assert refused.returncode == 2, refused.stderr
+    assert re.search(r"spec\.yaml:\d+:\d+: code: the code in .* has uncommitted changes \(2 files\)", refused.stderr)
+    assert not (tmp_path / "out").exists()
+    accepted = build_code_spec(spec, tmp_path / "out", VERLC_ACCEPT_CHANGES="1")
+    assert accepted.returncode == 0, accepted.stderr
+    bundle = tmp_path / "out" / "own-code" / "ray-job"
+    job = json.loads((bundle / "verlc_job" / "job.json").read_text())
+    diff = (bundle / "code.diff").read_text()
+    assert job["code"]["dirty"] is True and job["code"]["diff_sha256"] == hashlib.sha256(diff.encode()).hexdigest()
+    assert "+# tuned" in diff and "untracked notes.txt sha256 " in diff
+    assert job["code"]["files"]["rewards/math.py"] == hashlib.sha256(reward.read_bytes()).hexdigest()
+
+
+def test_one_working_dir(tmp_path: Path) -> None:
+    code_repo(tmp_path / "code")
+    result = build_code_spec(code_spec(tmp_path, ray={"working_dir": "."}), tmp_path / "out")
+    assert result.returncode == 2 and "ray.working_dir: the job's working_dir is the run's code" in result.stderr
+    for target in ("kuberay", "skypilot"):
+        result = build_code_spec(code_spec(tmp_path), tmp_path / "out", target)
+        assert result.returncode == 2 and f"code: the {target} target cannot ship the run's code yet" \
+            in result.stderr, result.stderr

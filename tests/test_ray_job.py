@@ -122,13 +122,14 @@ def build(root: Path, val_file: str = "data/test.parquet", checkpoints: str | No
     return root / "out" / "rayjob-e2e" / "ray-job" / "submit.sh"
 
 
-def submit_and_wait(script: Path, address: str, stop_after: str = "preflight", accept_changes: bool = False
-                    ) -> tuple[str, str]:
-    """Run submit.sh (stop before training), wait for the job; return (final status, logs)."""
+def submit_and_wait(script: Path, address: str, stop_after: str = "preflight", accept_changes: bool = False,
+                    cwd: Path | None = None) -> tuple[str, str]:
+    """Run submit.sh (stop before training) from its folder or `cwd`, wait for the job; return (final status,
+    logs)."""
     accept = {"VERLC_ACCEPT_CHANGES": "1"} if accept_changes else {}
     result = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=300,
                             env=ray_env({"RAY_ADDRESS": address, "VERLC_STOP_AFTER": stop_after, **accept}),
-                            cwd=script.parent)
+                            cwd=cwd or script.parent)
     assert result.returncode == 0, result.stderr
     job = re.search(r"^submitted (\S+) to ", result.stdout, re.M)
     assert job, result.stdout
@@ -242,6 +243,60 @@ def test_reproducible_reruns_must_match_the_first_run(ray_head: str, tmp_path: P
     assert f"accepted change (VERLC_ACCEPT_CHANGES=1): inputs: data data/train.parquet sha256: {new}" in logs
     accepted = json.loads(reference.read_text())  # later re-runs compare with what was accepted
     assert len(accepted["accepted_changes"]) == 2 and accepted["versions"]["verl"] == "0.9.1"
+
+
+def installed_verl_from_git(site: Path, commit: str) -> Path:
+    """A verl distribution as `pip install verl@git+...@COMMIT` records it (PEP 610's direct_url.json), at the
+    version the pinned commit installs as; metadata only (the node's verl code stays the venv's)."""
+    info = site / "verl-0.8.0.dev0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: verl\nVersion: 0.8.0.dev0\n")
+    (info / "direct_url.json").write_text(json.dumps({"url": "https://github.com/verl-project/verl.git",
+                                                      "vcs_info": {"vcs": "git", "commit_id": commit}}))
+    return site
+
+
+def test_the_runs_code_reaches_the_job_is_recorded_and_each_nodes_verl_commit_is_checked(
+        ray_head: str, tmp_path: Path) -> None:
+    """A recipe-style run: the code folder is the job's working_dir; the preflight hashes the reward function
+    where the job runs (the record has the sha256 of the file built from) and refuses a node whose verl is
+    another commit than the spec pins, naming both."""
+    from test_programs import ROLLING, code_repo
+
+    commit = code_repo(tmp_path / "code")
+    write_fixtures(tmp_path)  # data and model on "shared storage", beside the code
+    site = tmp_path / "site"
+    spec = tmp_path / "spec.yaml"
+
+    def run(installed: str) -> tuple[str, str]:
+        installed_verl_from_git(site, installed)
+        spec.write_text(json.dumps({
+            "name": "own-code", "project": "e2e", "model": str(tmp_path / "model"), "code": "code",
+            "verl_commit": ROLLING,
+            "data": {"train_files": [str(tmp_path / "data" / "train.parquet")],
+                     "val_files": [str(tmp_path / "data" / "test.parquet")]},
+            "verl": {"actor_rollout_ref": {"rollout": {"name": "vllm", "log_prob_micro_batch_size_per_gpu": 4},
+                                           "actor": {"ppo_micro_batch_size_per_gpu": 4}},
+                     "algorithm": {"adv_estimator": "grpo"},
+                     "custom_reward_function": {"path": "rewards/math.py", "name": "compute_score"}},
+            "env": {"PYTHONPATH": f"{site}:{rollout_engine_site()}"},  # the node's verl install
+            "cluster": {"nodes": 1, "gpus_per_node": 8}, "ray": {"wait_for_nodes": "60s"}}))
+        result = run_verlc("build", spec, "--target", "ray-job", "--out", tmp_path / "out")
+        assert result.returncode == 0, result.stderr
+        return submit_and_wait(tmp_path / "out" / "own-code" / "ray-job" / "submit.sh", ray_head, cwd=tmp_path)
+
+    other = "1" * 40
+    status, logs = run(other)
+    assert status == "FAILED", logs
+    assert re.search(rf"PREFLIGHT FAILED: node \S+ \(\w+\): verl is commit {other}; the spec pins commit {ROLLING}",
+                     logs), logs
+    status, logs = run(ROLLING)
+    assert status == "SUCCEEDED", logs
+    record = json.loads(re.search(r"run record: (\{.*\})", logs)[1])
+    reward = hashlib.sha256((tmp_path / "code" / "rewards" / "math.py").read_bytes()).hexdigest()
+    assert record["inputs"]["code"] == {"commit": commit, "dirty": False, "diff_sha256": None,
+                                        "files": {"rewards/math.py": reward}}
+    assert record["nodes"][0]["verl_source"]["commit"] == ROLLING
 
 
 def upload_fixture(root: Path) -> None:

@@ -7,6 +7,7 @@ job itself printed and what Slurm recorded.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -294,6 +295,46 @@ def test_a_pinned_model_comes_from_the_hf_cache_offline_and_each_run_records_wha
     groups = {line.rstrip(":") for line in diff.stdout.splitlines() if line.endswith(":")}
     assert "inputs" in groups and not groups & {"versions", "verl config"}, diff.stdout
     assert "  ~ data data/train.parquet sha256: " in diff.stdout, diff.stdout
+
+
+def test_the_job_runs_in_the_runs_code_and_records_the_files_it_was_built_with(slurm: None,
+                                                                                tmp_path: Path) -> None:
+    """Without a container the job's steps run in the code folder (relative to where sbatch runs); the run
+    record has the reward function's sha256 as built and its commit; a file edited after the build fails the
+    preflight, naming it."""
+    from test_programs import code_repo
+
+    commit = code_repo(tmp_path / "code")
+    write_fixtures(tmp_path)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"""\
+name: e2e-code
+project: e2e
+model: {tmp_path}/model
+code: code
+data: {{train_files: [{tmp_path}/data/train.parquet], val_files: [{tmp_path}/data/test.parquet]}}
+verl: {{actor_rollout_ref: {{rollout: {{name: vllm, log_prob_micro_batch_size_per_gpu: 4}},
+                            actor: {{ppo_micro_batch_size_per_gpu: 4}}}},
+       algorithm: {{adv_estimator: grpo}},
+       custom_reward_function: {{path: rewards/math.py, name: compute_score}}}}
+cluster: {{nodes: 2, gpus_per_node: 8, slurm: {{cpus_per_task: 1, output: {tmp_path}/slurm-%j.out}}}}
+container: {{runtime: none, venv: {Path(sys.prefix)}}}
+network: {{head_interface: lo}}
+ray: {{wait_for_nodes: 120s}}
+""")
+    result = run_verlc("build", spec, "--target", "slurm", "--out", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    script = tmp_path / "out" / "e2e-code" / "slurm" / "sbatch.sh"
+    job, output, state = sbatch(script, tmp_path)
+    assert state == "COMPLETED", output
+    record = json.loads((next((tmp_path / "verlc-runs").glob(f"*-{job}")) / "run-record.json").read_text())
+    reward = tmp_path / "code" / "rewards" / "math.py"
+    assert record["inputs"]["code"]["commit"] == commit
+    assert record["inputs"]["code"]["files"] == {"rewards/math.py": hashlib.sha256(reward.read_bytes()).hexdigest()}
+    reward.write_text(reward.read_text() + "# edited after the build\n")
+    job, output, state = sbatch(script, tmp_path)
+    assert state == "FAILED", output
+    assert "PREFLIGHT FAILED: rewards/math.py here is not the file the bundle was built with" in output
 
 
 def test_missing_data_file_fails_preflight(slurm: None, tmp_path: Path) -> None:
