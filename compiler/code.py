@@ -38,16 +38,16 @@ def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def state(root: Path) -> tuple[str | None, bool, str]:
     """(commit, dirty, diff) of a folder: HEAD, uncommitted changes, and `git diff HEAD` plus each untracked
     file's sha256 (not its bytes). Not a git checkout: (None, False, "")."""
-    head = _git(root, "rev-parse", "HEAD")
-    if head.returncode != 0:
+    status = _git(root, "status", "--porcelain=v2", "--branch", "--untracked-files=all", "--", ".")
+    head = next((line.split()[2] for line in status.stdout.splitlines() if line.startswith("# branch.oid ")), None)
+    if status.returncode != 0 or head is None or head == "(initial)":
         return None, False, ""
-    status = _git(root, "status", "--porcelain=v1", "--untracked-files=all", "--", ".")
-    if not status.stdout.strip():
-        return head.stdout.strip(), False, ""
+    if not any(not line.startswith("#") for line in status.stdout.splitlines()):
+        return head, False, ""
     diff = _git(root, "diff", "HEAD", "--binary", "--", ".").stdout
     untracked = _git(root, "ls-files", "--others", "--exclude-standard", "--", ".").stdout.splitlines()
     diff += "".join(f"untracked {name} sha256 {sha256(root / name)}\n" for name in sorted(untracked))
-    return head.stdout.strip(), True, diff
+    return head, True, diff
 
 
 def sha256(path: Path) -> str:

@@ -16,7 +16,6 @@ in the program's defaults list) is a note, and verlc leaves the keys below it to
 from __future__ import annotations
 
 import ast
-import copy
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -108,7 +107,7 @@ def resolve(module: str, config_name: str | None, release: Release, *, code: Pat
                            + did_you_mean(name, have), ("hydra", "config_name") if config_name else ("program",))
     composer = _Composer(release, code)
     trees = composer.compose(file, [])
-    classes, targets, class_notes = _program_classes(trees, release, roots)
+    classes, targets, class_notes = _program_classes(composer.targets, release, roots)
     default_engine = release.default_engine(DEFAULT_CONFIG) if composer.used_verl else ""
     if not composer.used_verl:
         trees = {"": trees[""]}
@@ -125,6 +124,7 @@ class _Composer:
         self.release, self.code = release, code
         self.engines = release.engines(DEFAULT_CONFIG) if DEFAULT_CONFIG in release.configs else ("",)
         self.used_verl = False
+        self.targets: set[str] = set()  # the `_target_`s the program's own files name
         self.notes: list[str] = []
         self.unchecked: list[str] = []
 
@@ -132,6 +132,7 @@ class _Composer:
         if file in stack:
             raise ProgramError(f"{file}'s defaults list includes itself")
         data = _load_yaml(file)
+        self.targets |= _targets(data)
         defaults = data.pop("defaults", None) or []
         hydra = data.pop("hydra", None) or {}
         searchpath = hydra.get("searchpath", []) if isinstance(hydra, dict) else []
@@ -189,13 +190,14 @@ class _Composer:
 
 
 def _merge(base: Any, over: Any) -> Any:
-    """OmegaConf's merge: mappings key by key, anything else replaced (lists too)."""
+    """OmegaConf's merge: mappings key by key, anything else replaced (lists too). Only the mappings on a
+    merged path are new; the rest is shared, as every release tree is (nothing changes one in place)."""
     if isinstance(base, dict) and isinstance(over, dict):
         out = dict(base)
         for key, value in over.items():
-            out[key] = _merge(base[key], value) if key in base else copy.deepcopy(value)
+            out[key] = _merge(base[key], value) if key in base else value
         return out
-    return copy.deepcopy(over)
+    return over
 
 
 def _load_yaml(file: Path) -> dict[str, Any]:
@@ -203,7 +205,7 @@ def _load_yaml(file: Path) -> dict[str, Any]:
     from ruamel.yaml.error import YAMLError
 
     try:
-        data = YAML(typ="safe", pure=True).load(file.read_text(encoding="utf-8"))
+        data = YAML(typ="safe").load(file.read_text(encoding="utf-8"))
     except (OSError, YAMLError, UnicodeDecodeError) as exc:
         raise ProgramError(f"cannot read {file}: {' '.join(str(exc).split())}") from None
     if data is None:
@@ -224,14 +226,14 @@ def _targets(tree: Any) -> set[str]:
     return set()
 
 
-def _program_classes(trees: dict[str, Any], release: Release, roots: list[Path]
+def _program_classes(named: set[str], release: Release, roots: list[Path]
                      ) -> tuple[dict[str, DataClass], dict[str, str], list[str]]:
     """The dataclasses the program's config names by `_target_` that the schema does not map yet: verl's
     (found by name in the schema) or the program's own (read with ast, verl bases from the schema)."""
     classes: dict[str, DataClass] = {}
     targets: dict[str, str] = {}
     notes: list[str] = []
-    wanted = sorted(set().union(*map(_targets, trees.values())) - set(release.targets))
+    wanted = sorted(named - set(release.targets))
     for dotted in wanted:
         found = _in_schema(dotted, release)
         if found is None:
