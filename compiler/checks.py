@@ -8,7 +8,8 @@ from typing import Any
 from ..targets import NAMES, TARGETS, get
 from .diagnostics import Diagnostic, SpecError
 from .derive import (
-    checkpoint_dir, critic_in_use, derived, derived_environment, own_checkpoint_dir, strings_in, variant_specs,
+    checkpoint_dir, critic_in_use, derived, derived_environment, own_checkpoint_dir, rollout_pool, strings_in,
+    variant_specs,
 )
 from .ir import parse_word
 from .load import Sourced
@@ -66,12 +67,38 @@ def _check_verl(spec: Spec, sourced: Sourced, chosen: Selection, unchecked: tupl
                       {d.key: d.source for d in found}, critic_in_use(spec.verl, chosen.tree), unchecked)
 
 
+def _rollout_pool(spec: Spec, sourced: Sourced, chosen: Selection) -> Iterator[Diagnostic]:
+    """A program that gives the rollout GPUs of its own (its config has rollout.nnodes/n_gpus_per_node) shares
+    each node between trainer and rollout: the spec says how many are the rollout's."""
+    default = chosen.tree.get("rollout")
+    if not (isinstance(default, dict) and "n_gpus_per_node" in default):
+        return
+    pool = rollout_pool(spec.verl)
+    nodes, gpus = pool if pool else (None, None)
+    if nodes is None or gpus is None:
+        yield sourced.diagnostic(("verl",), (
+            f"{chosen.config} gives the rollout GPUs of its own (rollout.n_gpus_per_node, default "
+            f"{default['n_gpus_per_node']}, beside the trainer's): set verl.rollout.nnodes "
+            f"({spec.cluster.nodes}: the run's nodes) and verl.rollout.n_gpus_per_node; the trainer gets the "
+            f"rest of each node's {spec.cluster.gpus_per_node}"), at_key=True)
+        return
+    if nodes != spec.cluster.nodes:
+        yield sourced.diagnostic(("verl", "rollout", "nnodes"), (
+            f"the rollout shares the run's nodes with the trainer: rollout.nnodes must be cluster.nodes "
+            f"({spec.cluster.nodes})"))
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or not 0 < gpus < spec.cluster.gpus_per_node:
+        yield sourced.diagnostic(("verl", "rollout", "n_gpus_per_node"), (
+            f"rollout.n_gpus_per_node must leave the trainer GPUs of each node: 1 to "
+            f"{spec.cluster.gpus_per_node - 1} of cluster.gpus_per_node ({spec.cluster.gpus_per_node})"))
+
+
 def _verl_section(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
     if isinstance(chosen, str):
         return
     leaves = settings(spec.verl, chosen.walker)
     yield from _unspellable(leaves, sourced)
     given = {s.key: s for s in leaves}
+    yield from _rollout_pool(spec, sourced, chosen)
     for d in derived(spec):
         s = given.get(d.key)
         if s is not None and s.value != d.value:

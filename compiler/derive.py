@@ -41,11 +41,25 @@ def critic_in_use(verl: dict[str, Any], config: dict[str, Any] | None = None) ->
     return estimator == "gae" if found else True
 
 
+def rollout_pool(verl: dict[str, Any]) -> tuple[Any, Any] | None:
+    """(rollout.nnodes, rollout.n_gpus_per_node) where the spec gives the rollout a pool of its own: verl's
+    asynchronous programs (fully_async_policy, one_step_off_policy) place the trainer and the rollout on
+    separate GPUs, trainer.n_gpus_per_node + rollout.n_gpus_per_node of each node."""
+    pool = verl.get("rollout")
+    if isinstance(pool, dict) and ("n_gpus_per_node" in pool or "nnodes" in pool):
+        return pool.get("nnodes"), pool.get("n_gpus_per_node")
+    return None
+
+
 def derived(spec: Spec) -> tuple[Derived, ...]:
-    """Every verl key verlc sets itself; setting one to another value under `verl:` is an error."""
+    """Every verl key verlc sets itself; setting one to another value under `verl:` is an error. With a
+    rollout pool of its own (rollout_pool), the trainer gets the rest of each node's GPUs."""
+    pool = rollout_pool(spec.verl)
+    rollout_gpus = pool[1] if pool and isinstance(pool[1], int) and not isinstance(pool[1], bool) else 0
     items = [
         Derived("trainer.nnodes", spec.cluster.nodes, "cluster.nodes"),
-        Derived("trainer.n_gpus_per_node", spec.cluster.gpus_per_node, "cluster.gpus_per_node"),
+        Derived("trainer.n_gpus_per_node", spec.cluster.gpus_per_node - rollout_gpus,
+                "cluster.gpus_per_node" + (" - verl.rollout.n_gpus_per_node" if rollout_gpus else "")),
         Derived("trainer.project_name", spec.project, "project"),
         Derived("trainer.experiment_name", spec.experiment or spec.name,
                 "experiment" if spec.experiment else "name"),

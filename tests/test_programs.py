@@ -256,41 +256,51 @@ def test_bad_program_input_is_one_line_at_its_key(checkouts: Path, tmp_path: Pat
     assert "Traceback" not in result.stderr and not out.exists()
 
 
-# --- the DAPO example starts what the recipe's own script starts ---------------------------------------
+# --- the examples start what the recipes' own scripts start ------------------------------------------
 
-# What verlc derives (from cluster, data, model, project, experiment, and the spec's checkpoint folder)
-DERIVED = ("trainer.nnodes", "trainer.n_gpus_per_node", "data.train_files", "data.val_files",
-           "actor_rollout_ref.model.path", "trainer.project_name", "trainer.experiment_name")
-# The script's keys that verl's config no longer has at the pinned commit, and the recipe config's own names
-STALE = {"reward_model.overlong_buffer.enable": "reward.reward_kwargs.overlong_buffer_cfg.enable",
-         "reward_model.overlong_buffer.len": "reward.reward_kwargs.overlong_buffer_cfg.len",
-         "reward_model.overlong_buffer.penalty_factor": "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor"}
+# What verlc derives from the spec's cluster and names (equal to the script's), and from its data, model and
+# checkpoint folder (the spec names its own paths)
+SAME = ("trainer.nnodes", "trainer.n_gpus_per_node", "trainer.project_name", "trainer.experiment_name")
+PATHS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path", "trainer.default_local_dir")
+# example -> (its script in the recipe checkout, the script's keys verl's config no longer has at the pinned
+# commit and the names the recipe's own config gives them)
+SCRIPTS = {
+    "dapo-qwen2.5-32b": ("recipe/dapo/run_dapo_qwen2.5_32b.sh", {
+        "reward_model.overlong_buffer.enable": "reward.reward_kwargs.overlong_buffer_cfg.enable",
+        "reward_model.overlong_buffer.len": "reward.reward_kwargs.overlong_buffer_cfg.len",
+        "reward_model.overlong_buffer.penalty_factor": "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor"}),
+    "fully-async-dapo-qwen2.5-7b": ("verl/experimental/fully_async_policy/shell/dapo_7b_math_fsdp2_4_4.sh", {}),
+}
 
 
 def script_argv(script: Path, cwd: Path, tmp_path: Path) -> list[str]:
-    """The command a launch script runs, as it computes it: its own shell code runs with a stand-in `ray`
-    on PATH that records its argv (and starts nothing)."""
+    """The trainer command a launch script runs, as it computes it: its own shell code runs with stand-ins for
+    `ray` and `python`/`python3` on PATH that record their argv (and start nothing)."""
     tools = tmp_path / "tools"
     tools.mkdir()
     record = tmp_path / "argv.json"
-    (tools / "ray").write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import json, sys; "
-                               f"json.dump(sys.argv[1:], open(sys.argv[1], \"w\"))' {record} \"$@\"\n")
-    (tools / "ray").chmod(0o755)
+    for name in ("ray", "python", "python3"):
+        (tools / name).write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import json, sys; json.dump(sys.argv[1:], "
+                                  f"open(sys.argv[1], \"w\"))' {record} {name} \"$@\"\n")
+        (tools / name).chmod(0o755)
     env = {"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(tmp_path / "home"), "PWD": str(cwd)}
     result = subprocess.run(["bash", str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr[-2000:]
     argv = json.loads(record.read_text())[1:]
-    return argv[argv.index("--") + 1:]
+    argv = argv[argv.index("--") + 1:] if argv[0] == "ray" else argv
+    return ["python3", *argv[1:]]
 
 
-def test_the_dapo_example_starts_the_recipes_program_with_its_scripts_overrides(recipes: list[Path],
-                                                                                tmp_path: Path) -> None:
+@pytest.mark.parametrize("example", sorted(SCRIPTS))
+def test_an_example_starts_the_program_with_its_scripts_overrides(recipes: list[Path], tmp_path: Path,
+                                                                  example: str) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     checkout = REPO / "checkouts" / "verl-bcb6386-recipe"
-    script = script_argv(checkout / "recipe" / "dapo" / "run_dapo_qwen2.5_32b.sh", checkout, tmp_path)
-    job = json.loads((REPO / "out" / "dapo-qwen2.5-32b" / "ray-job" / "verlc_job" / "job.json").read_text())
-    assert script[:3] == job["train"][:3] == ["python3", "-m", "recipe.dapo.main_dapo"]
+    script_path, stale = SCRIPTS[example]
+    script = script_argv(checkout / script_path, checkout, tmp_path)
+    job = json.loads((REPO / "out" / example / "ray-job" / "verlc_job" / "job.json").read_text())
+    assert script[:3] == job["train"][:3] and script[1] == "-m"
     parser = OverridesParser.create()
 
     def values(args: list[str]) -> dict[str, Any]:
@@ -299,25 +309,24 @@ def test_the_dapo_example_starts_the_recipes_program_with_its_scripts_overrides(
     theirs, ours = values(script[3:]), values(job["train"][3:])
     assert len(theirs) >= 50
     for key, value in theirs.items():
-        if key in DERIVED:
-            assert key in ours, key  # from the spec's cluster, data, model and names
-        elif key in STALE:
-            assert ours[STALE[key]] == value, key
-        elif key == "trainer.default_local_dir":
-            assert ours[key] == "${oc.env:HOME}/verl/ckpts/DAPO/DAPO-Qwen2.5-32B"
+        if key in PATHS:
+            assert key in ours, key
+        elif key in stale:
+            assert ours[stale[key]] == value, key
         else:
             assert ours.get(key) == value, f"{key}: the script passes {value!r}, the bundle {ours.get(key)!r}"
-    # what the example renames, verl itself refuses at that commit (Hydra composing the recipe's config)
-    config_dir = checkout / "recipe" / "dapo" / "config"
-    probe = ("import sys; from hydra import compose, initialize_config_dir\n"
-             "with initialize_config_dir(config_dir=sys.argv[1], version_base=None):\n"
-             "    for override in sys.argv[2:]:\n"
-             "        try:\n            compose('dapo_trainer', overrides=[override]); print('accepted', override)\n"
-             "        except Exception:\n            print('refused', override)\n")
-    stale = [f"{k}={script[[a.split('=')[0] for a in script].index(k)].split('=', 1)[1]}" for k in STALE]
-    refused = subprocess.run([sys.executable, "-c", probe, str(config_dir), *stale], cwd=checkout,
-                             capture_output=True, text=True, timeout=120)
-    assert refused.stdout.split() == [w for s in stale for w in ("refused", s)], refused.stdout + refused.stderr
+    assert not set(ours) - set(theirs) - set(stale.values()) - {"trainer.resume_mode"}, "keys the script lacks"
+    if stale:  # what the example renames, verl itself refuses at that commit (Hydra composing the config)
+        probe = ("import sys; from hydra import compose, initialize_config_dir\n"
+                 "with initialize_config_dir(config_dir=sys.argv[1], version_base=None):\n"
+                 "    for override in sys.argv[3:]:\n"
+                 "        try:\n            compose(sys.argv[2], overrides=[override]); print('accepted', override)\n"
+                 "        except Exception:\n            print('refused', override)\n")
+        given = [f"{k}={next(a.split('=', 1)[1] for a in script if a.startswith(k + '='))}" for k in stale]
+        config = job["train"][3].split("=", 1)[1]
+        result = subprocess.run([sys.executable, "-c", probe, str(checkout / Path(script_path).parent / "config"),
+                                 config, *given], cwd=checkout, capture_output=True, text=True, timeout=120)
+        assert result.stdout.split() == [w for g in given for w in ("refused", g)], result.stdout + result.stderr
 
 
 # --- the run's code at build time: named files, uncommitted changes, the working dir --------------
@@ -416,3 +425,28 @@ def test_one_working_dir(tmp_path: Path) -> None:
         result = build_code_spec(code_spec(tmp_path), tmp_path / "out", target)
         assert result.returncode == 2 and f"code: the {target} target cannot ship the run's code yet" \
             in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("rollout, says", [
+    (None, "verl: fully_async_ppo_trainer gives the rollout GPUs of its own (rollout.n_gpus_per_node, default 8"),
+    ({"nnodes": 2, "n_gpus_per_node": 4}, "verl.rollout.nnodes: the rollout shares the run's nodes"),
+    ({"nnodes": 1, "n_gpus_per_node": 8}, "verl.rollout.n_gpus_per_node: rollout.n_gpus_per_node must leave"),
+])
+def test_an_asynchronous_program_splits_each_node_between_trainer_and_rollout(
+        checkouts: Path, tmp_path: Path, rollout: dict[str, int] | None, says: str) -> None:
+    code = checkouts / "verl-bcb6386-recipe"
+    verl = {**base_verl(), **({"rollout": rollout} if rollout else {})}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps({"name": "async", "project": "p", "model": "m", "verl_commit": ROLLING,
+                                "program": "verl.experimental.fully_async_policy.fully_async_main",
+                                "code": str(code), "verl": verl,
+                                "data": {"train_files": ["t.parquet"], "val_files": ["v.parquet"]},
+                                "cluster": {"nodes": 1, "gpus_per_node": 8}}))
+    result = build_code_spec(spec, tmp_path / "out")
+    assert result.returncode == 2 and says in result.stderr, result.stderr
+    fixed = {**json.loads(spec.read_text()), "verl": {**base_verl(), "rollout": {"nnodes": 1, "n_gpus_per_node": 3}}}
+    spec.write_text(json.dumps(fixed))
+    result = build_code_spec(spec, tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    job = json.loads((tmp_path / "out" / "async" / "ray-job" / "verlc_job" / "job.json").read_text())
+    assert "trainer.n_gpus_per_node=5" in job["train"] and "rollout.n_gpus_per_node=3" in job["train"]

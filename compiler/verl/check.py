@@ -182,7 +182,7 @@ def check_verl(verl: dict[str, Any], derived: dict[str, Any], sourced: Sourced, 
     problems = [d for d in every if not d.message.startswith(NOTE)]
     yield from every
     yield from _mandatory(config, chosen, sourced)
-    if problems or unchecked:
+    if problems or unchecked or not chosen.release.validated:
         return  # rules over misspelt keys or mistyped values would only repeat the same problem
     where = {s.key: s.loc for s in found}
     try:

@@ -58,12 +58,21 @@ def module_file(module: str, roots: list[Path]) -> Path | None:
     return None
 
 
-def hydra_main(source: Path) -> tuple[str | None, str | None]:
-    """(config_path, config_name) of the module's `@hydra.main(...)`; ProgramError when it has none."""
+def runs_validate_config(tree: ast.Module) -> bool:
+    """Whether the program calls verl's validate_config (main_ppo's consistency checks) by that name."""
+    return any(isinstance(node, ast.Call) and _dotted(node.func).split(".")[-1] == "validate_config"
+               for node in ast.walk(tree))
+
+
+def parsed(source: Path) -> ast.Module:
     try:
-        tree = ast.parse(source.read_text(encoding="utf-8"))
+        return ast.parse(source.read_text(encoding="utf-8"))
     except (OSError, SyntaxError, UnicodeDecodeError) as exc:
         raise ProgramError(f"cannot read {source}: {exc}") from None
+
+
+def hydra_main(source: Path, tree: ast.Module) -> tuple[str | None, str | None]:
+    """(config_path, config_name) of the module's `@hydra.main(...)`; ProgramError when it has none."""
     for node in ast.walk(tree):
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
@@ -94,7 +103,9 @@ def resolve(module: str, config_name: str | None, release: Release, *, code: Pat
                 and verl_source is None else "; name the folder of the run's code in `code:`" if code is None
                 else "")
         raise ProgramError(f"cannot find {module} ({where}; looked in {looked}){hint}")
-    path, name = hydra_main(source)
+    tree = parsed(source)
+    path, name = hydra_main(source, tree)
+    validated = runs_validate_config(tree)
     config_dir = (source.parent / (path or ".")).resolve()
     name = config_name or name
     if name is None:
@@ -112,9 +123,13 @@ def resolve(module: str, config_name: str | None, release: Release, *, code: Pat
     if not composer.used_verl:
         trees = {"": trees[""]}
     program_release = replace(release, configs={name: (default_engine, trees)}, primary=name,
-                              classes={**release.classes, **classes}, targets={**release.targets, **targets})
-    return Program(module, source, config_dir, name, program_release, (*composer.notes, *class_notes),
-                   tuple(composer.unchecked))
+                              classes={**release.classes, **classes}, targets={**release.targets, **targets},
+                              unchecked=tuple(composer.unchecked), validated=validated)
+    notes = [*composer.notes, *class_notes]
+    if not validated:
+        notes.append(f"note: {module} does not run verl's validate_config: verlc checks its keys, types and "
+                     f"mandatory values, and leaves the consistency rules main_ppo applies to the program")
+    return Program(module, source, config_dir, name, program_release, tuple(notes), tuple(composer.unchecked))
 
 
 class _Composer:

@@ -56,6 +56,7 @@ class Release:
     primary: str = DEFAULT_CONFIG  # the config the program composes when the spec names none
     commit: str | None = None      # the git commit these facts were read from (None: a PyPI release)
     unchecked: tuple[str, ...] = ()  # packages whose keys only Hydra can judge (a program's group choices)
+    validated: bool = True  # the program runs verl's validate_config (main_ppo does): its consistency rules apply
 
     @property
     def label(self) -> str:
