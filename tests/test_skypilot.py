@@ -268,3 +268,29 @@ def test_the_gpu_model_is_used_by_every_target_that_can_use_it(tmp_path: Path) -
     spec["targets"] = ["slurm", "kuberay"]
     plain = files()
     assert "#SBATCH --gpus-per-node=4\n" in plain["slurm/sbatch.sh"] and "nodeSelector" not in plain["kuberay/rayjob.yaml"]
+
+
+def test_the_runs_code_is_skypilots_workdir(tmp_path: Path) -> None:
+    """With a code folder the nodes run in ~/sky_workdir, which SkyPilot syncs from the folder launch.sh passes
+    as --workdir (resolved where it is run, before it changes folder); the real CLI takes that option."""
+    from test_programs import code_repo
+
+    shellcheck = require_tool("shellcheck")
+    code_repo(tmp_path / "s" / "code")
+    files, ir = bundle_files(base(code="code"), tmp_path / "s")
+    run = yaml.safe_load(files["task.yaml"])["run"]
+    assert 'cd "$HOME/sky_workdir"' in run and f"cd {ir.part('skypilot').workdir}" not in run
+    launch = files["launch.sh"]
+    assert launch.index("workdir=$(cd -- code && pwd)") < launch.index('cd "$(dirname "${BASH_SOURCE[0]}")"')
+    assert '--workdir "$workdir"' in launch
+    for name, text in (("run.sh", "#!/usr/bin/env bash\n" + run), ("launch.sh", launch)):
+        (tmp_path / name).write_text(text)
+    result = subprocess.run([shellcheck, "--severity=style", str(tmp_path / "run.sh"), str(tmp_path / "launch.sh")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+    if not SKY_PYTHON.exists():
+        message = "SkyPilot is not installed in .cache/sky (dev/test.sh installs it)"
+        pytest.fail(message) if IN_CI else pytest.skip(message)
+    helped = subprocess.run([str(SKY_PYTHON.parent / "sky"), "jobs", "launch", "--help"], capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "HOME": str(tmp_path / "home")})
+    assert helped.returncode == 0 and "--workdir" in helped.stdout, helped.stderr[-2000:]

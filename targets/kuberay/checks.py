@@ -10,6 +10,7 @@ from ...compiler.diagnostics import Diagnostic
 from ...compiler.load import Sourced
 from ...compiler.code import has_code
 from ...compiler.spec import Spec
+from ...compiler.verl.check import NOTE
 from ..shared import image_problems, kept, literal_env, node_image, node_workdir
 from .lower import GPU_LABEL, RAYJOB_NAME_MAX, is_rayjob_name, rayjob_names
 from .section import Kubernetes
@@ -21,9 +22,14 @@ _PRODUCT_LABEL = {"cuda": re.compile(r"(NVIDIA|Tesla|Quadro)-.+"), "rocm": re.co
 
 def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     if has_code(spec):
-        yield sourced.diagnostic(("code",) if spec.code else ("program",),
-                                 "the kuberay target cannot ship the run's code yet (through its image or a volume claim, which verlc cannot check yet); "
-                                 "build ray-job or slurm, or leave the program and code: out")
+        k_workdir = node_workdir(spec, (spec.kubernetes or Kubernetes()).workdir)
+        claim = next((v.claim for v in (spec.kubernetes or Kubernetes()).volumes
+                      if k_workdir and (k_workdir + "/").startswith(v.mount.rstrip("/") + "/")), None)
+        yield sourced.diagnostic(("code",) if spec.code else ("program",), (
+            f"{NOTE}the pods run the job in {k_workdir}: "
+            + (f"put the run's code there on the claim {claim}" if claim else
+               "the image must hold the run's code there (built from its commit), or mount a claim that does")
+            + "; the preflight checks the files it names"))
     k = spec.kubernetes or Kubernetes()
     image, workdir = node_image(spec, k.image), node_workdir(spec, k.workdir)
     yield from image_problems(spec, sourced, "kuberay", "kubernetes", image, workdir,

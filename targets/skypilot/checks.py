@@ -7,17 +7,12 @@ from collections.abc import Iterator
 
 from ...compiler.diagnostics import Diagnostic
 from ...compiler.load import Sourced
-from ...compiler.code import has_code
 from ...compiler.spec import Spec
 from ..shared import image_problems, kept, literal_env, node_image, node_workdir
 from .section import Skypilot
 
 
 def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
-    if has_code(spec):
-        yield sourced.diagnostic(("code",) if spec.code else ("program",),
-                                 "the skypilot target cannot ship the run's code yet (through SkyPilot's workdir, which verlc does not write yet); "
-                                 "build ray-job or slurm, or leave the program and code: out")
     k = spec.skypilot or Skypilot()
     image, workdir = node_image(spec, k.image), node_workdir(spec, k.workdir)
     yield from image_problems(spec, sourced, "skypilot", "skypilot", image, workdir,

@@ -27,6 +27,7 @@ class SkyView:
     header: tuple[str, ...]
     name: str
     workdir: str
+    code_folder: str | None  # the run's code, synced by SkyPilot to ~/sky_workdir (launch.sh --workdir)
     helper_dir: str
     package: str
     port: int
@@ -39,7 +40,8 @@ class SkyView:
 
 def sky_view(ir: JobIR) -> SkyView:
     k: SkyIR = ir.part("skypilot")
-    return SkyView(header_lines(ir), ir.name, k.workdir, HELPER_DIR, PACKAGE, RAY_PORT, DASHBOARD_PORT,
+    return SkyView(header_lines(ir), ir.name, k.workdir, ir.code.folder if ir.code else None, HELPER_DIR, PACKAGE,
+                   RAY_PORT, DASHBOARD_PORT,
                    ir.nodes, ir.ray.wait_seconds, ir.secrets, tuple(str(v.index) for v in ir.variants))
 
 
