@@ -192,18 +192,32 @@ def test_verlc_and_verl_agree_on_a_programs_keys(checkouts: Path, tmp_path: Path
 
 # --- a commit read from a checkout, once --------------------------------------------------------
 
-def test_a_commit_is_read_from_its_checkout_once_then_cached(checkouts: Path, tmp_path: Path) -> None:
-    checkout = checkouts / "verl-bcb6386-recipe"
-    commit = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                            check=True).stdout.strip()
+@pytest.fixture(scope="module")
+def commit_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One $XDG_CACHE_HOME for the tests that read a checkout's commit (each commit is read once)."""
+    return tmp_path_factory.mktemp("cache")
+
+
+def head(checkout: Path) -> str:
+    return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+@pytest.mark.parametrize("checkout, shipped, program", [
+    ("verl-bcb6386-recipe", ROLLING, "recipe.dapo.main_dapo"),
+    ("verl-4f80e465", REPRODUCTION, "recipe.dapo.src.main_dapo"),
+])
+def test_a_commit_is_read_from_its_checkout_once_then_cached(checkouts: Path, tmp_path: Path, commit_cache: Path,
+                                                             checkout: str, shipped: str, program: str) -> None:
+    folder = checkouts / checkout
+    commit = head(folder)  # the checkout's own commit: verlc has no schema of it
     spec = tmp_path / "spec.yaml"
     spec.write_text(json.dumps({"name": "dapo", "project": "p", "model": "m", "verl_commit": commit,
-                                "verl_checkout": str(checkout), "program": "recipe.dapo.main_dapo",
-                                "code": str(checkout),
+                                "verl_checkout": str(folder), "program": program, "code": str(folder),
                                 "verl": nest({"algorithm.filter_groups.enable": True}, base_verl()),
                                 "data": {"train_files": ["t.parquet"], "val_files": ["v.parquet"]},
                                 "cluster": {"nodes": 1, "gpus_per_node": 8}}))
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {**os.environ, "XDG_CACHE_HOME": str(commit_cache)}
 
     def validate() -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "verlc", "validate", str(spec)], capture_output=True,
@@ -213,12 +227,44 @@ def test_a_commit_is_read_from_its_checkout_once_then_cached(checkouts: Path, tm
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     assert f"reading verl {commit[:12]}" in first.stderr
     assert "reading verl" not in second.stderr
-    cached = list((tmp_path / "cache" / "verlc" / "verl-commits").glob(f"{commit}-*.json.gz"))
+    cached = list((commit_cache / "verlc" / "verl-commits").glob(f"{commit}-*.json.gz"))
     assert len(cached) == 1
     # the same files as the shipped schema of the commit they were unpacked from
-    shipped = commit_release(ROLLING, None)
-    read = _release(commit, cached[0].read_bytes())
-    assert read.configs == shipped.configs and read.version == shipped.version == "0.8.0.dev0"
+    known, read = commit_release(shipped, None), _release(commit, cached[0].read_bytes())
+    assert (read.configs, read.classes, read.version) == (known.configs, known.classes, known.version)
+
+
+def test_a_checkout_whose_verl_has_uncommitted_changes_is_refused(checkouts: Path, tmp_path: Path,
+                                                                 commit_cache: Path) -> None:
+    """The job imports the code's own verl/: with the commit in its history, it must be that commit."""
+    code = tmp_path / "code"
+    subprocess.run(["cp", "-a", str(checkouts / "verl-bcb6386-recipe"), str(code)], check=True)
+    main = code / "verl" / "trainer" / "main_ppo.py"
+    main.write_text(main.read_text() + "# patched\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps({"name": "dapo", "project": "p", "model": "m", "verl_commit": head(code),
+                                "program": "recipe.dapo.main_dapo", "code": "code", "verl": base_verl(),
+                                "data": {"train_files": ["t.parquet"], "val_files": ["v.parquet"]},
+                                "cluster": {"nodes": 1, "gpus_per_node": 8}}))
+    result = build_code_spec(spec, tmp_path / "out", XDG_CACHE_HOME=str(commit_cache))
+    assert result.returncode == 2, result.stderr
+    assert re.search(r"spec\.yaml:\d+:\d+: verl_commit: the code's verl/ \(what the job imports\) differs from "
+                     rf"commit {head(code)[:12]}", result.stderr), result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_reading_a_commit_without_hydra_says_how_to_get_it(checkouts: Path, tmp_path: Path) -> None:
+    folder = checkouts / "verl-4f80e465"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps({"name": "dapo", "project": "p", "model": "m", "verl_commit": head(folder),
+                                "verl_checkout": str(folder), "verl": base_verl(),
+                                "data": {"train_files": ["t.parquet"], "val_files": ["v.parquet"]},
+                                "cluster": {"nodes": 1, "gpus_per_node": 8}}))
+    no_hydra = "import sys; sys.modules['hydra'] = None; from verlc.cli import main; sys.exit(main(sys.argv[1:]))"
+    result = subprocess.run([sys.executable, "-c", no_hydra, "validate", str(spec)], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert result.returncode == 2, result.stderr
+    assert "verl_checkout: reading verl's config at a commit needs Hydra: pip install 'verlc[hydra]'" in result.stderr
 
 
 # --- bad input: one positioned line each, exit 2, nothing written ---------------------------------
