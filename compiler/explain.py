@@ -22,7 +22,7 @@ from .verl.check import _ranges, all_keys, describe, select, settings
 from .verl.editor import Key, describe_key, walkers
 from .verl.hydra import hydra_value, shown, verl_value
 from .verl.place import KNOWN, Walker
-from .verl.release import MISSING, RELEASES, Release, snapshot
+from .verl.release import DEFAULT_CONFIG, MISSING, RELEASES, Release, snapshot
 from .verl.rules import RULES
 
 DEFAULT_VERSION = Spec.model_fields["verl_version"].default
@@ -43,17 +43,22 @@ def explain(key: str, version: str | None = None, spec_path: Path | None = None)
     key = ".".join(part.lstrip("+") for part in key.removeprefix("verl.").split("."))
     sourced = spec = None
     if spec_path is not None:
-        from .pipeline import compile_spec
+        from .pipeline import compile_spec, program_for, verl_release_for
 
         compile_spec(spec_path, display=str(spec_path), source=str(spec_path))  # a spec verlc would build
         sourced = load(spec_path, str(spec_path))
         spec = validate(sourced)
+        # the config the spec's program composes, over its release or commit
+        spec, program, _ = program_for(spec, sourced, verl_release_for(spec, sourced, "snapshot", spec_path),
+                                       spec_path)
+        release = program.release
         version = spec.verl_version
-    version = version or DEFAULT_VERSION
-    if version not in RELEASES:
-        raise SpecError([Diagnostic("<command line>", 1, 1, "--verl-version",
-                                    f"verlc has no schema for verl {version}; known: {', '.join(RELEASES)}")])
-    release = snapshot(version)
+    else:
+        version = version or DEFAULT_VERSION
+        if version not in RELEASES:
+            raise SpecError([Diagnostic("<command line>", 1, 1, "--verl-version",
+                                        f"verlc has no schema for verl {version}; known: {', '.join(RELEASES)}")])
+        release = snapshot(version)
     every = walkers(release)
     if spec is not None:  # the spec's own trainer config and engine first
         chosen = select(spec.verl, release, spec.hydra.config_name)
@@ -62,11 +67,13 @@ def explain(key: str, version: str | None = None, spec_path: Path | None = None)
     facts = describe_key(release, key, every)
     if facts is None:
         raise SpecError([Diagnostic("<command line>", 1, 1, "KEY", _unknown(key, release, every))])
-    lines = [f"{key}  (verl {version})"]
+    lines = [f"{key}  ({release.label}" + (f", {spec.program} with {release.primary}" if spec is not None
+                                            and release.primary != DEFAULT_CONFIG else "") + ")"]
     if facts.description:
         lines.append(f"  {facts.description}")
     lines += _facts(facts, release, every)
-    lines.append(f"  releases: {_releases(key, version)}")
+    if release.commit is None and release.primary == DEFAULT_CONFIG:
+        lines.append(f"  releases: {_releases(key, version)}")
     involved = [text for keys, text in RULES if key in keys]
     for i, text in enumerate(involved):
         lines.append(f"  {'rules:   ' if i == 0 else '         '} {text}")
@@ -85,7 +92,7 @@ def _facts(facts: Key, release: Release, every: list[Walker]) -> list[str]:
         out.append(f"  section:  {len(children)} keys: {', '.join(children[:12])}"
                    + (", ..." if len(children) > 12 else ""))
     else:
-        out.append(f"  type:     {' or '.join(describe(k) for k in place.kinds)}")
+        out.append(f"  type:     {' or '.join(dict.fromkeys(describe(k) for k in place.kinds))}")
         default = place.default
         out.append(f"  default:  {'mandatory (???)' if default == MISSING else shown(default)}"
                    + ("" if place.in_yaml else " (not in verl's YAML: the dataclass's default applies)"))

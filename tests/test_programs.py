@@ -500,3 +500,18 @@ def test_an_asynchronous_program_splits_each_node_between_trainer_and_rollout(
     assert result.returncode == 0, result.stderr
     job = json.loads((tmp_path / "out" / "async" / "ray-job" / "verlc_job" / "job.json").read_text())
     assert "trainer.n_gpus_per_node=5" in job["train"] and "rollout.n_gpus_per_node=3" in job["train"]
+
+
+def test_explain_knows_a_recipes_own_keys(recipes: list[Path]) -> None:
+    from conftest import run_verlc
+
+    sppo = next(s for s in recipes if s.stem.startswith("sppo"))
+    result = run_verlc("explain", "actor_rollout_ref.actor.sppo_eta", sppo)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[:4] == [
+        "actor_rollout_ref.actor.sppo_eta  (verl 0.8.0.dev0 at commit bcb638649a50, recipe.sppo.main_sppo with "
+        "sppo_trainer)", "  type:     a number", "  default:  1.0",
+        "  verl builds it as SPPOActorConfig.sppo_eta (recipe.sppo.config.SPPOActorConfig)"]
+    dapo = next(s for s in recipes if s.stem.startswith("dapo"))
+    result = run_verlc("explain", "algorithm.filter_groups.max_num_gen_batchs", dapo)
+    assert result.returncode == 2 and "did you mean 'algorithm.filter_groups.max_num_gen_batches'" in result.stderr
