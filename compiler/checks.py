@@ -211,9 +211,10 @@ def _reproducible(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iter
     elif not re.search(r"@sha256:[0-9a-f]{64}$", image):
         yield sourced.diagnostic(("container", "image"), f"reproducible: true needs the image pinned by digest "
                                                          f"({image}@sha256:<64 hex digits>); a tag can move")
-    if "verl_version" not in sourced.data:
-        yield sourced.diagnostic(("reproducible",), "reproducible: true needs verl_version written in the spec, "
-                                                    "not taken from verlc's default", at_key=True)
+    if "verl_version" not in sourced.data and "verl_commit" not in sourced.data:
+        yield sourced.diagnostic(("reproducible",), "reproducible: true needs verl_version (or verl_commit) "
+                                                    "written in the spec, not taken from verlc's default",
+                                 at_key=True)
     if isinstance(spec.model, str) and is_hub_id(spec.model):
         yield sourced.diagnostic(("model",), f"reproducible: true needs the hub model pinned to its commit: "
                                              f"model: {{path: {spec.model}, revision: <40-hex commit sha>}} "

@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from verlc.compiler.verl.extract import extract
@@ -69,42 +70,56 @@ def write_commit(commit: str, tarball: Path) -> None:
     print(f"wrote {path.relative_to(REPO)} (verl {version}, {len(blob) / 1024:.0f} KiB)")
 
 
+def release_blobs(version: str) -> tuple[bytes, bytes]:
+    """A release's schema and descriptions, as shipped (run in a worker process: Hydra is per process)."""
+    data = extract(release_package(version))
+    return pack(version, data), pack_docs(data)
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--commit"] and len(argv) == 3:
         write_commit(argv[1], Path(argv[2]))
         return 0
     check = "--check" in argv
-    versions = [a for a in argv if not a.startswith("--")] or list(RELEASES)
+    named = [a for a in argv if not a.startswith("--")]
+    versions = named or list(RELEASES)
+    commits = {c: commit_tarball(c) for c in COMMITS} if check and not named else {}
+    folder = REPO / "compiler" / "verl" / "schemas"
     stale = []
-    for version in versions:
-        started = time.perf_counter()
-        data = extract(release_package(version))
-        folder = REPO / "compiler" / "verl" / "schemas"
-        for path, blob in ((folder / f"{version}.json.gz", pack(version, data)),
-                           (folder / f"{version}.docs.json.gz", pack_docs(data))):
-            name = path.relative_to(REPO)
-            if check:
-                same = path.exists() and path.read_bytes() == blob
-                if not same and version not in stale:
-                    stale.append(version)
-                print(f"{name}: {'matches' if same else 'DIFFERS FROM'} verl {version}'s own files", flush=True)
-            else:
-                path.write_bytes(blob)
-                print(f"wrote {name} ({len(blob) / 1024:.0f} KiB, {time.perf_counter() - started:.1f} s)", flush=True)
-    for commit in COMMITS if check and not [a for a in argv if not a.startswith("--")] else ():
-        tarball = commit_tarball(commit)
-        path = REPO / "compiler" / "verl" / "schemas" / f"{commit}.json.gz"
-        if tarball is None:
-            print(f"{path.relative_to(REPO)}: no source in {SHARED}", flush=True)
-            stale.append(f"--commit {commit}")
-            continue
-        same = path.exists() and path.read_bytes() == commit_blob(commit, tarball)[1]
-        print(f"{path.relative_to(REPO)}: {'matches' if same else 'DIFFERS FROM'} verl {commit[:12]}'s own files",
-              flush=True)
-        if not same:
-            stale.append(f"--commit {commit} {tarball}")
+    started = time.perf_counter()
+    # every release (and shipped commit) read in parallel, one process each at a time; reported in order
+    with ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
+        releases = {v: pool.submit(release_blobs, v) for v in versions}
+        sources = {c: pool.submit(commit_blob, c, t) for c, t in commits.items() if t is not None}
+        for version in versions:
+            blob, docs = releases[version].result()
+            for path, data in ((folder / f"{version}.json.gz", blob), (folder / f"{version}.docs.json.gz", docs)):
+                name = path.relative_to(REPO)
+                if check:
+                    same = path.exists() and path.read_bytes() == data
+                    if not same and version not in stale:
+                        stale.append(version)
+                    print(f"{name}: {'matches' if same else 'DIFFERS FROM'} verl {version}'s own files", flush=True)
+                else:
+                    path.write_bytes(data)
+                    print(f"wrote {name} ({len(data) / 1024:.0f} KiB, {time.perf_counter() - started:.1f} s)",
+                          flush=True)
+        for commit, tarball in commits.items():
+            path = folder / f"{commit}.json.gz"
+            if tarball is None:
+                print(f"{path.relative_to(REPO)}: no source in {SHARED}", flush=True)
+                stale.append(f"--commit {commit} <its source tarball>")
+                continue
+            same = path.exists() and path.read_bytes() == sources[commit].result()[1]
+            print(f"{path.relative_to(REPO)}: {'matches' if same else 'DIFFERS FROM'} verl {commit[:12]}'s own files",
+                  flush=True)
+            if not same:
+                stale.append(f"--commit {commit} {tarball}")
     if stale:
-        print(f"regenerate with: .venv/bin/python dev/verl_schema.py {' '.join(stale)}", file=sys.stderr)
+        commands = [" ".join(v for v in stale if not v.startswith("--commit")),
+                    *(v for v in stale if v.startswith("--commit"))]
+        for args in filter(None, commands):
+            print(f"regenerate with: .venv/bin/python dev/verl_schema.py {args}", file=sys.stderr)
         return 1
     return 0
 

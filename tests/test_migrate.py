@@ -225,7 +225,7 @@ def resolved(path: Path) -> tuple[dict[str, Any], dict[str, Any], Any]:
     chosen = select(data["verl"], snapshot(data.get("verl_version", "0.9.1")))
     assert not isinstance(chosen, str), chosen
     return (data["verl"], {s.key: s.value for s in settings(data["verl"], chosen.walker)},
-            OmegaConf.create(yaml.safe_load(ir.verl_config)))
+            OmegaConf.create(yaml.load(ir.verl_config, Loader=yaml.CSafeLoader)))
 
 
 def value_at(config: Any, key: str) -> Any:

@@ -268,9 +268,9 @@ def test_the_runs_code_reaches_the_job_is_recorded_and_each_nodes_verl_commit_is
     site = tmp_path / "site"
     spec = tmp_path / "spec.yaml"
 
-    def run(installed: str) -> tuple[str, str]:
+    def run(installed: str, accept: bool = False, **extra: object) -> tuple[str, str]:
         installed_verl_from_git(site, installed)
-        spec.write_text(json.dumps({
+        spec.write_text(json.dumps({**extra,
             "name": "own-code", "project": "e2e", "model": str(tmp_path / "model"), "code": "code",
             "verl_commit": ROLLING,
             "data": {"train_files": [str(tmp_path / "data" / "train.parquet")],
@@ -281,7 +281,8 @@ def test_the_runs_code_reaches_the_job_is_recorded_and_each_nodes_verl_commit_is
                      "custom_reward_function": {"path": "rewards/math.py", "name": "compute_score"}},
             "env": {"PYTHONPATH": f"{site}:{rollout_engine_site()}"},  # the node's verl install
             "cluster": {"nodes": 1, "gpus_per_node": 8}, "ray": {"wait_for_nodes": "60s"}}))
-        result = run_verlc("build", spec, "--target", "ray-job", "--out", tmp_path / "out")
+        result = run_verlc("build", spec, "--target", "ray-job", "--out", tmp_path / "out",
+                           env={"VERLC_ACCEPT_CHANGES": "1"} if accept else None)
         assert result.returncode == 0, result.stderr
         return submit_and_wait(tmp_path / "out" / "own-code" / "ray-job" / "submit.sh", ray_head, cwd=tmp_path)
 
@@ -290,13 +291,29 @@ def test_the_runs_code_reaches_the_job_is_recorded_and_each_nodes_verl_commit_is
     assert status == "FAILED", logs
     assert re.search(rf"PREFLIGHT FAILED: node \S+ \(\w+\): verl is commit {other}; the spec pins commit {ROLLING}",
                      logs), logs
-    status, logs = run(ROLLING)
-    assert status == "SUCCEEDED", logs
-    record = json.loads(re.search(r"run record: (\{.*\})", logs)[1])
-    reward = hashlib.sha256((tmp_path / "code" / "rewards" / "math.py").read_bytes()).hexdigest()
+    record = json.loads(re.search(r"run record: (\{.*\})", logs)[1])  # written before the preflight fails
+    reward_file = tmp_path / "code" / "rewards" / "math.py"
+    reward = hashlib.sha256(reward_file.read_bytes()).hexdigest()
     assert record["inputs"]["code"] == {"commit": commit, "dirty": False, "diff_sha256": None,
                                         "files": {"rewards/math.py": reward}}
-    assert record["nodes"][0]["verl_source"]["commit"] == ROLLING
+    assert record["nodes"][0]["verl_source"]["commit"] == other
+
+    # a reproducible run from code with uncommitted changes: refused at build, built when accepted, and then
+    # the run record names the commit, the changes' sha256 (their diff is the bundle's code.diff) and the
+    # reward function as it was built; this node's verl is the pinned commit
+    reward_file.write_text(reward_file.read_text() + "# tuned for this run\n")
+    pinned = {"reproducible": True, "container": {"runtime": "docker", "image": "verl@sha256:" + "0" * 64,
+                                                  "workdir": "/w"}}
+    with pytest.raises(AssertionError, match="has uncommitted changes"):
+        run(ROLLING, **pinned)
+    status, logs = run(ROLLING, accept=True, **pinned)
+    assert status == "SUCCEEDED", logs
+    record = json.loads(re.search(r"run record: (\{.*\})", logs)[1])
+    diff = (tmp_path / "out" / "own-code" / "ray-job" / "code.diff").read_bytes()
+    assert record["inputs"]["code"] == {
+        "commit": commit, "dirty": True, "diff_sha256": hashlib.sha256(diff).hexdigest(),
+        "files": {"rewards/math.py": hashlib.sha256(reward_file.read_bytes()).hexdigest()}}
+    assert b"+# tuned for this run" in diff and record["nodes"][0]["verl_source"]["commit"] == ROLLING
 
 
 def upload_fixture(root: Path) -> None:

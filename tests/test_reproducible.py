@@ -40,7 +40,7 @@ def test_verl_version_must_be_written(tmp_path: Path) -> None:
     s = spec()
     del s["verl_version"]
     problems = build(tmp_path, s)
-    assert any("reproducible: true needs verl_version written in the spec" in p for p in problems)
+    assert any("reproducible: true needs verl_version (or verl_commit) written in the spec" in p for p in problems)
 
 
 def test_determinism_cannot_be_turned_off(tmp_path: Path) -> None:

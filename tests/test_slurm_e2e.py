@@ -299,9 +299,9 @@ def test_a_pinned_model_comes_from_the_hf_cache_offline_and_each_run_records_wha
 
 def test_the_job_runs_in_the_runs_code_and_records_the_files_it_was_built_with(slurm: None,
                                                                                 tmp_path: Path) -> None:
-    """Without a container the job's steps run in the code folder (relative to where sbatch runs); the run
-    record has the reward function's sha256 as built and its commit; a file edited after the build fails the
-    preflight, naming it."""
+    """Without a container the job's steps run in the code folder (relative to where sbatch runs): the run
+    record has the code's commit and the reward function's sha256 as the job found it, and a file edited
+    after the build fails the preflight, naming it and both hashes."""
     from test_programs import code_repo
 
     commit = code_repo(tmp_path / "code")
@@ -325,16 +325,16 @@ ray: {{wait_for_nodes: 120s}}
     result = run_verlc("build", spec, "--target", "slurm", "--out", tmp_path / "out")
     assert result.returncode == 0, result.stderr
     script = tmp_path / "out" / "e2e-code" / "slurm" / "sbatch.sh"
-    job, output, state = sbatch(script, tmp_path)
-    assert state == "COMPLETED", output
-    record = json.loads((next((tmp_path / "verlc-runs").glob(f"*-{job}")) / "run-record.json").read_text())
     reward = tmp_path / "code" / "rewards" / "math.py"
-    assert record["inputs"]["code"]["commit"] == commit
-    assert record["inputs"]["code"]["files"] == {"rewards/math.py": hashlib.sha256(reward.read_bytes()).hexdigest()}
+    built = hashlib.sha256(reward.read_bytes()).hexdigest()
     reward.write_text(reward.read_text() + "# edited after the build\n")
     job, output, state = sbatch(script, tmp_path)
     assert state == "FAILED", output
-    assert "PREFLIGHT FAILED: rewards/math.py here is not the file the bundle was built with" in output
+    assert (f"PREFLIGHT FAILED: rewards/math.py here is not the file the bundle was built with (sha256 "
+            f"{hashlib.sha256(reward.read_bytes()).hexdigest()[:12]}, built {built[:12]})") in output
+    record = json.loads((next((tmp_path / "verlc-runs").glob(f"*-{job}")) / "run-record.json").read_text())
+    assert record["inputs"]["code"]["commit"] == commit  # read where the job ran: the code folder
+    assert record["inputs"]["code"]["files"] == {"rewards/math.py": hashlib.sha256(reward.read_bytes()).hexdigest()}
 
 
 def test_missing_data_file_fails_preflight(slurm: None, tmp_path: Path) -> None:
