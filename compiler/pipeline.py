@@ -19,7 +19,7 @@ from .lower import lower
 from .spec import TARGET_NAMES, Hydra, Spec
 from .verl.check import check_verl_keys, select, settings
 from .validate import validate
-from .code import bundle_folder, inside, named_files, sha256 as file_sha256, state as code_state
+from .code import bundle_folder, has_code, inside, named_files, sha256 as file_sha256, state as code_state
 from .verl.commit import CommitError, commit_release, git_differs, has_commit
 from .verl.program import Program, ProgramError, resolve
 from .verl.release import RELEASES, Release, live, snapshot
@@ -85,7 +85,7 @@ def folder(spec_path: Path, value: str | None) -> Path | None:
 
 def code_folder(spec: Spec, spec_path: Path) -> Path | None:
     """The run's code: the spec's `code:`, else (for a program of its own) the git checkout holding the spec."""
-    if spec.code is not None or spec.program.split(".")[0] == "verl":
+    if spec.code is not None or not has_code(spec):
         return folder(spec_path, spec.code)
     found = subprocess.run(["git", "-C", str(spec_path.parent.resolve()), "rev-parse", "--show-toplevel"],
                            capture_output=True, text=True)

@@ -15,8 +15,6 @@ import os
 import re
 import subprocess
 import sys
-import tarfile
-import tempfile
 import zlib
 from functools import cache
 from importlib import resources
@@ -97,6 +95,9 @@ def extract_commit(checkout: Path, commit: str) -> bytes:
     if not has_commit(checkout, commit):
         raise CommitError(f"the checkout {checkout} does not have commit {commit[:12]} (git fetch it, or pin "
                           f"the commit it has)")
+    import tarfile
+    import tempfile
+
     from .extract import extract
 
     try:
