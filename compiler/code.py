@@ -27,8 +27,9 @@ FILE_KEYS = (
 
 
 def has_code(spec: "Spec") -> bool:
-    """Whether the job runs in the run's own code folder: named in `code:`, or a program of its own."""
-    return spec.code is not None or spec.program.split(".")[0] != "verl"
+    """Whether the job runs in the run's own code folder: named in `code:`, a program of its own, or configs of
+    its own."""
+    return spec.code is not None or spec.program.split(".")[0] != "verl" or spec.hydra.config_dir is not None
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:

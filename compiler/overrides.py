@@ -22,6 +22,8 @@ def overrides(spec: Spec, chosen: Selection) -> tuple[Override, ...]:
     default; always for another program, so the argv names its config), the plugin search path, then config
     group choices (model_engine among them)."""
     head: list[Override] = []
+    if spec.hydra.config_dir is not None:
+        head.append(Override("--config-dir", spec.hydra.config_dir, "hydra.config_dir"))
     if chosen.config != DEFAULT_CONFIG or spec.program != MAIN_PPO:
         head.append(Override("--config-name", chosen.config, "hydra.config_name"))
     if spec.hydra.searchpath:

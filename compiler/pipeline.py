@@ -106,7 +106,8 @@ def program_for(spec: Spec, sourced: Sourced, release: Release, spec_path: Path
     if spec.code is not None and (code is None or not code.is_dir()):
         raise SpecError([sourced.diagnostic(("code",), f"no folder {code}")])
     try:
-        program = resolve(spec.program, spec.hydra.config_name, release, code=code, verl_source=None)
+        program = resolve(spec.program, spec.hydra.config_name, release, code=code, verl_source=None,
+                          config_dir=spec.hydra.config_dir)
     except ProgramError as exc:
         raise SpecError([sourced.diagnostic(exc.where, str(exc))]) from None
     return spec, program, code

@@ -194,6 +194,10 @@ class Hydra(Model):
                                                        "folder (e.g. ppo_megatron_trainer on verl releases before "
                                                        "model_engine); default: the one its @hydra.main names "
                                                        "(main_ppo: ppo_trainer).")
+    config_dir: Text | None = Field(
+        None, description="A folder of configs of the run's own, relative to the run's code (Hydra's --config-dir): "
+                          "searched after the program's own config folder, so config_name can name a config in "
+                          "it (verl's sglang_multiturn examples' gsm8k_multiturn_grpo).")
     groups: dict[GroupKey, GroupOption] = Field(
         default_factory=dict, description="Config group choices, as `group@package: option` (model_engine is "
                                           "verl.model_engine).")

@@ -44,9 +44,9 @@ def test_a_good_config_passes(tmp_path: Path) -> None:
     ({"actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu": 8}, 2, 8, "the per-GPU mini batch (64 x 1 / 16 = 4)"),
     # 8 x 1 / 16 = 0 per GPU
     ({"actor_rollout_ref__actor__ppo_mini_batch_size": 8}, 2, 8, "is 0 per GPU"),
-    # verl #1191/#1785: 12 GPUs are not divisible by TP 8
+    # verl's RolloutReplica (0.6.0 on): a replica of TP 8 cannot fill whole nodes of 6 GPUs
     ({"actor_rollout_ref__rollout__tensor_model_parallel_size": 8, "data__train_batch_size": 192,
-      "actor_rollout_ref__actor__ppo_mini_batch_size": 48}, 3, 4, "spans more than one node"),
+      "actor_rollout_ref__actor__ppo_mini_batch_size": 48}, 3, 6, "must fill whole nodes of 6 GPUs"),
     ({"actor_rollout_ref__rollout__tensor_model_parallel_size": 4, "data__train_batch_size": 192,
       "actor_rollout_ref__actor__ppo_mini_batch_size": 48, "actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu": 1},
      1, 6, "6 GPUs are not divisible by rollout TP x DP x PP = 4 x 1 x 1"),

@@ -208,13 +208,23 @@ def test_a_shell_variable_in_a_verl_value_is_noted(tmp_path: Path) -> None:
 
 
 def test_a_rule_on_a_value_the_spec_did_not_write_names_verls_default_and_the_key(tmp_path: Path) -> None:
-    text = spec_text({}).replace("gpus_per_node: 8", "gpus_per_node: 1").replace("nodes: 1", "nodes: 2")
+    text = spec_text({}).replace("gpus_per_node: 8", "gpus_per_node: 1").replace("nodes: 1", "nodes: 3")
     (tmp_path / "tp.yaml").write_text(text)
     result = run_verlc("validate", "tp.yaml", cwd=tmp_path)
-    assert ("rollout tensor parallel size 2 spans more than one node (1 GPUs per node): set "
-            "actor_rollout_ref.rollout.tensor_model_parallel_size to at most 1 "
+    assert ("3 GPUs are not divisible by rollout TP x DP x PP = 2 x 1 x 1 (verl #1191, #1785) "
             "(actor_rollout_ref.rollout.tensor_model_parallel_size: 2 is verl 0.9.1's default)") in result.stderr, \
         result.stderr
+
+
+@pytest.mark.parametrize(("version", "says"), [
+    ("0.5.0", "rollout tensor parallel size 2 spans more than one node (1 GPUs per node)"),
+    ("0.6.0", None),  # verl's RolloutReplica places a replica of 2 GPUs on two nodes of 1
+])
+def test_a_rollout_replica_spans_nodes_from_0_6_0(tmp_path: Path, version: str, says: str | None) -> None:
+    text = spec_text({}, version).replace("gpus_per_node: 8", "gpus_per_node: 1").replace("nodes: 1", "nodes: 2")
+    (tmp_path / "tp.yaml").write_text(text)
+    result = run_verlc("validate", "tp.yaml", cwd=tmp_path)
+    assert (says in result.stderr) if says else ("tensor_model_parallel_size" not in result.stderr), result.stderr
 
 
 def test_critic_settings_without_a_critic_are_a_note(tmp_path: Path) -> None:

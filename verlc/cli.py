@@ -133,6 +133,27 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--verl-version", metavar="VERSION", help="the release to describe (default: the "
                                                                    "spec's verl_version, else 0.9.1)")
 
+    importing = sub.add_parser(
+        "import", help="turn an existing verl launch script into a spec",
+        description="Read the trainer command a launch script runs (python3 -m verl.trainer.main_ppo or a recipe's "
+                    "program, directly, through `ray job submit` or `uv run`) and print it as a spec. The "
+                    "script's own shell code runs, from this folder, so that variables, defaults, arithmetic "
+                    "and arrays come out as it computes them; no program it names runs: python, ray, torchrun "
+                    "and uv are stand-ins that record their arguments. It runs in a sandbox (Linux user, mount, "
+                    "network and pid namespaces): every file system read-only but a temporary folder, no "
+                    "network, stdin empty, your environment not passed, a deadline and an output cap.")
+    importing.add_argument("script", type=Path, metavar="SCRIPT")
+    importing.add_argument("args", nargs="*", metavar="ARG", help="the script's own arguments")
+    importing.add_argument("-o", "--output", type=Path, metavar="SPEC", help="write the spec here (default: stdout)")
+    pin = importing.add_mutually_exclusive_group()
+    pin.add_argument("--verl-version", metavar="VERSION", help="the release the script was written for (default: "
+                                                               "the installed verl, else 0.9.1)")
+    pin.add_argument("--verl-commit", metavar="SHA", help="verl pinned to a commit (a recipe's REQUIRED_VERL.txt)")
+    importing.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                           help="a variable the script reads from its environment (e.g. NNODES=4)")
+    importing.add_argument("--timeout", type=float, default=30, metavar="SECONDS",
+                           help="stop the script's shell code after this long (default 30)")
+
     schema = sub.add_parser("schema", help="print the spec's JSON Schema (or its Markdown reference)",
                             description="Print the spec's JSON Schema, for yaml-language-server and editors.")
     schema.add_argument("--format", choices=["json", "markdown"], default="json")
@@ -161,6 +182,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "runs": lambda a: _group("runs").table(a.format == "markdown"),
     "explain": lambda a: _group("verl").explain(a.key, a.verl_version, a.spec),
     "migrate": lambda a: _group("verl").migrate(a.spec, a.to, a.write, a.write_bases, a.format == "markdown"),
+    "import": lambda a: _group("verl").import_script(a.script, a.args, a.verl_version, a.verl_commit, a.output,
+                                                     a.timeout, a.set),
     "schema": lambda a: _group("verl").schema(a.format, a.verl_version),
     "stage-in": lambda a: _group("verl").stage_in(a.spec),
 }

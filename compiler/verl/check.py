@@ -186,7 +186,7 @@ def check_verl(verl: dict[str, Any], derived: dict[str, Any], sourced: Sourced, 
         return  # rules over misspelt keys or mistyped values would only repeat the same problem
     where = {s.key: s.loc for s in found}
     try:
-        broken = list(rules(config, use_critic))
+        broken = list(rules(config, use_critic, chosen.release.replicas_span_nodes))
     except (TypeError, ZeroDivisionError):  # a value the rules cannot do arithmetic on: reported above
         return
     for keys, message, when in broken:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 import re
 from typing import Any
 
@@ -47,9 +48,10 @@ def shown(value: Any) -> str:
 
 
 def verl_value(value: Any) -> Any:
-    """verlc's `${env:NAME}` as OmegaConf's `${oc.env:NAME}`, which verl resolves on the node it runs on."""
+    """verlc's `${env:NAME}` (and its ${HOME}, ${USER}) as OmegaConf's `${oc.env:NAME}`, which verl resolves on
+    the node it runs on (OmegaConf would read `${HOME}` as a key of verl's config, which has none)."""
     if isinstance(value, str):
-        return _ENV.sub("${oc.env:", value)
+        return _OWN.sub(r"${oc.env:\1}", _ENV.sub("${oc.env:", value))
     if isinstance(value, list):
         return [verl_value(v) for v in value]
     if isinstance(value, dict):
@@ -58,6 +60,7 @@ def verl_value(value: Any) -> Any:
 
 
 _ENV = re.compile(r"\$\{env:(?=[A-Za-z_])")
+_OWN = re.compile(r"\$\{(HOME|USER)\}")
 
 
 def _key(key: str) -> str:
@@ -81,3 +84,39 @@ def _quote(text: str) -> str:
         run = 0
     out.append("\\" * (2 * run))
     return "'" + "".join(out) + "'"
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """One override as Hydra's own parser reads it."""
+
+    text: str              # as given
+    key: str               # dotted key (or config group)
+    prefix: str            # "", "+" or "++"
+    value: Any             # Python value (list, dict, str, number, bool, None)
+    package: str | None    # group@package
+    sweep: bool            # a multirun sweep (a,b / range(...))
+    delete: bool           # ~key
+
+
+def parse(overrides: list[str]) -> list[Parsed]:
+    """Parse Hydra overrides with Hydra's own grammar; ValueError with Hydra's message when one is not an
+    override, RuntimeError when Hydra is not installed."""
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from hydra.core.override_parser.types import OverrideType
+        from hydra.errors import HydraException
+    except ImportError:
+        raise RuntimeError("reading Hydra overrides needs Hydra: pip install 'verlc[hydra]'") from None
+    parser = OverridesParser.create()
+    out = []
+    for text in overrides:
+        try:
+            (o,) = parser.parse_overrides([text])
+        except HydraException as exc:
+            raise ValueError(f"{text}: {exc}") from None
+        sweep = o.is_sweep_override()
+        out.append(Parsed(text, o.key_or_group, {OverrideType.ADD: "+", OverrideType.FORCE_ADD: "++"}.get(o.type, ""),
+                          None if sweep or o.type == OverrideType.DEL else o.value(), o.package, sweep,
+                          o.type == OverrideType.DEL))
+    return out

@@ -87,11 +87,18 @@ def hydra_main(source: Path, tree: ast.Module) -> tuple[str | None, str | None]:
 
 
 def resolve(module: str, config_name: str | None, release: Release, *, code: Path | None,
-            verl_source: Path | None) -> Program:
+            verl_source: Path | None, config_dir: str | None = None) -> Program:
     """The program's composed config over `release`. `code`: the run's code folder (the job's working
-    directory); `verl_source`: a folder holding verl's package source at the spec's commit, if any."""
+    directory); `verl_source`: a folder holding verl's package source at the spec's commit, if any;
+    `config_dir`: Hydra's --config-dir, a folder of configs (relative to `code`) searched after the program's."""
+    extra = (code or Path.cwd()) / config_dir if config_dir is not None else None
+    if extra is not None and not extra.is_dir():
+        raise ProgramError(f"no folder {extra}", ("hydra", "config_dir"))
     if module == MAIN_PPO:
-        return Program(module, None, None, config_name or DEFAULT_CONFIG, release)
+        name = config_name or DEFAULT_CONFIG
+        if extra is None or name in release.configs:  # Hydra looks in the program's own folder first
+            return Program(module, None, None, name, release)
+        return _compose_program(module, None, extra, name, release, code, [], validated=True, verl_main=True)
     roots = [r for r in (code,) if r is not None]
     if module.split(".")[0] == "verl" and verl_source is not None:
         roots.append(verl_source)
@@ -111,12 +118,23 @@ def resolve(module: str, config_name: str | None, release: Release, *, code: Pat
     if name is None:
         raise ProgramError(f"{module}'s @hydra.main names no config_name: set hydra.config_name",
                            ("hydra", "config_name"))
+    if extra is not None and not (config_dir / f"{name}.yaml").is_file():
+        config_dir = extra
+    return _compose_program(module, source, config_dir, name, release, code, roots, validated=validated,
+                            named=config_name is not None)
+
+
+def _compose_program(module: str, source: Path | None, config_dir: Path, name: str, release: Release,
+                     code: Path | None, roots: list[Path], *, validated: bool, named: bool = True,
+                     verl_main: bool = False) -> Program:
+    """Compose `config_dir/name.yaml` over the release (verl_main: the program's own config folder is verl's
+    trainer config, which Hydra searches first)."""
     file = config_dir / f"{name}.yaml"
     if not file.is_file():
         have = sorted(p.stem for p in config_dir.glob("*.yaml")) if config_dir.is_dir() else []
         raise ProgramError(f"{module} has no config '{name}' in {config_dir} (it has {', '.join(have) or 'none'})"
-                           + did_you_mean(name, have), ("hydra", "config_name") if config_name else ("program",))
-    composer = _Composer(release, code)
+                           + did_you_mean(name, have), ("hydra", "config_name") if named else ("program",))
+    composer = _Composer(release, code, verl_main)
     trees = composer.compose(file, [])
     classes, targets, class_notes = _program_classes(composer.targets, release, roots)
     default_engine = release.default_engine(DEFAULT_CONFIG) if composer.used_verl else ""
@@ -135,8 +153,8 @@ def resolve(module: str, config_name: str | None, release: Release, *, code: Pat
 class _Composer:
     """Hydra's defaults-list composition of a primary config file, per model_engine choice of verl's tree."""
 
-    def __init__(self, release: Release, code: Path | None) -> None:
-        self.release, self.code = release, code
+    def __init__(self, release: Release, code: Path | None, verl_main: bool = False) -> None:
+        self.release, self.code, self.verl_main = release, code, verl_main
         self.engines = release.engines(DEFAULT_CONFIG) if DEFAULT_CONFIG in release.configs else ("",)
         self.used_verl = False
         self.targets: set[str] = set()  # the `_target_`s the program's own files name
@@ -175,6 +193,8 @@ class _Composer:
     def _find(self, name: str, here: Path, searchpath: list[Any], file: Path) -> dict[str, Any]:
         """The config `name` of a defaults list, per engine: verl's trainer config from the schema, or a
         file in the config's own folder or its search path, composed in turn."""
+        if self.verl_main and name in self.release.configs:  # the program's own folder, searched first
+            return self._verl(name)
         places: list[Path | str] = [here]
         for entry in searchpath:
             entry = str(entry)

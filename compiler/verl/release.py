@@ -63,6 +63,13 @@ class Release:
         """How messages name it: 'verl 0.9.1', or 'verl 0.8.0.dev0 at commit bcb638649a50'."""
         return f"verl {self.version}" + (f" at commit {self.commit[:12]}" if self.commit else "")
 
+    @property
+    def replicas_span_nodes(self) -> bool:
+        """From 0.6.0 a rollout replica (TP x DP x PP GPUs) may span nodes: verl's RolloutReplica places it on
+        world_size // min(gpus_per_node, world_size) nodes (verl/workers/rollout/replica.py)."""
+        numbers = [int(p) for p in self.version.split(".")[:3] if p.isdigit()]
+        return tuple(numbers) >= (0, 6, 0)
+
     def target(self, dotted: str) -> DataClass | None:
         qual = self.targets.get(dotted)
         return self.classes.get(qual) if qual else None

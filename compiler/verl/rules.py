@@ -109,16 +109,18 @@ RULES: tuple[tuple[tuple[str, ...], str], ...] = (
     ((f"{_R}.val_kwargs.do_sample", f"{_R}.temperature"), "validation sampling needs rollout.temperature > 0"),
     ((f"{_R}.tensor_model_parallel_size", f"{_R}.data_parallel_size", f"{_R}.pipeline_model_parallel_size",
       *_GPUS),
-     "the rollout has no pipeline parallelism, its TP fits in one node, and the GPU count is divisible by "
-     "TP x DP x PP (found once the workers start)"),
+     "the rollout has no pipeline parallelism, the GPU count is divisible by TP x DP x PP, and a replica's "
+     "TP x DP x PP fills whole nodes (before 0.6.0: its TP fits in one node) (found once the workers start)"),
 )
 
 
-def rules(cfg: Config, use_critic: bool) -> Iterator[tuple[tuple[str, ...], str, str]]:
+def rules(cfg: Config, use_critic: bool, replicas_span_nodes: bool = True
+          ) -> Iterator[tuple[tuple[str, ...], str, str]]:
     """verl's consistency rules: (keys involved, message, START or WORKERS) for each one broken.
 
     validate_config (verl/utils/config.py) and the worker configs check some at start-up; the
-    GPU-layout ones only fail once the workers are placed (verl #606, #1191, #1785)."""
+    GPU-layout ones only fail once the workers are placed (verl #606, #1191, #1785). `replicas_span_nodes`:
+    the release places a rollout replica on several nodes (0.6.0 on), so its TP may exceed a node's GPUs."""
     actor, rollout, ref, critic = ("actor_rollout_ref.actor", "actor_rollout_ref.rollout",
                                    "actor_rollout_ref.ref", "critic")
     g = cfg.get
@@ -238,7 +240,12 @@ def rules(cfg: Config, use_critic: bool) -> Iterator[tuple[tuple[str, ...], str,
     if all(isinstance(v, int) for v in (tp, dp, pp)):
         if pp > 1:
             yield (f"{rollout}.pipeline_model_parallel_size",), "verl's rollout does not support pipeline parallelism", WORKERS
-        if tp > per_node:
+        world = tp * dp * pp
+        if replicas_span_nodes and world % min(per_node, world):
+            yield (f"{rollout}.tensor_model_parallel_size",), (
+                f"a rollout replica (TP x DP x PP = {tp} x {dp} x {pp} = {world} GPUs) must fill whole nodes of "
+                f"{per_node} GPUs (verl's RolloutReplica)"), WORKERS
+        elif tp > per_node and not replicas_span_nodes:
             yield (f"{rollout}.tensor_model_parallel_size",), (
                 f"rollout tensor parallel size {tp} spans more than one node ({per_node} GPUs per node): set "
                 f"{rollout}.tensor_model_parallel_size to at most {per_node}"), WORKERS

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .build import EXIT_SPEC, compile_all
 
@@ -91,3 +94,121 @@ def stage_in(spec: Path) -> int:
         print(f"{spec}: staged in {os.getcwd()}; to keep the nodes off the hub, add HF_HUB_OFFLINE: '1' under "
               f"the spec's env")
     return rc
+
+
+def import_script(script: Path, args: Sequence[str], version: str | None, commit: str | None, out: Path | None,
+                  timeout: float, given: Sequence[str]) -> int:
+    """The spec a launch script's trainer command means: on stdout, or written to `out`. Exit 2 with the
+    reasons, positioned in the script, when it cannot be read or its spec does not validate."""
+    from ..compiler.diagnostics import Diagnostic
+    from ..compiler.import_script import ImportFailed
+
+    if not script.is_file():
+        print(f"verlc: no script {script}", file=sys.stderr)
+        return EXIT_SPEC
+    variables = {}
+    for item in given:
+        name, eq, value = item.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            print(f"verlc: --set {item}: give NAME=VALUE", file=sys.stderr)
+            return EXIT_SPEC
+        variables[name] = value
+    try:
+        imported, notes = read_script(script, tuple(args), version, commit, out, timeout, variables)
+    except ImportFailed as exc:
+        for d in exc.diagnostics:
+            print(d, file=sys.stderr)
+        print(f"verlc: {script}: cannot import ({len(exc.diagnostics)} problem(s)); nothing written",
+              file=sys.stderr)
+        return EXIT_SPEC
+    except RuntimeError as exc:  # no Hydra to parse the overrides with
+        print(Diagnostic(str(script), 1, 1, "script", str(exc)), file=sys.stderr)
+        return EXIT_SPEC
+    for note in [*(f"{script}: note: {n}" for n in imported.notes), *notes]:
+        print(note, file=sys.stderr)
+    text = imported.text()
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        temp = out.with_name(f".{out.name}.verlc-tmp")
+        temp.write_text(text)
+        os.replace(temp, out)
+        print(f"wrote {out} ({len(imported.left)} item(s) of the script left as comments)", file=sys.stderr)
+    return 0
+
+
+def read_script(script: Path, args: tuple[str, ...], version: str | None, commit: str | None,
+                out: Path | None, timeout: float, variables: dict[str, str]) -> tuple[Any, list[str]]:
+    """Run the script's shell code in the sandbox, read its trainer command as a spec and compile that spec
+    as `verlc build` would: (the Imported spec, verlc's notes on it). ImportFailed, positioned in the script,
+    when any step cannot be done."""
+    from importlib import metadata
+
+    from .. import sandbox
+    from ..compiler.diagnostics import Diagnostic, SpecError
+    from ..compiler.import_script import DEFAULT_VERSION, ImportFailed, _Unsupported, find_trainer, locate, to_spec
+    from ..compiler.pipeline import compile_spec
+    from ..compiler.verl.release import RELEASES
+
+    shown = str(script)
+    text = script.read_text(errors="replace")
+    try:
+        outcome = sandbox.run(script, args, Path.cwd(), timeout, variables)
+    except sandbox.SandboxError as exc:
+        raise ImportFailed([Diagnostic(shown, 1, 1, "script", str(exc))]) from None
+    try:
+        trainer = find_trainer(outcome.calls, shown, text)
+    except _Unsupported as exc:
+        line, col = locate(text, "torchrun")
+        raise ImportFailed([Diagnostic(shown, line, col, "trainer command", str(exc))]) from None
+    except ImportFailed as exc:
+        if outcome.exit_code != 0:
+            last = (outcome.output.strip().splitlines() or ["(no output)"])[-1][:300]
+            exc = ImportFailed([*exc.diagnostics, Diagnostic(shown, 1, 1, "script", f"it ended with exit code "
+                                                                                    f"{outcome.exit_code}: {last}"
+                                                                                    + _hint(last))])
+        raise exc from None
+    note = None
+    if version is None and commit is None:
+        try:
+            version = metadata.version("verl")
+            note = f"verl_version {version}: the verl installed here (--verl-version names another)"
+        except metadata.PackageNotFoundError:
+            version = None
+        if version not in RELEASES:
+            note = (f"verl_version {DEFAULT_VERSION}: no verl release is installed here"
+                    + (f" (verl {version} is not one verlc knows)" if version else "")
+                    + "; --verl-version names the one the script was written for")
+            version = DEFAULT_VERSION
+    spec_path = (out or Path.cwd() / "imported.yaml").resolve()
+    code = os.path.relpath(trainer.call.cwd or Path.cwd(), spec_path.parent)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", script.stem).strip("-._")[:63] or "imported"
+    imported = to_spec(trainer, outcome.base_env, shown, text, verl_version=version or DEFAULT_VERSION,
+                       version_note=note, verl_commit=commit, code=code, name=name)
+    try:
+        ir = compile_spec(spec_path, display=shown, source=spec_path.name, targets=imported.spec["targets"],
+                          texts={spec_path: imported.text()})
+    except SpecError as exc:
+        problems = []
+        for d in exc.diagnostics:
+            key = d.path.replace("+", "")
+            line = next((n for k, n in imported.lines.items() if _related(k.replace("+", ""), key)), None)
+            found = (line, 1) if line else locate(text, f"-m {trainer.module}")
+            problems.append(Diagnostic(shown, found[0], found[1], d.path, d.message))
+        raise ImportFailed(problems) from None
+    return imported, list(ir.notes)
+
+
+def _hint(output: str) -> str:
+    """What to do about the script's last line of output, where verlc can say."""
+    if "unbound variable" in output:
+        return " (a variable the script reads from its environment: verlc import --set NAME=VALUE)"
+    if "No such file or directory" in output:
+        return " (a file this machine lacks; run verlc import where the script is meant to run, or --set the " \
+               "variable that names it)"
+    return ""
+
+
+def _related(a: str, b: str) -> bool:
+    """Whether one dotted key is the other or lies below it."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")

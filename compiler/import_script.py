@@ -1,0 +1,513 @@
+"""`verlc import`: the trainer command a launch script runs, as a spec.
+
+Input: the commands the script started, each recorded by a stand-in while its own shell code ran (verlc/
+sandbox.py), and the script's text (for line numbers). The trainer is the first `python -m MODULE` with Hydra
+arguments, started directly, through `ray job submit ... -- `, or through `uv run`. Its Hydra arguments are parsed
+with Hydra's own parser; what verlc derives (cluster, names, model, data) goes to the spec's own fields, every
+other override under `verl:` in verl's nesting with its Hydra prefix, and anything the spec cannot hold is
+written into the spec's header as a comment with its line in the script, never dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+from .diagnostics import Diagnostic
+from .verl.program import MAIN_PPO
+
+# Python options that take a value (python -X opt -m ...); the trainer command is `python [opts] -m MODULE`.
+_PY_VALUED = {"-X", "-W", "-c"}
+_OVERRIDE = re.compile(r"[+~]{0,2}[A-Za-z_][\w.\-/@]*=")
+# Hydra's own command-line options the spec has a place for (or that change nothing for a spec)
+_CONFIG_OPTS = {"--config-name": "name", "-cn": "name", "--config-path": "path", "-cp": "path",
+                "--config-dir": "dir", "-cd": "dir"}
+# Environment names whose values are credentials: recorded by name only, under `secrets:`.
+SECRET = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)", re.I)
+# Set by the shell itself, not by the script's author.
+_SHELL_ENV = {"PATH", "PWD", "OLDPWD", "SHLVL", "_", "HOME", "USER", "LANG", "TMPDIR", "LC_ALL"}
+# what every bundle exports itself (compiler/derive.py): the same value in the script is not repeated in the spec
+_VERLC_SETS = {("PYTHONUNBUFFERED", "1")}
+# verl's defaults for what a spec must say, used (with a note) when the script leaves them to verl
+VERL_DEFAULTS = {"trainer.nnodes": 1, "trainer.n_gpus_per_node": 8, "trainer.project_name": "verl_examples",
+                 "trainer.experiment_name": "gsm8k", "data.train_files": "~/data/rlhf/gsm8k/train.parquet",
+                 "data.val_files": "~/data/rlhf/gsm8k/test.parquet",
+                 "actor_rollout_ref.model.path": "~/models/deepseek-llm-7b-chat"}
+DEFAULT_VERSION = "0.9.1"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One command the script started, as its stand-in recorded it."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str
+
+    @property
+    def tool(self) -> str:
+        return os.path.basename(self.argv[0])
+
+
+class ImportFailed(Exception):
+    """The script's trainer command cannot become a spec; every reason, positioned in the script."""
+
+    def __init__(self, diagnostics: list[Diagnostic]) -> None:
+        self.diagnostics = tuple(diagnostics)
+        super().__init__("\n".join(map(str, diagnostics)))
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """The trainer command and how the script starts it."""
+
+    call: Call
+    argv: tuple[str, ...]        # python3 -m MODULE ARGS...
+    module: str
+    ray_submit: dict[str, str]   # `ray job submit` options, when it submits the trainer
+    launcher: str                # "python", "ray job submit", "uv run"
+
+
+@dataclass
+class Imported:
+    """The spec as data (in the order it is written), plus what it leaves as comments."""
+
+    script: str
+    sha256: str
+    spec: dict[str, Any]
+    left: list[str] = field(default_factory=list)   # "line N: what: why", the spec's header keeps them
+    notes: list[str] = field(default_factory=list)  # said on stderr (and in the header)
+    lines: dict[str, int] = field(default_factory=dict)  # spec path -> the script line it came from
+
+    def text(self) -> str:
+        from ruamel.yaml import YAML
+
+        yaml = YAML()
+        yaml.default_flow_style = None
+        yaml.width = 100
+        out = StringIO()
+        yaml.dump(self.spec, out)
+        head = [f"# Imported by `verlc import` from {self.script} (sha256 {self.sha256}).",
+                "# The script's own shell code computed every value; review before you run it."]
+        for note in self.notes:
+            head.append(f"# note: {note}")
+        if self.left:
+            head.append("# What the script does that this spec does not hold:")
+            head += [f"#   {item}" for item in self.left]
+        body = "".join(line.rstrip() + "\n" for line in out.getvalue().splitlines())  # no space where flow wraps
+        return "\n".join(_comment_safe(h) for h in head) + "\n" + body
+
+
+def _comment_safe(text: str) -> str:
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def locate(text: str, *needles: str) -> tuple[int, int]:
+    """(line, column) of the first needle found in the script text, 1-based; (1, 1) when none is."""
+    for needle in needles:
+        if not needle:
+            continue
+        at = text.find(needle)
+        if at >= 0:
+            line = text.count("\n", 0, at) + 1
+            return line, at - (text.rfind("\n", 0, at) + 1) + 1
+    return 1, 1
+
+
+def find_trainer(calls: tuple[Call, ...], script: str, text: str) -> Trainer:
+    """The first command that starts a Hydra program; ImportFailed naming what the script started instead."""
+    seen: list[str] = []
+    for call in calls:
+        found = _trainer_in(call, call.argv, "python", {})
+        if found is not None:
+            return found
+        seen.append(shlex.join((call.tool, *call.argv[1:4])) + (" ..." if len(call.argv) > 4 else ""))
+    started = "; ".join(seen[:5]) or "none of the commands verlc records (python, ray, torchrun, uv, srun, ...)"
+    raise ImportFailed([Diagnostic(script, 1, 1, "script", f"the script starts no trainer (python -m MODULE with Hydra "
+                                                       f"overrides); it started: {started}")])
+
+
+def _trainer_in(call: Call, argv: tuple[str, ...], launcher: str, submit: dict[str, str]) -> Trainer | None:
+    tool = os.path.basename(argv[0]) if argv else ""
+    if tool == "ray" and argv[1:3] == ("job", "submit"):
+        options, entry = _ray_submit(argv[3:])
+        return _trainer_in(call, entry, "ray job submit", options) if entry else None
+    if tool == "uv" and argv[1:2] == ("run",):
+        rest = list(argv[2:])
+        while rest and rest[0].startswith("-"):
+            option = rest.pop(0)
+            if option in ("--with", "--python", "-p", "--project", "--directory", "--extra", "--group", "--env-file",
+                          "--index", "--index-url") and "=" not in option and rest:
+                rest.pop(0)
+        return _trainer_in(call, tuple(rest), "uv run", submit) if rest else None
+    if tool == "srun":  # `srun [options] python3 -m ...` on the head node: the slurm target's own job step
+        at = next((i for i, a in enumerate(argv[1:], 1) if re.fullmatch(r"python(3(\.\d+)?)?|ray|uv|torchrun",
+                                                                         os.path.basename(a))), None)
+        return _trainer_in(call, argv[at:], "srun", submit) if at else None
+    if tool == "torchrun":
+        if any(a.startswith(("verl.", "recipe.")) or _OVERRIDE.match(a) for a in argv):
+            raise _Unsupported("torchrun starts one process per GPU; verlc starts Ray driver programs "
+                               "(python -m verl.trainer.main_ppo and recipes): torchrun is not supported yet")
+        return None
+    if not re.fullmatch(r"python(3(\.\d+)?)?", tool):
+        return None
+    i = 1
+    while i < len(argv) and argv[i] != "-m":
+        if argv[i] in _PY_VALUED:
+            if argv[i] == "-c":
+                return None
+            i += 1
+        elif not argv[i].startswith("-"):
+            return None  # python SCRIPT.py: not a module
+        i += 1
+    if i + 1 >= len(argv):
+        return None
+    args = argv[i + 2:]
+    if not any(_OVERRIDE.match(a) or a.split("=")[0] in _CONFIG_OPTS for a in args):
+        return None
+    return Trainer(call, ("python3", "-m", argv[i + 1], *args), argv[i + 1], submit, launcher)
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _ray_submit(words: tuple[str, ...]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """`ray job submit` options (long names, values as given) and the entrypoint's words."""
+    options: dict[str, str] = {}
+    flags = {"--no-wait", "--verify", "-v", "--verbose"}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            return options, _entry(words[i + 1:])
+        if not word.startswith("-"):
+            return options, _entry(words[i:])
+        if "=" in word:
+            key, value = word.split("=", 1)
+            options[key] = value
+        elif word in flags or i + 1 == len(words):
+            options[word] = ""
+        else:
+            options[word] = words[i + 1]
+            i += 1
+        i += 1
+    return options, ()
+
+
+def _entry(words: tuple[str, ...]) -> tuple[str, ...]:
+    # `ray job submit -- "python3 -m ..."`: one word that Ray hands to a shell
+    return tuple(shlex.split(words[0])) if len(words) == 1 and " " in words[0] else words
+
+
+# --- the spec ----------------------------------------------------------------------------------------
+
+def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, *, verl_version: str,
+            version_note: str | None, verl_commit: str | None, code: str, name: str) -> Imported:
+    """The spec the trainer command means; `code`: the folder the script ran from, as the spec names it. ImportFailed
+    when the arguments cannot be read (Hydra's parser refuses them, a sweep, a value the spec needs cannot be
+    derived)."""
+    from .verl.hydra import parse
+
+    imported = Imported(script, hashlib.sha256(text.encode()).hexdigest(), {})
+    problems: list[Diagnostic] = []
+
+    def where(*needles: str) -> tuple[int, int]:
+        return locate(text, *needles, f"-m {trainer.module}", trainer.module)
+
+    def problem(message: str, *needles: str, path: str = "") -> None:
+        line, col = where(*needles)
+        problems.append(Diagnostic(script, line, col, path or "trainer command", message))
+
+    def leave(what: str, why: str, *needles: str) -> None:
+        imported.left.append(f"line {where(*needles)[0]}: {what}: {why}")
+
+    config: dict[str, str] = {}
+    overrides: list[str] = []
+    args = list(trainer.argv[3:])
+    while args:
+        arg = args.pop(0)
+        option, eq, value = arg.partition("=")
+        if option in _CONFIG_OPTS:
+            if not eq:
+                value = args.pop(0) if args else ""
+            config[_CONFIG_OPTS[option]] = value
+        elif arg.startswith("-"):
+            leave(json.dumps(arg), "a command-line option of Hydra's the spec has no place for", arg)
+        else:
+            overrides.append(arg)
+    try:
+        parsed = parse(overrides)
+    except ValueError as exc:
+        bad = str(exc).split("\n", 1)[0]
+        problem(f"Hydra cannot parse the trainer's overrides: {bad}")
+        raise ImportFailed(problems) from None
+
+    spec: dict[str, Any] = {"name": name}
+    spec["targets"] = ["ray-job"] if trainer.ray_submit or trainer.launcher == "ray job submit" else \
+        ["slurm", "ray-job"]
+    if verl_commit:
+        spec["verl_commit"] = verl_commit
+    else:
+        spec["verl_version"] = verl_version
+    if version_note:
+        imported.notes.append(version_note)
+    if trainer.module != MAIN_PPO:
+        spec["program"] = trainer.module
+    hydra: dict[str, Any] = {}
+    name_given = config.get("name", "")
+    if name_given:
+        hydra["config_name"] = name_given.removesuffix(".yaml")
+    for option in ("path", "dir"):
+        given = config.get(option)
+        if not given or option == "path" and _default_config_path(trainer.module, given, trainer.call.cwd):
+            continue
+        folder = os.path.relpath(Path(trainer.call.cwd) / given, trainer.call.cwd)  # Hydra: absolute, or the cwd's
+        if folder.startswith(".."):
+            problem(f"--config-{option} {given} is outside the folder the script runs from ({trainer.call.cwd}); "
+                    f"the job runs in the run's code: run verlc import from a folder that holds the configs",
+                    f"--config-{option}", path="hydra.config_dir")
+        hydra["config_dir"] = folder  # searched after the program's own folder: the same config for any other name
+
+    verl: dict[str, Any] = {}
+    values: dict[str, Any] = {}
+    for o in parsed:
+        needle = o.text.split("=", 1)[0] + "="
+        if o.sweep:
+            problem(f"{o.text}: a Hydra sweep (multirun); a spec sweeps with `sweep:`", needle, path=o.key)
+        elif o.delete:
+            leave(json.dumps(o.text), "Hydra's `~` deletes a key; verlc refuses deletions (verl reads every key "
+                                      "of its config)", needle)
+        elif o.key.startswith("hydra."):
+            if o.key == "hydra.searchpath" and isinstance(o.value, list):
+                hydra["searchpath"] = [*hydra.get("searchpath", []), *o.value]
+            else:
+                leave(json.dumps(o.text), "Hydra's own setting (the run folder and logging of Hydra itself)", needle)
+        elif o.package is not None or "/" in o.key:
+            hydra.setdefault("groups", {})[o.key + (f"@{o.package}" if o.package else "")] = o.value
+        elif o.prefix == "" and o.key in DERIVED:
+            values[o.key] = o.value
+            imported.lines[o.key] = where(needle)[0]
+        else:
+            _put(verl, o.key, o.prefix, o.value)
+            imported.lines["verl." + o.key] = where(needle)[0]
+    if trainer.module.split(".")[0] != "verl" or "config_dir" in hydra:
+        spec["code"] = code  # the folder the script ran from: the job's working dir
+    if hydra:
+        spec["hydra"] = hydra
+    _derived_fields(spec, values, verl, base_env, imported, leave, problem)
+    spec["verl"] = verl
+    _cluster(spec, values, verl, problem)
+    if "slurm" in spec["targets"]:
+        _slurm(spec, text, imported, leave)
+    _environment(spec, trainer, base_env, imported, leave)
+    if trainer.launcher == "ray job submit":
+        address = trainer.ray_submit.get("--address") or trainer.call.env.get("RAY_ADDRESS")
+        _ray(spec, {**trainer.ray_submit, **({"--address": address} if address else {})}, trainer.call.cwd, leave)
+    if problems:
+        raise ImportFailed(problems)
+    imported.spec = spec
+    return imported
+
+
+DERIVED = ("trainer.nnodes", "trainer.n_gpus_per_node", "trainer.project_name", "trainer.experiment_name",
+           "actor_rollout_ref.model.path", "critic.model.path", "data.train_files", "data.val_files")
+
+
+def _default_config_path(module: str, path: str, cwd: str) -> bool:
+    """Whether --config-path names the program's own config folder (`config` beside verl's trainer)."""
+    folder = Path(module.replace(".", "/")).parent
+    given = Path(path)
+    return given.parts in (("config",), (".", "config")) or \
+        os.path.normpath(given if given.is_absolute() else Path(cwd) / given) == os.path.normpath(
+            Path(cwd) / folder / "config")
+
+
+def _put(tree: dict[str, Any], key: str, prefix: str, value: Any) -> None:
+    *parents, last = key.split(".")
+    node = tree
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ImportFailed([])  # unreachable for Hydra-parsed keys set once
+    node[prefix + last] = value
+
+
+def _home(text: str, home: str) -> str:
+    """A path under the sandbox's HOME as ${env:HOME}/..., the rest with `$` escaped for verlc's words."""
+    escaped = text.replace("$", "$$")
+    if home and (text == home or text.startswith(home.rstrip("/") + "/")):
+        return "${env:HOME}" + escaped[len(home.rstrip("/").replace("$", "$$")):]
+    return escaped
+
+
+def _derived_fields(spec: dict[str, Any], values: dict[str, Any], verl: dict[str, Any], base_env: dict[str, str],
+                    imported: Imported, leave: Any, problem: Any) -> None:
+    home = base_env.get("HOME", "")
+    for key in ("trainer.project_name", "trainer.experiment_name", "actor_rollout_ref.model.path",
+                "data.train_files", "data.val_files"):
+        if key not in values:
+            values[key] = VERL_DEFAULTS[key]
+            imported.notes.append(f"the script leaves {key} to verl's default ({VERL_DEFAULTS[key]}); the spec "
+                                  f"says it")
+    spec["project"] = str(values["trainer.project_name"])
+    spec["experiment"] = str(values["trainer.experiment_name"])
+    model = str(values["actor_rollout_ref.model.path"])
+    spec["model"] = _home(model, home)
+    critic = values.get("critic.model.path")
+    if critic is not None and str(critic) != model:
+        leave(f"critic.model.path={critic}", "a critic model other than the actor's: verlc starts both from "
+                                             "`model`", "critic.model.path=")
+    data: dict[str, Any] = {}
+    for part in ("train_files", "val_files"):
+        files = values[f"data.{part}"]
+        files = files if isinstance(files, list) else [files]
+        if not files or not all(isinstance(f, str) and f for f in files):
+            problem(f"data.{part} is {files!r} in the command the script runs: verlc needs the parquet files",
+                    f"data.{part}=", path=f"data.{part}")
+        data[part] = [_home(f, home) for f in files if isinstance(f, str)]
+    spec["data"] = data
+    checkpoint = verl.get("trainer", {}).get("default_local_dir")
+    if isinstance(checkpoint, str):
+        verl["trainer"]["default_local_dir"] = _home(checkpoint, home).replace("$$", "$")  # verl's own value
+
+
+def _cluster(spec: dict[str, Any], values: dict[str, Any], verl: dict[str, Any], problem: Any) -> None:
+    counts = {}
+    for key, field_ in (("trainer.nnodes", "nodes"), ("trainer.n_gpus_per_node", "gpus_per_node")):
+        value = values.get(key, VERL_DEFAULTS[key])
+        if isinstance(value, bool) or not isinstance(value, int):
+            problem(f"{key} is {value!r} in the command the script runs: verlc needs a number (the script "
+                    f"computes it from something it could not see here; set the variable: verlc import "
+                    f"--set NAME=VALUE)", key + "=", path=f"cluster.{field_}")
+            value = 1
+        counts[field_] = value
+    pool = verl.get("rollout")
+    if isinstance(pool, dict) and isinstance(pool.get("n_gpus_per_node"), int):
+        counts["gpus_per_node"] += pool["n_gpus_per_node"]  # verlc gives the trainer the rest of each node
+    spec["cluster"] = counts
+
+
+# #SBATCH options -> cluster.slurm fields (long and short spellings)
+_SBATCH = {"--cpus-per-task": "cpus_per_task", "-c": "cpus_per_task", "--mem": "mem", "--time": "time",
+           "-t": "time", "--partition": "partition", "-p": "partition", "--account": "account", "-A": "account",
+           "--qos": "qos", "-q": "qos", "--output": "output", "-o": "output", "--error": "error", "-e": "error",
+           "--exclude": "exclude", "-x": "exclude", "--nodelist": "nodelist", "-w": "nodelist"}
+# what verlc derives for sbatch itself (from cluster.nodes and gpus_per_node, the spec's name)
+_SBATCH_DERIVED = {"--nodes", "-N", "--ntasks-per-node", "--gpus-per-node", "--gres", "--job-name", "-J",
+                   "--ntasks", "-n", "--exclusive"}
+CPUS_PER_GPU = 8  # cluster.slurm.cpus_per_task when the script has no #SBATCH --cpus-per-task
+
+
+def _slurm(spec: dict[str, Any], text: str, imported: Imported, leave: Any) -> None:
+    """cluster.slurm from the script's own #SBATCH lines."""
+    slurm: dict[str, Any] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.startswith("#SBATCH"):
+            continue
+        words = shlex.split(line[len("#SBATCH"):], comments=True) if line[7:8].isspace() else []
+        i = 0
+        while i < len(words):
+            option, eq, value = words[i].partition("=")
+            if not eq and option.startswith("-") and i + 1 < len(words) and not words[i + 1].startswith("-"):
+                value, i = words[i + 1], i + 1
+            i += 1
+            if option in _SBATCH:
+                slurm[_SBATCH[option]] = int(value) if option in ("-c", "--cpus-per-task") and value.isdigit() \
+                    else value
+            elif option not in _SBATCH_DERIVED:
+                imported.left.append(f"line {number}: #SBATCH {option}{'=' + value if value else ''}: a directive "
+                                     f"cluster.slurm has no field for")
+    if "cpus_per_task" not in slurm:
+        slurm["cpus_per_task"] = CPUS_PER_GPU * spec["cluster"]["gpus_per_node"]
+        imported.notes.append(f"cluster.slurm.cpus_per_task {slurm['cpus_per_task']} ({CPUS_PER_GPU} per GPU) is a "
+                              f"guess: the script has no #SBATCH --cpus-per-task; set your nodes' CPUs")
+    spec["cluster"]["slurm"] = {k: slurm[k] for k in sorted(slurm)}
+
+
+def _environment(spec: dict[str, Any], trainer: Trainer, base_env: dict[str, str], imported: Imported,
+                 leave: Any) -> None:
+    env: dict[str, str] = {}
+    secrets: list[str] = []
+    for name, value in sorted(trainer.call.env.items()):
+        if name == "PATH" and value != base_env.get("PATH"):
+            leave("export PATH", "the nodes' PATH is their own (the container's, or container.venv)",
+                  "PATH=")
+        if name in _SHELL_ENV or base_env.get(name) == value or (name, value) in _VERLC_SETS or \
+                name == "RAY_ADDRESS" and trainer.launcher == "ray job submit":  # ray.address
+            continue
+        if SECRET.search(name):
+            secrets.append(name)
+        elif "\n" in value or len(value) > 4096:
+            leave(f"export {name}", "a value the spec cannot hold (a newline, or over 4096 characters)",
+                  f"{name}=")
+        else:
+            env[name] = value.replace("$", "$$") if "${" in value else value
+    if env:
+        spec["env"] = env
+    if secrets:
+        spec["secrets"] = secrets
+
+
+def _ray(spec: dict[str, Any], options: dict[str, str], cwd: str, leave: Any) -> None:
+    """ray.address and the working dir from `ray job submit`'s options; its runtime env's variables."""
+    ray: dict[str, Any] = {}
+    for option, value in options.items():
+        if option == "--address":
+            ray["address"] = value
+        elif option == "--working-dir":
+            ray["working_dir"] = value
+        elif option in ("--runtime-env-json", "--runtime-env"):
+            runtime = _runtime_env(option, value, cwd)
+            if not isinstance(runtime, dict):
+                leave(f"ray job submit {option} {value}", runtime or "not a mapping", option)
+                continue
+            for name, env_value in sorted((runtime.get("env_vars") or {}).items()):
+                if SECRET.search(name):
+                    spec.setdefault("secrets", []).append(name)
+                else:
+                    spec.setdefault("env", {})[name] = str(env_value)
+            if "working_dir" in runtime:
+                ray["working_dir"] = runtime["working_dir"]
+            for key in sorted(set(runtime) - {"env_vars", "working_dir"}):
+                leave(f"runtime_env {key}: {json.dumps(runtime[key])}", "verlc's ray-job bundle writes its own "
+                      "runtime env (the working dir and env); what else the job needs belongs in the cluster's "
+                      "image", option)
+        elif option not in ("--no-wait", "--submission-id", "--job-id", "-v", "--verbose"):
+            leave(f"ray job submit {option} {value}".rstrip(), "an option the ray-job bundle sets itself or "
+                                                                  "does not take", option)
+    working = ray.pop("working_dir", None)
+    if working is not None:
+        if "code" in spec and os.path.normpath(Path(cwd) / working) == os.path.normpath(cwd):
+            pass  # the folder the script runs from: the spec's code, which is the job's working dir
+        elif "code" in spec:
+            leave(f"ray job submit --working-dir {working}", "the job's working dir is the run's code (code:), "
+                                                             "the folder the script runs from", "--working-dir")
+        else:
+            ray["working_dir"] = working
+    if ray:
+        spec["ray"] = ray
+
+
+def _runtime_env(option: str, value: str, cwd: str) -> dict[str, Any] | str:
+    """`ray job submit`'s runtime env: inline JSON, or a YAML file (relative to the script's folder); else why
+    it cannot be read."""
+    if option == "--runtime-env-json":
+        try:
+            return json.loads(value)
+        except ValueError:
+            return "not JSON"
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
+
+    try:
+        return YAML(typ="safe").load((Path(cwd) / value).read_text())
+    except (OSError, YAMLError, UnicodeDecodeError) as exc:
+        return f"cannot read it: {' '.join(str(exc).split())[:200]}"
