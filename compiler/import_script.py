@@ -420,6 +420,7 @@ def _slurm(spec: dict[str, Any], text: str, imported: Imported, leave: Any) -> N
                 value, i = words[i + 1], i + 1
             i += 1
             if option in _SBATCH:
+                imported.lines[f"cluster.slurm.{_SBATCH[option]}"] = number
                 slurm[_SBATCH[option]] = int(value) if option in ("-c", "--cpus-per-task") and value.isdigit() \
                     else value
             elif option not in _SBATCH_DERIVED:

@@ -43,7 +43,7 @@ _RECORDER = """#!/bin/sh
 d="$VERLC_CALLS/$(/usr/bin/env date +%s%N)-$$"
 /usr/bin/env mkdir "$d" || exit 0
 /usr/bin/env printf '%s\\0' "$0" "$@" > "$d/argv"
-/usr/bin/env -u VERLC_CALLS env -0 > "$d/env"
+/usr/bin/env -u VERLC_CALLS -u BASH_ENV env -0 > "$d/env"
 /usr/bin/env pwd > "$d/cwd"
 exit 0
 """
@@ -73,7 +73,8 @@ cd "$VERLC_CWD" 2>/dev/null || cd "$tmp"
 vars=()
 while [ "$1" != "--" ]; do vars+=("$1"); shift; done
 shift
-exec unshare --user -- env -i "${vars[@]}" VERLC_CALLS="$tmp/calls" bash "$@" < /dev/null
+exec unshare --user -- env -i "${vars[@]}" VERLC_CALLS="$tmp/calls" BASH_ENV="$tmp/bin/bash_env" bash "$@" \
+  < /dev/null
 """
 
 
@@ -105,6 +106,9 @@ def run(script: Path, args: tuple[str, ...], cwd: Path, timeout: float, given: d
         recorder = tmp / "bin" / "recorder"
         recorder.write_text(_RECORDER)
         recorder.chmod(0o755)
+        # Raising a limit (ulimit -n 65535, common before Ray starts) is not allowed in the sandbox and changes
+        # nothing the trainer is started with: it must not end the script.
+        (tmp / "bin" / "bash_env").write_text('ulimit() { builtin ulimit "$@" 2>/dev/null || true; }\n')
         for name in STAND_INS:
             (tmp / "bin" / name).symlink_to("recorder")
         path = os.environ.get("PATH", "/usr/bin:/bin")

@@ -114,7 +114,7 @@ def import_script(script: Path, args: Sequence[str], version: str | None, commit
             return EXIT_SPEC
         variables[name] = value
     try:
-        imported, notes = read_script(script, tuple(args), version, commit, out, timeout, variables)
+        imported, notes, _ = read_script(script, tuple(args), version, commit, out, timeout, variables)
     except ImportFailed as exc:
         for d in exc.diagnostics:
             print(d, file=sys.stderr)
@@ -138,10 +138,10 @@ def import_script(script: Path, args: Sequence[str], version: str | None, commit
 
 
 def read_script(script: Path, args: tuple[str, ...], version: str | None, commit: str | None,
-                out: Path | None, timeout: float, variables: dict[str, str]) -> tuple[Any, list[str]]:
+                out: Path | None, timeout: float, variables: dict[str, str]) -> tuple[Any, list[str], Any]:
     """Run the script's shell code in the sandbox, read its trainer command as a spec and compile that spec
-    as `verlc build` would: (the Imported spec, verlc's notes on it). ImportFailed, positioned in the script,
-    when any step cannot be done."""
+    as `verlc build` would: (the Imported spec, verlc's notes on it, its JobIR). ImportFailed, positioned in the
+    script, when any step cannot be done."""
     from importlib import metadata
 
     from .. import sandbox
@@ -185,18 +185,24 @@ def read_script(script: Path, args: tuple[str, ...], version: str | None, commit
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", script.stem).strip("-._")[:63] or "imported"
     imported = to_spec(trainer, outcome.base_env, shown, text, verl_version=version or DEFAULT_VERSION,
                        version_note=note, verl_commit=commit, code=code, name=name)
+    def in_script(path: str, message: str) -> Diagnostic:
+        """A problem of the imported spec at the script's line that gave `path` its value."""
+        key = path.replace("+", "")
+        line = next((n for k, n in imported.lines.items() if _related(k.replace("+", ""), key)), None)
+        found = (line, 1) if line else locate(text, f"-m {trainer.module}")
+        return Diagnostic(shown, found[0], found[1], path, message)
+
+    display = "<imported spec>"
     try:
-        ir = compile_spec(spec_path, display=shown, source=spec_path.name, targets=imported.spec["targets"],
+        ir = compile_spec(spec_path, display=display, source=spec_path.name, targets=imported.spec["targets"],
                           texts={spec_path: imported.text()})
     except SpecError as exc:
-        problems = []
-        for d in exc.diagnostics:
-            key = d.path.replace("+", "")
-            line = next((n for k, n in imported.lines.items() if _related(k.replace("+", ""), key)), None)
-            found = (line, 1) if line else locate(text, f"-m {trainer.module}")
-            problems.append(Diagnostic(shown, found[0], found[1], d.path, d.message))
-        raise ImportFailed(problems) from None
-    return imported, list(ir.notes)
+        raise ImportFailed([in_script(d.path, d.message) for d in exc.diagnostics]) from None
+    notes = []
+    for note in ir.notes:
+        found = re.fullmatch(rf"{re.escape(display)}:\d+:\d+: (\S+): (.*)", note, re.S)
+        notes.append(str(in_script(found[1], found[2])) if found else note)
+    return imported, notes, ir
 
 
 def _hint(output: str) -> str:

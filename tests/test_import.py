@@ -1,0 +1,405 @@
+"""`verlc import SCRIPT`: verl's own launch scripts become specs that start what the scripts start.
+
+Every script of ../shared/verl-examples (verl 0.7.1's examples/, with that release's verl package beside it, as in a
+verl checkout) whose trainer is main_ppo is imported and compiled, and the bundle's trainer argv is compared with
+the argv the script itself runs, captured here without verlc: bash runs it plainly with recording stand-ins on
+PATH. verlc's verdict on each imported spec is then held to verl's own (Hydra plus the dataclasses verl builds,
+tests/verl_oracle.py, one process for all scripts). Also: the DAPO recipe script against the DAPO example,
+hostile scripts, secrets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO, run_verlc
+from verlc.commands.verl import read_script
+from verlc.compiler.import_script import ImportFailed
+from verlc.compiler.verl.rules import WORKERS_NOTE
+from verlc.sandbox import STAND_INS
+
+sys.path.insert(0, str(REPO / "dev"))
+from verl_schema import release_package  # noqa: E402
+
+pytest.importorskip("hydra", reason="hydra-core comes with verl; the test command installs it")
+from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
+
+EXAMPLES = REPO.parent / "shared" / "verl-examples" / "verl-v0.7.1-examples.tar.gz"
+PARSER = OverridesParser.create()
+# What verlc derives from the spec's own fields (or writes for a requeued run): the same meaning, other spelling
+DERIVED = ("trainer.nnodes", "trainer.n_gpus_per_node", "trainer.project_name", "trainer.experiment_name",
+           "data.train_files", "data.val_files", "actor_rollout_ref.model.path", "critic.model.path",
+           "trainer.default_local_dir")
+VERLC_ADDS = {"trainer.resume_mode", "trainer.default_local_dir"}
+
+# Scripts that read their environment (a Slurm allocation, a site's paths): the variables given to both runs.
+GIVEN = {
+    "examples/gspo_trainer/test_gspo_3b_math.sh": {"SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_PER_NODE": "8"},
+    "examples/gspo_trainer/test_gspo_3b_math_slurm.sh": {"SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_PER_NODE": "8"},
+    "examples/gspo_trainer/test_gspo_qwen30b_a3b_ep.sh": {"HDFS_ROOT": "/hdfs", "RAY_DATA_HOME": "/data",
+                                                          "DATA_ROOT": "/data"},
+    "examples/grpo_trainer/run_nemotron_nano_v3_megatron.sh": {"RAY_DATA_HOME": "/data"},
+    "examples/sapo_trainer/run_qwen30b_sapo.sh": {"SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_PER_NODE": "8",
+                                                  "SLURM_JOB_NODELIST": "n[1-2]"},
+    "examples/gspo_trainer/run_qwen30b_gspo.sh": {"ARNOLD_WORKER_NUM": "2", "ARNOLD_WORKER_GPU": "8"},
+}
+# Scripts that cannot round-trip, each with the reason and what verlc says (a part of its message)
+CANNOT = {
+    # the script's own bugs, which verl would also stop at
+    "examples/ppo_trainer/run_deepseek7b_llm_pfppo.sh":
+        ("`\\  # comment` after an override ends the command with a ' ' argument, which Hydra refuses",
+         "Hydra cannot parse"),
+    "examples/grpo_trainer/run_deepseek671b_math_megatron_80gb.sh":
+        ("a placeholder (<path_to_dsv3_config>) for the user to fill, which Hydra refuses", "Hydra cannot parse"),
+    "examples/grpo_trainer/run_gptoss_20b.sh": ("uses $gsm8k_train_path, which it never sets",
+                                                "data.train_files is ['']"),
+    "examples/ppo_trainer/run_moonlight16b_a3b_gsm8k_megatron.sh": ("uses $LLM, which it never sets",
+                                                                    "model: should have at least 1 character"),
+    "examples/router_replay/run_qwen30_a3b_megatron_sglang.sh": ("sets its data and model paths to ''",
+                                                                 "data.train_files is ['']"),
+    "examples/router_replay/run_qwen30_a3b_megatron_vllm.sh": ("sets its data and model paths to ''",
+                                                               "data.train_files is ['']"),
+    "examples/tuning/70b/qwen2-70b_grpo_32_h20_fsdp_vllm.sh": ("uses $data_path, which it never sets",
+                                                               "data.train_files is ['']"),
+    "examples/grpo_trainer/run_qwen3moe-30b_megatron_96gb.sh": ("uses $aime24_test_path, which it never sets",
+                                                                "data.val_files is ['']"),
+    # verl refuses what the script passes (verl_oracle agrees below)
+    "examples/cispo_trainer/run_cispo_qwen2_5_0_5b_gsm8k.sh":
+        ("actor_rollout_ref.model.torch_dtype is not a key of verl 0.7.1's config", "has no key 'torch_dtype'"),
+    "examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn_vllm_fsdp.sh":
+        ("passes use_kl_loss=${use_kl_loss} without setting it: '' is not a bool", "expects true or false, got ''"),
+    "examples/rollout_correction/run_with_rollout_corr.sh":
+        ("a mini batch of 4 per GPU and micro batches of 8: verl's workers refuse it", "must be divisible by"),
+    "examples/rollout_correction/run_with_rollout_corr_multi_rs.sh":
+        ("a mini batch of 4 per GPU and micro batches of 8: verl's workers refuse it", "must be divisible by"),
+    # what verlc does not start
+    "examples/grpo_trainer/run_qwen3_4b_grpo_vllm_1k_npu.sh":
+        ("an Ascend NPU script that stops (set -e) where it sources the CANN toolkit, which this machine lacks",
+         "/usr/local/Ascend/ascend-toolkit/set_env.sh: No such file or directory"),
+}
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """verl 0.7.1 as a checkout: the examples/ of the shared archive and the release's package as verl/."""
+    root = tmp_path_factory.mktemp("verl-0.7.1")
+    with tarfile.open(EXAMPLES) as tar:
+        tar.extractall(root, filter="data")
+    (root / "verl").symlink_to(release_package("0.7.1"), target_is_directory=True)
+    (root / "home").mkdir()
+    return root
+
+
+def main_ppo_scripts(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in (root / "examples").rglob("*.sh")
+                  if "verl.trainer.main_ppo" in p.read_text(errors="replace"))
+
+
+def script_argv(script: str, root: Path, tmp: Path, given: dict[str, str]) -> list[str] | None:
+    """The trainer command the script runs, without verlc: bash runs it from `root` with a stand-in for each
+    command verlc stands in for, recording every call; the first `python -m MODULE key=value...`, unwrapped
+    from `ray job submit -- ` and `srun`."""
+    tools = tmp / "tools"
+    record = tmp / "calls"
+    tools.mkdir()
+    for name in STAND_INS:  # each call: its words, NUL-terminated, then a record separator
+        (tools / name).write_text(f"#!/bin/sh\n{{ printf '%s\\0' {name} \"$@\"; printf '\\036\\0'; }} >> {record}\n")
+        (tools / name).chmod(0o755)
+    record.write_bytes(b"")
+    # raising a limit (ulimit -n 32768) is refused on this machine, even to root: as in verlc's sandbox, it is
+    # not the script's end
+    (tmp / "bash_env").write_text('ulimit() { builtin ulimit "$@" 2>/dev/null || true; }\n')
+    env = {"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(root / "home"), "BASH_ENV": str(tmp / "bash_env"),
+           **given}
+    try:
+        subprocess.run(["bash", script], cwd=root, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                       timeout=30)
+    except subprocess.TimeoutExpired:
+        return None
+    for call in record.read_bytes().split(b"\x1e\0")[:-1]:
+        argv = [word.decode() for word in call.split(b"\0")[:-1]]
+        if argv[0] == "ray" and "--" in argv:
+            argv = argv[argv.index("--") + 1:]
+        if argv[0] == "srun":
+            argv = argv[next((i for i, a in enumerate(argv) if a.startswith("python")), len(argv)):]
+        if argv and argv[0].startswith("python") and "-m" in argv and any("=" in a for a in argv):
+            return argv[argv.index("-m"):]
+    return None
+
+
+def hydra_values(args: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    out = {}
+    for arg in args:
+        if not arg.startswith("-"):
+            (o,) = PARSER.parse_overrides([arg])
+            out[o.key_or_group] = o.value()
+    return out
+
+
+def options(args: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """Hydra's command-line options (--config-name X and --config-name=X) as name -> value."""
+    out, rest = {}, list(args)
+    while rest:
+        arg = rest.pop(0)
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            out[name] = value if eq else (rest.pop(0) if rest else "")
+    return out
+
+
+def differences(theirs: list[str], ours: tuple[str, ...], root: Path) -> list[str]:
+    """Where the bundle's trainer command means something else than the script's."""
+    found = []
+    if theirs[1] != ours[2]:
+        found.append(f"program {theirs[1]} vs {ours[2]}")
+    mine, yours = options(theirs[2:]), options(ours[3:])
+    if mine.get("--config-name", "ppo_trainer").removesuffix(".yaml") != yours.get("--config-name", "ppo_trainer"):
+        found.append(f"config {mine.get('--config-name')} vs {yours.get('--config-name')}")
+    path = mine.get("--config-path")
+    if path and Path(path).is_absolute() and Path(path).resolve() != (root / yours.get("--config-dir", "?")).resolve():
+        found.append(f"config folder {path} vs --config-dir {yours.get('--config-dir')}")
+    a, b = hydra_values(theirs[2:]), hydra_values(ours[3:])
+    for key, value in a.items():
+        if key not in DERIVED and b.get(key, "<missing>") != value:
+            found.append(f"{key}: the script passes {value!r}, the bundle {b.get(key, '<missing>')!r}")
+    extra = set(b) - set(a) - VERLC_ADDS
+    defaults = verl_defaults(root)
+    for key in sorted(extra):
+        if key not in DERIVED or hydra_values([f"{key}={defaults[key]}"])[key] != b[key]:
+            found.append(f"the bundle adds {key}={b[key]!r}")  # a derived key may only say verl's default
+    return found
+
+
+def verl_defaults(root: Path) -> dict[str, Any]:
+    """The derived keys' values in the release's own ppo_trainer.yaml (as Hydra override text)."""
+    from ruamel.yaml import YAML
+
+    config = YAML(typ="safe").load((root / "verl" / "trainer" / "config" / "ppo_trainer.yaml").read_text())
+    out = {}
+    for key in DERIVED:
+        node = config
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        out[key] = json.dumps(node) if isinstance(node, list) else node
+    return out
+
+
+@pytest.fixture(scope="module")
+def imported(checkout: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """script -> (its own argv, the imported spec's trainer argv or the import's problems, the Imported)."""
+    tmp = tmp_path_factory.mktemp("capture")
+
+    def one(script: str) -> tuple[Any, ...]:
+        given = GIVEN.get(script, {})
+        folder = tmp / script.replace("/", "-")
+        folder.mkdir()
+        theirs = script_argv(script, checkout, folder, given)
+        try:
+            spec, _, ir = read_script(Path(script), (), "0.7.1", None, None, 30, given)
+        except ImportFailed as exc:
+            return theirs, [str(d) for d in exc.diagnostics], None
+        return theirs, ir.trainer_argv, spec
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(checkout)
+        mp.setenv("HOME", str(checkout / "home"))  # the sandbox's HOME, as the plain run's
+        scripts = main_ppo_scripts(checkout)
+        with ThreadPoolExecutor(4) as pool:  # the scripts' runs wait on subprocesses: several at once
+            return dict(zip(scripts, pool.map(one, scripts)))
+
+
+def test_every_main_ppo_example_script_round_trips(checkout: Path, imported: dict[str, Any]) -> None:
+    assert len(imported) >= 140, "the shared archive holds 143 main_ppo scripts"
+    failed, cannot = [], {}
+    for script, (theirs, ours, _) in imported.items():
+        if script in CANNOT:
+            cannot[script] = ours
+            continue
+        assert theirs is not None, f"{script}: the plain run started no trainer"
+        if isinstance(ours, list):
+            failed.append(f"{script}: cannot import: {ours}")
+        elif problems := differences(theirs, ours, checkout):
+            failed.append(f"{script}: {problems}")
+    assert not failed, f"{len(failed)} of {len(imported)}:\n" + "\n".join(failed)
+    for script, (reason, says) in CANNOT.items():
+        assert script in cannot, f"{script} is listed as not round-tripping ({reason}) but is not a main_ppo script"
+        result = cannot[script]
+        assert isinstance(result, list) and any(says in p for p in result), f"{script} ({reason}): {result}"
+        assert all(p.startswith(f"{script}:") for p in result), result  # positioned in the script
+    print(f"{len(imported) - len(CANNOT)} of {len(imported)} main_ppo scripts round-trip")
+
+
+def test_verlcs_verdict_on_the_imports_is_verls_own(checkout: Path, imported: dict[str, Any]) -> None:
+    """Each script's own overrides judged by verl 0.7.1 (Hydra on its configs plus its dataclasses): verl accepts
+    what verlc imports, and refuses what verlc refuses on a key, type or value (rules verl only applies once its
+    workers start are outside what this oracle can see: verl accepts those at start-up)."""
+    cases, verlc_says = [], []
+    for script, (theirs, ours, _) in imported.items():
+        if isinstance(ours, list) and not all(": verl." in p for p in ours):
+            continue  # not about verl's config (unset variables, placeholders): judged above
+        args = theirs[2:]
+        opts = options(args)
+        folder = opts.get("--config-path")
+        cases.append({"config": opts.get("--config-name", "ppo_trainer").removesuffix(".yaml"), "engine": "",
+                      "config_dir": folder if folder and Path(folder).is_absolute() else None,
+                      "overrides": [a for a in args if not a.startswith("-")],
+                      "keys": [a.split("=", 1)[0].lstrip("+~") for a in args if not a.startswith("-")],
+                      "values": {}, "verlc": None})
+        refused = isinstance(ours, list) and not all(p.endswith(WORKERS_NOTE) for p in ours)
+        verlc_says.append((script, refused, ours if isinstance(ours, list) else "accepts"))
+    assert len(cases) >= 120
+    result = subprocess.run([sys.executable, str(REPO / "tests" / "verl_oracle.py"), str(checkout / "verl")],
+                            input=json.dumps(cases), capture_output=True, text=True, cwd=checkout, timeout=900,
+                            env={**os.environ, "HYDRA_FULL_ERROR": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    verdicts = json.loads(result.stdout)
+    disagree = [f"{script}\n  verlc: {ours}\n  verl:  {says or 'accepts'}"
+                for (script, refused, ours), says in zip(verlc_says, verdicts) if refused != bool(says)]
+    assert not disagree, f"{len(disagree)} of {len(cases)}:\n" + "\n".join(disagree)
+
+
+# --- the DAPO recipe script and the DAPO example -----------------------------------------------
+
+DAPO_SCRIPT = "recipe/dapo/run_dapo_qwen2.5_32b.sh"
+DAPO_COMMIT = "bcb638649a50e58494a8ddd92085ad1174f674b8"
+# the script's keys verl no longer has at the example's commit, and the names the recipe's config gives them
+RENAMED = {"reward_model.overlong_buffer.enable": "reward.reward_kwargs.overlong_buffer_cfg.enable",
+           "reward_model.overlong_buffer.len": "reward.reward_kwargs.overlong_buffer_cfg.len",
+           "reward_model.overlong_buffer.penalty_factor": "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor"}
+
+
+def test_the_dapo_recipe_script_imports_as_the_dapo_example(recipes: list[Path], tmp_path: Path) -> None:
+    from verlc.compiler.load import load
+
+    checkout = REPO / "checkouts" / "verl-bcb6386-recipe"
+    script = checkout / DAPO_SCRIPT
+    # as it is: verl at the example's commit refuses its reward_model.overlong_buffer.* (test_programs.py shows
+    # Hydra itself refusing them), and the import says so at the script's line
+    result = run_verlc("import", script, "--verl-commit", DAPO_COMMIT, "-o", tmp_path / "as-is.yaml", cwd=checkout)
+    line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "reward_model.overlong_buffer" in text)
+    assert result.returncode == 2 and f"{script}:{line}:" in result.stderr and "overlong_buffer" in result.stderr, \
+        result.stderr
+    assert not (tmp_path / "as-is.yaml").exists()
+    # with the three keys under the names the example gives them: the example's spec
+    text = script.read_text()
+    for old, new in RENAMED.items():
+        text = text.replace(f"{old}=", f"{new}=")
+    renamed = tmp_path / "run_dapo_renamed.sh"
+    renamed.write_text(text)
+    out = tmp_path / "dapo.yaml"
+    result = run_verlc("import", renamed, "--verl-commit", DAPO_COMMIT, "-o", out, cwd=checkout)
+    assert result.returncode == 0, result.stderr
+    ours = load(out).data
+    example = load(REPO / "specs" / "recipes" / "dapo-qwen2.5-32b.yaml").data
+    for key in ("verl_commit", "program", "project", "experiment", "verl"):
+        assert ours[key] == example[key], key
+    assert (out.parent / ours["code"]).resolve() == (REPO / "specs" / "recipes" / example["code"]).resolve()
+    assert ours["cluster"] == {k: example["cluster"][k] for k in ("nodes", "gpus_per_node")}
+    home = "${HOME}"
+    assert ours["model"].replace("${env:HOME}", home) == example["model"]
+    assert {k: [f.replace("${env:HOME}", home) for f in v] for k, v in ours["data"].items()} == example["data"]
+    assert ours["targets"] == ["ray-job"]  # the script submits with `ray job submit`
+    # what the example leaves out of the script: its runtime env file's variables, here under env:
+    assert ours["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+
+
+# --- hostile scripts ----------------------------------------------------------------------------
+
+SETTINGS = ("algorithm.adv_estimator=grpo actor_rollout_ref.rollout.name=vllm "
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 "
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 "
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4")
+TRAINER = f"python3 -m verl.trainer.main_ppo trainer.nnodes=1 trainer.n_gpus_per_node=8 {SETTINGS}\n"
+
+
+def import_text(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "launch.sh"
+    script.write_text(body)
+    return run_verlc("import", script, "--verl-version", "0.7.1", *args, cwd=tmp_path)
+
+
+def test_a_script_cannot_write_outside_its_temporary_folder(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    result = import_text(tmp_path, f"echo x > {outside}/a; touch {outside}/b {REPO}/.verlc-import-probe; "
+                                   f"mkdir {outside}/c; rm -rf {outside}; mount -o remount,rw / ; {TRAINER}")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["launch.sh", "outside"]
+    assert list(outside.iterdir()) == [] and not (REPO / ".verlc-import-probe").exists()
+    assert "trainer:\n    nnodes" not in result.stdout and "nodes: 1" in result.stdout
+
+
+def test_a_script_that_never_ends_is_stopped_at_the_deadline(tmp_path: Path) -> None:
+    result = import_text(tmp_path, "sleep 3600 & while true; do sleep 1; done\n", "--timeout", "2")
+    assert result.returncode == 2
+    assert "launch.sh:1:1: script:" in result.stderr and "still running after 2 s" in result.stderr, result.stderr
+    left = subprocess.run(["pgrep", "-f", "sleep 3600"], capture_output=True, text=True).stdout.split()
+    assert not left, "the script's children outlived the deadline"
+
+
+def test_a_script_that_reads_stdin_gets_nothing(tmp_path: Path) -> None:
+    result = import_text(tmp_path, "read -r nodes\ncat\npython3 -m verl.trainer.main_ppo trainer.nnodes=$nodes\n")
+    assert result.returncode == 2
+    assert "launch.sh:3:" in result.stderr and "trainer.nnodes is ''" in result.stderr, result.stderr
+
+
+def test_a_script_that_prints_without_end_is_stopped(tmp_path: Path) -> None:
+    result = import_text(tmp_path, "yes verl\n")
+    assert result.returncode == 2 and "printed more than 1 MiB: stopped" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_torchrun_is_not_supported_yet(tmp_path: Path) -> None:
+    result = import_text(tmp_path, "\ntorchrun --nproc_per_node=8 -m verl.trainer.fsdp_sft_trainer data.x=1\n")
+    assert result.returncode == 2
+    assert "launch.sh:2:1: trainer command: torchrun" in result.stderr and "not supported yet" in result.stderr
+
+
+def test_a_script_that_runs_a_file_not_a_module_says_what_it_started(tmp_path: Path) -> None:
+    result = import_text(tmp_path, f"python3 main_ppo_split.py {SETTINGS}\n")
+    assert result.returncode == 2
+    assert "launch.sh:1:1: script: the script starts no trainer (python -m MODULE with Hydra overrides); it " \
+           "started: python3 main_ppo_split.py algorithm.adv_estimator=grpo" in result.stderr, result.stderr
+
+
+def test_secrets_are_kept_by_name_only(tmp_path: Path) -> None:
+    result = import_text(tmp_path, "export WANDB_API_KEY=abc123\nexport NCCL_DEBUG=WARN\nexport HF_TOKEN=hf_x9\n"
+                                   "python3 -m verl.trainer.main_ppo trainer.logger=[console,wandb] "
+                                   f"trainer.project_name=p trainer.experiment_name=e {SETTINGS}\n",
+                         "-o", "spec.yaml")
+    assert result.returncode == 0, result.stderr
+    from verlc.compiler.load import load
+
+    spec = load(tmp_path / "spec.yaml").data
+    assert spec["secrets"] == ["HF_TOKEN", "WANDB_API_KEY"] and spec["env"] == {"NCCL_DEBUG": "WARN"}
+    built = run_verlc("build", "spec.yaml", "--target", "all", "--out", "out", cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+    files = [p for p in (tmp_path / "out").rglob("*") if p.is_file()] + [tmp_path / "spec.yaml"]
+    assert len(files) > 5
+    for leaked in ("abc123", "hf_x9"):
+        assert not any(leaked in p.read_text(errors="replace") for p in files), leaked
+        assert leaked not in result.stdout + result.stderr + built.stdout + built.stderr
+
+
+def test_what_a_spec_cannot_hold_is_kept_as_comments_with_its_line(tmp_path: Path) -> None:
+    result = import_text(tmp_path, "export PATH=/opt/x/bin:$PATH\n"
+                                   "ray job submit --address=http://head:8265 --runtime-env-json="
+                                   "'{\"pip\": [\"x\"], \"env_vars\": {\"A\": \"1\"}}' -- \\\n"
+                                   "  python3 -m verl.trainer.main_ppo hydra.run.dir=/tmp/h '~trainer.val_before_train'"
+                                   f" critic.model.path=/other trainer.nnodes=2 {SETTINGS}\n")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for comment in ("#   line 1: export PATH", "#   line 2: runtime_env pip", "line 3: \"hydra.run.dir=/tmp/h\"",
+                    "line 3: \"~trainer.val_before_train\"", "line 3: critic.model.path=/other"):
+        assert comment in out, out
+    assert "ray: {address: http://head:8265}" in out and "targets: [ray-job]" in out and "A: '1'" in out
