@@ -296,6 +296,31 @@ def main() -> int:
                      "met" if bare < 0.5 else "NOT met"))
         rows.append(("`verlc explain KEY SPEC` (cold: the spec compiled, its override found)", f"{given:.3f} s",
                      "well under 1 s", "met" if given < 0.5 else "NOT met"))
+        # 4d. `verlc import`: one of verl 0.7.1's example scripts, then every main_ppo script of the shared set
+        examples = REPO.parent / "shared" / "verl-examples" / "verl-v0.7.1-examples.tar.gz"
+        if examples.is_file():
+            import tarfile
+
+            from verl_schema import release_package
+
+            tree = tmp / "verl-0.7.1"
+            with tarfile.open(examples) as tar:
+                tar.extractall(tree, filter="data")
+            (tree / "verl").symlink_to(release_package("0.7.1"), target_is_directory=True)
+            one = ("import", "examples/grpo_trainer/run_qwen2-7b.sh", "--verl-version", "0.7.1")
+            single = median_seconds(lambda: run(PY, "-m", "verlc", *one, cwd=tree), runs)
+            rows.append(("`verlc import` of one example script (cold: sandboxed run, spec, compiled)",
+                         f"{single:.3f} s", "< 1 s", "met" if single < 1 else "NOT met"))
+            scripts = sorted(str(p.relative_to(tree)) for p in (tree / "examples").rglob("*.sh")
+                             if "verl.trainer.main_ppo" in p.read_text(errors="replace"))
+            scripts = scripts[:3] if args.quick else scripts
+            start = time.perf_counter()
+            imported = sum(run(PY, "-m", "verlc", "import", s, "--verl-version", "0.7.1", cwd=tree,
+                               check=False).returncode == 0 for s in scripts)
+            every = time.perf_counter() - start
+            rows.append((f"`verlc import` of each of the shared set's {len(scripts)} main_ppo scripts (one process "
+                         f"each; {imported} import, the rest need --set or are the scripts' own bugs)",
+                         f"{every:.1f} s ({every / len(scripts):.2f} s each)", "measured", ""))
         editor = {p.stem.removeprefix("verl-"): p.stat().st_size for p in (REPO / "schema").glob("verl-*.json")}
         largest = max(editor, key=editor.get)
         rows.append((f"editor schema per release (schema/verl-<release>.json, {len(editor)} files)",

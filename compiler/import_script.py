@@ -295,9 +295,11 @@ def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, 
         elif o.prefix == "" and o.key in DERIVED:
             values[o.key] = o.value
             imported.lines[o.key] = where(needle)[0]
-        else:
-            _put(verl, o.key, o.prefix, o.value)
+        elif _put(verl, o.key, o.prefix, o.value):
             imported.lines["verl." + o.key] = where(needle)[0]
+        else:
+            problem(f"{o.text}: a key below one the script sets to a value (Hydra refuses it too)", needle,
+                    path=f"verl.{o.key}")
     if trainer.module.split(".")[0] != "verl" or "config_dir" in hydra:
         spec["code"] = code  # the folder the script ran from: the job's working dir
     if hydra:
@@ -330,14 +332,17 @@ def _default_config_path(module: str, path: str, cwd: str) -> bool:
             Path(cwd) / folder / "config")
 
 
-def _put(tree: dict[str, Any], key: str, prefix: str, value: Any) -> None:
+def _put(tree: dict[str, Any], key: str, prefix: str, value: Any) -> bool:
+    """Set key (dotted) in the nested tree, its last part with Hydra's prefix; False when a key above it holds a
+    value, not a mapping (the script set both)."""
     *parents, last = key.split(".")
     node = tree
     for part in parents:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise ImportFailed([])  # unreachable for Hydra-parsed keys set once
+            return False
     node[prefix + last] = value
+    return True
 
 
 def _home(text: str, home: str) -> str:

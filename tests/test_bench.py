@@ -16,6 +16,7 @@ def test_benchmark_quick_mode_writes_its_table(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     text = out.read_text()
     for row in ("cold `verlc build` scenario A", "time to error, mistyped verl key", "variant sweep",
-                "`verlc explain KEY SPEC`", "editor schema per release", "`verlc migrate` scenario A"):
+                "`verlc explain KEY SPEC`", "editor schema per release", "`verlc migrate` scenario A",
+                "`verlc import` of one example script"):
         assert row in text
     assert "has no key 'gpu_memory_utilisation'" in text

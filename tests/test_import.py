@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -198,24 +199,27 @@ def verl_defaults(root: Path) -> dict[str, Any]:
 def imported(checkout: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """script -> (its own argv, the imported spec's trainer argv or the import's problems, the Imported)."""
     tmp = tmp_path_factory.mktemp("capture")
-
-    def one(script: str) -> tuple[Any, ...]:
-        given = GIVEN.get(script, {})
-        folder = tmp / script.replace("/", "-")
-        folder.mkdir()
-        theirs = script_argv(script, checkout, folder, given)
-        try:
-            spec, _, ir = read_script(Path(script), (), "0.7.1", None, None, 30, given)
-        except ImportFailed as exc:
-            return theirs, [str(d) for d in exc.diagnostics], None
-        return theirs, ir.trainer_argv, spec
-
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(checkout)
         mp.setenv("HOME", str(checkout / "home"))  # the sandbox's HOME, as the plain run's
         scripts = main_ppo_scripts(checkout)
-        with ThreadPoolExecutor(4) as pool:  # the scripts' runs wait on subprocesses: several at once
-            return dict(zip(scripts, pool.map(one, scripts)))
+        # a process per core (compiling is Python's work), each with a thread more (running a script waits)
+        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+            return dict(zip(scripts, pool.map(partial(round_trip, root=checkout, tmp=tmp), scripts)))
+
+
+def round_trip(script: str, root: Path, tmp: Path) -> tuple[Any, ...]:
+    """(the script's own trainer argv, the imported spec's trainer argv or the import's problems, the Imported)."""
+    given = GIVEN.get(script, {})
+    folder = tmp / script.replace("/", "-")
+    folder.mkdir()
+    with ThreadPoolExecutor(1) as side:
+        theirs = side.submit(script_argv, script, root, folder, given)
+        try:
+            spec, _, ir = read_script(Path(script), (), "0.7.1", None, None, 30, given)
+        except ImportFailed as exc:
+            return theirs.result(), [str(d) for d in exc.diagnostics], None
+        return theirs.result(), ir.trainer_argv, spec
 
 
 def test_every_main_ppo_example_script_round_trips(checkout: Path, imported: dict[str, Any]) -> None:
@@ -389,6 +393,10 @@ def test_secrets_are_kept_by_name_only(tmp_path: Path) -> None:
     for leaked in ("abc123", "hf_x9"):
         assert not any(leaked in p.read_text(errors="replace") for p in files), leaked
         assert leaked not in result.stdout + result.stderr + built.stdout + built.stderr
+    before = (tmp_path / "spec.yaml").read_text()  # a second import does not overwrite the spec
+    again = run_verlc("import", "launch.sh", "--verl-version", "0.7.1", "-o", "spec.yaml", cwd=tmp_path)
+    assert again.returncode == 2 and "spec.yaml exists" in again.stderr
+    assert (tmp_path / "spec.yaml").read_text() == before
 
 
 def test_what_a_spec_cannot_hold_is_kept_as_comments_with_its_line(tmp_path: Path) -> None:

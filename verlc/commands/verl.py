@@ -106,6 +106,9 @@ def import_script(script: Path, args: Sequence[str], version: str | None, commit
     if not script.is_file():
         print(f"verlc: no script {script}", file=sys.stderr)
         return EXIT_SPEC
+    if out is not None and out.exists():
+        print(f"verlc: {out} exists: import writes a new spec (remove it, or name another file)", file=sys.stderr)
+        return EXIT_SPEC
     variables = {}
     for item in given:
         name, eq, value = item.partition("=")
