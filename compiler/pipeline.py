@@ -161,6 +161,10 @@ def verl_release_for(spec: Spec, sourced: Sourced, source: VerlConfigSource, spe
                      ) -> Release:
     """The shipped schema of the spec's verl_version, its commit's schema, or the installed verl's own files."""
     if spec.verl_commit is not None:
+        if source == "live":
+            raise SpecError([sourced.diagnostic(("verl_commit",), f"--verl-config live checks against the installed "
+                                                f"verl; this spec pins verl to commit {spec.verl_commit[:12]}, whose "
+                                                f"own configs verlc reads: leave --verl-config live out")])
         checkout = folder(spec_path, spec.verl_checkout or spec.code) if spec_path else None
         if spec.verl_checkout is not None and (checkout is None or not checkout.is_dir()):
             raise SpecError([sourced.diagnostic(("verl_checkout",), f"no folder {checkout}")])

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import random
 import re
+import multiprocessing
 import shutil
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -245,60 +246,73 @@ def pairs() -> list[tuple[str, str, str]]:
     return out
 
 
+def migrated(job: tuple[int, str, str, str, Path]) -> tuple[list[str], dict[str, Any] | None, bool, bool]:
+    """One migration there and back: (problems, the oracle's case for the migrated spec, whether it validates,
+    whether it left decisions)."""
+    n, kind, source, target, tmp_path = job
+    failures: list[str] = []
+    folder = tmp_path / str(n)
+    folder.mkdir()
+    spec = folder / "spec.yaml"
+    if kind.startswith("example:"):
+        shutil.copy(next(s for s in SPECS if s.name == kind[8:]), spec)
+    else:
+        spec.write_text(spec_text(written_for(source), source))
+    _, wrote, before = resolved(spec)
+    p = migrate.plan(spec, target)
+    migrate.write(p)
+    label = f"{kind} {source} -> {target}"
+    try:
+        kept, _, after = resolved(spec)
+    except SpecError as exc:
+        assert p.decisions and not p.valid, f"{label}: plan said valid, but {exc}"
+        return failures, None, False, bool(p.decisions)
+    assert p.valid, f"{label}: the plan said invalid, the compiler accepts it"
+    lost = {c.key for c in p.changes if c.kind in ("dropped", "decision", "review")}
+    for key, value in wrote.items():
+        new_key, _ = verl_moves.carry(key, source, target)
+        if key in lost or new_key in lost:
+            continue
+        if value_at(after, new_key) != value_at(before, key):
+            failures.append(f"{label}: {key}={value!r} became {new_key}={value_at(after, new_key)!r}")
+    for c in p.of("pinned"):
+        old_key = verl_moves.carry(c.key, target, source)[0]
+        if value_at(after, c.key) != value_at(before, old_key):
+            failures.append(f"{label}: pinned {c.key} is {value_at(after, c.key)!r}, "
+                            f"was {value_at(before, old_key)!r}")
+    release = snapshot(target)
+    chosen = select(kept, release)
+    found = settings(kept, chosen.walker)
+    case = {"config": DEFAULT_CONFIG, "engine": chosen.engine, "label": label, "target": target,
+            "overrides": [s.arg for s in found], "keys": [s.key for s in found],
+            "values": {s.key: s.value for s in found}}
+    back = migrate.plan(spec, source)
+    if back.valid:
+        migrate.write(back)
+        _, again, _ = resolved(spec)
+        for key, value in wrote.items():
+            if key in again and again[key] != value and key not in lost:
+                failures.append(f"{label} and back: {key}={value!r} came back as {again[key]!r}")
+    return failures, case, True, bool(p.decisions)
+
+
 def test_every_spec_to_every_release_and_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Validation, settings kept, behaviour kept, and verl's own verdict on every migrated spec."""
     monkeypatch.setenv("SCRATCH", "/scratch")  # an example's checkpoint folder names it (resolved on the node)
     cases: dict[str, list[dict[str, Any]]] = {v: [] for v in RELEASES}
     failures: list[str] = []
     checked = decided = 0
-    for n, (kind, source, target) in enumerate(pairs()):
-        folder = tmp_path / str(n)
-        folder.mkdir()
-        spec = folder / "spec.yaml"
-        if kind.startswith("example:"):
-            shutil.copy(next(s for s in SPECS if s.name == kind[8:]), spec)
-        else:
-            spec.write_text(spec_text(written_for(source), source))
-        _, wrote, before = resolved(spec)
-        p = migrate.plan(spec, target)
-        if p.decisions:  # what verlc could not decide: the rest must still hold, and the spec must say why
-            decided += 1
-        migrate.write(p)
-        label = f"{kind} {source} -> {target}"
-        try:
-            kept, _, after = resolved(spec)
-        except SpecError as exc:
-            assert p.decisions and not p.valid, f"{label}: plan said valid, but {exc}"
-            continue
-        assert p.valid, f"{label}: the plan said invalid, the compiler accepts it"
-        checked += 1
-        lost = {c.key for c in p.changes if c.kind in ("dropped", "decision", "review")}
-        for key, value in wrote.items():
-            new_key, _ = verl_moves.carry(key, source, target)
-            if key in lost or new_key in lost:
-                continue
-            if value_at(after, new_key) != value_at(before, key):
-                failures.append(f"{label}: {key}={value!r} became {new_key}={value_at(after, new_key)!r}")
-        for c in p.of("pinned"):
-            old_key = verl_moves.carry(c.key, target, source)[0]
-            if value_at(after, c.key) != value_at(before, old_key):
-                failures.append(f"{label}: pinned {c.key} is {value_at(after, c.key)!r}, "
-                                f"was {value_at(before, old_key)!r}")
-        release = snapshot(target)
-        chosen = select(kept, release)
-        found = settings(kept, chosen.walker)
-        cases[target].append({"config": DEFAULT_CONFIG, "engine": chosen.engine, "label": label,
-                              "overrides": [s.arg for s in found], "keys": [s.key for s in found],
-                              "values": {s.key: s.value for s in found}})
-        back = migrate.plan(spec, source)
-        if back.valid:
-            migrate.write(back)
-            _, again, _ = resolved(spec)
-            for key, value in wrote.items():
-                if key in again and again[key] != value and key not in lost:
-                    failures.append(f"{label} and back: {key}={value!r} came back as {again[key]!r}")
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:  # one per core
+        done = pool.map(migrated, [(n, *pair, tmp_path) for n, pair in enumerate(pairs())])
+        for problems, case, valid, with_decisions in done:
+            failures += problems
+            checked += valid
+            decided += with_decisions
+            if case is not None:
+                cases[case["target"]].append(case)
     assert not failures, f"{len(failures)} problems:\n" + "\n".join(failures[:30])
     print(f"{len(pairs())} migrations: {checked} validate, {decided} with decisions for the user")
+
     def verdicts(version: str) -> list[str]:
         return oracle(version, [{k: c[k] for k in ("config", "engine", "overrides", "keys", "values")}
                                 for c in cases[version]])

@@ -515,3 +515,12 @@ def test_explain_knows_a_recipes_own_keys(recipes: list[Path]) -> None:
     dapo = next(s for s in recipes if s.stem.startswith("dapo"))
     result = run_verlc("explain", "algorithm.filter_groups.max_num_gen_batchs", dapo)
     assert result.returncode == 2 and "did you mean 'algorithm.filter_groups.max_num_gen_batches'" in result.stderr
+
+
+def test_a_spec_pinned_to_a_commit_is_not_checked_against_the_installed_verl(recipes: list[Path]) -> None:
+    spec = REPO / "specs" / "recipes" / "dapo-qwen2.5-32b.yaml"
+    result = subprocess.run([sys.executable, "-m", "verlc", "validate", str(spec), "--verl-config", "live"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert ": verl_commit: --verl-config live checks against the installed verl; this spec pins verl to commit " \
+           "bcb638649a50" in result.stderr, result.stderr
