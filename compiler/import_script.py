@@ -121,7 +121,7 @@ def locate(text: str, *needles: str) -> tuple[int, int]:
     return 1, 1
 
 
-def find_trainer(calls: tuple[Call, ...], script: str, text: str) -> Trainer:
+def find_trainer(calls: tuple[Call, ...], script: str) -> Trainer:
     """The first command that starts a Hydra program; ImportFailed naming what the script started instead."""
     seen: list[str] = []
     for call in calls:
@@ -294,7 +294,7 @@ def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, 
             hydra.setdefault("groups", {})[o.key + (f"@{o.package}" if o.package else "")] = o.value
         elif o.prefix == "" and o.key in DERIVED:
             values[o.key] = o.value
-            imported.lines[o.key] = where(needle)[0]
+            imported.lines.setdefault(DERIVED[o.key], where(needle)[0])
         elif _put(verl, o.key, o.prefix, o.value):
             imported.lines["verl." + o.key] = where(needle)[0]
         else:
@@ -319,15 +319,18 @@ def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, 
     return imported
 
 
-DERIVED = ("trainer.nnodes", "trainer.n_gpus_per_node", "trainer.project_name", "trainer.experiment_name",
-           "actor_rollout_ref.model.path", "critic.model.path", "data.train_files", "data.val_files")
+# the overrides verlc derives from the spec's own fields -> those fields
+DERIVED = {"trainer.nnodes": "cluster.nodes", "trainer.n_gpus_per_node": "cluster.gpus_per_node",
+           "trainer.project_name": "project", "trainer.experiment_name": "experiment",
+           "actor_rollout_ref.model.path": "model", "critic.model.path": "model",
+           "data.train_files": "data.train_files", "data.val_files": "data.val_files"}
 
 
 def _default_config_path(module: str, path: str, cwd: str) -> bool:
     """Whether --config-path names the program's own config folder (`config` beside verl's trainer)."""
     folder = Path(module.replace(".", "/")).parent
     given = Path(path)
-    return given.parts in (("config",), (".", "config")) or \
+    return given.parts == ("config",) or \
         os.path.normpath(given if given.is_absolute() else Path(cwd) / given) == os.path.normpath(
             Path(cwd) / folder / "config")
 

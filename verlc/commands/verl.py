@@ -145,22 +145,29 @@ def read_script(script: Path, args: tuple[str, ...], version: str | None, commit
     """Run the script's shell code in the sandbox, read its trainer command as a spec and compile that spec
     as `verlc build` would: (the Imported spec, verlc's notes on it, its JobIR). ImportFailed, positioned in the
     script, when any step cannot be done."""
-    from importlib import metadata
+    from concurrent.futures import ThreadPoolExecutor
+    from importlib import import_module, metadata
 
     from .. import sandbox
     from ..compiler.diagnostics import Diagnostic, SpecError
     from ..compiler.import_script import DEFAULT_VERSION, ImportFailed, _Unsupported, find_trainer, locate, to_spec
-    from ..compiler.pipeline import compile_spec
-    from ..compiler.verl.release import RELEASES
 
     shown = str(script)
     text = script.read_text(errors="replace")
+    with ThreadPoolExecutor(1) as side:  # the script runs while this process imports the compiler and Hydra
+        running = side.submit(sandbox.run, script, args, Path.cwd(), timeout, variables)
+        from ..compiler.pipeline import compile_spec
+        from ..compiler.verl.release import RELEASES
+        try:
+            import_module("hydra.core.override_parser.overrides_parser")  # what parse() uses, loaded meanwhile
+        except ImportError:
+            pass  # parse() says what to install
+        try:
+            outcome = running.result()
+        except sandbox.SandboxError as exc:
+            raise ImportFailed([Diagnostic(shown, 1, 1, "script", str(exc))]) from None
     try:
-        outcome = sandbox.run(script, args, Path.cwd(), timeout, variables)
-    except sandbox.SandboxError as exc:
-        raise ImportFailed([Diagnostic(shown, 1, 1, "script", str(exc))]) from None
-    try:
-        trainer = find_trainer(outcome.calls, shown, text)
+        trainer = find_trainer(outcome.calls, shown)
     except _Unsupported as exc:
         line, col = locate(text, "torchrun")
         raise ImportFailed([Diagnostic(shown, line, col, "trainer command", str(exc))]) from None
