@@ -413,3 +413,16 @@ def test_what_a_spec_cannot_hold_is_kept_as_comments_with_its_line(tmp_path: Pat
                     "line 3: \"~trainer.val_before_train\"", "line 3: critic.model.path=/other"):
         assert comment in out, out
     assert "ray: {address: http://head:8265}" in out and "targets: [ray-job]" in out and "A: '1'" in out
+
+
+def test_srun_and_uv_run_start_the_trainer_and_sbatch_lines_fill_cluster_slurm(tmp_path: Path) -> None:
+    result = import_text(tmp_path, "#!/bin/bash\n#SBATCH --cpus-per-task=32 --partition=gpu\n#SBATCH --mail-type=END\n"
+                                   "srun --overlap -N 1 uv run --with verl python3 -m verl.trainer.main_ppo "
+                                   f"trainer.nnodes=2 {SETTINGS}\n")
+    assert result.returncode == 0, result.stderr
+    from ruamel.yaml import YAML
+
+    spec = YAML(typ="safe").load(result.stdout)
+    assert spec["cluster"] == {"nodes": 2, "gpus_per_node": 8, "slurm": {"cpus_per_task": 32, "partition": "gpu"}}
+    assert "#   line 3: #SBATCH --mail-type=END: a directive cluster.slurm has no field for" in result.stdout
+    assert spec["targets"] == ["slurm", "ray-job"] and "program" not in spec
