@@ -26,6 +26,7 @@ from .verl.program import MAIN_PPO
 # Python options that take a value (python -X opt -m ...); the trainer command is `python [opts] -m MODULE`.
 _PY_VALUED = {"-X", "-W", "-c"}
 _OVERRIDE = re.compile(r"[+~]{0,2}[A-Za-z_][\w.\-/@]*=")
+_PYTHON = re.compile(r"python(3(\.\d+)?)?")
 # Hydra's own command-line options the spec has a place for (or that change nothing for a spec)
 _CONFIG_OPTS = {"--config-name": "name", "-cn": "name", "--config-path": "path", "-cp": "path",
                 "--config-dir": "dir", "-cd": "dir"}
@@ -121,11 +122,16 @@ def locate(text: str, *needles: str) -> tuple[int, int]:
     return 1, 1
 
 
-def find_trainer(calls: tuple[Call, ...], script: str) -> Trainer:
-    """The first command that starts a Hydra program; ImportFailed naming what the script started instead."""
+def find_trainer(calls: tuple[Call, ...], script: str, text: str) -> Trainer:
+    """The first command that starts a Hydra program; ImportFailed naming what the script started instead, or
+    (at its line) a trainer started in a way verlc does not support."""
     seen: list[str] = []
     for call in calls:
-        found = _trainer_in(call, call.argv, "python", {})
+        try:
+            found = _trainer_in(call, call.argv, "python", {})
+        except _Unsupported as exc:
+            line, col = locate(text, exc.args[1])
+            raise ImportFailed([Diagnostic(script, line, col, "trainer command", exc.args[0])]) from None
         if found is not None:
             return found
         seen.append(shlex.join((call.tool, *call.argv[1:4])) + (" ..." if len(call.argv) > 4 else ""))
@@ -148,15 +154,16 @@ def _trainer_in(call: Call, argv: tuple[str, ...], launcher: str, submit: dict[s
                 rest.pop(0)
         return _trainer_in(call, tuple(rest), "uv run", submit) if rest else None
     if tool == "srun":  # `srun [options] python3 -m ...` on the head node: the slurm target's own job step
-        at = next((i for i, a in enumerate(argv[1:], 1) if re.fullmatch(r"python(3(\.\d+)?)?|ray|uv|torchrun",
-                                                                         os.path.basename(a))), None)
+        at = next((i for i, a in enumerate(argv[1:], 1) if _PYTHON.fullmatch(os.path.basename(a))
+                   or os.path.basename(a) in ("ray", "uv", "torchrun")), None)
         return _trainer_in(call, argv[at:], "srun", submit) if at else None
     if tool == "torchrun":
         if any(a.startswith(("verl.", "recipe.")) or _OVERRIDE.match(a) for a in argv):
             raise _Unsupported("torchrun starts one process per GPU; verlc starts Ray driver programs "
-                               "(python -m verl.trainer.main_ppo and recipes): torchrun is not supported yet")
+                               "(python -m verl.trainer.main_ppo and recipes): torchrun is not supported yet",
+                               "torchrun")
         return None
-    if not re.fullmatch(r"python(3(\.\d+)?)?", tool):
+    if not _PYTHON.fullmatch(tool):
         return None
     i = 1
     while i < len(argv) and argv[i] != "-m":
@@ -176,7 +183,7 @@ def _trainer_in(call: Call, argv: tuple[str, ...], launcher: str, submit: dict[s
 
 
 class _Unsupported(Exception):
-    pass
+    """(message, the word to find its line by): a launcher verlc does not support."""
 
 
 def _ray_submit(words: tuple[str, ...]) -> tuple[dict[str, str], tuple[str, ...]]:
@@ -251,8 +258,7 @@ def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, 
         raise ImportFailed(problems) from None
 
     spec: dict[str, Any] = {"name": name}
-    spec["targets"] = ["ray-job"] if trainer.ray_submit or trainer.launcher == "ray job submit" else \
-        ["slurm", "ray-job"]
+    spec["targets"] = ["ray-job"] if trainer.launcher == "ray job submit" else ["slurm", "ray-job"]
     if verl_commit:
         spec["verl_commit"] = verl_commit
     else:

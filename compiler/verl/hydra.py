@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 import re
+from dataclasses import dataclass
 from typing import Any
 
 # Plain Hydra values that need no quoting; anything else is single-quoted.

@@ -150,7 +150,7 @@ def read_script(script: Path, args: tuple[str, ...], version: str | None, commit
 
     from .. import sandbox
     from ..compiler.diagnostics import Diagnostic, SpecError
-    from ..compiler.import_script import DEFAULT_VERSION, ImportFailed, _Unsupported, find_trainer, locate, to_spec
+    from ..compiler.import_script import DEFAULT_VERSION, ImportFailed, find_trainer, locate, to_spec
 
     shown = str(script)
     text = script.read_text(errors="replace")
@@ -167,10 +167,7 @@ def read_script(script: Path, args: tuple[str, ...], version: str | None, commit
         except sandbox.SandboxError as exc:
             raise ImportFailed([Diagnostic(shown, 1, 1, "script", str(exc))]) from None
     try:
-        trainer = find_trainer(outcome.calls, shown)
-    except _Unsupported as exc:
-        line, col = locate(text, "torchrun")
-        raise ImportFailed([Diagnostic(shown, line, col, "trainer command", str(exc))]) from None
+        trainer = find_trainer(outcome.calls, shown, text)
     except ImportFailed as exc:
         if outcome.exit_code != 0:
             last = (outcome.output.strip().splitlines() or ["(no output)"])[-1][:300]
