@@ -161,7 +161,7 @@ if name == "scontrol" and args[:2] == ["show", "hostnames"]:
 elif name == "hostname":
     print("127.0.0.1")
 elif name == "ip":
-    print("1: eth0    inet 127.0.0.1/8 scope host eth0")
+    print("2: eth0    inet 10.0.0.5/24 scope global eth0")
 elif "--block" in args or args[:1] == ["run"]:  # `ray start --block`, `docker run`: until the cleanup stops them
     time.sleep(60)
 elif name == "python3" and args[:1] != ["-"] and "verl.trainer.main_ppo" not in args \
@@ -231,7 +231,7 @@ def test_scripts_run_with_recorders_pass_exactly_the_intended_argv(tmp_path: Pat
     argv = jobs[-1]
     assert argv[argv.index("python3"):argv.index("--json")] == ["python3", "-", "job", "--begun", "ray"]
     assert json.loads(argv[argv.index("--json") + 1])["train"] == list(ir.trainer_argv)
-    assert argv[argv.index("env") + 1].startswith("RAY_ADDRESS=127.0.0.1:")
+    assert argv[argv.index("env") + 1].startswith("RAY_ADDRESS=10.0.0.5:")
     starts = [c for c in calls if c[:2] == ["docker", "run"]]
     assert len(starts) == 2  # one container per node
     assert starts[0][-3:] == [ir.container.image.display if "$" not in ir.container.image.display

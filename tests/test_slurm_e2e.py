@@ -135,7 +135,6 @@ verl: {{actor_rollout_ref: {{rollout: {{name: vllm, log_prob_micro_batch_size_pe
 cluster: {{nodes: {nodes}, gpus_per_node: 8, slurm: {{cpus_per_task: 1, output: {root}/slurm-%j.out,
                                                requeue_grace: {grace}}}}}
 container: {container}
-network: {{head_interface: lo}}
 ray: {{wait_for_nodes: {wait}}}
 {extra}""")
     result = run_verlc("build", spec, "--target", "slurm", "--out", root / "out")
@@ -319,7 +318,6 @@ verl: {{actor_rollout_ref: {{rollout: {{name: vllm, log_prob_micro_batch_size_pe
        custom_reward_function: {{path: rewards/math.py, name: compute_score}}}}
 cluster: {{nodes: 2, gpus_per_node: 8, slurm: {{cpus_per_task: 1, output: {tmp_path}/slurm-%j.out}}}}
 container: {{runtime: none, venv: {Path(sys.prefix)}}}
-network: {{head_interface: lo}}
 ray: {{wait_for_nodes: 120s}}
 """)
     result = run_verlc("build", spec, "--target", "slurm", "--out", tmp_path / "out")
@@ -426,8 +424,9 @@ def test_allocation_that_differs_from_the_spec_fails_with_both_numbers(slurm: No
 
 
 PROBE = """\
-# Runs as the job's data step, on the head node while Ray is up: where does the dashboard listen?
-import json, os, shutil, socket, sys
+# Runs as the job's data step, on the head node while Ray is up: where does the dashboard listen, and what of
+# the head does another node of the job reach?
+import json, os, shutil, socket, subprocess, sys
 import psutil
 
 out = sys.argv[sys.argv.index("--local_save_dir") + 1]
@@ -444,20 +443,26 @@ for c in psutil.net_connections("tcp"):
             listening.setdefault(str(c.laddr.port), []).append(c.laddr.ip)
 others = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
           if a.family == socket.AF_INET and not a.address.startswith("127.")]
-reachable = {}
-for port in listening:
-    for ip in others:
-        with socket.socket() as s:
-            s.settimeout(2)
-            reachable[f"{ip}:{port}"] = s.connect_ex((ip, int(port))) == 0
-json.dump({"listening": listening, "reachable": reachable, "others": others}, open(f"{out}/probe.json", "w"))
+head, gcs = os.environ["RAY_ADDRESS"].rsplit(":", 1)
+ports = {"gcs": int(gcs), **{f"dashboard {p}": int(p) for p in listening}}
+connect = ("import json, socket, sys\\nhost, ports = sys.argv[1], json.loads(sys.argv[2])\\nok = {}\\n"
+           "for name, port in ports.items():\\n    with socket.socket() as s:\\n        s.settimeout(3)\\n"
+           "        ok[name] = s.connect_ex((host, port)) == 0\\nprint(json.dumps(ok))")
+other = subprocess.run(["srun", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=n2", sys.executable, "-c", connect,
+                        head, json.dumps(ports)], capture_output=True, text=True, timeout=60)
+json.dump({"listening": listening, "others": others, "head": head,
+           "from_n1": {ip: json.loads(subprocess.run([sys.executable, "-c", connect, ip, json.dumps(ports)],
+                                                     capture_output=True, text=True).stdout) for ip in others},
+           "from_n2": json.loads(other.stdout or "null"), "n2_error": other.stderr},
+          open(f"{out}/probe.json", "w"))
 for name in ("train.parquet", "test.parquet"):
     shutil.copy(f"data/{name}", f"{out}/{name}")
 """
 
 
 def test_the_dashboard_answers_on_the_head_loopback_only(slurm: None, tmp_path: Path) -> None:
-    """The Jobs API runs code as the job's user: by default nothing but the head node itself reaches it."""
+    """The Jobs API runs code as the job's user: by default nothing but the head node itself reaches it, while
+    another node reaches the head's GCS (so that the probe's own reach is shown)."""
     write_fixtures(tmp_path)
     (tmp_path / "probe.py").write_text(PROBE)
     script = build(tmp_path, prepare=f", prepare: [{{dataset: gsm8k, dir: probe, script: {tmp_path}/probe.py}}]")
@@ -466,7 +471,10 @@ def test_the_dashboard_answers_on_the_head_loopback_only(slurm: None, tmp_path: 
     probe = json.loads((tmp_path / "probe" / "probe.json").read_text())
     assert probe["listening"], f"no dashboard found listening: {probe}"
     assert all(ips == ["127.0.0.1"] for ips in probe["listening"].values()), probe
-    assert probe["others"] and not any(probe["reachable"].values()), probe
+    assert probe["head"] in probe["others"] and "172.17.0.1" in probe["others"], probe  # the node's two addresses
+    # the head itself on its non-loopback addresses, and another host: the GCS answers, the dashboard does not
+    assert all(reached == {name: name == "gcs" for name in reached} for reached in probe["from_n1"].values()), probe
+    assert probe["from_n2"] == {name: name == "gcs" for name in probe["from_n2"]}, probe
 
 
 def test_a_node_without_the_rollout_engine_fails_the_preflight_naming_engine_and_node(slurm: None,

@@ -1,4 +1,5 @@
-"""What the slurm target cannot run: no sbatch directives; and a log folder Slurm cannot create."""
+"""What the slurm target cannot run: no sbatch directives, a loopback head on several nodes; and a log folder
+Slurm cannot create."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ LOG_FOLDER_NOTE = "Slurm does not create the folder"  # `verlc submit` creates i
 def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     if spec.cluster.slurm is None:
         yield sourced.diagnostic(("cluster",), "the slurm target needs cluster.slurm (at least cpus_per_task)")
+    if spec.network.head_interface == "lo" and spec.cluster.nodes > 1:
+        yield sourced.diagnostic(("network", "head_interface"), (
+            f"lo is the loopback interface: on {spec.cluster.nodes} nodes every worker would look for the Ray "
+            f"head at its own 127.0.0.1; name the interface the nodes reach each other on, or leave it out"))
     c = spec.container
     if has_code(spec) and isinstance(c, NoContainer) and c.workdir is not None:
         yield sourced.diagnostic(("container", "workdir"), "the job runs in the run's code (code:) on every "

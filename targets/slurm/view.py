@@ -19,7 +19,7 @@ from .lower import SlurmIR
 # Shell variables the template sets before it uses the argv below.
 HEAD_IP, NODE_IP, RAY_PORT, DASHBOARD_PORT = Var("head_ip"), Var("node_ip"), Var("ray_port"), Var("dashboard_port")
 CLIENT_PORT, AGENT_PORT, RAY_TMP, CONTAINER = Var("client_port"), Var("agent_port"), Var("ray_tmp"), Var("container")
-NODE_NAME = Var("SLURMD_NODENAME")
+NODE_NAME, NODE_DEV = Var("SLURMD_NODENAME"), Var("node_dev")
 
 CONTAINER_WORD = Word((CONTAINER,))
 
@@ -155,7 +155,11 @@ def slurm_view(ir: JobIR) -> SlurmView:
         (_word("--node-name=", NODE_NAME),),  # Ray's name for the node (dashboard, preflight) is Slurm's
         ("--disable-usage-stats",),
     )
+    # Ray's processes, and so verl's workers, open gloo's sockets on the interface of Ray's own address: gloo
+    # would otherwise bind the address of the host name (127.0.1.1 on Debian). The spec's own env wins.
+    gloo = () if "GLOO_SOCKET_IFNAME" in env_names else (("env", _word("GLOO_SOCKET_IFNAME=", NODE_DEV)),)
     ray_head = (
+        *gloo,
         ("ray", "start", "--head", "--block"),
         (_word("--node-ip-address=", HEAD_IP), _word("--port=", RAY_PORT)),
         # The dashboard serves the Jobs API, which runs code as this user: loopback unless the spec opens it.
@@ -166,6 +170,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
         *((("--ray-debugger-external",),) if ir.ray.debugger_external else ()),
     )
     ray_worker = (
+        *gloo,
         ("ray", "start", "--block", _word("--address=", HEAD_IP, ":", RAY_PORT)),
         (_word("--node-ip-address=", NODE_IP),),
         *ray_common,
