@@ -141,7 +141,8 @@ class Nccl(Model):
 
 class Network(Model):
     head_interface: Directive | None = Field(
-        None, description="NIC whose IPv4 address Ray uses on every node; default: the host name's first address.")
+        None, description="NIC whose IPv4 address Ray (and gloo) use on every node; default (slurm): Slurm's "
+                          "address of the node (NodeAddr), else the one it reaches the controller from.")
     nccl: Nccl = Field(Nccl(), description="NCCL/RCCL settings, exported on every node before Ray starts.")
 
 
@@ -157,6 +158,11 @@ class Ray(Model):
         False, description="slurm/compose targets: serve Ray's dashboard and Jobs API on every address of the "
                            "head (anyone who reaches it can then run code as you); default: loopback only.")
     wait_for_nodes: Seconds = Field(600, description="Deadline for every node and GPU to register.")
+    node_timeout: Seconds | None = Field(
+        None, ge=5, description="How long a node may stop answering Ray's health checks before Ray declares it "
+                                "dead; the run then ends naming it (with requeue_grace, the Slurm job requeues). "
+                                "Set where verlc starts Ray. Default: Ray's own (checks every 3 s, dead after 5 "
+                                "that fail, each failing after up to 10 s).")
     debug: Literal["off", "post_mortem", "legacy"] = Field("off", description="Ray's debugger: post_mortem on "
                                                                               "exceptions, or legacy `ray debug`.")
 

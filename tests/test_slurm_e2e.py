@@ -83,12 +83,14 @@ def write_fixtures(root: Path) -> None:
     pq.write_table(table, root / "data" / "test.parquet")
 
 
-def fake_venv(root: Path, *, ray_fails_on: str | None = None, no_interface_on: str | None = None) -> Path:
+def fake_venv(root: Path, *, ray_fails_on: str | None = None, no_interface_on: str | None = None,
+              slow_ranks: bool = False) -> Path:
     """This venv, except that `ray start` fails on one node, or its Ray (and so every process Ray starts
-    there) is told to use a network interface that does not exist (as a wrong NCCL_SOCKET_IFNAME would),
-    and `python3 -m verl.trainer.main_ppo` only prints its argv (there is no GPU to train on): the first run
-    then waits to be preempted, a restarted run (SLURM_RESTART_COUNT > 0) exits 0 at once. Everything else
-    is the real thing."""
+    there) is told to use a network interface that does not exist (as a wrong NCCL_SOCKET_IFNAME would), or
+    (slow_ranks) the preflight's all-reduce ranks touch `root/rank-started`, then wait 5 s, and
+    `python3 -m verl.trainer.main_ppo` only prints its argv (there is no GPU to train on): the first run
+    prints FAKE_STEPS steps, one a second, or waits to be preempted; a restarted run
+    (SLURM_RESTART_COUNT > 0) exits 0 at once. Everything else is the real thing."""
     real = Path(sys.executable).parent
     venv = root / "venv"
     (venv / "bin").mkdir(parents=True)
@@ -99,10 +101,17 @@ def fake_venv(root: Path, *, ray_fails_on: str | None = None, no_interface_on: s
             f'{{ echo "test: ray start refused on {ray_fails_on}" >&2; exit 1; }}\n') if ray_fails_on else ""
     if no_interface_on:
         fail += f'[[ ${{SLURMD_NODENAME:-}} != {no_interface_on} ]] || export GLOO_SOCKET_IFNAME=verlc-no-such-nic\n'
+    if slow_ranks:  # every Python Ray starts reads this sitecustomize
+        (root / "slow-site").mkdir()
+        (root / "slow-site" / "sitecustomize.py").write_text(
+            "import sys, time\nif 'init_process_group' in ' '.join(sys.orig_argv):\n"
+            f"    open({str(root / 'rank-started')!r}, 'w').close()\n    time.sleep(5)\n")
+        fail += f'export PYTHONPATH={root}/slow-site${{PYTHONPATH:+:$PYTHONPATH}}\n'
     (venv / "bin" / "ray").write_text(f"#!/usr/bin/env bash\n{fail}exec {real}/ray \"$@\"\n")
     (venv / "bin" / "python3").write_text(f"""#!/usr/bin/env bash
 if [[ ${{1:-}} == -m && ${{2:-}} == verl.trainer.main_ppo ]]; then  # the trainer, not a mention of it
   echo "TRAINER restart=${{SLURM_RESTART_COUNT:-0}} wandb=${{WANDB_RUN_ID:-}}/${{WANDB_RESUME:-}} argv: $*"
+  [[ ${{SLURM_RESTART_COUNT:-0}} == 0 ]] || exit 0
   for ((i = 1; i <= ${{FAKE_STEPS:-0}}; i++)); do  # verl's console logger, as Ray prints it
     echo "(TaskRunner pid=$$) step:$i - critic/score/mean:0.5 - actor/pg_loss:-0.01"
     sleep 1
@@ -120,7 +129,7 @@ exec {real}/python3 "$@"
 
 def build(root: Path, *, val_file: str = "data/test.parquet", wait: str = "120s", venv: Path | None = None,
           grace: str = "null", prepare: str = "", nodes: int = 2, container: str | None = None,
-          extra: str = "", model: str | None = None) -> Path:
+          extra: str = "", model: str | None = None, ray: str = "") -> Path:
     """The e2e spec in `root`; `container` replaces its `runtime: none` section (a YAML flow mapping)."""
     container = container or f"{{runtime: none, workdir: {root}, venv: {venv or Path(sys.prefix)}}}"
     spec = root / "spec.yaml"
@@ -135,7 +144,7 @@ verl: {{actor_rollout_ref: {{rollout: {{name: vllm, log_prob_micro_batch_size_pe
 cluster: {{nodes: {nodes}, gpus_per_node: 8, slurm: {{cpus_per_task: 1, output: {root}/slurm-%j.out,
                                                requeue_grace: {grace}}}}}
 container: {container}
-ray: {{wait_for_nodes: {wait}}}
+ray: {{wait_for_nodes: {wait}{ray}}}
 {extra}""")
     result = run_verlc("build", spec, "--target", "slurm", "--out", root / "out")
     assert result.returncode == 0, result.stderr

@@ -9,9 +9,15 @@ from ...compiler.diagnostics import Diagnostic
 from ...compiler.load import Sourced
 from ...compiler.code import has_code
 from ...compiler.spec import Spec
+from ...compiler.verl.check import NOTE
 
 
 def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     if has_code(spec) and "working_dir" in spec.ray.model_fields_set:
         yield sourced.diagnostic(("ray", "working_dir"), "the job's working_dir is the run's code (code:); "
                                                          "drop ray.working_dir", at_key=True)
+    if spec.ray.node_timeout is not None:
+        yield sourced.diagnostic(("ray", "node_timeout"), (
+            f"{NOTE}the cluster's Ray reads its health-check settings when its head starts, and the ray-job target "
+            f"submits to a running cluster: set RAY_health_check_period_ms (and _timeout_ms, _failure_threshold) "
+            f"where it starts; the job still ends naming a node Ray declares dead"))

@@ -1,0 +1,201 @@
+"""Network faults on the test cluster, whose every node is a host of its own (dev/slurm.sh): a node's link pulled
+or its packets silently dropped during bring-up, the preflight's all-reduce and training. Every job must end
+within a bounded time and name the node; the jobs run side by side on the cluster's 8 nodes (2 each).
+
+What bounds each case: during bring-up, the wait deadline (ray.wait_for_nodes); during the preflight and
+training, Ray's node-death detection (ray.node_timeout: 10 s here), which verlc's runtime watches; for a head
+cut off from everything, Slurm's (SlurmdTimeout: 30 s on the test cluster).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from conftest import REPO
+from test_slurm_e2e import (FINAL, build, fake_venv, job_state, ray_processes, slurm, submit,  # noqa: F401
+                            wait_for, write_fixtures)
+
+NODE_TIMEOUT = 10  # ray.node_timeout of every job here
+WAIT = 30  # ray.wait_for_nodes
+RAY = f", node_timeout: {NODE_TIMEOUT}s"
+
+
+def fault(kind: str, node: str, how: str) -> None:
+    """dev/slurm.sh link NODE down|up, or drop NODE on|off."""
+    subprocess.run(["bash", str(REPO / "dev" / "slurm.sh"), kind, node, how], check=True, capture_output=True,
+                   timeout=30)
+
+
+def text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def placed(output: str) -> list[str]:
+    """The job's nodes, head first, as the job's own log names them (its latest attempt's)."""
+    found = re.findall(r"verlc: job \d+ on (.+?); head ", output)
+    return found[-1].split() if found else []
+
+
+def await_line(log: Path, line: str, timeout: float = 240) -> None:
+    wait_for(lambda: line in text(log), timeout, f"{line!r} in {log.name}")
+
+
+def ended(job: str, timeout: float) -> tuple[str, float]:
+    """Wait for the job to end: its state and the seconds it took."""
+    started = time.monotonic()
+    wait_for(lambda: job_state(job, settle=False) in FINAL, timeout, f"job {job} to end")
+    return job_state(job), time.monotonic() - started
+
+
+def run_folder(root: Path, job: str) -> Path:
+    return next((root / "verlc-runs").glob(f"*-{job}"))
+
+
+def node_back(node: str) -> None:
+    """A mended node returns to service (ReturnToService=2) once the controller hears from it again."""
+    def idle() -> bool:
+        shown = subprocess.run(["sinfo", "--noheader", "--Node", f"--nodes={node}", "--format=%T"],
+                               capture_output=True, text=True).stdout
+        return shown.strip() in ("idle", "mixed", "allocated")
+    wait_for(idle, 180, f"{node} back in service")
+
+
+def worker_cut_during_bring_up(root: Path) -> dict:
+    write_fixtures(root)
+    job = submit(build(root, wait=f"{WAIT}s", ray=RAY), root, "preflight")
+    log = root / f"slurm-{job}.out"
+    await_line(log, "starting Ray head on")
+    worker = placed(text(log))[1]
+    fault("link", worker, "down")
+    try:
+        state, took = ended(job, WAIT + 120)
+    finally:
+        fault("link", worker, "up")
+    node_back(worker)
+    return {"job": job, "worker": worker, "state": state, "took": took, "output": text(log)}
+
+
+def worker_cut_during_training(root: Path) -> dict:
+    """With requeue on: the run ends, the job requeues itself once Slurm has seen the node go, and the next
+    attempt (on other nodes) resumes."""
+    write_fixtures(root)
+    script = build(root, venv=fake_venv(root), ray=RAY, grace="60")
+    job = submit(script, root, "train", {"FAKE_STEPS": "900"})
+    log = root / f"slurm-{job}.out"
+    await_line(log, "step:3 ")
+    first = placed(text(log))
+    fault("link", first[1], "down")
+    cut = time.monotonic()
+    try:
+        await_line(log, "requeueing job", 120)  # the next attempt starts this log over: keep the first's
+        attempt = text(log)
+        took = time.monotonic() - cut
+        state, _ = ended(job, 300)
+    finally:
+        fault("link", first[1], "up")
+    node_back(first[1])
+    return {"job": job, "first": first, "attempt": attempt, "took": took, "state": state, "output": text(log),
+            "job_log": text(run_folder(root, job) / "job.log"), "logs": run_folder(root, job) / "ray-logs"}
+
+
+def head_cut_during_training(root: Path) -> dict:
+    write_fixtures(root)
+    job = submit(build(root, venv=fake_venv(root), ray=RAY), root, "train", {"FAKE_STEPS": "900"})
+    log = root / f"slurm-{job}.out"
+    await_line(log, "step:3 ")
+    head, worker = placed(text(log))
+    fault("link", head, "down")
+    try:
+        state, took = ended(job, 150)
+        reason = subprocess.run(["scontrol", "show", "node", head], capture_output=True, text=True).stdout
+        # from the workers' side: Slurm ended the worker's step, whose Ray stopped and kept its logs
+        logs = run_folder(root, job) / "ray-logs" / worker / "TRUNCATED.txt"
+        wait_for(logs.exists, 60, f"{worker}'s Ray logs")
+    finally:
+        fault("link", head, "up")
+    node_back(head)
+    wait_for(lambda: "] verlc: exit code" in text(log), 120, "the head's cleanup once its link is back")
+    return {"job": job, "head": head, "worker": worker, "state": state, "took": took, "node": reason,
+            "job_log": text(run_folder(root, job) / "job.log"), "output": text(log)}
+
+
+def black_hole_during_all_reduce(root: Path) -> dict:
+    write_fixtures(root)
+    job = submit(build(root, venv=fake_venv(root, slow_ranks=True), ray=RAY), root, "preflight")
+    log = root / f"slurm-{job}.out"
+    wait_for((root / "rank-started").exists, 240, "the all-reduce's first rank")
+    worker = placed(text(log))[1]
+    fault("drop", worker, "on")
+    try:
+        state, took = ended(job, 150)
+    finally:
+        fault("drop", worker, "off")
+    node_back(worker)
+    return {"job": job, "worker": worker, "state": state, "took": took, "output": text(log)}
+
+
+def black_hole_during_training(root: Path) -> dict:
+    write_fixtures(root)
+    job = submit(build(root, venv=fake_venv(root), ray=RAY), root, "train", {"FAKE_STEPS": "900"})
+    log = root / f"slurm-{job}.out"
+    await_line(log, "step:3 ")
+    worker = placed(text(log))[1]
+    fault("drop", worker, "on")
+    try:
+        state, took = ended(job, 150)
+    finally:
+        fault("drop", worker, "off")
+    node_back(worker)
+    return {"job": job, "worker": worker, "state": state, "took": took, "output": text(log),
+            "logs": run_folder(root, job) / "ray-logs"}
+
+
+def lines_with(output: str, *words: str) -> list[str]:
+    return [line for line in output.splitlines() if all(w in line for w in words)]
+
+
+def test_network_faults_end_each_job_in_bounded_time_naming_the_node(slurm: None, tmp_path: Path) -> None:
+    cases = (worker_cut_during_bring_up, worker_cut_during_training, black_hole_during_all_reduce,
+             black_hole_during_training)
+    with ThreadPoolExecutor(len(cases)) as pool:
+        futures = [pool.submit(case, tmp_path / case.__name__) for case in cases]
+        head_cut = head_cut_during_training(tmp_path / "head_cut")  # beside the requeued job's next attempt
+        bring_up, training, all_reduce, black_hole = (f.result() for f in futures)
+
+    # a worker cut off during bring-up: the job fails within the wait deadline, naming the node
+    assert bring_up["state"] == "FAILED", bring_up["output"]
+    assert bring_up["took"] < WAIT + 60, bring_up
+    assert lines_with(bring_up["output"], bring_up["worker"], "rror"), bring_up["output"]
+
+    # a worker cut off during training: Ray declares it dead, the run ends naming it, the job requeues after
+    # Slurm saw the node go, and the next attempt runs on other nodes and resumes
+    w = training["first"][1]
+    assert lines_with(training["attempt"], f"Ray declared node(s) {w} (", "dead during training"), training["attempt"]
+    assert f"Slurm sees {w} stop answering" in training["attempt"], training["attempt"]
+    assert training["took"] < NODE_TIMEOUT + 30 + 60, training  # node-death detection, then Slurm's own
+    assert (training["logs"] / training["first"][0] / "TRUNCATED.txt").exists()  # the reachable node's Ray logs
+    assert training["state"] == "COMPLETED", training["output"]
+    assert "TRAINER restart=1 " in training["output"] and "trainer.resume_mode=auto" in training["output"]
+    assert w not in placed(training["output"]), training["output"]
+
+    # the head cut off: Slurm ends the job (the head stops answering); the workers' side stops and keeps its logs
+    assert head_cut["state"] in ("NODE_FAIL", "FAILED"), head_cut["output"]
+    assert head_cut["took"] < 30 + 90, head_cut
+    assert re.search(r"Reason=Not responding", head_cut["node"]) or head_cut["state"] == "NODE_FAIL", head_cut["node"]
+    assert lines_with(head_cut["job_log"], f"Ray declared node(s) {head_cut['worker']} (", "every other node at once"), \
+        head_cut["job_log"]
+
+    # a black-holed worker during the all-reduce, and during training: bounded by Ray's detection, named
+    assert all_reduce["state"] == "FAILED", all_reduce["output"]
+    assert all_reduce["took"] < NODE_TIMEOUT + 60, all_reduce
+    assert lines_with(all_reduce["output"], "PREFLIGHT FAILED: all-reduce", all_reduce["worker"]), all_reduce["output"]
+    assert black_hole["state"] == "FAILED", black_hole["output"]
+    assert black_hole["took"] < NODE_TIMEOUT + 60, black_hole
+    assert lines_with(black_hole["output"], f"Ray declared node(s) {black_hole['worker']} (", "dead"), \
+        black_hole["output"]
+    wait_for(lambda: not ray_processes(), 120, "every Ray process to end")
+
