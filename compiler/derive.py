@@ -121,8 +121,8 @@ def derived_environment(spec: Spec) -> tuple[EnvVar, ...]:
     ):
         if value is not None:
             env.append(EnvVar(name, Word((str(value),)), f"network.nccl.{field}"))
-    if spec.ray.node_timeout is not None:  # read by Ray's GCS when the head starts: 5 failed checks, one per period
-        period = str(max(1000, spec.ray.node_timeout * 1000 // 5))
+    if spec.ray.node_timeout is not None:  # read by Ray's GCS when the head starts: dead after 5 failed checks,
+        period = str(max(500, spec.ray.node_timeout * 100))  # each a period's wait, then a timeout's
         for name, value in (("RAY_health_check_period_ms", period), ("RAY_health_check_timeout_ms", period),
                             ("RAY_health_check_failure_threshold", "5")):
             env.append(EnvVar(name, Word((value,)), "ray.node_timeout"))

@@ -161,8 +161,8 @@ class Ray(Model):
     node_timeout: Seconds | None = Field(
         None, ge=5, description="How long a node may stop answering Ray's health checks before Ray declares it "
                                 "dead; the run then ends naming it (with requeue_grace, the Slurm job requeues). "
-                                "Set where verlc starts Ray. Default: Ray's own (checks every 3 s, dead after 5 "
-                                "that fail, each failing after up to 10 s).")
+                                "Set where verlc starts Ray. Default: Ray's own (a check every 3 s, dead after 5 "
+                                "that fail, each after up to 10 s: 15 to 65 s).")
     debug: Literal["off", "post_mortem", "legacy"] = Field("off", description="Ray's debugger: post_mortem on "
                                                                               "exceptions, or legacy `ray debug`.")
 

@@ -152,8 +152,9 @@ ReturnToService=2
 MinJobAge=3600
 KillWait=30
 SlurmctldTimeout=30
-# A node that stops answering is DOWN after this long (Slurm's default: 300 s), and its jobs end
-SlurmdTimeout=30
+# A node that stops answering is DOWN after this long (Slurm's default: 300 s), and its jobs end; longer
+# than Ray's node-death detection in the tests (ray.node_timeout 10 s) and the cleanup after it
+SlurmdTimeout=60
 EOF
   for ((i = 1; i <= count; i++)); do
     echo "NodeName=n$i NodeHostname=n$i NodeAddr=$(node_ip "n$i") CPUs=$cpus RealMemory=$mem Gres=gpu:8 State=UNKNOWN"

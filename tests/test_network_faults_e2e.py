@@ -4,7 +4,7 @@ within a bounded time and name the node; the jobs run side by side on the cluste
 
 What bounds each case: during bring-up, the wait deadline (ray.wait_for_nodes); during the preflight and
 training, Ray's node-death detection (ray.node_timeout: 10 s here), which verlc's runtime watches; for a head
-cut off from everything, Slurm's (SlurmdTimeout: 30 s on the test cluster).
+cut off from everything, Slurm's (SlurmdTimeout: 60 s on the test cluster).
 """
 
 from __future__ import annotations
@@ -20,7 +20,11 @@ from test_slurm_e2e import (FINAL, build, fake_venv, job_state, ray_processes, s
                             wait_for, write_fixtures)
 
 NODE_TIMEOUT = 10  # ray.node_timeout of every job here
-WAIT = 30  # ray.wait_for_nodes
+WAIT = 20  # ray.wait_for_nodes
+SLURMD_TIMEOUT = 60  # dev/slurm.sh's: when Slurm sees a node stop answering
+# Ray's detection, then the cleanup's wait for the steps of a node it cannot reach (KillWait 30 s), and slack for
+# this 2-core machine running four jobs at once
+BOUND = NODE_TIMEOUT + 30 + 60
 RAY = f", node_timeout: {NODE_TIMEOUT}s"
 
 
@@ -40,7 +44,7 @@ def placed(output: str) -> list[str]:
     return found[-1].split() if found else []
 
 
-def await_line(log: Path, line: str, timeout: float = 240) -> None:
+def await_line(log: Path, line: str, timeout: float = 600) -> None:
     wait_for(lambda: line in text(log), timeout, f"{line!r} in {log.name}")
 
 
@@ -56,7 +60,10 @@ def run_folder(root: Path, job: str) -> Path:
 
 
 def node_back(node: str) -> None:
-    """A mended node returns to service (ReturnToService=2) once the controller hears from it again."""
+    """A mended node returns to service: Slurm marked it DOWN (not responding), and the operator resumes it
+    (Slurm itself would only after its next ping of a DOWN node, minutes later)."""
+    subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], capture_output=True)  # not DOWN: refused
+
     def idle() -> bool:
         shown = subprocess.run(["sinfo", "--noheader", "--Node", f"--nodes={node}", "--format=%T"],
                                capture_output=True, text=True).stdout
@@ -65,6 +72,7 @@ def node_back(node: str) -> None:
 
 
 def worker_cut_during_bring_up(root: Path) -> dict:
+    root.mkdir()
     write_fixtures(root)
     job = submit(build(root, wait=f"{WAIT}s", ray=RAY), root, "preflight")
     log = root / f"slurm-{job}.out"
@@ -80,8 +88,9 @@ def worker_cut_during_bring_up(root: Path) -> dict:
 
 
 def worker_cut_during_training(root: Path) -> dict:
-    """With requeue on: the run ends, the job requeues itself once Slurm has seen the node go, and the next
-    attempt (on other nodes) resumes."""
+    """With requeue on: the run ends, the job requeues once Slurm has seen the node go, and the next attempt
+    (on other nodes) resumes. Both attempts write to the one log (--open-mode=append)."""
+    root.mkdir()
     write_fixtures(root)
     script = build(root, venv=fake_venv(root), ray=RAY, grace="60")
     job = submit(script, root, "train", {"FAKE_STEPS": "900"})
@@ -91,26 +100,27 @@ def worker_cut_during_training(root: Path) -> dict:
     fault("link", first[1], "down")
     cut = time.monotonic()
     try:
-        await_line(log, "requeueing job", 120)  # the next attempt starts this log over: keep the first's
-        attempt = text(log)
+        await_line(log, "a node was lost: waiting", 120)
         took = time.monotonic() - cut
-        state, _ = ended(job, 300)
+        state, _ = ended(job, SLURMD_TIMEOUT + 300)
     finally:
         fault("link", first[1], "up")
     node_back(first[1])
-    return {"job": job, "first": first, "attempt": attempt, "took": took, "state": state, "output": text(log),
-            "job_log": text(run_folder(root, job) / "job.log"), "logs": run_folder(root, job) / "ray-logs"}
+    return {"job": job, "first": first, "took": took, "state": state, "output": text(log),
+            "logs": run_folder(root, job) / "ray-logs"}
 
 
 def head_cut_during_training(root: Path) -> dict:
+    """4 nodes: the head's runtime sees every other node go at once."""
+    root.mkdir()
     write_fixtures(root)
-    job = submit(build(root, venv=fake_venv(root), ray=RAY), root, "train", {"FAKE_STEPS": "900"})
+    job = submit(build(root, venv=fake_venv(root), ray=RAY, nodes=4), root, "train", {"FAKE_STEPS": "900"})
     log = root / f"slurm-{job}.out"
     await_line(log, "step:3 ")
-    head, worker = placed(text(log))
+    head, worker, *_ = placed(text(log))
     fault("link", head, "down")
     try:
-        state, took = ended(job, 150)
+        state, took = ended(job, SLURMD_TIMEOUT + 150)
         reason = subprocess.run(["scontrol", "show", "node", head], capture_output=True, text=True).stdout
         # from the workers' side: Slurm ended the worker's step, whose Ray stopped and kept its logs
         logs = run_folder(root, job) / "ray-logs" / worker / "TRUNCATED.txt"
@@ -124,10 +134,11 @@ def head_cut_during_training(root: Path) -> dict:
 
 
 def black_hole_during_all_reduce(root: Path) -> dict:
+    root.mkdir()
     write_fixtures(root)
     job = submit(build(root, venv=fake_venv(root, slow_ranks=True), ray=RAY), root, "preflight")
     log = root / f"slurm-{job}.out"
-    wait_for((root / "rank-started").exists, 240, "the all-reduce's first rank")
+    wait_for((root / "rank-started").exists, 600, "the all-reduce's first rank")
     worker = placed(text(log))[1]
     fault("drop", worker, "on")
     try:
@@ -139,6 +150,7 @@ def black_hole_during_all_reduce(root: Path) -> dict:
 
 
 def black_hole_during_training(root: Path) -> dict:
+    root.mkdir()
     write_fixtures(root)
     job = submit(build(root, venv=fake_venv(root), ray=RAY), root, "train", {"FAKE_STEPS": "900"})
     log = root / f"slurm-{job}.out"
@@ -166,17 +178,23 @@ def test_network_faults_end_each_job_in_bounded_time_naming_the_node(slurm: None
         head_cut = head_cut_during_training(tmp_path / "head_cut")  # beside the requeued job's next attempt
         bring_up, training, all_reduce, black_hole = (f.result() for f in futures)
 
+    print({case: round(result["took"], 1) for case, result in (("worker cut during bring-up", bring_up),
+           ("worker cut during training", training), ("head cut", head_cut), ("black hole in the all-reduce",
+           all_reduce), ("black hole during training", black_hole))})  # seconds, for the record (pytest -s)
     # a worker cut off during bring-up: the job fails within the wait deadline, naming the node
     assert bring_up["state"] == "FAILED", bring_up["output"]
     assert bring_up["took"] < WAIT + 60, bring_up
-    assert lines_with(bring_up["output"], bring_up["worker"], "rror"), bring_up["output"]
+    # (srun's launch of its Ray fails, or the wait deadline passes without it)
+    assert (lines_with(bring_up["output"], "srun: error: ", f" on node {bring_up['worker']}: ") or
+            lines_with(bring_up["output"], "ERROR: after 20s the cluster has 1 of 2 nodes",
+                       f"no Ray node from {bring_up['worker']} ")), bring_up["output"]
 
     # a worker cut off during training: Ray declares it dead, the run ends naming it, the job requeues after
     # Slurm saw the node go, and the next attempt runs on other nodes and resumes
     w = training["first"][1]
-    assert lines_with(training["attempt"], f"Ray declared node(s) {w} (", "dead during training"), training["attempt"]
-    assert f"Slurm sees {w} stop answering" in training["attempt"], training["attempt"]
-    assert training["took"] < NODE_TIMEOUT + 30 + 60, training  # node-death detection, then Slurm's own
+    first_attempt = training["output"].split("TRAINER restart=1 ")[0]
+    assert lines_with(first_attempt, f"Ray declared node(s) {w} (", "dead during training"), training["output"]
+    assert training["took"] < BOUND, training
     assert (training["logs"] / training["first"][0] / "TRUNCATED.txt").exists()  # the reachable node's Ray logs
     assert training["state"] == "COMPLETED", training["output"]
     assert "TRAINER restart=1 " in training["output"] and "trainer.resume_mode=auto" in training["output"]
@@ -184,18 +202,26 @@ def test_network_faults_end_each_job_in_bounded_time_naming_the_node(slurm: None
 
     # the head cut off: Slurm ends the job (the head stops answering); the workers' side stops and keeps its logs
     assert head_cut["state"] in ("NODE_FAIL", "FAILED"), head_cut["output"]
-    assert head_cut["took"] < 30 + 90, head_cut
+    assert head_cut["took"] < SLURMD_TIMEOUT + 90, head_cut
     assert re.search(r"Reason=Not responding", head_cut["node"]) or head_cut["state"] == "NODE_FAIL", head_cut["node"]
-    assert lines_with(head_cut["job_log"], f"Ray declared node(s) {head_cut['worker']} (", "every other node at once"), \
-        head_cut["job_log"]
+    assert lines_with(head_cut["job_log"], "Ray declared node(s) ", "every other node at once"), head_cut["job_log"]
 
     # a black-holed worker during the all-reduce, and during training: bounded by Ray's detection, named
     assert all_reduce["state"] == "FAILED", all_reduce["output"]
-    assert all_reduce["took"] < NODE_TIMEOUT + 60, all_reduce
-    assert lines_with(all_reduce["output"], "PREFLIGHT FAILED: all-reduce", all_reduce["worker"]), all_reduce["output"]
+    assert all_reduce["took"] < BOUND, all_reduce
+    assert lines_with(all_reduce["output"], f"PREFLIGHT FAILED: all-reduce: node {all_reduce['worker']} (",
+                      "Ray declared it dead"), all_reduce["output"]
     assert black_hole["state"] == "FAILED", black_hole["output"]
-    assert black_hole["took"] < NODE_TIMEOUT + 60, black_hole
+    assert black_hole["took"] < BOUND, black_hole
     assert lines_with(black_hole["output"], f"Ray declared node(s) {black_hole['worker']} (", "dead"), \
         black_hole["output"]
     wait_for(lambda: not ray_processes(), 120, "every Ray process to end")
+    wait_for(lambda: all(only_slurmd(n) for n in (f"n{i}" for i in range(1, 9))), 120, "nodes running only slurmd")
+
+
+def only_slurmd(node: str) -> bool:
+    """Nothing of a job is left on the node: its namespace runs slurmd alone."""
+    pids = subprocess.run(["ip", "netns", "pids", f"verlc-{node}"], capture_output=True, text=True).stdout.split()
+    names = {Path(f"/proc/{p}/comm").read_text().strip() for p in pids if Path(f"/proc/{p}/comm").exists()}
+    return names <= {"slurmd"}
 

@@ -52,6 +52,8 @@ def lower(spec: Spec, ir: JobIR) -> SlurmIR:
             ("requeue", ""),
             ("open-mode", "append"),  # keep the first run's log when the job restarts
         ]
+    else:  # the spec decides, not the site's JobRequeue: otherwise a node failure would restart the job anyway
+        directives.append(("no-requeue", ""))
     return SlurmIR(
         directives=tuple((k, str(v)) for k, v in directives if v is not None),
         log_dirs=log_dirs(spec),

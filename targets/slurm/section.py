@@ -24,4 +24,5 @@ class Slurm(Model):
     modules: tuple[Directive, ...] = Field((), description="Environment modules to `module load` first.")
     requeue_grace: Seconds | None = Field(
         300, description="Ask Slurm for USR1 this long before preemption or the time limit; the job then "
-                         "stops cleanly and requeues itself, and verl resumes from its checkpoints. null: off.")
+                         "stops cleanly and requeues itself, and verl resumes from its checkpoints; so does a job "
+                         "that lost a node. null: never requeued (--no-requeue), also not by Slurm on a node failure.")
