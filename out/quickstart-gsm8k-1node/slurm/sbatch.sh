@@ -84,8 +84,11 @@ on_node() {
 # The tasks get the functions in `node_functions` and the variables in `shared`; when one task fails, Slurm
 # ends the step (--kill-on-bad-exit) and the task's own message names its node.
 declare -A node_ips=()  # node -> the IPv4 address Ray uses there
+declare -A node_devs=()  # node -> the interface of that address
 head_ip='' ray_port='' port_base='' dashboard_port='' client_port=''
-readonly shared=(node_ips head_ip ray_port port_base dashboard_port client_port run_dir runtime_file)
+declare -A node_addrs=()  # node -> Slurm's address of it (NodeAddr)
+controller_ip=''  # the Slurm controller's address
+readonly shared=(node_ips node_devs head_ip ray_port port_base dashboard_port client_port run_dir runtime_file  node_addrs controller_ip)
 fan_out() {
   local where=$1 fn=$2 nodelist
   shift 2
@@ -98,9 +101,27 @@ fan_out() {
 # Run by fan_out on each node (SLURMD_NODENAME and SLURM_PROCID are Slurm's, per task) -------------
 readonly node_functions=(log in_container node_address ray_node)
 
-# node_address: this node's name and the IPv4 address Ray uses on it (the first one when several are printed)
+# node_address: this node's name, the IPv4 address Ray uses on it, and that address's interface (where
+# gloo, and NCCL unless told, open their sockets).
+# Slurm's own address of the node (its NodeAddr, resolved here) where that is one of the node's addresses,
+# else the one the node reaches the Slurm controller from. Never the host name's address (Debian maps it to
+# 127.0.1.1, which no other node reaches) nor the first of several (docker0's 172.17.0.1 is on every host).
 node_address() {
-  printf '%s %s\n' "$SLURMD_NODENAME" "$(hostname --ip-address | awk '{ print $1; exit }')"
+  local own ip='' candidate
+  own=$(ip -o -4 addr show | awk '$4 !~ /^127[.]/ { split($4, a, "/"); print a[1], $2 }')  # "address interface"
+  for candidate in $(getent ahostsv4 "${node_addrs[$SLURMD_NODENAME]:-$SLURMD_NODENAME}" | awk '{ print $1 }'); do
+    if grep -q "^$candidate " <<<"$own"; then
+      ip=$candidate
+      break
+    fi
+  done
+  if [[ -z $ip && -n $controller_ip ]]; then
+    ip=$(ip -o -4 route get "$controller_ip" | sed -n 's/.* src \([0-9.]*\).*/\1/p')
+    grep -q "^$ip " <<<"$own" || ip=''
+  fi
+  [[ -n $ip ]] || { log "ERROR: cannot tell which address Ray should use on $SLURMD_NODENAME: Slurm's address for it" \
+    "(${node_addrs[$SLURMD_NODENAME]:-none}) is not one of its own (${own//$'\n'/, }); set network.head_interface"; exit 1; }
+  printf '%s %s %s\n' "$SLURMD_NODENAME" "$ip" "$(awk -v ip="$ip" '$1 == ip { print $2; exit }' <<<"$own")"
 }
 
 # ray_node FIRST: this node's Ray until the cleanup stops it: the head where the node's place in the job
@@ -109,12 +130,13 @@ node_address() {
 # Ray stops, the node then keeps Ray's session logs in the run folder (bounded) and removes Ray's temp dir.
 ray_node() {
   local i=$(($1 + SLURM_PROCID))
-  local node_ip=${node_ips[$SLURMD_NODENAME]} ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-$i
+  local node_ip=${node_ips[$SLURMD_NODENAME]} node_dev=${node_devs[$SLURMD_NODENAME]} ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-$i
   local agent_port=$((port_base + 10 + i % 90))  # stays in the job's block, however many nodes
   in_container "$SLURMD_NODENAME"
   local ray=()
   if ((i == 0)); then
     ray=(
+      env GLOO_SOCKET_IFNAME="${node_dev}"
       ray start --head --block
       --node-ip-address="${head_ip}" --port="${ray_port}"
       --dashboard-host=127.0.0.1 --dashboard-port="${dashboard_port}"
@@ -128,6 +150,7 @@ ray_node() {
     )
   else
     ray=(
+      env GLOO_SOCKET_IFNAME="${node_dev}"
       ray start --block --address="${head_ip}":"${ray_port}"
       --node-ip-address="${node_ip}"
       --num-gpus=8
@@ -201,7 +224,27 @@ cleanup() {
   exit "$rc"
 }
 nodes=()
-requeue=0  # set by the USR1 trap below
+requeue=0  # set by the USR1 trap below, and where a node was lost
+
+# await_node_failure: a node of the job was lost. Slurm ends a job on a node's failure and requeues it itself
+# once it has seen the node stop answering (SlurmdTimeout); the next attempt then does not get that node. Wait
+# for that; where the node still answers Slurm (only its Ray was lost), requeue this job ourselves.
+await_node_failure() {
+  local patience gone
+  patience=$(scontrol show config 2>/dev/null | awk '$1 == "SlurmdTimeout" { print $3 }')
+  [[ $patience =~ ^[0-9]+$ ]] || patience=300
+  log "a node was lost: waiting up to $((patience + 30))s for Slurm to see it fail and requeue this job"
+  for _ in $(seq $((patience + 30))); do
+    gone=$(sinfo --noheader --Node --nodes="$SLURM_JOB_NODELIST" --states=down --format=%N 2>/dev/null)
+    if [[ -n $gone ]]; then
+      log "Slurm sees ${gone//$'\n'/, } down: it requeues this job"
+      return
+    fi
+    sleep 1
+  done
+  log "every node still answers Slurm: requeueing this job"
+  requeue=1
+}
 trap cleanup EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
@@ -246,15 +289,26 @@ main() {
 
   # One job step asks every node for its address.
   pause_at addresses
+  local node addr ctl
+  while read -r node addr; do
+    node_addrs[$node]=$addr
+  done < <(sinfo --noheader --Node --nodes="$SLURM_JOB_NODELIST" --format='%N %o')
+  ctl=$(scontrol show config | awk '$1 ~ /^SlurmctldHost/ { print $3; exit }')  # host or host(address)
+  ctl=${ctl%)}
+  controller_ip=$(getent ahostsv4 "${ctl#*(}" | awk 'NR == 1 { print $1 }')
   fan_out host node_address "${nodes[@]}"
   addresses=$("${step[@]}") || die "could not ask every node for its address (the node is named above)"
-  while read -r node ip; do
+  while read -r node ip dev; do
     node_ips[$node]=$ip
+    node_devs[$node]=$dev
   done <<<"$addresses"
   for node in "${nodes[@]}"; do
     [[ -n ${node_ips[$node]:-} ]] || die "no IPv4 address found for $node"
   done
   readonly head_ip=${node_ips[$head_node]}
+  if ((expected_nodes > 1)) && [[ $head_ip == 127.* ]]; then
+    die "Ray's head address on $head_node is $head_ip, a loopback address the other nodes cannot reach (network.head_interface)"
+  fi
   log "Ray head $head_ip:$ray_port, dashboard http://127.0.0.1:$dashboard_port on $head_node only"
 
   if begin_stage containers; then
@@ -280,6 +334,7 @@ main() {
     local runtime_env=(
       "RAY_ADDRESS=$head_ip:$ray_port" "SLURM_SUBMIT_DIR=$SLURM_SUBMIT_DIR" "SLURM_JOB_ID=$SLURM_JOB_ID"
       "VERLC_STOP_AFTER=$stop_after" "VERLC_PAUSE_AT=${VERLC_PAUSE_AT:-}" "VERLC_ACCEPT_CHANGES=${VERLC_ACCEPT_CHANGES:-}"
+      "VERLC_NODE_NAMES=${nodes[*]}"
     )
     log "the job's log: $run_dir/job.log"
     step_for "$head_node" env "${runtime_env[@]}" python3 - job --begun ray --json "$(job_description)"
@@ -300,6 +355,9 @@ main() {
     else
       rc=$?
       log "the job's stages exited with code $rc"
+      if ((rc == 75)); then  # Ray declared a node dead (the runtime's NODE_LOST)
+        await_node_failure
+      fi
       exit "$rc"
     fi
   else
@@ -375,7 +433,7 @@ VERLC_JOB
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/runtime.py of verlc 0.1.0, sha256 29d03909288c5db0e516cee5ecf4544257eaef6028138cb734eed6911a7a2057:
+# targets/runtime.py of verlc 0.1.0, sha256 d9902bb29c6923578ca7ebd8ebecb7cc4fcba6ac6a7280f757c3715b96a19c42:
 # the file every verlc bundle runs on the cluster (the others ship it as verlc_job/__init__.py,
 # after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -440,6 +498,15 @@ def alive_nodes(ray) -> list[dict]:  # noqa: ANN001
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
+NODE_LOST = 75  # the exit code of a run ended because Ray declared a node dead (EX_TEMPFAIL: worth a retry)
+
+
+def lost_nodes(ray, started: list[dict]) -> list[dict]:  # noqa: ANN001
+    """The nodes of `started` that Ray now holds dead (it declares a node dead once its health checks fail)."""
+    alive = {n["NodeID"] for n in alive_nodes(ray)}
+    return [n for n in started if n["NodeID"] not in alive]
+
+
 def node_label(node: dict) -> str:
     """How messages name a Ray node: its name (the Slurm bundle names it as Slurm does) or host, and address."""
     address = node.get("NodeManagerAddress")
@@ -473,8 +540,12 @@ def wait(address: str, nodes: int, gpus: int, timeout: int) -> int:
             say(f"cluster ready: {len(alive)} nodes, {have:g} GPUs")
             return 0
         if time.monotonic() > deadline:
+            # the Slurm bundle names the nodes it started Ray on (Ray's node names are Slurm's)
+            missing = [n for n in os.environ.get("VERLC_NODE_NAMES", "").split()
+                       if n not in {a.get("NodeName") for a in alive}]
             say(f"ERROR: after {timeout}s the cluster has {len(alive)} of {nodes} nodes and "
-                f"{have:g} of {gpus} GPUs")
+                f"{have:g} of {gpus} GPUs" + (f"; no Ray node from {', '.join(missing)} (its Ray did not start, "
+                                              f"or cannot reach the head at {address})" if missing else ""))
             return 1
         time.sleep(0.5)
 
@@ -952,7 +1023,12 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
         return names[next(i for i in range(len(nodes)) if rank < sum(ranks[:i + 1]))]
 
     pending = list(refs)
+    checked = time.monotonic()
     while pending and not problems and time.monotonic() < deadline:
+        if time.monotonic() - checked >= 2:  # a task on a node Ray declared dead may never return: look
+            checked = time.monotonic()
+            problems += [f"all-reduce: node {node_label(n)}: Ray declared it dead (it stopped answering Ray's "
+                         f"health checks; ray.node_timeout)" for n in lost_nodes(ray, nodes)]
         if not planned and store.check([f"ranks/{i}" for i in range(len(nodes))]):
             ranks = [int(store.get(f"ranks/{i}")) for i in range(len(nodes))]
             for i in range(len(nodes)):
@@ -1083,13 +1159,21 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
 STEP_LINE = re.compile(r"(?:^|[\s)])step:(\d+)((?: - [^\s:]+:\S+)*)\s*$")
 
 
-def train(argv: list[str], env: dict, stall_timeout: int | None) -> int:
-    """Run verl's trainer; with a stall timeout, end it when its output shows no new step for that long."""
-    if not stall_timeout:
-        return subprocess.call(argv, env=env)
+def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | None = None) -> int:
+    """Run verl's trainer. With a stall timeout, end it when its output shows no new step for that long (124);
+    with a Ray address, end it when Ray declares one of its nodes dead (NODE_LOST): verl would otherwise wait
+    on the dead node's workers, in a collective that never returns."""
     import threading
 
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    ray = started = None
+    if address:
+        try:
+            ray = connect(address)
+            started = alive_nodes(ray)
+        except Exception as exc:  # the cluster was checked just before: say so, but train anyway
+            say(f"cannot watch Ray's nodes during training: {exc}")
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE if stall_timeout else None,
+                            stderr=subprocess.STDOUT if stall_timeout else None, start_new_session=True)
     last = [time.monotonic()]
 
     def stop(signum: int, _frame: object) -> None:  # the trainer has a session of its own: pass the signal on
@@ -1111,19 +1195,40 @@ def train(argv: list[str], env: dict, stall_timeout: int | None) -> int:
                 last[0] = time.monotonic()
 
     reader = threading.Thread(target=relay, daemon=True)
-    reader.start()
-    while proc.poll() is None:
-        if time.monotonic() - last[0] > stall_timeout:
-            say(f"ERROR: no new training step for {stall_timeout}s (stall_timeout): stopping the run")
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+    if stall_timeout:
+        reader.start()
+
+    def end(code: int) -> int:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if stall_timeout:
             reader.join(5)
-            return 124
+        return code
+
+    checked = time.monotonic()
+    while proc.poll() is None:
+        if stall_timeout and time.monotonic() - last[0] > stall_timeout:
+            say(f"ERROR: no new training step for {stall_timeout}s (stall_timeout): stopping the run")
+            return end(124)
+        if started and time.monotonic() - checked >= 2:
+            checked = time.monotonic()
+            try:
+                lost = lost_nodes(ray, started)
+            except Exception:  # a slow answer from the GCS is not a lost node
+                lost = []
+            if lost:
+                names = ", ".join(node_label(n) for n in lost)
+                whole = len(started) > 2 and len(lost) == len(started) - 1
+                say(f"ERROR: Ray declared node(s) {names} dead during training (they stopped answering its health "
+                    f"checks; ray.node_timeout): stopping the run" + (
+                        "; every other node at once: this head node may have lost its network" if whole else ""))
+                return end(NODE_LOST)
         time.sleep(1)
-    reader.join(5)
+    if stall_timeout:
+        reader.join(5)
     return proc.returncode
 
 
@@ -1190,7 +1295,7 @@ def job(spec: dict, begun: str | None = None) -> int:
                 train=spec["train"], verl_commit=spec.get("verl_commit"), code=spec.get("code"))
         else:
             say("training: " + " ".join(spec["train"]))
-            rc = train(spec["train"], {**os.environ, "RAY_ADDRESS": address}, spec.get("stall_timeout"))
+            rc = train(spec["train"], {**os.environ, "RAY_ADDRESS": address}, spec.get("stall_timeout"), address)
             say(f"training exited with code {rc}")
         if rc != 0:
             return rc

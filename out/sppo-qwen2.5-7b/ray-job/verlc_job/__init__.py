@@ -59,6 +59,15 @@ def alive_nodes(ray) -> list[dict]:  # noqa: ANN001
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
+NODE_LOST = 75  # the exit code of a run ended because Ray declared a node dead (EX_TEMPFAIL: worth a retry)
+
+
+def lost_nodes(ray, started: list[dict]) -> list[dict]:  # noqa: ANN001
+    """The nodes of `started` that Ray now holds dead (it declares a node dead once its health checks fail)."""
+    alive = {n["NodeID"] for n in alive_nodes(ray)}
+    return [n for n in started if n["NodeID"] not in alive]
+
+
 def node_label(node: dict) -> str:
     """How messages name a Ray node: its name (the Slurm bundle names it as Slurm does) or host, and address."""
     address = node.get("NodeManagerAddress")
@@ -92,8 +101,12 @@ def wait(address: str, nodes: int, gpus: int, timeout: int) -> int:
             say(f"cluster ready: {len(alive)} nodes, {have:g} GPUs")
             return 0
         if time.monotonic() > deadline:
+            # the Slurm bundle names the nodes it started Ray on (Ray's node names are Slurm's)
+            missing = [n for n in os.environ.get("VERLC_NODE_NAMES", "").split()
+                       if n not in {a.get("NodeName") for a in alive}]
             say(f"ERROR: after {timeout}s the cluster has {len(alive)} of {nodes} nodes and "
-                f"{have:g} of {gpus} GPUs")
+                f"{have:g} of {gpus} GPUs" + (f"; no Ray node from {', '.join(missing)} (its Ray did not start, "
+                                              f"or cannot reach the head at {address})" if missing else ""))
             return 1
         time.sleep(0.5)
 
@@ -571,7 +584,12 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
         return names[next(i for i in range(len(nodes)) if rank < sum(ranks[:i + 1]))]
 
     pending = list(refs)
+    checked = time.monotonic()
     while pending and not problems and time.monotonic() < deadline:
+        if time.monotonic() - checked >= 2:  # a task on a node Ray declared dead may never return: look
+            checked = time.monotonic()
+            problems += [f"all-reduce: node {node_label(n)}: Ray declared it dead (it stopped answering Ray's "
+                         f"health checks; ray.node_timeout)" for n in lost_nodes(ray, nodes)]
         if not planned and store.check([f"ranks/{i}" for i in range(len(nodes))]):
             ranks = [int(store.get(f"ranks/{i}")) for i in range(len(nodes))]
             for i in range(len(nodes)):
@@ -702,13 +720,21 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
 STEP_LINE = re.compile(r"(?:^|[\s)])step:(\d+)((?: - [^\s:]+:\S+)*)\s*$")
 
 
-def train(argv: list[str], env: dict, stall_timeout: int | None) -> int:
-    """Run verl's trainer; with a stall timeout, end it when its output shows no new step for that long."""
-    if not stall_timeout:
-        return subprocess.call(argv, env=env)
+def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | None = None) -> int:
+    """Run verl's trainer. With a stall timeout, end it when its output shows no new step for that long (124);
+    with a Ray address, end it when Ray declares one of its nodes dead (NODE_LOST): verl would otherwise wait
+    on the dead node's workers, in a collective that never returns."""
     import threading
 
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    ray = started = None
+    if address:
+        try:
+            ray = connect(address)
+            started = alive_nodes(ray)
+        except Exception as exc:  # the cluster was checked just before: say so, but train anyway
+            say(f"cannot watch Ray's nodes during training: {exc}")
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE if stall_timeout else None,
+                            stderr=subprocess.STDOUT if stall_timeout else None, start_new_session=True)
     last = [time.monotonic()]
 
     def stop(signum: int, _frame: object) -> None:  # the trainer has a session of its own: pass the signal on
@@ -730,19 +756,40 @@ def train(argv: list[str], env: dict, stall_timeout: int | None) -> int:
                 last[0] = time.monotonic()
 
     reader = threading.Thread(target=relay, daemon=True)
-    reader.start()
-    while proc.poll() is None:
-        if time.monotonic() - last[0] > stall_timeout:
-            say(f"ERROR: no new training step for {stall_timeout}s (stall_timeout): stopping the run")
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+    if stall_timeout:
+        reader.start()
+
+    def end(code: int) -> int:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if stall_timeout:
             reader.join(5)
-            return 124
+        return code
+
+    checked = time.monotonic()
+    while proc.poll() is None:
+        if stall_timeout and time.monotonic() - last[0] > stall_timeout:
+            say(f"ERROR: no new training step for {stall_timeout}s (stall_timeout): stopping the run")
+            return end(124)
+        if started and time.monotonic() - checked >= 2:
+            checked = time.monotonic()
+            try:
+                lost = lost_nodes(ray, started)
+            except Exception:  # a slow answer from the GCS is not a lost node
+                lost = []
+            if lost:
+                names = ", ".join(node_label(n) for n in lost)
+                whole = len(started) > 2 and len(lost) == len(started) - 1
+                say(f"ERROR: Ray declared node(s) {names} dead during training (they stopped answering its health "
+                    f"checks; ray.node_timeout): stopping the run" + (
+                        "; every other node at once: this head node may have lost its network" if whole else ""))
+                return end(NODE_LOST)
         time.sleep(1)
-    reader.join(5)
+    if stall_timeout:
+        reader.join(5)
     return proc.returncode
 
 
@@ -809,7 +856,7 @@ def job(spec: dict, begun: str | None = None) -> int:
                 train=spec["train"], verl_commit=spec.get("verl_commit"), code=spec.get("code"))
         else:
             say("training: " + " ".join(spec["train"]))
-            rc = train(spec["train"], {**os.environ, "RAY_ADDRESS": address}, spec.get("stall_timeout"))
+            rc = train(spec["train"], {**os.environ, "RAY_ADDRESS": address}, spec.get("stall_timeout"), address)
             say(f"training exited with code {rc}")
         if rc != 0:
             return rc
