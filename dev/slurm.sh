@@ -41,7 +41,9 @@ readonly bridge=verlc-br subnet=10.77.0 controller_ip=10.77.0.1
 log() { printf 'dev/slurm.sh: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-[[ $count =~ ^[0-9]+$ ]] && ((count >= 1 && count <= 200)) || die "VERLC_SLURM_NODES=$count: expected 1 to 200"
+if ! [[ $count =~ ^[0-9]+$ ]] || ((count < 1 || count > 200)); then
+  die "VERLC_SLURM_NODES=$count: expected 1 to 200"
+fi
 
 node_ip() { printf '%s.%d' "$subnet" $((10 + ${1#n})); }
 netns() { printf 'verlc-%s' "$1"; }
@@ -171,9 +173,11 @@ EOF
 on_node() {
   local node=$1
   shift
-  [[ -f $state/hosts-$node ]] && ip netns list | grep -q "^$(netns "$node")\b" \
-    || die "no node $node (is the cluster started?)"
+  if [[ ! -f $state/hosts-$node ]] || ! ip netns list | grep -q "^$(netns "$node")\b"; then
+    die "no node $node (is the cluster started?)"
+  fi
   # nsenter, not `ip netns exec`: that remounts /sys for the namespace, hiding the cgroup tree slurmd reads
+  # shellcheck disable=SC2016  # the inner shell expands its own arguments
   nsenter --net="/run/netns/$(netns "$node")" unshare --uts --mount -- \
     sh -c 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"' sh "$state/hosts-$node" "$node" "$@"
 }
@@ -239,7 +243,9 @@ stop() {
 fault() {
   local what=$1 node=$2 how=$3 ns
   ns=$(netns "$node")
-  [[ $node =~ ^n[0-9]+$ ]] && ip netns list | grep -q "^$ns\b" || die "no node '$node' (is the cluster started?)"
+  if ! [[ $node =~ ^n[0-9]+$ ]] || ! ip netns list | grep -q "^$ns\b"; then
+    die "no node '$node' (is the cluster started?)"
+  fi
   case $what/$how in
     link/down | link/up) ip link set "verlc-v${node#n}" "$how" ;;
     drop/on)
