@@ -132,7 +132,7 @@ def bring_up(tmp: Path, nodes: int) -> dict[str, object] | None:
 
     tmp.mkdir(parents=True, exist_ok=True)
     write_fixtures(tmp)
-    job, output, state = sbatch(build(tmp, nodes=nodes, wait="600s"), tmp, "preflight")
+    job, output, state = sbatch(build(tmp, nodes=nodes, wait="600s", micro=2), tmp, "preflight")
     if state != "COMPLETED":
         raise RuntimeError(f"bring-up job {job} ended {state}:\n{output[-3000:]}")
 

@@ -32,6 +32,7 @@ def free_port() -> int:
 
 NODE_VARIABLE = "VERLC_TEST_NODE_SCRATCH"
 NODE_ENV: dict[str, str] = {}  # the head node's own environment, set by the ray_head fixture
+GCS: dict[str, str] = {}  # "address": the head's GCS address, set by the ray_head fixture
 
 
 def ray_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -54,6 +55,7 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                     "--num-cpus=2", f"--temp-dir={temp}", "--disable-usage-stats"],
                    check=True, capture_output=True, env=ray_env(node_env), timeout=120)
     NODE_ENV.update(node_env)
+    GCS["address"] = f"127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60  # `ray start` returns before resources are reported
         while time.monotonic() < deadline:
@@ -169,6 +171,18 @@ def test_job_runs_preflight_on_a_real_ray_cluster(ray_head: str, tmp_path: Path)
     assert record["versions"]["ray"] == ray.__version__
     assert record["pins"] == {"verl": "0.9.1"} and record["versions"]["verl"] == "0.9.1"
     assert record["inputs"]["model"]["revision"] == COMMIT and record["inputs"]["model"]["path"] == folder
+
+
+def test_the_wait_counts_every_nodes_gpus_against_the_specs(ray_head: str) -> None:
+    """The runtime's wait stage on a real cluster of one 8-GPU node, for a job that asks for 16 GPUs on 1 node:
+    the node count is met, the GPU count is not, so the cluster is not ready (it once compared the total with
+    the last registered node's GPUs) and the deadline names both numbers."""
+    code = "import sys\nfrom verlc.targets import runtime\nsys.exit(runtime.wait(sys.argv[1], 1, 16, 3))"
+    result = subprocess.run([sys.executable, "-c", code, GCS["address"]], capture_output=True, text=True,
+                            env=ray_env(), timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "node registered: " in result.stdout and "GPUs=8 (1/1)" in result.stdout
+    assert "ERROR: after 3s the cluster has 1 of 1 nodes and 8 of 16 GPUs" in result.stdout, result.stdout
 
 
 def test_env_vars_of_the_node_expand_there_and_are_required(ray_head: str, tmp_path: Path) -> None:

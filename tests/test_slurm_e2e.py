@@ -129,8 +129,9 @@ exec {real}/python3 "$@"
 
 def build(root: Path, *, val_file: str = "data/test.parquet", wait: str = "120s", venv: Path | None = None,
           grace: str = "null", prepare: str = "", nodes: int = 2, container: str | None = None,
-          extra: str = "", model: str | None = None, ray: str = "") -> Path:
-    """The e2e spec in `root`; `container` replaces its `runtime: none` section (a YAML flow mapping)."""
+          extra: str = "", model: str | None = None, ray: str = "", micro: int = 4) -> Path:
+    """The e2e spec in `root`; `container` replaces its `runtime: none` section (a YAML flow mapping); `micro`:
+    the micro batch sizes (verl's default mini batch of 256 over 16 nodes' 128 GPUs leaves 2 per GPU)."""
     container = container or f"{{runtime: none, workdir: {root}, venv: {venv or Path(sys.prefix)}}}"
     spec = root / "spec.yaml"
     spec.write_text(f"""\
@@ -138,9 +139,9 @@ name: e2e-{root.name[-12:].strip('_-') or 'run'}
 project: e2e
 model: {model or f"{root}/model"}
 data: {{train_files: [data/train.parquet], val_files: [{val_file}]{prepare}}}
-verl: {{actor_rollout_ref: {{rollout: {{name: vllm, log_prob_micro_batch_size_per_gpu: 4}},
-                            actor: {{ppo_micro_batch_size_per_gpu: 4}}}},
-       critic: {{ppo_micro_batch_size_per_gpu: 4}}}}
+verl: {{actor_rollout_ref: {{rollout: {{name: vllm, log_prob_micro_batch_size_per_gpu: {micro}}},
+                            actor: {{ppo_micro_batch_size_per_gpu: {micro}}}}},
+       critic: {{ppo_micro_batch_size_per_gpu: {micro}}}}}
 cluster: {{nodes: {nodes}, gpus_per_node: 8, slurm: {{cpus_per_task: 1, output: {root}/slurm-%j.out,
                                                requeue_grace: {grace}}}}}
 container: {container}
