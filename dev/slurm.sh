@@ -202,6 +202,9 @@ start() {
   local left
   left=$(stop)
   [[ -z $left ]] || log "removed what an earlier run left: ${left//$'\n'/, }"
+  # A fresh cluster: no node state (a drain, a DOWN node) or job of an earlier run comes back from the
+  # controller's saved state
+  rm -rf "$state/ctld"
   mkdir -p "$state"
   write_config
   make_network
