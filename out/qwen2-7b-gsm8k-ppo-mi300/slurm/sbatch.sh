@@ -570,7 +570,7 @@ VERLC_JOB
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/runtime.py of verlc 0.1.0, sha256 d9902bb29c6923578ca7ebd8ebecb7cc4fcba6ac6a7280f757c3715b96a19c42:
+# targets/runtime.py of verlc 0.1.0, sha256 0fac75f56e45d8d849fadb628e37b2f6cf2ee8dd5857a8c43c86eb7d2417236a:
 # the file every verlc bundle runs on the cluster (the others ship it as verlc_job/__init__.py,
 # after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -670,8 +670,8 @@ def wait(address: str, nodes: int, gpus: int, timeout: int) -> int:
         for n in alive:
             if n["NodeID"] not in seen:
                 seen.add(n["NodeID"])
-                gpus = n.get("Resources", {}).get("GPU", 0)
-                say(f"node registered: {node_label(n)} GPUs={gpus:g} ({len(seen)}/{nodes})")
+                say(f"node registered: {node_label(n)} GPUs={n.get('Resources', {}).get('GPU', 0):g} "
+                    f"({len(seen)}/{nodes})")
         have = sum(n.get("Resources", {}).get("GPU", 0) for n in alive)
         if len(alive) >= nodes and have >= gpus:
             say(f"cluster ready: {len(alive)} nodes, {have:g} GPUs")

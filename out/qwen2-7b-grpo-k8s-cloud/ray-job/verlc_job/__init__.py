@@ -94,8 +94,8 @@ def wait(address: str, nodes: int, gpus: int, timeout: int) -> int:
         for n in alive:
             if n["NodeID"] not in seen:
                 seen.add(n["NodeID"])
-                gpus = n.get("Resources", {}).get("GPU", 0)
-                say(f"node registered: {node_label(n)} GPUs={gpus:g} ({len(seen)}/{nodes})")
+                say(f"node registered: {node_label(n)} GPUs={n.get('Resources', {}).get('GPU', 0):g} "
+                    f"({len(seen)}/{nodes})")
         have = sum(n.get("Resources", {}).get("GPU", 0) for n in alive)
         if len(alive) >= nodes and have >= gpus:
             say(f"cluster ready: {len(alive)} nodes, {have:g} GPUs")
