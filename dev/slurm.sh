@@ -203,8 +203,9 @@ start() {
   left=$(stop)
   [[ -z $left ]] || log "removed what an earlier run left: ${left//$'\n'/, }"
   # A fresh cluster: no node state (a drain, a DOWN node) or job of an earlier run comes back from the
-  # controller's saved state
-  rm -rf "$state/ctld"
+  # controller's saved state, and no log line of an earlier job with the same id (job ids start over)
+  rm -rf "$state/ctld" "$state"/spool-n*
+  rm -f "$state"/slurmctld.log "$state"/slurmd-n*.log
   mkdir -p "$state"
   write_config
   make_network
