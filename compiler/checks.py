@@ -12,6 +12,7 @@ from .derive import (
     variant_specs,
 )
 from .ir import parse_word
+from .overrides import device_defaults
 from .load import Sourced
 from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, is_hub_id
 from .verl import determinism, preprocess
@@ -47,6 +48,7 @@ def check(spec: Spec, sourced: Sourced, release: Release, targets: Iterable[str]
         *_ray(spec, sourced),
         *_data(spec, sourced),
         *_reproducible(spec, sourced, chosen),
+        *_device(spec, sourced, chosen),
         *_stall_timeout(spec, sourced, chosen),
         *_tracker(spec, sourced, chosen),
         *(p for t in TARGETS for p in t.check_section(spec, sourced)),
@@ -183,9 +185,13 @@ def _env(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
 
 def _container(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     c = spec.container
-    if isinstance(c, Pyxis) and spec.cluster.accelerator == "rocm":
-        yield sourced.diagnostic(("container", "runtime"),
-                                 "pyxis/enroot exposes NVIDIA GPUs only; use docker, podman or apptainer on ROCm")
+    if isinstance(c, Pyxis) and spec.cluster.accelerator != "cuda":
+        yield sourced.diagnostic(("container", "runtime"), "pyxis/enroot exposes NVIDIA GPUs only; use docker, "
+                                 f"podman or apptainer on {'ROCm' if spec.cluster.accelerator == 'rocm' else 'Ascend'}")
+    if isinstance(c, Engine) and c.privileged:
+        yield sourced.diagnostic(("container", "privileged"), f"{NOTE}the container gets every device and "
+                                 "capability of the host (--privileged); without it, only the accelerators' "
+                                 "devices and driver files", at_key=True)
     for i, mount in enumerate(getattr(c, "mounts", ())):
         if ":" not in mount:
             yield sourced.diagnostic(("container", "mounts", i), "a mount is SRC:DST[:OPTIONS]")
@@ -199,6 +205,22 @@ def _data(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
                 f"verl {spec.verl_version}'s preprocessing scripts read the dataset from the hub only "
                 f"(--local_dataset_path came with verl 0.6.0): remove it, or name a script of your own that takes "
                 f"--local_dataset_path"), at_key=True)
+
+
+def _device(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
+    """verl's trainer.device follows cluster.accelerator (verlc sets npu where the release has the key)."""
+    if not isinstance(chosen, Selection):
+        return
+    given = next((s for s in settings(spec.verl, chosen.walker) if s.key == "trainer.device"), None)
+    npu = spec.cluster.accelerator == "npu"
+    if given is not None and (given.value == "npu") != npu:
+        yield sourced.diagnostic(given.loc, f"trainer.device {given.value} on cluster.accelerator "
+                                            f"{spec.cluster.accelerator}: " + ("remove it (verlc sets npu)" if npu
+                                                                                else "remove it"))
+    elif npu and not device_defaults(spec, chosen):
+        yield sourced.diagnostic(("cluster", "accelerator"), (
+            f"{NOTE}verl {chosen.release.version} predates Ascend NPU support (its config has no trainer.device): "
+            f"its workers ask Ray for GPUs, which NPU nodes do not have; Ascend runs need verl 0.4 or later"))
 
 
 def _reproducible(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:

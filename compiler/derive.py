@@ -111,6 +111,8 @@ def derived_environment(spec: Spec) -> tuple[EnvVar, ...]:
         # Ray >= 2.45 would otherwise rewrite HIP_VISIBLE_DEVICES per actor (verl #1471, #1575).
         env.append(EnvVar("RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES", Word(("1",)), "cluster.accelerator"))
         env.append(EnvVar("HSA_NO_SCRATCH_RECLAIM", Word(("1",)), "cluster.accelerator"))
+    if spec.cluster.accelerator == "npu":
+        env += npu_environment(spec)
     nccl = spec.network.nccl
     for name, value, field in (
         ("NCCL_IB_HCA", ",".join(nccl.ib_hca) or None, "ib_hca"),
@@ -131,6 +133,29 @@ def derived_environment(spec: Spec) -> tuple[EnvVar, ...]:
     elif spec.ray.debug == "legacy":
         env.append(EnvVar("RAY_DEBUG", Word(("legacy",)), "ray.debug"))
     return tuple(env)
+
+
+# HCCL's host and NPU socket ports: two ranges of a job's block of 100 ports (below 32768, Linux's first
+# ephemeral port, and above Ray's worker ports). The Slurm script derives the block from the job id, like
+# its Ray ports; a target whose job has the network to itself (a host, a pod) uses the first block.
+HCCL_PORTS = {"HCCL_HOST_SOCKET_PORT_RANGE": (10, 54), "HCCL_NPU_SOCKET_PORT_RANGE": (55, 99)}
+PORT_BLOCK = 20000
+
+
+def npu_environment(spec: Spec) -> list[EnvVar]:
+    """Ascend NPUs as verl's Ascend guide sets them up: every NPU of the node visible, Ray leaving that to
+    verl's workers, and HCCL's interface, timeouts and ports."""
+    devices = Word((",".join(str(i) for i in range(spec.cluster.gpus_per_node)),))
+    env = [EnvVar("ASCEND_RT_VISIBLE_DEVICES", devices, "cluster.gpus_per_node"),
+           EnvVar("RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES", Word(("1",)), "cluster.accelerator")]
+    hccl = spec.network.hccl
+    if spec.network.head_interface:  # else the Slurm script sets it to the interface of Ray's address
+        env.append(EnvVar("HCCL_SOCKET_IFNAME", Word((spec.network.head_interface,)), "network.head_interface"))
+    env += [EnvVar("HCCL_CONNECT_TIMEOUT", Word((str(hccl.connect_timeout),)), "network.hccl.connect_timeout"),
+            EnvVar("HCCL_EXEC_TIMEOUT", Word((str(hccl.exec_timeout),)), "network.hccl.exec_timeout")]
+    env += [EnvVar(name, Word((f"{PORT_BLOCK + first}-{PORT_BLOCK + last}",)), "verlc: HCCL ports of the job")
+            for name, (first, last) in HCCL_PORTS.items()]
+    return env
 
 
 def variant_specs(spec: Spec) -> list[tuple[tuple[tuple[str, Any], ...], Spec]]:

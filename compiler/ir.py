@@ -202,7 +202,7 @@ class JobIR:
     verl_version: str
     nodes: int
     gpus_per_node: int
-    accelerator: Literal["cuda", "rocm"]
+    accelerator: Literal["cuda", "rocm", "npu"]
     env: tuple[EnvVar, ...]
     secrets: tuple[str, ...]
     container: ContainerIR
@@ -252,6 +252,18 @@ class JobIR:
         varied = set(self.varied_keys)
         merged = [*(o for o in self.overrides if o.key not in varied), *self.variant_overrides(variant)]
         return ("python3", "-m", self.trainer_module, *(o.arg for o in merged))
+
+    @property
+    def device(self) -> str:
+        """What the accelerators are called: Ray's resource name (GPU, NPU), and the word messages use."""
+        return "NPU" if self.accelerator == "npu" else "GPU"
+
+    @property
+    def ray_resources(self) -> str:
+        """`ray start`'s option giving a node its accelerators: --num-gpus, or the NPU resource (Ray's own
+        name for Ascend NPUs) as JSON."""
+        n = self.gpus_per_node
+        return f'--resources={{"NPU": {n}}}' if self.accelerator == "npu" else f"--num-gpus={n}"
 
     @property
     def total_gpus(self) -> int:

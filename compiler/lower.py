@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import Any
 
 from verlc import __version__
 
@@ -146,30 +145,42 @@ def environment(spec: Spec) -> tuple[EnvVar, ...]:
     return (*derived_environment(spec), *(EnvVar(n, parse_word(v), "env") for n, v in spec.env.items()))
 
 
+# Ascend NPUs in a container without --privileged (Ascend's container guides): the device files besides each
+# NPU's /dev/davinciN, and the host's driver and its tools, read-only.
+ASCEND_DEVICES = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
+ASCEND_DRIVER = ("/usr/local/dcmi", "/usr/local/bin/npu-smi", "/usr/local/Ascend/driver", "/etc/ascend_install.info")
+
+
 def container(spec: Spec, code: CodeIR | None = None) -> ContainerIR:
     """How each node runs the job; without a container, in the run's code folder when it has one."""
     c = spec.container
-    rocm = spec.cluster.accelerator == "rocm"
+    rocm, npu = spec.cluster.accelerator == "rocm", spec.cluster.accelerator == "npu"
+    driver = tuple(parse_word(f"{path}:{path}:ro") for path in ASCEND_DRIVER) if npu else ()
     if isinstance(c, Engine):
-        if rocm:
+        if npu:
+            devices, gpu_args = (*(f"/dev/davinci{i}" for i in range(spec.cluster.gpus_per_node)),
+                                 *ASCEND_DEVICES), ()
+        elif rocm:
             devices, gpu_args = ("/dev/kfd", "/dev/dri"), ("--group-add", "video")
         elif c.runtime == "podman":
             devices, gpu_args = ("nvidia.com/gpu=all",), ()  # CDI
         else:
             devices, gpu_args = (), ("--gpus", "all")
+        gpu_args = ("--privileged", *gpu_args) if c.privileged else gpu_args
         return ContainerIR(
             runtime=c.runtime, image=parse_word(c.image),
             build=ImageBuildIR(parse_word(c.build.dockerfile), parse_word(c.build.context)) if c.build else None,
             workdir=parse_word(c.workdir), shm_size=c.shm_size,
-            mounts=tuple(parse_word(m) for m in c.mounts),
+            mounts=(*driver, *(parse_word(m) for m in c.mounts)),
             devices=(*devices, *c.devices), gpu_args=gpu_args,
             run_args=tuple(parse_word(a) for a in c.run_args), venv=None,
         )
     if isinstance(c, (Apptainer, Pyxis)):
-        gpu_args = () if isinstance(c, Pyxis) else (("--rocm",) if rocm else ("--nv",))
+        # apptainer shares the host's /dev: the NPUs need only the driver's files bound in
+        gpu_args = () if isinstance(c, Pyxis) or npu else (("--rocm",) if rocm else ("--nv",))
         return ContainerIR(
             runtime=c.runtime, image=parse_word(c.image), build=None, workdir=parse_word(c.workdir),
-            shm_size=None, mounts=tuple(parse_word(m) for m in c.mounts), devices=(), gpu_args=gpu_args,
+            shm_size=None, mounts=(*driver, *(parse_word(m) for m in c.mounts)), devices=(), gpu_args=gpu_args,
             run_args=(), venv=None,
         )
     assert isinstance(c, NoContainer)

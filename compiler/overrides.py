@@ -11,6 +11,7 @@ from .spec import Spec
 from .verl import determinism
 from .verl.check import Selection, settings, without_prefixes
 from .verl.hydra import hydra_value, verl_value
+from .verl.place import KNOWN
 from .verl.program import MAIN_PPO
 from .verl.release import DEFAULT_CONFIG
 
@@ -41,7 +42,16 @@ def overrides(spec: Spec, chosen: Selection) -> tuple[Override, ...]:
                                      "verlc: a requeued job resumes from its checkpoints"))
     for key, value in determinism_defaults(spec, chosen).items():
         out.setdefault(key, Override(key, hydra_value(value), "reproducible"))
+    for key, value in device_defaults(spec, chosen).items():
+        out.setdefault(key, Override(key, hydra_value(value), "cluster.accelerator"))
     return (*head, *(out[k] for k in sorted(out)))
+
+
+def device_defaults(spec: Spec, chosen: Selection) -> dict[str, Any]:
+    """trainer.device=npu on Ascend NPUs, where the release's config has the key (verl 0.4 on)."""
+    if spec.cluster.accelerator != "npu" or chosen.walker.place(["trainer", "device"]).status != KNOWN:
+        return {}
+    return {"trainer.device": "npu"}
 
 
 def determinism_defaults(spec: Spec, chosen: Selection) -> dict[str, Any]:

@@ -70,8 +70,11 @@ GpuType = Annotated[str, Strict(), matching(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}",
 
 class Cluster(Model):
     nodes: Int = Field(ge=1, le=4096, description="Nodes of the run; verl's trainer.nnodes.")
-    gpus_per_node: Int = Field(ge=1, le=64, description="GPUs per node; verl's trainer.n_gpus_per_node.")
-    accelerator: Literal["cuda", "rocm"] = Field("cuda", description="NVIDIA (cuda) or AMD (rocm) GPUs.")
+    gpus_per_node: Int = Field(ge=1, le=64, description="GPUs (NPUs on Ascend) per node; verl's "
+                                                         "trainer.n_gpus_per_node.")
+    accelerator: Literal["cuda", "rocm", "npu"] = Field(
+        "cuda", description="NVIDIA (cuda) or AMD (rocm) GPUs, or Huawei Ascend NPUs (npu): Ray's NPU resource, "
+                            "HCCL, the Ascend devices and driver in containers.")
     gpu_type: GpuType | None = Field(
         None, description="The GPU model, e.g. H100 or MI300X: SkyPilot's accelerators (H100:8), Slurm's typed "
                           "GRES (--gpus-per-node=H100:8), and the Kubernetes node selector's value "
@@ -99,6 +102,9 @@ class Engine(Model):
     shm_size: Size = Field("64G", description="Shared memory of the container (--shm-size).")
     mounts: tuple[Text, ...] = Field((), description="SRC:DST[:OPTS]; ${env:NAME}, ${HOME}, ${USER} and ~ expand.")
     devices: tuple[Text, ...] = Field((), description="Extra devices, e.g. /dev/infiniband.")
+    privileged: Bool = Field(False, description="--privileged: every device and capability of the host, for sites "
+                                                "whose Ascend driver needs it; default: only the accelerators' "
+                                                "devices and driver files.")
     run_args: tuple[Text, ...] = Field((), description="Extra `run` arguments, one word each.")
 
 
@@ -139,11 +145,21 @@ class Nccl(Model):
     socket_ifname: Directive | None = Field(None, description="NCCL_SOCKET_IFNAME: the NIC for NCCL's sockets.")
 
 
+class Hccl(Model):
+    """Huawei's collective library on Ascend NPUs (cluster.accelerator: npu); its socket interface is
+    network.head_interface's, and its port ranges are derived per job."""
+
+    connect_timeout: Seconds = Field(3600, description="HCCL_CONNECT_TIMEOUT: how long ranks wait for each other "
+                                                       "to connect (verl's Ascend guide: 3600 s).")
+    exec_timeout: Seconds = Field(3600, description="HCCL_EXEC_TIMEOUT: how long a collective may take.")
+
+
 class Network(Model):
     head_interface: Directive | None = Field(
         None, description="NIC whose IPv4 address Ray (and gloo) use on every node; default (slurm): Slurm's "
                           "address of the node (NodeAddr), else the one it reaches the controller from.")
     nccl: Nccl = Field(Nccl(), description="NCCL/RCCL settings, exported on every node before Ray starts.")
+    hccl: Hccl = Field(Hccl(), description="HCCL settings (cluster.accelerator: npu), exported on every node.")
 
 
 class Ray(Model):

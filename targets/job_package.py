@@ -36,6 +36,7 @@ def job_description(ir: JobIR, *, record: Word | None, variant: VariantIR | None
         "variant": variant_label(ir, variant) if variant else None,
         "nodes": ir.nodes,
         "gpus": ir.total_gpus,
+        "device": ir.device,  # Ray's resource name of the accelerators: GPU, or NPU on Ascend
         "wait_seconds": ir.ray.wait_seconds,
         "data_prep": [{"out_dir": p.out_dir, "argv": list(p.argv)} for p in ir.data_prep],
         "model_fetch": {"repo": ir.model_fetch.repo, "revision": ir.model_fetch.revision,

@@ -129,11 +129,19 @@ def test_header_names_spec_and_hash(example_spec: Path) -> None:
 
 
 def test_derived_ray_ports_stay_below_the_ephemeral_range() -> None:
-    """Every port the script derives (the job's block of 100, per-node agent ports for any node count)
-    lies in 20000-32767: above Ray's worker ports, below Linux's ephemeral range."""
-    script = (REPO / "out" / "qwen2-7b-gsm8k-ppo-mi300" / "slurm" / "sbatch.sh").read_text()
+    """Every port the script derives (the job's block of 100, per-node agent ports for any node count, HCCL's
+    ranges on Ascend) lies in 20000-32767: above Ray's worker ports, below Linux's ephemeral range; and no two
+    uses of the block overlap."""
+    script = (REPO / "out" / "qwen3-32b-grpo-ascend-a3" / "slurm" / "sbatch.sh").read_text()
     base = re.search(r"port_base=\$\(\((.*)\)\)\n", script)[1]
-    agent = re.search(r"agent_port=\$\(\((port_base \+ 10 \+ i.*?)\)\)", script)[1]
+    agent = re.search(r"agent_port=\$\(\((port_base \+ (\d+) \+ i % (\d+))\)\)", script)
+    hccl = [range(int(a), int(b) + 1) for a, b in
+            re.findall(r"_PORT_RANGE=\"\$\(\(port_base \+ (\d+)\)\)-\$\(\(port_base \+ (\d+)\)\)\"", script)]
+    ray = {0, 1, 2}  # GCS, dashboard, client server
+    agents = range(int(agent[2]), int(agent[2]) + int(agent[3]))
+    uses = [ray, set(agents), *map(set, hccl)]
+    assert len(hccl) == 2 and sum(map(len, uses)) == len(set().union(*uses)) and max(map(max, uses)) <= 99, uses
+    agent = agent[1]
     offsets = [int(o) for o in re.findall(r"\$\(\(port_base \+ (\d+)\)\)", script)]
     program = "".join(f"SLURM_JOB_ID={job}; port_base=$(({base})); i={i}; echo $((port_base)) $(({agent}))\n"
                       for job in (0, 1, 126, 127, 4095, 10**6 + 125, 2**31 - 1) for i in (1, 89, 90, 4095))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,7 @@ VARIANTS = {
         "ttl_after_finished": "10m", "deadline": "2h",
         "volumes": [{"claim": "ckpt", "mount": "/ckpt"}, {"claim": "data", "mount": "/data", "read_only": True}]},
         secrets=["WANDB_API_KEY", "HF_TOKEN"], env={"NCCL_DEBUG": "INFO"}),
+    "ascend, 2 x 16 NPUs": REPO / "specs" / "qwen3-32b-grpo-ascend-a3.yaml",
     "pyxis image": base(container={"runtime": "pyxis", "image": "nvcr.io#nvidia/pytorch:24.05-py3",
                                    "workdir": "/workspace"}),
 }
@@ -135,11 +137,18 @@ def test_every_rayjob_passes_kuberays_crd(rayjob_schema: dict[str, Any], tmp_pat
         pods = [spec["rayClusterSpec"]["headGroupSpec"]["template"],
                 *(g["template"] for g in spec["rayClusterSpec"]["workerGroupSpecs"])]
         assert sum(g["replicas"] for g in spec["rayClusterSpec"]["workerGroupSpecs"]) == ir.nodes - 1
+        for group in [spec["rayClusterSpec"]["headGroupSpec"], *spec["rayClusterSpec"]["workerGroupSpecs"]]:
+            # KubeRay hands these to `ray start` through a shell: the NPU resource's JSON must survive it
+            start = group["rayStartParams"]
+            assert ("num-gpus" in start) != (ir.accelerator == "npu"), start
+            if "resources" in start:
+                words = shlex.split(f"--resources={start['resources']}")
+                assert words == [f'--resources={{"NPU": {ir.gpus_per_node}}}'], words
         for pod in pods:
             container = pod["spec"]["containers"][0]
             for amounts in container["resources"].values():
                 assert all(QUANTITY.fullmatch(str(v)) for v in amounts.values()), amounts
-            gpus = "amd.com/gpu" if ir.accelerator == "rocm" else "nvidia.com/gpu"
+            gpus = {"rocm": "amd.com/gpu", "npu": "huawei.com/Ascend910"}.get(ir.accelerator, "nvidia.com/gpu")
             assert container["resources"]["limits"][gpus] == str(ir.gpus_per_node)
             shm = next(v for v in pod["spec"]["volumes"] if v["name"] == "dshm")
             assert shm["emptyDir"]["medium"] == "Memory" and QUANTITY.fullmatch(shm["emptyDir"]["sizeLimit"])

@@ -12,7 +12,9 @@ from __future__ import annotations
 import re
 import subprocess
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 from conftest import REPO
@@ -34,6 +36,26 @@ def fault(kind: str, node: str, how: str) -> None:
     """dev/slurm.sh link NODE down|up, or drop NODE on|off."""
     subprocess.run(["bash", str(REPO / "dev" / "slurm.sh"), kind, node, how], check=True, capture_output=True,
                    timeout=30)
+
+
+@contextmanager
+def faulty(kind: str, node: str) -> Iterator[float]:
+    """NODE's link down (kind "link") or its packets dropped ("drop") for the block, which gets the moment the
+    fault began; then the node mended and back in service."""
+    fault(kind, node, "down" if kind == "link" else "on")
+    try:
+        yield time.monotonic()
+    finally:
+        fault(kind, node, "up" if kind == "link" else "off")
+    node_back(node)
+
+
+def started(root: Path, stop_after: str, env: dict[str, str] | None = None, **spec: object) -> tuple[str, Path]:
+    """The e2e job of `root` (fixtures, spec with `spec`'s changes) submitted: its id and its log."""
+    root.mkdir(exist_ok=True)  # a fake venv may be in it already
+    write_fixtures(root)
+    job = submit(build(root, ray=RAY, **spec), root, stop_after, env)
+    return job, root / f"slurm-{job}.out"
 
 
 def text(path: Path) -> str:
@@ -75,96 +97,60 @@ def node_back(node: str) -> None:
 
 
 def worker_cut_during_bring_up(root: Path) -> dict:
-    root.mkdir()
-    write_fixtures(root)
-    job = submit(build(root, wait=f"{WAIT}s", ray=RAY), root, "preflight")
-    log = root / f"slurm-{job}.out"
+    job, log = started(root, "preflight", wait=f"{WAIT}s")
     await_line(log, "starting Ray head on")
     worker = placed(text(log))[1]
-    fault("link", worker, "down")
-    try:
+    with faulty("link", worker):
         state, took = ended(job, WAIT + 120)
-    finally:
-        fault("link", worker, "up")
-    node_back(worker)
     return {"job": job, "worker": worker, "state": state, "took": took, "output": text(log)}
 
 
 def worker_cut_during_training(root: Path) -> dict:
     """With requeue on: the run ends, the job requeues once Slurm has seen the node go, and the next attempt
     (on other nodes) resumes. Both attempts write to the one log (--open-mode=append)."""
-    root.mkdir()
-    write_fixtures(root)
-    script = build(root, venv=fake_venv(root), ray=RAY, grace="60")
-    job = submit(script, root, "train", {"FAKE_STEPS": "900"})
-    log = root / f"slurm-{job}.out"
+    job, log = started(root, "train", {"FAKE_STEPS": "900"}, venv=fake_venv(root),
+                       grace="60")
     await_line(log, "step:3 ")
     first = placed(text(log))
-    fault("link", first[1], "down")
-    cut = time.monotonic()
-    try:
+    with faulty("link", first[1]) as cut:
         await_line(log, "a node was lost: waiting", 120)
         took = time.monotonic() - cut
         state, _ = ended(job, SLURMD_TIMEOUT + 300)
-    finally:
-        fault("link", first[1], "up")
-    node_back(first[1])
     return {"job": job, "first": first, "took": took, "state": state, "output": text(log),
             "logs": run_folder(root, job) / "ray-logs"}
 
 
 def head_cut_during_training(root: Path) -> dict:
     """4 nodes: the head's runtime sees every other node go at once."""
-    root.mkdir()
-    write_fixtures(root)
-    job = submit(build(root, venv=fake_venv(root), ray=RAY, nodes=4), root, "train", {"FAKE_STEPS": "900"})
-    log = root / f"slurm-{job}.out"
+    job, log = started(root, "train", {"FAKE_STEPS": "900"}, venv=fake_venv(root), nodes=4)
     await_line(log, "step:3 ")
     head, worker, *_ = placed(text(log))
-    fault("link", head, "down")
-    try:
+    with faulty("link", head):
         state, took = ended(job, SLURMD_TIMEOUT + 150)
         reason = subprocess.run(["scontrol", "show", "node", head], capture_output=True, text=True).stdout
         # from the workers' side: Slurm ended the worker's step, whose Ray stopped and kept its logs
         logs = run_folder(root, job) / "ray-logs" / worker / "TRUNCATED.txt"
         wait_for(logs.exists, 60, f"{worker}'s Ray logs")
-    finally:
-        fault("link", head, "up")
-    node_back(head)
     wait_for(lambda: "] verlc: exit code" in text(log), 120, "the head's cleanup once its link is back")
     return {"job": job, "head": head, "worker": worker, "state": state, "took": took, "node": reason,
             "job_log": text(run_folder(root, job) / "job.log"), "output": text(log)}
 
 
 def black_hole_during_all_reduce(root: Path) -> dict:
-    root.mkdir()
-    write_fixtures(root)
-    job = submit(build(root, venv=fake_venv(root, slow_ranks=True), ray=RAY), root, "preflight")
-    log = root / f"slurm-{job}.out"
+    job, log = started(root, "preflight", venv=fake_venv(root, slow_ranks=True))
     wait_for((root / "rank-started").exists, 600, "the all-reduce's first rank")
     worker = placed(text(log))[1]
-    fault("drop", worker, "on")
-    try:
+    with faulty("drop", worker):
         state, took = ended(job, 150)
-    finally:
-        fault("drop", worker, "off")
-    node_back(worker)
     return {"job": job, "worker": worker, "state": state, "took": took, "output": text(log)}
 
 
 def black_hole_during_training(root: Path) -> dict:
-    root.mkdir()
-    write_fixtures(root)
-    job = submit(build(root, venv=fake_venv(root), ray=RAY), root, "train", {"FAKE_STEPS": "900"})
-    log = root / f"slurm-{job}.out"
+    job, log = started(root, "train", {"FAKE_STEPS": "900"}, venv=fake_venv(root))
     await_line(log, "step:3 ")
     worker = placed(text(log))[1]
-    fault("drop", worker, "on")
-    try:
+    with faulty("drop", worker):
         state, took = ended(job, 150)
-    finally:
-        fault("drop", worker, "off")
-    node_back(worker)
     return {"job": job, "worker": worker, "state": state, "took": took, "output": text(log),
             "logs": run_folder(root, job) / "ray-logs"}
 

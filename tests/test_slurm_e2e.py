@@ -83,10 +83,32 @@ def write_fixtures(root: Path) -> None:
     pq.write_table(table, root / "data" / "test.parquet")
 
 
+# npu-smi's `info -m` as an A3 node prints it: per NPU card two chips with a logic id, and an MCU without one.
+# FAKE_NPUS_NODE<i> chips on the job's i-th node (SLURM_NODEID), else FAKE_NPUS.
+NPU_SMI = """#!/usr/bin/env bash
+[[ $* == "info -m" ]] || exit 2
+count=FAKE_NPUS_NODE${SLURM_NODEID:-}
+count=${!count:-${FAKE_NPUS:-0}}
+printf '        NPU ID   Chip ID   Chip Logic ID   Chip Name\\n'
+for ((i = 0; i < count; i++)); do
+  printf '        %d        %d         %d               Ascend910_9391\\n' $((i / 2)) $((i % 2)) "$i"
+  if ((i % 2)); then printf '        %d        2         -               Mcu\\n' $((i / 2)); fi
+done
+"""
+# Every Ray worker process (where verl's workers run) writes the HCCL, Ascend and gloo settings it sees.
+RECORD_ENV = """import json, os, sys
+if any("default_worker" in a for a in sys.orig_argv):
+    seen = {k: v for k, v in os.environ.items() if k.startswith(("HCCL_", "ASCEND_", "GLOO_", "RAY_EXPERIMENTAL_"))}
+    with open(os.path.join({root!r}, "env-" + os.environ.get("SLURMD_NODENAME", "unknown") + ".json"), "w") as fh:
+        json.dump(seen, fh)
+"""
+
+
 def fake_venv(root: Path, *, ray_fails_on: str | None = None, no_interface_on: str | None = None,
-              slow_ranks: bool = False) -> Path:
+              slow_ranks: bool = False, npus: bool = False) -> Path:
     """This venv, except that `ray start` fails on one node, or its Ray (and so every process Ray starts
     there) is told to use a network interface that does not exist (as a wrong NCCL_SOCKET_IFNAME would), or
+    (npus) each node has an `npu-smi` (NPU_SMI) and its Ray workers record their env (RECORD_ENV), or
     (slow_ranks) the preflight's all-reduce ranks touch `root/rank-started`, then wait 5 s, and
     `python3 -m verl.trainer.main_ppo` only prints its argv (there is no GPU to train on): the first run
     prints FAKE_STEPS steps, one a second, or waits to be preempted; a restarted run
@@ -101,12 +123,18 @@ def fake_venv(root: Path, *, ray_fails_on: str | None = None, no_interface_on: s
             f'{{ echo "test: ray start refused on {ray_fails_on}" >&2; exit 1; }}\n') if ray_fails_on else ""
     if no_interface_on:
         fail += f'[[ ${{SLURMD_NODENAME:-}} != {no_interface_on} ]] || export GLOO_SOCKET_IFNAME=verlc-no-such-nic\n'
-    if slow_ranks:  # every Python Ray starts reads this sitecustomize
-        (root / "slow-site").mkdir()
-        (root / "slow-site" / "sitecustomize.py").write_text(
-            "import sys, time\nif 'init_process_group' in ' '.join(sys.orig_argv):\n"
-            f"    open({str(root / 'rank-started')!r}, 'w').close()\n    time.sleep(5)\n")
-        fail += f'export PYTHONPATH={root}/slow-site${{PYTHONPATH:+:$PYTHONPATH}}\n'
+    site = ""  # a sitecustomize that every Python Ray starts reads
+    if slow_ranks:
+        site += ("import sys, time\nif 'init_process_group' in ' '.join(sys.orig_argv):\n"
+                 f"    open({str(root / 'rank-started')!r}, 'w').close()\n    time.sleep(5)\n")
+    if npus:
+        site += RECORD_ENV.replace("{root!r}", repr(str(root)))
+        (venv / "bin" / "npu-smi").write_text(NPU_SMI)
+        (venv / "bin" / "npu-smi").chmod(0o755)
+    if site:
+        (root / "site").mkdir()
+        (root / "site" / "sitecustomize.py").write_text(site)
+        fail += f'export PYTHONPATH={root}/site${{PYTHONPATH:+:$PYTHONPATH}}\n'
     (venv / "bin" / "ray").write_text(f"#!/usr/bin/env bash\n{fail}exec {real}/ray \"$@\"\n")
     (venv / "bin" / "python3").write_text(f"""#!/usr/bin/env bash
 if [[ ${{1:-}} == -m && ${{2:-}} == verl.trainer.main_ppo ]]; then  # the trainer, not a mention of it
@@ -129,7 +157,8 @@ exec {real}/python3 "$@"
 
 def build(root: Path, *, val_file: str = "data/test.parquet", wait: str = "120s", venv: Path | None = None,
           grace: str = "null", prepare: str = "", nodes: int = 2, container: str | None = None,
-          extra: str = "", model: str | None = None, ray: str = "", micro: int = 4) -> Path:
+          extra: str = "", model: str | None = None, ray: str = "", micro: int = 4, cluster: str = "",
+          slurm: str = "") -> Path:
     """The e2e spec in `root`; `container` replaces its `runtime: none` section (a YAML flow mapping); `micro`:
     the micro batch sizes (verl's default mini batch of 256 over 16 nodes' 128 GPUs leaves 2 per GPU)."""
     container = container or f"{{runtime: none, workdir: {root}, venv: {venv or Path(sys.prefix)}}}"
@@ -142,8 +171,8 @@ data: {{train_files: [data/train.parquet], val_files: [{val_file}]{prepare}}}
 verl: {{actor_rollout_ref: {{rollout: {{name: vllm, log_prob_micro_batch_size_per_gpu: {micro}}},
                             actor: {{ppo_micro_batch_size_per_gpu: {micro}}}}},
        critic: {{ppo_micro_batch_size_per_gpu: {micro}}}}}
-cluster: {{nodes: {nodes}, gpus_per_node: 8, slurm: {{cpus_per_task: 1, output: {root}/slurm-%j.out,
-                                               requeue_grace: {grace}}}}}
+cluster: {{nodes: {nodes}, gpus_per_node: 8{cluster}, slurm: {{cpus_per_task: 1, output: {root}/slurm-%j.out,
+                                               requeue_grace: {grace}{slurm}}}}}
 container: {container}
 ray: {{wait_for_nodes: {wait}{ray}}}
 {extra}""")
@@ -561,3 +590,45 @@ def test_the_data_stage_passes_the_releases_own_preprocessing_options(slurm: Non
     old = build(tmp_path, prepare=prepare.replace("prepared", "prepared041"), extra="verl_version: 0.4.1\n")
     [prep] = slurm_job(old.read_text())["data_prep"]  # the spec's own script, with 0.4.1's option
     assert prep["argv"] == ["python3", f"{tmp_path}/prep.py", "--local_dir", "prepared041"]
+
+
+def test_ascend_npus_bring_up_to_the_preflight_with_hccl_set_on_every_node(slurm: None, tmp_path: Path) -> None:
+    """cluster.accelerator npu on CPU-only nodes: Ray's NPU resource on each node (the wait counts NPUs), an
+    npu-smi on every node, HCCL's settings as every node's Ray workers see them (interface, timeouts, the
+    job's own ports). A second job, whose n-th node's npu-smi shows 6 of its 8 NPUs, fails the preflight
+    naming that node."""
+    npu = ", accelerator: npu"
+    jobs = {}
+    for name, shown in (("all", {}), ("short", {"FAKE_NPUS_NODE1": "6"})):
+        root = tmp_path / name
+        root.mkdir()
+        write_fixtures(root)
+        script = build(root, venv=fake_venv(root, npus=True), cluster=npu, slurm=", npu_gres: null")
+        jobs[name] = (root, submit(script, root, "preflight", {"FAKE_NPUS": "8", **shown}))
+    for root, job in jobs.values():
+        wait_for(lambda job=job: job_state(job, settle=False) in FINAL, 600, f"job {job} to end")
+    root, job = jobs["all"]
+    output = (root / f"slurm-{job}.out").read_text()
+    assert job_state(job) == "COMPLETED", output
+    assert len(re.findall(r"node registered: n\d+ \(10\.77\.0\.\d+\) NPUs=8 \(\d/2\)", output)) == 2, output
+    assert "cluster ready: 2 nodes, 16 NPUs" in output and "preflight passed: 2 nodes, 16 NPUs" in output
+    record = json.loads(next((root / "verlc-runs").glob(f"*-{job}/run-record.json")).read_text())
+    assert [n["npus"]["npu_smi"] for n in record["nodes"]] == [8, 8]
+    assert record["nodes"][0]["npus"]["chips"] == ["Ascend910_9391"] and "torch_npu" in record["versions"]
+    base = 20000 + int(job) % 127 * 100
+    nodes = sorted(p.stem.removeprefix("env-") for p in root.glob("env-*.json"))
+    assert len(nodes) == 2, nodes
+    for node in nodes:
+        env = json.loads((root / f"env-{node}.json").read_text())
+        assert env == {"ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+                       "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES": "1",
+                       "GLOO_SOCKET_IFNAME": "eth0", "HCCL_SOCKET_IFNAME": "eth0",  # the interface of NodeAddr
+                       "HCCL_CONNECT_TIMEOUT": "3600", "HCCL_EXEC_TIMEOUT": "3600",
+                       "HCCL_HOST_SOCKET_PORT_RANGE": f"{base + 10}-{base + 54}",
+                       "HCCL_NPU_SOCKET_PORT_RANGE": f"{base + 55}-{base + 99}"}, (node, env)
+    root, job = jobs["short"]
+    output = (root / f"slurm-{job}.out").read_text()
+    assert job_state(job) == "FAILED", output
+    failures = [line.split("PREFLIGHT FAILED: ", 1)[1] for line in output.splitlines() if "PREFLIGHT FAILED" in line]
+    assert len(failures) == 1 and re.fullmatch(r"node (n\d+) \(10\.77\.0\.\d+\): npu-smi shows 6 NPUs, Ray was "
+                                               r"started with 8", failures[0]), output

@@ -24,12 +24,17 @@ def text(value: str | Word) -> str:
 
 
 def _gpu_settings(ir: JobIR, c: ContainerIR, node: int) -> dict[str, Any]:
-    """Node `node`'s GPUs: NVIDIA through a device reservation, AMD through /dev/kfd and /dev/dri."""
+    """Node `node`'s GPUs: NVIDIA through a device reservation, AMD through /dev/kfd and /dev/dri; its NPUs
+    (Ascend) as their device files, the node's share of the host's (each container numbers its own from 0)."""
     ids = [str(node * ir.gpus_per_node + i) for i in range(ir.gpus_per_node)]
+    out: dict[str, Any] = {"privileged": True} if "--privileged" in c.gpu_args else {}
+    if ir.accelerator == "npu":
+        first = {f"/dev/davinci{i}" for i in range(ir.gpus_per_node)}  # the container's, on one node of its own
+        return {**out, "devices": [f"/dev/davinci{i}" for i in ids] + [text(d) for d in c.devices if d not in first]}
     if ir.accelerator == "rocm":
-        return {"devices": [text(d) for d in c.devices], "group_add": ["video"]}
-    out: dict[str, Any] = {"deploy": {"resources": {"reservations": {"devices": [
-        {"driver": "nvidia", "device_ids": ids, "capabilities": ["gpu"]}]}}}}
+        return {**out, "devices": [text(d) for d in c.devices], "group_add": ["video"]}
+    out["deploy"] = {"resources": {"reservations": {"devices": [
+        {"driver": "nvidia", "device_ids": ids, "capabilities": ["gpu"]}]}}}
     if c.devices:
         out["devices"] = [text(d) for d in c.devices]
     return out
@@ -66,7 +71,7 @@ def run_time_folders(ir: JobIR) -> tuple[str, ...]:
 def compose_file(ir: JobIR) -> dict[str, Any]:
     c: ContainerIR = ir.part("compose")
     assert c is not None and c.workdir is not None, "checks require a docker image for the compose target"
-    ray_common = [f"--num-gpus={ir.gpus_per_node}", "--disable-usage-stats"]
+    ray_common = [ir.ray_resources, "--disable-usage-stats"]
     # The job runs on the head, as `ray job submit` runs a driver there: a Ray driver needs a Ray node of
     # its own (ray.init finds the cluster through the local raylet). `ray start` returns once the head is
     # up; the job is the container's main process, so the service ends with the job and its exit code.

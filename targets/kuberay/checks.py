@@ -17,7 +17,9 @@ from .section import Kubernetes
 
 # How the GPU operators' feature discovery labels a node's GPU model: the product name, e.g.
 # NVIDIA-A100-SXM4-80GB or Tesla-V100-SXM2-16GB (NVIDIA), Instinct_MI300X or AMD_Instinct_MI300X_OAM (AMD).
-_PRODUCT_LABEL = {"cuda": re.compile(r"(NVIDIA|Tesla|Quadro)-.+"), "rocm": re.compile(r"(AMD|Instinct).+")}
+_PRODUCT_LABEL = {"cuda": re.compile(r"(NVIDIA|Tesla|Quadro)-.+"), "rocm": re.compile(r"(AMD|Instinct).+"),
+                  "npu": re.compile(r"huawei-Ascend.+")}
+_EXAMPLE = {"cuda": "NVIDIA-A100-SXM4-80GB", "rocm": "AMD_Instinct_MI300X_OAM", "npu": "huawei-Ascend910"}
 
 
 def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
@@ -58,8 +60,8 @@ def _gpu_label(spec: Spec, sourced: Sourced, k: Kubernetes) -> Iterator[Diagnost
     label = k.gpu_label or GPU_LABEL[accelerator]
     if gpu_type is None or label in k.node_selector or _PRODUCT_LABEL[accelerator].fullmatch(gpu_type):
         return
-    example = "NVIDIA-A100-SXM4-80GB" if accelerator == "cuda" else "AMD_Instinct_MI300X_OAM"
+    example = _EXAMPLE[accelerator]
     yield sourced.diagnostic(("cluster", "gpu_type"), (
-        f"the kuberay target selects nodes by their GPU label {label}, whose values are product names such as "
+        f"the kuberay target selects nodes by their {'NPU' if accelerator == 'npu' else 'GPU'} label {label}, whose values are product names such as "
         f"{example}, not {gpu_type}: set kubernetes.node_selector: {{{label}: <the value on your nodes>}} "
         f"(`kubectl get nodes -L {label}` shows it)"))

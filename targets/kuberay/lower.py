@@ -12,7 +12,8 @@ from ..shared import MountIR, node_image, node_workdir
 from .section import Kubernetes
 
 GPU_RESOURCE = {"cuda": "nvidia.com/gpu", "rocm": "amd.com/gpu"}  # the device plugins' resource names
-GPU_LABEL = {"cuda": "nvidia.com/gpu.product", "rocm": "amd.com/gpu.product-name"}  # GPU feature discovery's
+# GPU feature discovery's labels; Ascend nodes carry accelerator=huawei-Ascend910 (its device plugin's docs)
+GPU_LABEL = {"cuda": "nvidia.com/gpu.product", "rocm": "amd.com/gpu.product-name", "npu": "accelerator"}
 RAYJOB_NAME_MAX = 47  # KubeRay's rule: the RayJob name makes its cluster's and pods' names (DNS-1035 labels)
 
 
@@ -38,7 +39,7 @@ class KubeIR:
     node_selector: tuple[tuple[str, str], ...]
     tolerations: tuple[TolerationIR, ...]
     priority_class: str | None
-    gpu_resource: str  # nvidia.com/gpu or amd.com/gpu
+    gpu_resource: str  # nvidia.com/gpu, amd.com/gpu, or the Ascend device plugin's (kubernetes.npu_resource)
     cpus: str | None
     memory: str | None
     shm_size: str
@@ -72,7 +73,7 @@ def lower(spec: Spec, ir: JobIR) -> KubeIR:
         service_account=k.service_account, image_pull_secret=k.image_pull_secret, secret=k.secret,
         node_selector=tuple(sorted(selector.items())),
         tolerations=tuple(TolerationIR(t.key, t.operator, t.value, t.effect) for t in k.tolerations),
-        priority_class=k.priority_class, gpu_resource=GPU_RESOURCE[spec.cluster.accelerator],
+        priority_class=k.priority_class, gpu_resource=k.npu_resource if spec.cluster.accelerator == "npu" else GPU_RESOURCE[spec.cluster.accelerator],
         cpus=k.cpus, memory=k.memory, shm_size=k.shm_size,
         volumes=tuple(MountIR(v.claim, v.mount, "ro" if v.read_only else "") for v in k.volumes),
         retries=k.retries, ttl_after_finished=k.ttl_after_finished, deadline=k.deadline,

@@ -43,7 +43,9 @@ class Kubernetes(Model):
     node_selector: dict[LabelKey, LabelValue] = Field(default_factory=dict, description="Node labels the pods need.")
     gpu_label: LabelKey | None = Field(None, description="The node label whose value is cluster.gpu_type; default: "
                                                          "nvidia.com/gpu.product (cuda), amd.com/gpu.product-name "
-                                                         "(rocm).")
+                                                         "(rocm), accelerator (npu: huawei-Ascend910).")
+    npu_resource: LabelKey = Field("huawei.com/Ascend910", description="cluster.accelerator npu: the resource "
+                                                                      "name of the Ascend device plugin.")
     tolerations: tuple[Toleration, ...] = Field((), description="Taints the pods tolerate (e.g. GPU nodes').")
     priority_class: K8sName | None = Field(None, description="The pods' PriorityClass.")
     cpus: Quantity | None = Field(None, description="CPU request (and limit) of each pod, e.g. 64.")

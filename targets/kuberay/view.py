@@ -98,7 +98,9 @@ def rayjobs(ir: JobIR, files: list[File]) -> list[dict[str, Any]]:
     """One RayJob, or one per sweep variant (each its own cluster, named NAME-vNNN)."""
     k: KubeIR = ir.part("kuberay")
     variants = [str(v.index) for v in ir.variants] or [None]
-    start = {"num-gpus": str(ir.gpus_per_node), "disable-usage-stats": "true"}
+    # KubeRay passes rayStartParams to `ray start` through a shell: the NPU resource's JSON is quoted for it
+    start = {**({"resources": f'"{{\\"NPU\\": {ir.gpus_per_node}}}"'} if ir.device == "NPU"
+                else {"num-gpus": str(ir.gpus_per_node)}), "disable-usage-stats": "true"}
     out = []
     for name, variant in zip(k.names, variants):
         entrypoint = f"cd {shlex.quote(k.workdir)} && exec {shlex.join([*COMMAND, *([variant] if variant else [])])}"

@@ -21,3 +21,9 @@ def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
             f"{NOTE}the cluster's Ray reads its health-check settings when its head starts, and the ray-job target "
             f"submits to a running cluster: set RAY_health_check_period_ms (and _timeout_ms, _failure_threshold) "
             f"where it starts; the job still ends naming a node Ray declares dead"))
+    if spec.cluster.accelerator == "npu":
+        yield sourced.diagnostic(("cluster", "accelerator"), (
+            f"{NOTE}the cluster's Ray nodes must have their NPUs as Ray's NPU resource (ray start "
+            f"--resources='{{\"NPU\": {spec.cluster.gpus_per_node}}}', or Ray's own detection of "
+            f"ASCEND_RT_VISIBLE_DEVICES) and HCCL's settings where they start; the job waits for "
+            f"{spec.cluster.nodes * spec.cluster.gpus_per_node} NPUs"))

@@ -17,7 +17,13 @@ def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     image, workdir = node_image(spec, k.image), node_workdir(spec, k.workdir)
     yield from image_problems(spec, sourced, "skypilot", "skypilot", image, workdir,
                               spec.skypilot.workdir if spec.skypilot else None, "SkyPilot")
-    if spec.cluster.gpu_type is None:
+    if spec.cluster.accelerator == "npu":
+        # its task parser takes any accelerator name, but its clouds' catalogs and its Kubernetes support
+        # (nvidia.com/gpu, amd.com/gpu, google.com/tpu) have no Ascend NPU: a task would never be placed
+        yield sourced.diagnostic(("cluster", "accelerator"), "the skypilot target cannot run on Ascend NPUs: "
+                                 "SkyPilot's clouds and its Kubernetes support offer no Ascend accelerator; use "
+                                 "the slurm, kuberay, ray-job or compose target")
+    elif spec.cluster.gpu_type is None:
         yield sourced.diagnostic(("cluster",), "the skypilot target asks for GPUs by model: set cluster.gpu_type "
                                                "(SkyPilot's accelerator name, e.g. H100, A100-80GB, MI300X)")
     yield from literal_env(spec, sourced, "skypilot")

@@ -26,6 +26,16 @@ def log_dirs(spec: Spec) -> tuple[str, ...]:
     return tuple(sorted({os.path.dirname(f) for f in (s.output, s.error) if f and os.path.dirname(f)}))
 
 
+def accelerators(spec: Spec) -> list[tuple[str, str | int | None]]:
+    """The node's GPUs (a typed GRES when the spec names the GPU model), or its NPUs as the site's GRES."""
+    c, s = spec.cluster, spec.cluster.slurm
+    assert s is not None
+    typed = f"{c.gpu_type}:{c.gpus_per_node}" if c.gpu_type else c.gpus_per_node
+    if c.accelerator != "npu":
+        return [("gpus-per-node", typed)]
+    return [("gres", f"{s.npu_gres}:{typed}")] if s.npu_gres else []
+
+
 def lower(spec: Spec, ir: JobIR) -> SlurmIR:
     s = spec.cluster.slurm
     assert s is not None, "the checks refuse the slurm target without cluster.slurm"
@@ -34,8 +44,7 @@ def lower(spec: Spec, ir: JobIR) -> SlurmIR:
         ("nodes", spec.cluster.nodes),
         ("ntasks-per-node", 1),  # one Ray node per host; Ray schedules the GPUs
         ("cpus-per-task", s.cpus_per_task),
-        ("gpus-per-node", f"{spec.cluster.gpu_type}:{spec.cluster.gpus_per_node}" if spec.cluster.gpu_type
-         else spec.cluster.gpus_per_node),  # a typed GRES when the spec names the GPU model
+        *accelerators(spec),
         ("mem", s.mem),
         ("time", s.time),
         ("partition", s.partition),

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Annotated
 
-from ...compiler.fields import Directive, Int, Model, Seconds, SlurmMem, SlurmTime
+from pydantic import Field, Strict
+
+from ...compiler.fields import Directive, Int, Model, Seconds, SlurmMem, SlurmTime, matching
+
+GresName = Annotated[str, Strict(), matching(r"[A-Za-z][A-Za-z0-9_]{0,62}", "a Slurm GRES name such as npu")]
 
 
 class Slurm(Model):
@@ -21,6 +25,9 @@ class Slurm(Model):
     output: Directive = Field("slurm-%j.out", description="#SBATCH --output; its folder must exist where sbatch "
                                                           "runs (Slurm does not create it).")
     error: Directive | None = Field(None, description="#SBATCH --error; default: with the output.")
+    npu_gres: GresName | None = Field(
+        "npu", description="cluster.accelerator npu: the GRES the site schedules NPUs as (#SBATCH --gres=NAME:N, "
+                           "NAME:TYPE:N with cluster.gpu_type); null: the site does not schedule them (whole nodes).")
     modules: tuple[Directive, ...] = Field((), description="Environment modules to `module load` first.")
     requeue_grace: Seconds | None = Field(
         300, description="Ask Slurm for USR1 this long before preemption or the time limit; the job then "

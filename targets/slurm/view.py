@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 
+from ...compiler.derive import HCCL_PORTS
 from ...compiler.ir import Arg, EnvVar, JobIR, Var, Word
 from ..bundle import header_lines
 from ..job_package import job_description, job_json
@@ -47,6 +48,7 @@ class SlurmView:
     secrets: tuple[str, ...]
     nodes: int
     gpus_per_node: int
+    hccl_ports: tuple[tuple[str, int, int], ...]  # (name, first, last): Ascend's HCCL ports in the job's block
     ray_port: int | None
     dashboard_port: int | None
     expose_dashboard: bool
@@ -96,8 +98,13 @@ def slurm_view(ir: JobIR) -> SlurmView:
     runtime = resources.files("verlc.targets").joinpath("runtime.py").read_text()
     slurm: SlurmIR = ir.part("slurm")
     c = ir.container
-    env = (*ir.env, *job_env(ir))
-    env_names = (*(e.name for e in env), *ir.secrets, *ir.node_env)
+    # HCCL's ports come from the job's block of ports (the template exports them once it has the block)
+    own = {e.name for e in ir.env if e.origin == "env"}
+    hccl_ports = tuple((name, first, last) for name, (first, last) in HCCL_PORTS.items()
+                       if ir.device == "NPU" and name not in own)
+    ports = tuple(name for name, *_ in hccl_ports)
+    env = tuple(e for e in (*ir.env, *job_env(ir)) if e.name not in ports)
+    env_names = (*(e.name for e in env), *ports, *ir.secrets, *ir.node_env)
 
     # The job's container on each node; docker/podman add the node's name, which keeps the names apart
     # where nodes share a host and its container store (pyxis keeps containers per node by itself).
@@ -148,7 +155,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
             step_args += (Word(tuple(parts)),)
 
     ray_common: tuple[Line, ...] = (
-        (f"--num-gpus={ir.ray.num_gpus}",),
+        (ir.ray_resources,),
         *(((f"--num-cpus={ir.ray.num_cpus}",),) if ir.ray.num_cpus else ()),
         (_word("--temp-dir=", RAY_TMP),),
         (_word("--dashboard-agent-listen-port=", AGENT_PORT),),
@@ -157,7 +164,10 @@ def slurm_view(ir: JobIR) -> SlurmView:
     )
     # Ray's processes, and so verl's workers, open gloo's sockets on the interface of Ray's own address: gloo
     # would otherwise bind the address of the host name (127.0.1.1 on Debian). The spec's own env wins.
-    gloo = () if "GLOO_SOCKET_IFNAME" in env_names else (("env", _word("GLOO_SOCKET_IFNAME=", NODE_DEV)),)
+    # So does HCCL on Ascend NPUs, unless network.head_interface names the interface for it.
+    sockets = ("GLOO_SOCKET_IFNAME", *(("HCCL_SOCKET_IFNAME",) if ir.device == "NPU" else ()))
+    own_sockets = tuple(_word(f"{name}=", NODE_DEV) for name in sockets if name not in env_names)
+    gloo = (("env", *own_sockets),) if own_sockets else ()
     ray_head = (
         *gloo,
         ("ray", "start", "--head", "--block"),
@@ -199,6 +209,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
         secrets=ir.secrets,
         nodes=ir.nodes,
         gpus_per_node=ir.gpus_per_node,
+        hccl_ports=hccl_ports,
         ray_port=ir.ray.port,
         dashboard_port=ir.ray.dashboard_port,
         expose_dashboard=ir.ray.expose_dashboard,

@@ -59,7 +59,7 @@ def validate(specs: Sequence[Path], target: str | None, verl_config: str, max_va
     if isinstance(result, int):
         return result
     for ir in result:
-        print(f"{ir.spec_file}: ok ({ir.name}: {ir.nodes} node(s) x {ir.gpus_per_node} GPUs, "
+        print(f"{ir.spec_file}: ok ({ir.name}: {ir.nodes} node(s) x {ir.gpus_per_node} {ir.device}s, "
               f"{len(ir.overrides)} verl overrides checked against verl {ir.verl_schema}"
               + (f", {len(ir.variants)} variants" if ir.variants else "") + ")")
     return 0

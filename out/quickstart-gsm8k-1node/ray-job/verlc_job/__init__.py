@@ -14,16 +14,17 @@ Its command line (what bundles call):
   ray-logs     a node's Ray session logs as a tar stream (bounded), then Ray's temp dir removed
   materialize  put a hub model's pinned revision into a folder, unless it holds it already
 
-The stages, each a function below: `wait` blocks until the cluster has the expected nodes and GPUs, or fails at
-a deadline; `materialize` and `prepare` put the model and the data in place; `preflight` checks the cluster,
-package versions on every node, an all-reduce over every GPU, data files, model and checkpoint folder, and
-writes the run record; `train` runs verl's program. The step line of verl's console logger is parsed here
+The stages, each a function below: `wait` blocks until the cluster has the expected nodes and GPUs (NPUs on
+Ascend), or fails at a deadline; `materialize` and `prepare` put the model and the data in place; `preflight`
+checks the cluster, package versions on every node, an all-reduce over every GPU, data files, model and
+checkpoint folder, and writes the run record; `train` runs verl's program. The step line of verl's console logger is parsed here
 only (STEP_LINE).
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import platform
@@ -75,10 +76,11 @@ def node_label(node: dict) -> str:
     return f"{name} ({address})"
 
 
-def wait(address: str, nodes: int, gpus: int, timeout: int) -> int:
-    """Block until Ray has `nodes` nodes and `gpus` GPUs (0), or fail at the deadline (1)."""
+def wait(address: str, nodes: int, gpus: int, timeout: int, device: str = "GPU") -> int:
+    """Block until Ray has `nodes` nodes and `gpus` of Ray's resource `device` (GPU, or NPU on Ascend) (0), or
+    fail (1): at the deadline, or as soon as every node the Slurm bundle started has come with too few."""
     deadline = time.monotonic() + timeout
-    say(f"waiting up to {timeout}s for {nodes} nodes and {gpus} GPUs")
+    say(f"waiting up to {timeout}s for {nodes} nodes and {gpus} {device}s")
     ray = None
     while ray is None:
         try:
@@ -89,24 +91,29 @@ def wait(address: str, nodes: int, gpus: int, timeout: int) -> int:
                 return 1
             time.sleep(1)
     seen: set[str] = set()
+    per_node = gpus // max(nodes, 1)
+    names = os.environ.get("VERLC_NODE_NAMES", "").split()  # the Slurm bundle's nodes: Ray's node names are Slurm's
     while True:
         alive = alive_nodes(ray)
         for n in alive:
             if n["NodeID"] not in seen:
                 seen.add(n["NodeID"])
-                say(f"node registered: {node_label(n)} GPUs={n.get('Resources', {}).get('GPU', 0):g} "
+                say(f"node registered: {node_label(n)} {device}s={n.get('Resources', {}).get(device, 0):g} "
                     f"({len(seen)}/{nodes})")
-        have = sum(n.get("Resources", {}).get("GPU", 0) for n in alive)
+        have = sum(n.get("Resources", {}).get(device, 0) for n in alive)
         if len(alive) >= nodes and have >= gpus:
-            say(f"cluster ready: {len(alive)} nodes, {have:g} GPUs")
+            say(f"cluster ready: {len(alive)} nodes, {have:g} {device}s")
             return 0
-        if time.monotonic() > deadline:
-            # the Slurm bundle names the nodes it started Ray on (Ray's node names are Slurm's)
-            missing = [n for n in os.environ.get("VERLC_NODE_NAMES", "").split()
-                       if n not in {a.get("NodeName") for a in alive}]
-            say(f"ERROR: after {timeout}s the cluster has {len(alive)} of {nodes} nodes and "
-                f"{have:g} of {gpus} GPUs" + (f"; no Ray node from {', '.join(missing)} (its Ray did not start, "
-                                              f"or cannot reach the head at {address})" if missing else ""))
+        short = [f"{node_label(n)} has {n.get('Resources', {}).get(device, 0):g}" for n in alive
+                 if n.get("Resources", {}).get(device, 0) < per_node]
+        complete = bool(names) and set(names) <= {a.get("NodeName") for a in alive}
+        if time.monotonic() > deadline or complete:  # a node's resources never change once it has registered
+            missing = [n for n in names if n not in {a.get("NodeName") for a in alive}]
+            say(f"ERROR: {'after ' + str(timeout) + 's ' if not complete else ''}the cluster has {len(alive)} of "
+                f"{nodes} nodes and {have:g} of {gpus} {device}s"
+                + (f"; no Ray node from {', '.join(missing)} (its Ray did not start, or cannot reach the head at "
+                   f"{address})" if missing else "")
+                + (f"; each node needs {per_node} {device}s: {', '.join(short)}" if short else ""))
             return 1
         time.sleep(0.5)
 
@@ -232,17 +239,56 @@ def check_model(model: str) -> str | None:
     return None
 
 
-def installed_versions() -> dict:
+def installed_versions(device: str = "GPU") -> dict:
+    """A node's Python, packages and verl's source; on Ascend also torch_npu and the node's NPUs."""
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
-    for name in PACKAGES:
+    for name in PACKAGES + (("torch_npu",) if device == "NPU" else ()):
         try:
             found[name] = version(name)
         except PackageNotFoundError:
             found[name] = None
     return {"host": platform.node(), "python": platform.python_version(), "packages": found,
-            "verl_source": installed_from("verl")}
+            "verl_source": installed_from("verl"), **({"npus": npu_devices()} if device == "NPU" else {})}
+
+
+def npu_devices() -> dict:
+    """What a node shows of its Ascend NPUs, each None where it shows nothing: `npu-smi info -m`'s chips that
+    have a logic id (the NPUs; an MCU has none) and their names, torch_npu's count, and CANN's version."""
+    smi, names = None, []
+    try:
+        out = subprocess.run(["npu-smi", "info", "-m"], capture_output=True, text=True, timeout=60).stdout
+        chips = [row for row in (line.split(None, 3) for line in out.splitlines()) if len(row) > 2 and row[2].isdigit()]
+        smi, names = len(chips), sorted({row[3].strip() for row in chips if len(row) > 3})
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        count, backend = local_devices()
+        torch_npu = count if backend == "hccl" else None
+    except ImportError:
+        torch_npu = None
+    cann = None
+    home = os.environ.get("ASCEND_TOOLKIT_HOME") or "/usr/local/Ascend/ascend-toolkit/latest"
+    for info in sorted(glob.glob(os.path.join(home, "*", "ascend_toolkit_install.info"))):
+        with open(info, encoding="utf-8", errors="replace") as fh:
+            cann = next((line.split("=", 1)[1].strip() for line in fh if line.startswith("version=")), cann)
+    return {"npu_smi": smi, "chips": names, "torch_npu": torch_npu, "cann": cann}
+
+
+def npu_problems(seen: dict, nodes: list[dict]) -> list[str]:
+    """Each node must show at least the NPUs Ray was started with (torch_npu's count, else npu-smi's)."""
+    problems = []
+    for n in nodes:
+        info = seen.get(n["NodeID"], {}).get("npus") or {}
+        given = n.get("Resources", {}).get("NPU", 0)
+        visible, how = (info.get("torch_npu"), "torch_npu") if info.get("torch_npu") is not None \
+            else (info.get("npu_smi"), "npu-smi")
+        if visible is None:
+            problems.append(f"node {node_label(n)}: no NPU visible (no npu-smi on PATH, no torch_npu)")
+        elif visible < given:
+            problems.append(f"node {node_label(n)}: {how} shows {visible} NPUs, Ray was started with {given:g}")
+    return problems
 
 
 def installed_from(name: str) -> dict | None:
@@ -296,13 +342,13 @@ def code_inputs(code: dict) -> tuple[dict, list[str]]:
             "files": files}, problems
 
 
-def versions_per_node(ray, nodes: list[dict]) -> dict:  # noqa: ANN001
+def versions_per_node(ray, nodes: list[dict], device: str = "GPU") -> dict:  # noqa: ANN001
     """What each node's Python sees, from a zero-CPU task pinned to that node."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     probe = ray.remote(num_cpus=0)(installed_versions)
     refs = {n["NodeID"]: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
-            .remote() for n in nodes}
+            .remote(device) for n in nodes}
     return {node: ray.get(ref, timeout=300) for node, ref in refs.items()}
 
 
@@ -518,14 +564,19 @@ import torch
 import torch.distributed as dist
 host, port, rank, world, local, timeout = sys.argv[1:7]
 rank, world, timeout = int(rank), int(world), timedelta(seconds=float(timeout))
-cuda = torch.cuda.is_available()
-if cuda:
-    torch.cuda.set_device(int(local))
+try:
+    import torch_npu  # noqa: F401  (Ascend: torch.npu and the hccl backend)
+    npu = torch.npu.is_available()
+except ImportError:
+    npu = False
+cuda = not npu and torch.cuda.is_available()
+device, backend = ("npu", "hccl") if npu else ("cuda", "nccl") if cuda else ("cpu", "gloo")
+if device != "cpu":
+    getattr(torch, device).set_device(int(local))
 store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
 store.set(f"joined/{rank}", "1")
-dist.init_process_group("nccl" if cuda else "gloo", store=dist.PrefixStore("pg", store), rank=rank,
-                        world_size=world, timeout=timeout)
-x = torch.ones(256 * 1024, device="cuda" if cuda else "cpu")  # 1 MiB
+dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world, timeout=timeout)
+x = torch.ones(256 * 1024, device=device)  # 1 MiB
 dist.all_reduce(x)
 got = x[0].item()
 dist.destroy_process_group()
@@ -534,16 +585,32 @@ sys.exit(0 if got == world else 3)
 """
 
 
-def allreduce_node(host: str, port: int, index: int, timeout: float) -> dict:
-    """A node's part of the all-reduce (a Ray task holding every GPU of the node): a rank per GPU over
-    NCCL (RCCL on ROCm), or one gloo rank where torch sees no GPU."""
-    from datetime import timedelta
+def local_devices() -> tuple[int, str]:
+    """How many accelerators torch sees on this node, and the backend of the all-reduce over them: HCCL where
+    torch_npu sees Ascend NPUs, NCCL (RCCL on ROCm) where torch sees GPUs, else gloo (one rank)."""
+    import importlib
 
     import torch
+
+    try:
+        importlib.import_module("torch_npu")  # adds torch.npu and the hccl backend
+        if torch.npu.is_available():
+            return torch.npu.device_count(), "hccl"
+    except ImportError:
+        pass
+    return (torch.cuda.device_count(), "nccl") if torch.cuda.is_available() else (0, "gloo")
+
+
+def allreduce_node(host: str, port: int, index: int, timeout: float) -> dict:
+    """A node's part of the all-reduce (a Ray task holding every GPU or NPU of the node): a rank per device,
+    or one gloo rank where torch sees none."""
+    from datetime import timedelta
+
     from torch.distributed import TCPStore
 
     store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout))
-    ranks = torch.cuda.device_count() or 1
+    count, backend = local_devices()
+    ranks = count or 1
     store.set(f"ranks/{index}", str(ranks))
     first, world = map(int, store.get(f"plan/{index}").decode().split())
     procs = [subprocess.Popen([sys.executable, "-c", RANK_PROGRAM, host, str(port), str(first + local), str(world),
@@ -555,12 +622,19 @@ def allreduce_node(host: str, port: int, index: int, timeout: float) -> dict:
         if proc.returncode:
             lines = [line for line in err.strip().splitlines() if line.strip()]
             failed.append(f"rank {first + local} exited {proc.returncode}: {lines[-1] if lines else 'no output'}")
-    return {"host": platform.node(), "ranks": ranks, "backend": "nccl" if torch.cuda.is_available() else "gloo",
-            "failed": failed}
+    return {"host": platform.node(), "ranks": ranks, "backend": backend, "failed": failed}
 
 
-def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIMEOUT) -> tuple[list[str], str]:  # noqa: ANN001
-    """Problems of an all-reduce across every GPU of every node, each naming its node; and a summary."""
+def holding(device: str, count: float) -> dict:
+    """A Ray task's options that hold `count` of resource `device` (Ray takes GPUs as num_gpus only)."""
+    if device == "GPU":
+        return {"num_gpus": count}
+    return {"resources": {device: count}} if count else {}
+
+
+def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIMEOUT,  # noqa: ANN001
+                        device: str = "GPU") -> tuple[list[str], str]:
+    """Problems of an all-reduce across every GPU (NPU) of every node, each naming its node; and a summary."""
     from datetime import timedelta
 
     try:
@@ -574,7 +648,7 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
     names = [node_label(n) for n in nodes]
     task = ray.remote(allreduce_node)
     refs = [task.options(
-        num_cpus=0, num_gpus=n.get("Resources", {}).get("GPU", 0), max_retries=0,
+        num_cpus=0, **holding(device, n.get("Resources", {}).get(device, 0)), max_retries=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(host, store.port, i, timeout)
         for i, n in enumerate(nodes)]
     which = {ref.hex(): i for i, ref in enumerate(refs)}
@@ -622,22 +696,25 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
 def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir: str, data: list[str],
               pins: list[str], rollout_package: str | None, record: str | None, image: str | None,
               require_env: list[str], reference: str | None, train: list[str], verl_commit: str | None = None,
-              code: dict | None = None) -> int:
-    """Check the cluster, every node's packages, an all-reduce over every GPU, the data files, the model and
-    the checkpoint folder; write the run record (and a reproducible job's first-run record). 0: passed."""
+              code: dict | None = None, device: str = "GPU") -> int:
+    """Check the cluster, every node's packages (and NPUs), an all-reduce over every GPU (NPU), the data files,
+    the model and the checkpoint folder; write the run record (and a reproducible job's first-run record).
+    0: passed."""
     started = stamp()
     problems: list[str] = []
     ray = connect(address)
     expected_nodes, expected_gpus = nodes, gpus
     nodes = alive_nodes(ray)
-    gpus = sum(n.get("Resources", {}).get("GPU", 0) for n in nodes)
+    gpus = sum(n.get("Resources", {}).get(device, 0) for n in nodes)
     if len(nodes) != expected_nodes:
         problems.append(f"Ray has {len(nodes)} nodes, the spec asks for {expected_nodes}")
     if gpus != expected_gpus:
-        problems.append(f"Ray has {gpus:g} GPUs, the spec asks for {expected_gpus}")
+        problems.append(f"Ray has {gpus:g} {device}s, the spec asks for {expected_gpus}")
     pinned = dict(p.split("=", 1) for p in pins)
-    seen = versions_per_node(ray, nodes)
+    seen = versions_per_node(ray, nodes, device)
     problems += version_problems(seen, pinned, rollout_package)
+    if device == "NPU":
+        problems += npu_problems(seen, nodes)
     if verl_commit:
         problems += verl_commit_problems(seen, verl_commit)
     code_record, code_problems = code_inputs(code) if code else (None, [])
@@ -653,7 +730,7 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
             missing = [c for c in VERL_COLUMNS if c not in columns]
             if missing:
                 problems.append(f"data file {path} lacks verl's columns {', '.join(missing)}")
-    collective, collective_summary = collective_problems(ray, nodes) if not problems else ([], "")
+    collective, collective_summary = collective_problems(ray, nodes, device=device) if not problems else ([], "")
     problems += collective
     problem = check_model(model)
     if problem:
@@ -674,7 +751,7 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
         "trainer_argv": train,
         "verl_config": resolved_verl_config(train),
         "nodes": [{"host": n.get("NodeManagerHostname"), "address": n.get("NodeManagerAddress"),
-                   "gpus": n.get("Resources", {}).get("GPU", 0), "cpus": n.get("Resources", {}).get("CPU", 0),
+                   "gpus": n.get("Resources", {}).get(device, 0), "cpus": n.get("Resources", {}).get("CPU", 0),
                    **seen.get(n["NodeID"], {})} for n in nodes],
         "gpus": gpus,
         "versions": next(iter(seen.values()), {}).get("packages", {}),
@@ -710,7 +787,7 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
         os.replace(reference + ".tmp", reference)
         say(f"first run of a reproducible job: its record is now {reference}" if first
             else f"the accepted changes are in this run's record; later re-runs compare with it ({reference})")
-    say(f"preflight passed: {len(nodes)} nodes, {gpus:g} GPUs, {len(data)} data files, "
+    say(f"preflight passed: {len(nodes)} nodes, {gpus:g} {device}s, {len(data)} data files, "
         f"model {model}, {collective_summary}")
     return 0
 
@@ -838,7 +915,7 @@ def job(spec: dict, begun: str | None = None) -> int:
             pause_at(stage)
             say(f"stage {stage}")
         if stage == "ray":
-            rc = wait(address, spec["nodes"], spec["gpus"], spec["wait_seconds"])
+            rc = wait(address, spec["nodes"], spec["gpus"], spec["wait_seconds"], spec["device"])
         elif stage == "data":
             fetch = spec.get("model_fetch")
             rc = materialize(fetch["repo"], fetch["revision"], expand(fetch["folder"])) if fetch else 0
@@ -853,7 +930,8 @@ def job(spec: dict, begun: str | None = None) -> int:
                 pins=spec["pins"], rollout_package=spec.get("rollout_package"),
                 record=expand(spec["record"]) if spec.get("record") else None, image=spec["image"],
                 require_env=spec["require_env"], reference=expand(spec["reference"]) if spec.get("reference") else None,
-                train=spec["train"], verl_commit=spec.get("verl_commit"), code=spec.get("code"))
+                train=spec["train"], verl_commit=spec.get("verl_commit"), code=spec.get("code"),
+                device=spec["device"])
         else:
             say("training: " + " ".join(spec["train"]))
             rc = train(spec["train"], {**os.environ, "RAY_ADDRESS": address}, spec.get("stall_timeout"), address)
