@@ -139,7 +139,6 @@ class RayIR:
     wait_seconds: int
     head_interface: str | None
     num_cpus: int | None
-    num_gpus: int
     debugger_external: bool  # legacy `ray debug` needs the head to accept external debugger connections
 
 

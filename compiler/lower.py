@@ -57,7 +57,6 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
             wait_seconds=spec.ray.wait_for_nodes,
             head_interface=spec.network.head_interface,
             num_cpus=slurm.cpus_per_task if slurm else None,
-            num_gpus=spec.cluster.gpus_per_node,
             debugger_external=spec.ray.debug == "legacy",
         ),
         data_prep=data_prep(spec),

@@ -84,11 +84,14 @@ def write_fixtures(root: Path) -> None:
 
 
 # npu-smi's `info -m` as an A3 node prints it: per NPU card two chips with a logic id, and an MCU without one.
-# FAKE_NPUS_NODE<i> chips on the job's i-th node (SLURM_NODEID), else FAKE_NPUS.
+# FAKE_NPUS chips; FAKE_NPUS_SECOND on the Slurm job's second node.
 NPU_SMI = """#!/usr/bin/env bash
 [[ $* == "info -m" ]] || exit 2
-count=FAKE_NPUS_NODE${SLURM_NODEID:-}
-count=${!count:-${FAKE_NPUS:-0}}
+count=${FAKE_NPUS:-0}
+if [[ -n ${FAKE_NPUS_SECOND:-} ]] \\
+    && [[ $(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 2p) == "${SLURMD_NODENAME:-}" ]]; then
+  count=$FAKE_NPUS_SECOND
+fi
 printf '        NPU ID   Chip ID   Chip Logic ID   Chip Name\\n'
 for ((i = 0; i < count; i++)); do
   printf '        %d        %d         %d               Ascend910_9391\\n' $((i / 2)) $((i % 2)) "$i"
@@ -595,11 +598,11 @@ def test_the_data_stage_passes_the_releases_own_preprocessing_options(slurm: Non
 def test_ascend_npus_bring_up_to_the_preflight_with_hccl_set_on_every_node(slurm: None, tmp_path: Path) -> None:
     """cluster.accelerator npu on CPU-only nodes: Ray's NPU resource on each node (the wait counts NPUs), an
     npu-smi on every node, HCCL's settings as every node's Ray workers see them (interface, timeouts, the
-    job's own ports). A second job, whose n-th node's npu-smi shows 6 of its 8 NPUs, fails the preflight
+    job's own ports). A second job, whose second node's npu-smi shows 6 of its 8 NPUs, fails the preflight
     naming that node."""
     npu = ", accelerator: npu"
     jobs = {}
-    for name, shown in (("all", {}), ("short", {"FAKE_NPUS_NODE1": "6"})):
+    for name, shown in (("all", {}), ("short", {"FAKE_NPUS_SECOND": "6"})):
         root = tmp_path / name
         root.mkdir()
         write_fixtures(root)

@@ -484,7 +484,7 @@ VERLC_JOB
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/runtime.py of verlc 0.1.0, sha256 86e91110669d67c768aeb4d257e12b3a82137f0a57ee398681c7e2d592aad4fd:
+# targets/runtime.py of verlc 0.1.0, sha256 df904fec9b82e56056eda1e36e961d589189d645061773168d7e354f478a147a:
 # the file every verlc bundle runs on the cluster (the others ship it as verlc_job/__init__.py,
 # after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -551,6 +551,7 @@ def alive_nodes(ray) -> list[dict]:  # noqa: ANN001
 
 
 NODE_LOST = 75  # the exit code of a run ended because Ray declared a node dead (EX_TEMPFAIL: worth a retry)
+LOST_SETTLE = 5  # seconds to wait, once a node is lost, for others lost with it (one message names them all)
 
 
 def lost_nodes(ray, started: list[dict]) -> list[dict]:  # noqa: ANN001
@@ -1347,7 +1348,14 @@ def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | 
                 lost = lost_nodes(ray, started)
             except Exception:  # a slow answer from the GCS is not a lost node
                 lost = []
-            if lost:
+            if lost:  # nodes cut off together are declared dead within a few health-check periods of each other
+                settle = time.monotonic() + LOST_SETTLE
+                while time.monotonic() < settle and len(lost) < len(started) - 1:
+                    time.sleep(0.5)
+                    try:
+                        lost = lost_nodes(ray, started) or lost
+                    except Exception:
+                        pass
                 names = ", ".join(node_label(n) for n in lost)
                 whole = len(started) > 2 and len(lost) == len(started) - 1
                 say(f"ERROR: Ray declared node(s) {names} dead during training (they stopped answering its health "

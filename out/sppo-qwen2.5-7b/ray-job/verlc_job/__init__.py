@@ -61,6 +61,7 @@ def alive_nodes(ray) -> list[dict]:  # noqa: ANN001
 
 
 NODE_LOST = 75  # the exit code of a run ended because Ray declared a node dead (EX_TEMPFAIL: worth a retry)
+LOST_SETTLE = 5  # seconds to wait, once a node is lost, for others lost with it (one message names them all)
 
 
 def lost_nodes(ray, started: list[dict]) -> list[dict]:  # noqa: ANN001
@@ -857,7 +858,14 @@ def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | 
                 lost = lost_nodes(ray, started)
             except Exception:  # a slow answer from the GCS is not a lost node
                 lost = []
-            if lost:
+            if lost:  # nodes cut off together are declared dead within a few health-check periods of each other
+                settle = time.monotonic() + LOST_SETTLE
+                while time.monotonic() < settle and len(lost) < len(started) - 1:
+                    time.sleep(0.5)
+                    try:
+                        lost = lost_nodes(ray, started) or lost
+                    except Exception:
+                        pass
                 names = ", ".join(node_label(n) for n in lost)
                 whole = len(started) > 2 and len(lost) == len(started) - 1
                 say(f"ERROR: Ray declared node(s) {names} dead during training (they stopped answering its health "
