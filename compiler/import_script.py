@@ -36,6 +36,11 @@ SECRET = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_K
 _SHELL_ENV = {"PATH", "PWD", "OLDPWD", "SHLVL", "_", "HOME", "USER", "LANG", "TMPDIR", "LC_ALL"}
 # what every bundle exports itself (compiler/derive.py): the same value in the script is not repeated in the spec
 _VERLC_SETS = {("PYTHONUNBUFFERED", "1")}
+# what verlc derives on Ascend NPUs (compiler/derive.py npu_environment): the spec field a script's export
+# becomes, or None where verlc sets it itself
+_NPU_ENV = {"HCCL_CONNECT_TIMEOUT": "connect_timeout", "HCCL_EXEC_TIMEOUT": "exec_timeout",
+            "ASCEND_RT_VISIBLE_DEVICES": None, "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES": None,
+            "HCCL_HOST_SOCKET_PORT_RANGE": None, "HCCL_NPU_SOCKET_PORT_RANGE": None}
 # verl's defaults for what a spec must say, used (with a note) when the script leaves them to verl
 VERL_DEFAULTS = {"trainer.nnodes": 1, "trainer.n_gpus_per_node": 8, "trainer.project_name": "verl_examples",
                  "trainer.experiment_name": "gsm8k", "data.train_files": "~/data/rlhf/gsm8k/train.parquet",
@@ -406,6 +411,9 @@ def _cluster(spec: dict[str, Any], values: dict[str, Any], verl: dict[str, Any],
     pool = verl.get("rollout")
     if isinstance(pool, dict) and isinstance(pool.get("n_gpus_per_node"), int):
         counts["gpus_per_node"] += pool["n_gpus_per_node"]  # verlc gives the trainer the rest of each node
+    trainer = verl.get("trainer")
+    if isinstance(trainer, dict) and trainer.get("device") == "npu":  # an Ascend script: verlc sets the device
+        counts["accelerator"] = trainer.pop("device")
     spec["cluster"] = counts
 
 
@@ -458,7 +466,15 @@ def _environment(spec: dict[str, Any], trainer: Trainer, base_env: dict[str, str
         if name in _SHELL_ENV or base_env.get(name) == value or (name, value) in _VERLC_SETS or \
                 name == "RAY_ADDRESS" and trainer.launcher == "ray job submit":  # ray.address
             continue
-        if SECRET.search(name):
+        if spec["cluster"].get("accelerator") == "npu" and name in _NPU_ENV:
+            field = _NPU_ENV[name]
+            if field and value.isdigit() and int(value) > 0:
+                spec.setdefault("network", {}).setdefault("hccl", {})[field] = int(value)
+            else:
+                leave(f"export {name}", "verlc sets it on Ascend NPUs (every NPU of the node visible, HCCL's ports "
+                                        "from the job's own block)" if not field else
+                      f"network.hccl.{field} takes whole seconds", f"{name}=")
+        elif SECRET.search(name):
             secrets.append(name)
         elif "\n" in value or len(value) > 4096:
             leave(f"export {name}", "a value the spec cannot hold (a newline, or over 4096 characters)",

@@ -426,3 +426,20 @@ def test_srun_and_uv_run_start_the_trainer_and_sbatch_lines_fill_cluster_slurm(t
     assert spec["cluster"] == {"nodes": 2, "gpus_per_node": 8, "slurm": {"cpus_per_task": 32, "partition": "gpu"}}
     assert "#   line 3: #SBATCH --mail-type=END: a directive cluster.slurm has no field for" in result.stdout
     assert spec["targets"] == ["slurm", "ray-job"] and "program" not in spec
+
+
+def test_an_ascend_script_becomes_an_npu_spec(imported: dict[str, Any]) -> None:
+    """A script that runs verl with trainer.device=npu imports as cluster.accelerator: npu (verlc then passes
+    trainer.device itself), its HCCL timeouts as network.hccl; what verlc sets on NPUs is left, with a line."""
+    found = {s: result for s, (theirs, _, result) in imported.items()
+             if result is not None and any(a.replace("'", "") == "trainer.device=npu" for a in theirs or [])}
+    assert len(found) >= 3, sorted(found)
+    npu = {s: result.spec for s, result in found.items()}
+    for script, spec in npu.items():
+        assert spec["cluster"].get("accelerator") == "npu", script
+        assert "device" not in spec["verl"].get("trainer", {}), script
+        assert not {"ASCEND_RT_VISIBLE_DEVICES", "HCCL_CONNECT_TIMEOUT"} & set(spec.get("env", {})), script
+    gspo = npu["examples/gspo_trainer/run_qwen3_32b_gspo_npu.sh"]
+    assert gspo["network"]["hccl"] == {"connect_timeout": 3600, "exec_timeout": 3600}, gspo.get("network")
+    moe = found["examples/grpo_trainer/run_qwen3moe-30b_sglang_megatron_npu.sh"]
+    assert any("export ASCEND_RT_VISIBLE_DEVICES: verlc sets it on Ascend NPUs" in line for line in moe.left), moe.left

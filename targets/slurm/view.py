@@ -99,9 +99,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
     slurm: SlurmIR = ir.part("slurm")
     c = ir.container
     # HCCL's ports come from the job's block of ports (the template exports them once it has the block)
-    own = {e.name for e in ir.env if e.origin == "env"}
-    hccl_ports = tuple((name, first, last) for name, (first, last) in HCCL_PORTS.items()
-                       if ir.device == "NPU" and name not in own)
+    hccl_ports = tuple((name, first, last) for name, (first, last) in HCCL_PORTS.items() if ir.device == "NPU")
     ports = tuple(name for name, *_ in hccl_ports)
     env = tuple(e for e in (*ir.env, *job_env(ir)) if e.name not in ports)
     env_names = (*(e.name for e in env), *ports, *ir.secrets, *ir.node_env)
