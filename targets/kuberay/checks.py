@@ -60,8 +60,8 @@ def _gpu_label(spec: Spec, sourced: Sourced, k: Kubernetes) -> Iterator[Diagnost
     label = k.gpu_label or GPU_LABEL[accelerator]
     if gpu_type is None or label in k.node_selector or _PRODUCT_LABEL[accelerator].fullmatch(gpu_type):
         return
-    example = _EXAMPLE[accelerator]
+    device = "NPU" if accelerator == "npu" else "GPU"
     yield sourced.diagnostic(("cluster", "gpu_type"), (
-        f"the kuberay target selects nodes by their {'NPU' if accelerator == 'npu' else 'GPU'} label {label}, whose values are product names such as "
-        f"{example}, not {gpu_type}: set kubernetes.node_selector: {{{label}: <the value on your nodes>}} "
-        f"(`kubectl get nodes -L {label}` shows it)"))
+        f"the kuberay target selects nodes by their {device} label {label}, whose values are product names such "
+        f"as {_EXAMPLE[accelerator]}, not {gpu_type}: set kubernetes.node_selector: "
+        f"{{{label}: <the value on your nodes>}} (`kubectl get nodes -L {label}` shows it)"))
