@@ -448,7 +448,7 @@ VERLC_JOB
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/runtime.py of verlc 0.1.0, sha256 df904fec9b82e56056eda1e36e961d589189d645061773168d7e354f478a147a:
+# targets/runtime.py of verlc 0.1.0, sha256 cb6d84b29ba50b15ad4032f31c76b7d9866d732537a765324df0adc37a91d859:
 # the file every verlc bundle runs on the cluster (the others ship it as verlc_job/__init__.py,
 # after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -471,8 +471,8 @@ Its command line (what bundles call):
 The stages, each a function below: `wait` blocks until the cluster has the expected nodes and GPUs (NPUs on
 Ascend), or fails at a deadline; `materialize` and `prepare` put the model and the data in place; `preflight`
 checks the cluster, package versions on every node, an all-reduce over every GPU, data files, model and
-checkpoint folder, and writes the run record; `train` runs verl's program. The step line of verl's console logger is parsed here
-only (STEP_LINE).
+checkpoint folder, and writes the run record; `train` runs verl's program. The step line of verl's console
+logger is parsed here only (STEP_LINE).
 """
 
 from __future__ import annotations
@@ -1104,8 +1104,8 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
     task = ray.remote(allreduce_node)
     refs = [task.options(
         num_cpus=0, **holding(device, n.get("Resources", {}).get(device, 0)), max_retries=0,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(host, store.port, i, timeout)
-        for i, n in enumerate(nodes)]
+        scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
+    ).remote(host, store.port, i, timeout) for i, n in enumerate(nodes)]
     which = {ref.hex(): i for i, ref in enumerate(refs)}
     deadline, problems, planned, ranks = time.monotonic() + timeout, [], False, []
 

@@ -17,8 +17,8 @@ Its command line (what bundles call):
 The stages, each a function below: `wait` blocks until the cluster has the expected nodes and GPUs (NPUs on
 Ascend), or fails at a deadline; `materialize` and `prepare` put the model and the data in place; `preflight`
 checks the cluster, package versions on every node, an all-reduce over every GPU, data files, model and
-checkpoint folder, and writes the run record; `train` runs verl's program. The step line of verl's console logger is parsed here
-only (STEP_LINE).
+checkpoint folder, and writes the run record; `train` runs verl's program. The step line of verl's console
+logger is parsed here only (STEP_LINE).
 """
 
 from __future__ import annotations
@@ -650,8 +650,8 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
     task = ray.remote(allreduce_node)
     refs = [task.options(
         num_cpus=0, **holding(device, n.get("Resources", {}).get(device, 0)), max_retries=0,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(host, store.port, i, timeout)
-        for i, n in enumerate(nodes)]
+        scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
+    ).remote(host, store.port, i, timeout) for i, n in enumerate(nodes)]
     which = {ref.hex(): i for i, ref in enumerate(refs)}
     deadline, problems, planned, ranks = time.monotonic() + timeout, [], False, []
 
