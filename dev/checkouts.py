@@ -11,6 +11,7 @@ Idempotent: a checkout that exists is left as it is.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -40,6 +41,13 @@ def make(name: str, into: Path) -> Path:
     if missing:
         raise SystemExit(f"dev/checkouts.py: {', '.join(missing)} not in {SHARED}")
     into.mkdir(parents=True, exist_ok=True)
+    with open(into / f".{name}.lock", "w") as lock:  # one maker at a time (the test suite's two workers)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return final if (final / ".git").is_dir() else _unpack(name, final)
+
+
+def _unpack(name: str, final: Path) -> Path:
+    into = final.parent
     scratch = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=into))
     try:
         for tarball, where in CHECKOUTS[name]:

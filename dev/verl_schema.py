@@ -16,6 +16,7 @@ dataclasses. verl and torch are never imported. tests/test_verl_schema.py runs t
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -35,9 +36,14 @@ def release_package(version: str) -> Path:
     """The verl package folder of one release, installed without dependencies into the cache."""
     target = CACHE / version
     package = target / "verl"
-    if not (package / "trainer" / "config").is_dir():
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                        "--no-deps", "--no-compile", "--target", str(target), f"verl=={version}"], check=True)
+    if (package / "trainer" / "config").is_dir():
+        return package
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f".{version}.lock", "w") as lock:  # one install at a time (the test suite's two workers)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (package / "trainer" / "config").is_dir():
+            subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                            "--no-deps", "--no-compile", "--target", str(target), f"verl=={version}"], check=True)
     return package
 
 

@@ -87,3 +87,18 @@ def recipes() -> list[Path]:
 @pytest.fixture(params=SPECS, ids=[p.stem for p in SPECS])
 def example_spec(request: pytest.FixtureRequest) -> Path:
     return request.param
+
+
+
+# The fixtures that start the machine's daemons: local Slurm (dev/slurm.sh), a Ray cluster, podman's state
+# (dev/containers.sh). Their tests share the machine's ports, processes and network namespaces, and some check
+# that nothing of theirs is left anywhere: they are marked `machine`, and dev/test.sh runs them in one pytest
+# process, one at a time, beside a second process that runs all the others (`-m "not machine"`).
+MACHINE_FIXTURES = frozenset({"slurm", "ray_head", "npu_cluster", "engine"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if MACHINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.machine)

@@ -29,6 +29,10 @@ SLURMD_TIMEOUT = 60  # dev/slurm.sh's: when Slurm sees a node stop answering
 # bookkeeping of the unreachable node (the job stays COMPLETING until it gives up on it)
 SLACK = 90
 BOUND = NODE_TIMEOUT + 30 + SLACK
+# A job that failed on a node it cannot reach: its cleanup waits up to KillWait for that node's step, which cannot
+# end before Slurm declares the node down (SlurmdTimeout). Whichever comes first makes Slurm's state FAILED or
+# NODE_FAIL (both seen); either is this failure, and the job's log names the node in both.
+FAILED = ("FAILED", "NODE_FAIL")
 RAY = f", node_timeout: {NODE_TIMEOUT}s"
 
 
@@ -171,7 +175,7 @@ def test_network_faults_end_each_job_in_bounded_time_naming_the_node(slurm: None
            ("worker cut during training", training), ("head cut", head_cut), ("black hole in the all-reduce",
            all_reduce), ("black hole during training", black_hole))})  # seconds, for the record (pytest -s)
     # a worker cut off during bring-up: the job fails within the wait deadline, naming the node
-    assert bring_up["state"] == "FAILED", bring_up["output"]
+    assert bring_up["state"] in FAILED, bring_up["output"]
     assert bring_up["took"] < WAIT + 30 + SLACK, bring_up
     # (srun's launch of its Ray fails, or the wait deadline passes without it)
     assert (lines_with(bring_up["output"], "srun: error: ", f" on node {bring_up['worker']}: ") or
@@ -190,17 +194,17 @@ def test_network_faults_end_each_job_in_bounded_time_naming_the_node(slurm: None
     assert w not in placed(training["output"]), training["output"]
 
     # the head cut off: Slurm ends the job (the head stops answering); the workers' side stops and keeps its logs
-    assert head_cut["state"] in ("NODE_FAIL", "FAILED"), head_cut["output"]
+    assert head_cut["state"] in FAILED, head_cut["output"]
     assert head_cut["took"] < SLURMD_TIMEOUT + SLACK, head_cut
     assert re.search(r"Reason=Not responding", head_cut["node"]) or head_cut["state"] == "NODE_FAIL", head_cut["node"]
     assert lines_with(head_cut["job_log"], "Ray declared node(s) ", "every other node at once"), head_cut["job_log"]
 
     # a black-holed worker during the all-reduce, and during training: bounded by Ray's detection, named
-    assert all_reduce["state"] == "FAILED", all_reduce["output"]
+    assert all_reduce["state"] in FAILED, all_reduce["output"]
     assert all_reduce["took"] < BOUND, all_reduce
     assert lines_with(all_reduce["output"], f"PREFLIGHT FAILED: all-reduce: node {all_reduce['worker']} (",
                       "Ray declared it dead"), all_reduce["output"]
-    assert black_hole["state"] == "FAILED", black_hole["output"]
+    assert black_hole["state"] in FAILED, black_hole["output"]
     assert black_hole["took"] < BOUND, black_hole
     assert lines_with(black_hole["output"], f"Ray declared node(s) {black_hole['worker']} (", "dead"), \
         black_hole["output"]
