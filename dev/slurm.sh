@@ -152,6 +152,8 @@ JobCompType=jobcomp/none
 MpiDefault=none
 ReturnToService=2
 MinJobAge=3600
+# The mails a job asks for (--mail-type) go into \$state/mail.log: what slurmctld ran, one line per mail
+MailProg=$state/mail
 KillWait=30
 SlurmctldTimeout=30
 # A node that stops answering is DOWN after this long (Slurm's default: 300 s), and its jobs end; longer
@@ -163,6 +165,9 @@ EOF
     write_hosts "n$i"
   done >>"$conf"
   echo "PartitionName=debug Nodes=n[1-$count] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES" >>"$conf"
+  printf '#!/bin/sh\nprintf "%%s\\n" "$*" >>%q/mail.log\n' "$state" >"$state/mail"
+  chmod 755 "$state/mail"
+  rm -f "$state/mail.log"
   # Slurm reads gres.conf (and would read cgroup.conf) from slurm.conf's own folder.
   cat >"$state/gres.conf" <<EOF
 NodeName=n[1-$count] Name=gpu File=/dev/tty[0-7]

@@ -107,6 +107,8 @@ def fold(ledger: Path) -> dict[str, Run]:
         run.seen_at = event["at"]
         run.started_at = event.get("started") or run.started_at
         run.ended_at = event.get("ended") or run.ended_at
+        if event.get("log") and not run.submitted.get("log"):  # a log the scheduler named once the job started
+            run.submitted = {**run.submitted, "log": event["log"]}
         if kind == "finished":
             run.finished_at = event["at"]
             run.exit_code = event.get("exit_code")
@@ -116,11 +118,17 @@ def fold(ledger: Path) -> dict[str, Run]:
 
 def find(runs: dict[str, Run], key: str) -> Run:
     """A run by its id, a unique prefix of it, or its job id."""
+    found = matching(runs, key)
+    if len(found) == 1:
+        return found[0]
+    raise LedgerError(f"'{key}' matches {len(found)} runs: {', '.join(r.run for r in found)}")
+
+
+def matching(runs: dict[str, Run], key: str) -> list[Run]:
+    """Every run a key names: its id, the runs whose ids start with it (a sweep's variants), or a job id."""
     if key in runs:
-        return runs[key]
-    matches = [r for r in runs.values() if r.run.startswith(key) or str(r.submitted.get("job_id")) == key]
-    if len(matches) == 1:
-        return matches[0]
-    if not matches:
+        return [runs[key]]
+    found = [r for r in runs.values() if r.run.startswith(key) or str(r.submitted.get("job_id")) == key]
+    if not found:
         raise LedgerError(f"no run '{key}' in the ledger")
-    raise LedgerError(f"'{key}' matches {len(matches)} runs: {', '.join(r.run for r in matches)}")
+    return found

@@ -14,6 +14,7 @@ from ..compiler.ir import JobIR
 from ..targets import launcher, render
 from ..targets.bundle import MANIFEST, differences, write
 from . import ledger, progress
+from . import results as results_of
 from .scheduler import Observed
 
 
@@ -40,7 +41,9 @@ def submit(ir: JobIR, spec: Path, target: str, folder: Path, cwd: Path, env: dic
             "log": s.log, "record": s.record, "name": ir.name, "spec": _shown(spec, root),
             "spec_sha256": ir.spec_sha256, "bundle": str(folder.resolve()),
             "bundle_sha256": hashlib.sha256(manifest).hexdigest(), "verlc_version": ir.verlc_version,
-            "verl_version": ir.verl_version, "submit_dir": str(cwd.resolve()),
+            "verl_version": ir.verl_version, "submit_dir": str(cwd.resolve()), "nodes": ir.nodes,
+            "gpus_per_node": ir.gpus_per_node,
+            **({"variant": {k: v for k, v in ir.variants[s.variant].settings}} if s.variant is not None else {}),
         })
     runs = ledger.fold(ledger_file)
     return [runs[s.run] for s in submissions]
@@ -56,15 +59,18 @@ def _shown(path: Path, root: Path) -> str:
 def observe(ledger_file: Path, run: ledger.Run) -> Observed:
     """Ask the scheduler; append a `state` event when something changed, `finished` once it ended."""
     seen = launcher(run.target).state(run.submitted)
-    times = {k: v for k, v in (("started", seen.started), ("ended", seen.ended)) if v}  # the scheduler's own
+    facts = {k: v for k, v in (("started", seen.started), ("ended", seen.ended)) if v}  # the scheduler's own times
+    if seen.log and not run.submitted.get("log"):  # named once the job started (a Slurm array task's)
+        facts["log"] = seen.log
     if seen.final:
         if not run.final:
             ledger.append(ledger_file, {"event": "finished", "run": run.run, "state": seen.state,
                                         "restarts": max(seen.restarts, run.restarts), "exit_code": seen.exit_code,
-                                        "record": run.submitted.get("record"), "source": seen.source, **times})
-    elif (seen.state, seen.restarts) != (run.state, run.restarts) or (seen.started and not run.started_at):
+                                        "record": run.submitted.get("record"), "source": seen.source, **facts})
+    elif ((seen.state, seen.restarts) != (run.state, run.restarts) or (seen.started and not run.started_at)
+          or "log" in facts):
         ledger.append(ledger_file, {"event": "state", "run": run.run, "state": seen.state,
-                                    "restarts": seen.restarts, "source": seen.source, **times})
+                                    "restarts": seen.restarts, "source": seen.source, **facts})
     return seen
 
 
@@ -118,13 +124,17 @@ def follow(ledger_file: Path, run: ledger.Run, keys: Sequence[str], out: TextIO,
         sleep(poll)
 
 
-def duration(run: ledger.Run) -> str:
+def seconds(run: ledger.Run) -> int:
     """How long the job ran, by the scheduler's start and end times where it gave them; else from the
-    submission to when verlc saw it end."""
+    submission to when verlc saw it end (or now, while it runs)."""
     start = _parse(run.started_at or run.submitted["at"])
     end = _parse(run.ended_at or run.finished_at) if run.finished_at else datetime.now(timezone.utc)
-    seconds = int((end - start).total_seconds())
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+    return max(0, int((end - start).total_seconds()))
+
+
+def duration(run: ledger.Run) -> str:
+    took = seconds(run)
+    return f"{took // 3600}:{took // 60 % 60:02d}:{took % 60:02d}"
 
 
 def _parse(stamp: str) -> datetime:
@@ -134,17 +144,45 @@ def _parse(stamp: str) -> datetime:
 COLUMNS = ("run", "spec", "target", "where", "job", "state", "submitted", "duration", "spec sha256")
 
 
-def table(runs: Sequence[ledger.Run], markdown: bool) -> str:
+def table(runs: Sequence[ledger.Run], fmt: str) -> str:
     rows = [(r.run, r.submitted["spec"], r.target, r.where, str(r.job_id),
              r.state.lower() + (f" ({r.restarts} restarts)" if r.restarts else ""), r.submitted["at"],
              duration(r), r.submitted["spec_sha256"][:12]) for r in runs]
-    if markdown:
-        escape = lambda cell: cell.replace("|", "\\|")  # noqa: E731
-        lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-        lines += ["| " + " | ".join(escape(c) for c in row) + " |" for row in rows]
-        return "\n".join(lines) + "\n"
-    widths = [max(len(c) for c in col) for col in zip(COLUMNS, *rows)]
-    return "".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n" for row in (COLUMNS, *rows))
+    return results_of.tabulate(COLUMNS, rows, fmt)
+
+
+def results(ledger_file: Path, chosen: Sequence[ledger.Run], asked: Sequence[str], fmt: str) -> str:
+    """The results table of these runs: each run's state (asked of the scheduler while it runs), its steps,
+    the last and best value of each metric its log printed, wall time, GPU-hours and last checkpoint."""
+    metrics = [results_of.Metric.parse(m) for m in asked] or [results_of.Metric(m) for m in results_of.DEFAULT_METRICS]
+    logs = []
+    for run in chosen:
+        state = run.state if run.final else observe(ledger_file, run).state
+        logs.append((ledger.fold(ledger_file)[run.run], state, results_of.read(log_text(run).splitlines())))
+    keys = results_of.chosen_keys([logged for _, _, logged in logs], metrics)
+    rows = [results_of.row(run.run, run.submitted.get("variant") or {}, run.submitted["spec_sha256"],
+                           state.lower(), logged, keys, metrics, seconds(run), duration(run),
+                           run.submitted.get("nodes", 0) * run.submitted.get("gpus_per_node", 0) or None)
+            for run, state, logged in logs]
+    return results_of.render(rows, keys, fmt)
+
+
+def plot(ledger_file: Path, chosen: Sequence[ledger.Run], metric: str, output: Path) -> list[str]:
+    """Draw `metric` against step for each run into `output`; the lines' labels are returned. A run whose
+    log has no such metric is an error that lists the metrics it did log."""
+    from .plot import draw
+
+    lines = []
+    for run in chosen:
+        logged = results_of.read(log_text(run).splitlines())
+        points = results_of.points(logged, metric)
+        if not points:
+            raise results_of.ResultError(f"{run.run} logged no {metric!r}; it logged: "
+                                         f"{', '.join(sorted(logged.series)) or 'no metric yet'}")
+        swept = run.submitted.get("variant") or {}
+        lines.append((" ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in swept.items()) or run.run, points))
+    draw(metric, lines, output)
+    return [label for label, _ in lines]
 
 
 def ray_logs(run: ledger.Run, node: str | None) -> str:

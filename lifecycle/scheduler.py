@@ -30,6 +30,7 @@ class Submission:
     where: str  # the cluster, Ray address or host it went to
     log: str | None  # where the job's own log is, when it is a file
     record: str | None  # where the in-cluster run record will be
+    variant: int | None = None  # a sweep's variant this job runs (JobIR.variants' index)
 
 
 class State(Enum):
@@ -53,6 +54,15 @@ class Observed:
     started: str | None = None  # when the scheduler started the job (UTC, %Y-%m-%dT%H:%M:%SZ), if it says
     ended: str | None = None  # when it ended, if it says
     status: State = State.UNKNOWN  # the scheduler's word as one of verlc's states
+    log: str | None = None  # the job's log file, where the scheduler names it only once the job started
+
+
+def variants_of(ir: JobIR, jobs: Sequence[str], tool_name: str) -> list[int | None]:
+    """The sweep's variant each submitted job runs: the bundles submit one job per variant, in variant order."""
+    variants = [v.index for v in ir.variants] or [None]
+    if len(jobs) != len(variants):
+        raise LaunchError(f"{tool_name} submitted {len(jobs)} job(s) for {len(variants)} variant(s): {', '.join(jobs)}")
+    return variants
 
 
 def observed(states: Mapping[str, State], word: str, *args: object, **fields: object) -> Observed:

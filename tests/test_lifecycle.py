@@ -13,7 +13,7 @@ import pytest
 
 from conftest import REPO, run_verlc
 from verlc.compiler.verl.release import RELEASES
-from verlc.lifecycle import ledger, progress
+from verlc.lifecycle import ledger, progress, results
 
 sys.path.insert(0, str(REPO / "dev"))
 from verl_schema import release_package  # noqa: E402
@@ -60,6 +60,37 @@ def test_events_and_lines_from_a_job_log() -> None:
     assert progress.step_line(step, 40, ["critic/score/mean"], tty=False) == "step 10/40 critic/score/mean=0.5"
     assert progress.step_line(step, 40, [], tty=True, width=8) == "step 10/40 [##      ] 25%"
     assert list(progress.stage_lines(log, "ray"))[1:] == log[2:4]
+
+
+def test_results_count_a_requeued_runs_repeated_steps_once_with_the_later_value() -> None:
+    """verl 0.9.1's own console lines; the run was requeued after step 2 and resumed from step 1's checkpoint."""
+    line = console_logger("0.9.1")
+    log = ["(TaskRunner pid=1) Total training steps: 4",
+           "(TaskRunner pid=1) " + line({"val-core/gsm8k/acc/mean@1": 0.2}, step=0),
+           *("(TaskRunner pid=1) " + line({"critic/score/mean": v, "actor/pg_loss": loss}, step=s)
+             for s, v, loss in ((1, 0.1, -0.5), (2, 0.2, -0.7))),
+           "(TaskRunner pid=1) local_global_step_folder: /ckpt/run/global_step_1",
+           "[2026-12-01T03:00:00.000Z] verlc: requeueing job 7",
+           "(TaskRunner pid=2) " + line({"critic/score/mean": 0.25, "actor/pg_loss": -0.6}, step=2),
+           "(TaskRunner pid=2) " + line({"critic/score/mean": 0.3, "actor/pg_loss": -0.4,
+                                         "val-core/gsm8k/acc/mean@1": 0.45}, step=3),
+           "(TaskRunner pid=2) local_global_step_folder: /ckpt/run/global_step_3"]
+    logged = results.read(log)
+    assert results.points(logged, "critic/score/mean") == [(1, 0.1), (2, 0.25), (3, 0.3)]
+    assert (logged.total, logged.last_step, logged.checkpoints[-1]) == (4, 3, "/ckpt/run/global_step_3")
+    metrics = [results.Metric.parse("val-core/"), results.Metric.parse("actor/pg_loss:min")]
+    keys = results.chosen_keys([logged], metrics)
+    assert keys == ["val-core/gsm8k/acc/mean@1", "actor/pg_loss"]
+    row = results.row("r|1", {"verl.trainer.x": 1}, "a" * 64, "running", logged, keys, metrics, 7200, "2:00:00", 16)
+    assert row.values == {"val-core/gsm8k/acc/mean@1": (0.45, 0.45), "actor/pg_loss": (-0.4, -0.6)}
+    assert (row.steps, row.gpu_hours) == ("3/4", 32.0)
+    table = results.render([row], keys, "markdown").splitlines()
+    assert table[2].startswith("| r\\|1 | 1 | running | 3/4 | 0.45 | 0.45 | -0.4 | -0.6 | 2:00:00 | 32 |"), table
+    with pytest.raises(results.ResultError, match="they logged: actor/pg_loss, critic/score/mean, val-core/"):
+        results.chosen_keys([logged], [results.Metric.parse("actor/kl")])
+    assert results.chosen_keys([results.Logged()], [results.Metric(m) for m in results.DEFAULT_METRICS]) == []
+    with pytest.raises(results.ResultError, match="a metric key"):
+        results.Metric.parse(":min")
 
 
 def test_the_ledger_folds_events_and_finds_runs(tmp_path: Path) -> None:

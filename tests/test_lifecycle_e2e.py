@@ -4,15 +4,18 @@ state comes from scontrol and, once Slurm forgets a job, from its log) and a loc
 from __future__ import annotations
 
 import hashlib
+import html
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import run_verlc
 from test_ray_job import build as build_ray_job
 from test_ray_job import ray_env, ray_head  # noqa: F401
-from test_slurm_e2e import SUBMIT_ENV, build, fake_venv, slurm, wait_for, write_fixtures  # noqa: F401
+from test_slurm_e2e import SLURM_CONF, SUBMIT_ENV, build, fake_venv, slurm, wait_for, write_fixtures  # noqa: F401
 
 from verlc.lifecycle import ledger
 
@@ -133,3 +136,116 @@ def test_ray_job_submit_status_logs_and_runs_against_a_real_head(ray_head: str, 
     logs = subprocess.run([sys.executable, "-m", "verlc", "logs", run.run, "--stage", "preflight"], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=60)
     assert "preflight passed: 1 nodes, 8 GPUs" in logs.stdout, logs.stdout + logs.stderr
+
+
+LR = "verl.actor_rollout_ref.actor.optim.lr"
+
+
+def expected(lr: float) -> dict:
+    """What FAKE_METRICS printed for a run with this lr (tests/test_slurm_e2e.py), as --results shows it."""
+    x = lr * 1e5
+    return {"critic/score/mean": {"last": x + 0.3, "best": x + 0.3},
+            "val-core/gsm8k/reward/mean@1": {"last": x + 0.5, "best": x + 0.5},
+            "actor/pg_loss": {"last": -0.01, "best": -0.03}}  # :min
+
+
+def check_results(root: Path, runs: list[ledger.Run], env: dict[str, str] | None = None) -> None:
+    asked = ("--metric", "critic/score/mean", "--metric", "val-core/", "--metric", "actor/pg_loss:min")
+    shown = verlc(root, "runs", "--results", *asked, "--format", "json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    rows = {row["run"]: row for row in json.loads(shown.stdout)}
+    assert sorted(rows) == sorted(r.run for r in runs)
+    for run in runs:
+        row = rows[run.run]
+        lr = run.submitted["variant"][LR]
+        assert row["swept"] == {LR: lr}
+        assert row["metrics"].keys() == expected(lr).keys()
+        for key, want in expected(lr).items():
+            assert row["metrics"][key] == pytest.approx(want), (key, row)
+        assert (row["steps"], row["checkpoint"]) == ("3/3", "ckpt/global_step_3"), row
+        assert row["spec_sha256"] == run.submitted["spec_sha256"]
+        nodes, gpus = run.submitted["nodes"], run.submitted["gpus_per_node"]
+        hours, wall = row["gpu_hours"], sum(int(p) * 60 ** i for i, p in enumerate(reversed(row["wall"].split(":"))))
+        assert abs(hours - nodes * gpus * wall / 3600) < 0.01, row
+    markdown = verlc(root, "runs", "--results", *asked, "--format", "markdown", env=env).stdout.splitlines()
+    assert markdown[0].startswith("| run | actor_rollout_ref.actor.optim.lr | state | steps | critic/score/mean last |")
+    assert len(markdown) == 2 + len(runs) and all(r.submitted["spec_sha256"][:12] in markdown[2 + i]
+                                                   for i, r in enumerate(runs))
+    # the defaults: verl's validation scores and the training reward, every key a run logged
+    default = verlc(root, "runs", "--results", "--format", "csv", env=env).stdout.splitlines()[0].split(",")
+    assert [c for c in default if c.endswith(" last")] == ["val-core/gsm8k/reward/mean@1 last", "critic/score/mean last"]
+    missing = verlc(root, "runs", "--results", "--metric", "critic/nope", env=env)
+    assert missing.returncode == 2 and missing.stderr.strip() == (
+        "verlc: no run logged 'critic/nope'; they logged: actor/pg_loss, critic/score/mean, timing_s/step, "
+        "val-core/gsm8k/reward/mean@1"), missing.stderr
+
+
+def check_plot(root: Path, key: str, runs: list[ledger.Run], env: dict[str, str] | None = None) -> None:
+    from PIL import Image
+
+    drawn = verlc(root, "plot", key, "--metric", "critic/score/mean", "-o", "score.png", env=env)
+    assert drawn.returncode == 0, drawn.stderr
+    with Image.open(root / "score.png") as image:
+        image.load()  # decodes every pixel
+        assert image.format == "PNG" and image.size == (960, 540)
+        series = json.loads(image.text["verlc:series"])
+    labels = {f"lr={r.submitted['variant'][LR]}": r for r in runs}
+    assert series.keys() == labels.keys(), series
+    for label, run in labels.items():
+        x = run.submitted["variant"][LR] * 1e5
+        assert [step for step, _ in series[label]] == [1, 2, 3], series
+        assert [value for _, value in series[label]] == pytest.approx([x + i / 10 for i in (1, 2, 3)]), series
+    svg = verlc(root, "plot", key, "--metric", "critic/score/mean", "-o", "score.svg", env=env)
+    assert svg.returncode == 0, svg.stderr
+    text = (root / "score.svg").read_text()
+    assert text.startswith("<?xml") and "<svg " in text
+    assert json.loads(html.unescape(text.split("<dc:description>")[1].split("</dc:description>")[0])) == series
+    none = verlc(root, "plot", key, "--metric", "critic/nope", "-o", "nope.png", env=env)
+    assert none.returncode == 2 and "logged no 'critic/nope'; it logged: actor/pg_loss, critic/score/mean" in none.stderr
+    assert not (root / "nope.png").exists()
+
+
+def test_results_and_plot_of_a_slurm_sweep_are_what_its_logs_printed(slurm: None, tmp_path: Path) -> None:
+    """A 3-variant sweep (a job array: one run per task), each task's fake trainer printing verl's lines; Slurm
+    mails the end of each task (dev/slurm.sh's MailProg records them) and --on-end runs once per run."""
+    write_fixtures(tmp_path)
+    build(tmp_path, venv=fake_venv(tmp_path), slurm=", mail_type: [END, ARRAY_TASKS], mail_user: me@lab.example")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(spec.read_text() + f"sweep: {{matrix: {{{LR}: [1.0e-6, 2.0e-6, 3.0e-6]}}}}\n")
+    on_end = 'printf "%s %s %s\\n" "$VERLC_RUN" "$VERLC_STATE" "$VERLC_EXIT_CODE" >> ended.txt'
+    mails = Path(SLURM_CONF).parent / "mail.log"
+    before = mails.read_text() if mails.exists() else ""
+    done = verlc(tmp_path, "submit", "spec.yaml", "--target", "slurm", "--out", "out", "--wait", "--on-end", on_end,
+                 stop_after="train", env={"FAKE_METRICS": "1"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    runs = list(runs_of(tmp_path).values())
+    job = runs[0].job_id.split("_")[0]
+    assert [r.run for r in runs] == [f"{runs[0].name}-{job}_{i}" for i in range(3)]
+    assert (tmp_path / "ended.txt").read_text().splitlines() == [f"{r.run} COMPLETED 0" for r in runs]
+    sent = lambda: mails.read_text().removeprefix(before).splitlines()  # noqa: E731 - this job's mails
+    wait_for(lambda: all(any(f"Job_id={job}_{i} " in m for m in sent()) for i in range(3)), 60,
+             "Slurm's mail of each array task's end")
+    for i in range(3):
+        [mail] = [line for line in sent() if f"Job_id={job}_{i} " in line]
+        assert "Ended" in mail and "COMPLETED" in mail and mail.endswith(" me@lab.example"), mail
+    assert [r.submitted["variant"] for r in runs] == [{LR: 1e-6}, {LR: 2e-6}, {LR: 3e-6}]
+    assert all(r.state == "COMPLETED" and Path(r.submitted["log"]).is_file() for r in runs), runs
+    assert all(Path(r.record).is_file() for r in runs)  # each task's own run folder
+    check_results(tmp_path, runs)
+    check_plot(tmp_path, f"{runs[0].name}-{job}", runs)
+
+
+def test_results_and_plot_of_a_ray_job_sweep_are_what_its_logs_printed(ray_head: str, tmp_path: Path) -> None:  # noqa: F811
+    write_fixtures(tmp_path)
+    fake = fake_venv(tmp_path) / "bin"
+    build_ray_job(tmp_path, env={"PATH": f"{fake}:/usr/bin:/bin", "FAKE_METRICS": "1"},
+                  sweep={"matrix": {LR: [1e-6, 2e-6]}})
+    env = ray_env({"RAY_ADDRESS": ray_head, "VERLC_STOP_AFTER": "train"})
+    done = subprocess.run([sys.executable, "-m", "verlc", "submit", "spec.yaml", "--target", "ray-job", "--wait"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    runs = list(runs_of(tmp_path).values())
+    assert [r.submitted["variant"] for r in runs] == [{LR: 1e-6}, {LR: 2e-6}]
+    assert all(r.state == "SUCCEEDED" for r in runs), runs
+    check_results(tmp_path, runs, env=env)
+    check_plot(tmp_path, "rayjob-e2e", runs, env=env)

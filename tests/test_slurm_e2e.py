@@ -107,6 +107,17 @@ if any("default_worker" in a for a in sys.orig_argv):
 """
 
 
+# FAKE_METRICS: what verl prints over a 3-step run (awk, `x` = lr * 1e5): its step total, the initial validation
+# (step 0), per step the training reward, a loss and a timing, the checkpoint it saves, and validation at step 3.
+FAKE_METRICS_LINES = (
+    'x = lr * 1e5; printf "(TaskRunner pid=%s) Total training steps: 3\\n", pid; '
+    'printf "(TaskRunner pid=%s) step:0 - val-core/gsm8k/reward/mean@1:%g\\n", pid, x; '
+    'for (i = 1; i <= 3; i++) printf "(TaskRunner pid=%s) step:%d - critic/score/mean:%g - '
+    'actor/pg_loss:%g - timing_s/step:1.5%s\\n", pid, i, x + i / 10, -(i % 3 + 1) / 100, '
+    '(i == 3 ? sprintf(" - val-core/gsm8k/reward/mean@1:%g", x + 0.5) : ""); '
+    'printf "(TaskRunner pid=%s) local_global_step_folder: ckpt/global_step_3\\n", pid')
+
+
 def fake_venv(root: Path, *, ray_fails_on: str | None = None, no_interface_on: str | None = None,
               slow_ranks: bool = False, npus: bool = False) -> Path:
     """This venv, except that `ray start` fails on one node, or its Ray (and so every process Ray starts
@@ -143,6 +154,11 @@ def fake_venv(root: Path, *, ray_fails_on: str | None = None, no_interface_on: s
 if [[ ${{1:-}} == -m && ${{2:-}} == verl.trainer.main_ppo ]]; then  # the trainer, not a mention of it
   echo "TRAINER restart=${{SLURM_RESTART_COUNT:-0}} wandb=${{WANDB_RUN_ID:-}}/${{WANDB_RESUME:-}} argv: $*"
   [[ ${{SLURM_RESTART_COUNT:-0}} == 0 ]] || exit 0
+  if [[ -n ${{FAKE_METRICS:-}} ]]; then  # FAKE_METRICS_LINES: verl's lines of a 3-step run, from the run's lr
+    lr=$(printf '%s\n' "$@" | sed -n 's/^actor_rollout_ref[.]actor[.]optim[.]lr=//p' | tail -n 1)
+    awk -v lr="$lr" -v pid=$$ 'BEGIN {{ {FAKE_METRICS_LINES} }}'
+    exit 0
+  fi
   for ((i = 1; i <= ${{FAKE_STEPS:-0}}; i++)); do  # verl's console logger, as Ray prints it
     echo "(TaskRunner pid=$$) step:$i - critic/score/mean:0.5 - actor/pg_loss:-0.01"
     sleep 1

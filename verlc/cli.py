@@ -78,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     waiting.add_argument("--follow", action="store_true", help="print stages and training steps until it ends")
     submit.add_argument("--metric", action="append", default=[], metavar="KEY",
                         help="with --follow: a verl metric to show per step (e.g. critic/score/mean)")
+    submit.add_argument("--on-end", metavar="CMD",
+                        help="with --wait or --follow: run CMD (with sh) as each run ends, with VERLC_RUN, "
+                             "VERLC_STATE and VERLC_EXIT_CODE in its environment (e.g. a chat notification)")
     status = sub.add_parser("status", help="the scheduler's state of a run (default: every unfinished run)")
     status.add_argument("run", nargs="?", metavar="RUN", help="run id, a unique prefix of it, or the job id")
     logs = sub.add_parser("logs", help="a run's log (the job's own, with the trainer's lines)")
@@ -96,8 +99,26 @@ def _parser() -> argparse.ArgumentParser:
                                         "container: e.g. `verlc attach RUN -- ray debug` for Ray's legacy debugger.")
     attach.add_argument("run", metavar="RUN")
     attach.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="what to run instead of a shell")
-    runs = sub.add_parser("runs", help="every run of the ledger, as a table")
-    runs.add_argument("--format", choices=["text", "markdown"], default="text")
+    runs = sub.add_parser("runs", help="the ledger's runs as a table; with --results, what each run reached",
+                          description="Every run of the ledger (or those RUN names: an id, a prefix of ids such as "
+                                      "a sweep's, or a job id). With --results: per run (a sweep's variants with "
+                                      "their swept values), its state, steps done/total, the last and best value "
+                                      "of each metric verl's console logger printed, wall time, GPU-hours and "
+                                      "the last checkpoint folder.")
+    runs.add_argument("runs", nargs="*", metavar="RUN")
+    runs.add_argument("--results", action="store_true", help="metrics from each run's log (see --metric)")
+    runs.add_argument("--metric", action="append", default=[], metavar="KEY[:min]",
+                      help="with --results: a metric key, or a prefix ending in / (default: val-core/, "
+                           "val/test_score/ and critic/score/mean); best is the highest value, with :min the lowest")
+    runs.add_argument("--format", choices=["table", "markdown", "csv", "json"], default="table")
+    plot = sub.add_parser("plot", help="a metric against step for runs or a sweep's variants, as PNG or SVG",
+                          description="One line per run (labelled by its swept values, or its id), from the "
+                                      "console logger's lines in each run's log. The figure carries the plotted "
+                                      "series as JSON (PNG text chunk `verlc:series`, SVG description).")
+    plot.add_argument("runs", nargs="+", metavar="RUN", help="run ids, prefixes of ids (a sweep's), or job ids")
+    plot.add_argument("--metric", required=True, metavar="KEY")
+    plot.add_argument("-o", "--output", type=Path, default=None, metavar="FILE",
+                      help="FILE.png or FILE.svg (default: <metric>.png here)")
 
     stage_in = sub.add_parser(
         "stage-in", help="fetch a spec's pinned model and prepare its data here, for nodes without internet",
@@ -174,12 +195,13 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "validate": lambda a: _group("build").validate(a.specs, a.target, a.verl_config, a.max_variants, a.strict),
     "check": lambda a: _group("build").check(a.specs, a.out, a.diff),
     "diff": lambda a: _group("build").diff(a.a, a.b, a.format == "markdown"),
-    "submit": lambda a: _group("runs").submit(a.spec, a.target, a.out, a.wait, a.follow, a.metric),
+    "submit": lambda a: _group("runs").submit(a.spec, a.target, a.out, a.wait, a.follow, a.metric, a.on_end),
     "status": lambda a: _group("runs").status(a.run),
     "logs": lambda a: _group("runs").logs(a.run, a.follow, a.stage, a.metric, a.ray, a.node),
     "cancel": lambda a: _group("runs").cancel(a.run),
     "attach": lambda a: _group("runs").attach(a.run, a.cmd),
-    "runs": lambda a: _group("runs").table(a.format == "markdown"),
+    "runs": lambda a: _group("runs").table(a.runs, a.results, a.metric, a.format),
+    "plot": lambda a: _group("runs").plot(a.runs, a.metric, a.output),
     "explain": lambda a: _group("verl").explain(a.key, a.verl_version, a.spec),
     "migrate": lambda a: _group("verl").migrate(a.spec, a.to, a.write, a.write_bases, a.format == "markdown"),
     "import": lambda a: _group("verl").import_script(a.script, a.args, a.verl_version, a.verl_commit, a.output,

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from ...compiler.ir import JobIR
-from ...lifecycle.scheduler import LaunchError, Observed, State, Submission, observed, tool
+from ...lifecycle.scheduler import LaunchError, Observed, State, Submission, observed, tool, variants_of
 from ...lifecycle.scheduler import run as command
 from .lower import KubeIR
 
@@ -36,7 +36,8 @@ def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Subm
     names = re.findall(r"^rayjob\.ray\.io/(\S+)$", out, re.M)
     if not names:
         raise LaunchError(f"kubectl created no RayJob: {out.strip()[-300:]}")
-    return [Submission(run=name, job_id=name, where=k.namespace, log=None, record=None) for name in names]
+    return [Submission(run=name, job_id=name, where=k.namespace, log=None, record=None, variant=v)
+            for name, v in zip(names, variants_of(ir, names, "kubectl"))]
 
 
 def _rayjob(run: dict) -> dict:

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ...compiler.ir import JobIR
-from ...lifecycle.scheduler import LaunchError, Observed, State, Submission, observed, tool, utc
+from ...lifecycle.scheduler import LaunchError, Observed, State, Submission, observed, tool, utc, variants_of
 from ...lifecycle.scheduler import run as command
 
 FINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -31,7 +31,9 @@ def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Subm
     submitted = re.findall(r"^submitted (\S+) to (\S+)", out, re.M)
     if not submitted:
         raise LaunchError(f"submit.sh printed no submission: {out.strip()[-300:]}")
-    return [Submission(run=sid, job_id=sid, where=where, log=None, record=None) for sid, where in submitted]
+    variants = variants_of(ir, [sid for sid, _ in submitted], "submit.sh")
+    return [Submission(run=sid, job_id=sid, where=where, log=None, record=None, variant=v)
+            for (sid, where), v in zip(submitted, variants)]
 
 
 def _api(address: str, path: str, method: str = "GET") -> dict:

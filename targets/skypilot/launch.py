@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from ...compiler.ir import JobIR
-from ...lifecycle.scheduler import LaunchError, Observed, State, Submission, observed, tool
+from ...lifecycle.scheduler import LaunchError, Observed, State, Submission, observed, tool, variants_of
 from ...lifecycle.scheduler import run as command
 
 FINAL = {"SUCCEEDED", "CANCELLED", "FAILED", "FAILED_SETUP", "FAILED_PRECHECKS", "FAILED_NO_RESOURCE",
@@ -33,7 +33,8 @@ def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Subm
     names = re.findall(r"^submitted (\S+)", out, re.M)
     if not names:
         raise LaunchError(f"launch.sh printed no submission: {out.strip()[-300:]}")
-    return [Submission(run=name, job_id=name, where="sky jobs", log=None, record=None) for name in names]
+    return [Submission(run=name, job_id=name, where="sky jobs", log=None, record=None, variant=v)
+            for name, v in zip(names, variants_of(ir, names, "launch.sh"))]
 
 
 def state(run: dict) -> Observed:

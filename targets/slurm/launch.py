@@ -36,9 +36,14 @@ def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Subm
     if not job.isdigit():
         raise LaunchError(f"sbatch answered {out!r}, not a job id")
     shown = _show(job) or {}
-    return [Submission(run=f"{ir.name}-{job}", job_id=job, where=cluster or shown.get("ClusterName") or _cluster(),
-                       log=shown.get("StdOut"),
-                       record=str(cwd / "verlc-runs" / f"{ir.name}-{job}" / "run-record.json"))]
+    where = cluster or shown.get("ClusterName") or _cluster()
+    if not ir.variants:
+        return [Submission(run=f"{ir.name}-{job}", job_id=job, where=where, log=shown.get("StdOut"),
+                           record=str(cwd / "verlc-runs" / f"{ir.name}-{job}" / "run-record.json"))]
+    # a sweep: one run per array task (<job>_<task>, as Slurm names it); each task's log is known once it starts
+    return [Submission(run=f"{ir.name}-{job}_{v.index}", job_id=f"{job}_{v.index}", where=where, log=None,
+                       record=str(cwd / "verlc-runs" / f"{ir.name}-{job}_{v.index}" / "run-record.json"),
+                       variant=v.index) for v in ir.variants]
 
 
 def _cluster() -> str:
@@ -84,8 +89,13 @@ def state(run: dict) -> Observed:
     if shown is not None:  # slurmctld's own view, with the restart count accounting does not keep
         name = shown.get("JobState", "UNKNOWN")
         code = int(shown.get("ExitCode", "0:0").split(":")[0])
+        # an array task's log, once it started: a pending task is shown as its array's record, a range of tasks
+        task = job.partition("_")[2]
+        out = shown.get("StdOut", "") if name != "PENDING" and shown.get("ArrayTaskId", "") == task else ""
         return observed(STATES, name, int(shown.get("Restarts", "0")), code if name in FINAL else None, name in FINAL,
-                        "scontrol", _time(shown.get("StartTime")), _time(shown.get("EndTime")) if name in FINAL else None)
+                        "scontrol", _time(shown.get("StartTime")),
+                        _time(shown.get("EndTime")) if name in FINAL else None,
+                        log=out if out and not log else None)
     accounted = _sacct(job) if shutil.which("sacct") else None
     if accounted is not None:
         return accounted
@@ -106,9 +116,11 @@ def _last_exit(log: str | None) -> int | None:
 
 
 def logs(run: dict) -> str:
-    """The job's log so far (its --output file; the trainer's lines are in it too)."""
+    """The job's log so far (its --output file; the trainer's lines are in it too). An array task's file is
+    named once the task started: slurmctld says where."""
+    log = run.get("log") or state(run).log
     try:
-        return Path(run["log"]).read_text(errors="replace") if run.get("log") else ""
+        return Path(log).read_text(errors="replace") if log else ""
     except FileNotFoundError:
         return ""  # pending: Slurm creates it when the job starts
 

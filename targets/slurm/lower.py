@@ -54,6 +54,8 @@ def lower(spec: Spec, ir: JobIR) -> SlurmIR:
         ("exclude", s.exclude),
         ("output", s.output),
         ("error", s.error),
+        ("mail-type", ",".join(s.mail_type) or None),
+        ("mail-user", s.mail_user),
     ]
     if s.requeue_grace is not None:
         directives += [

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, Strict
 
 from ...compiler.fields import Directive, Int, Model, Seconds, SlurmMem, SlurmTime, matching
 
+# sbatch --mail-type's events
+MailType = Literal["NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT", "TIME_LIMIT",
+                   "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS"]
+MailUser = Annotated[str, Strict(), matching(r"[A-Za-z0-9._%+-]{1,64}(@[A-Za-z0-9.-]{1,190})?",
+                                             "an e-mail address or a user name")]
 GresName = Annotated[str, Strict(), matching(r"[A-Za-z][A-Za-z0-9_]{0,62}", "a Slurm GRES name such as npu")]
 
 
@@ -28,6 +33,9 @@ class Slurm(Model):
     npu_gres: GresName | None = Field(
         "npu", description="cluster.accelerator npu: the GRES the site schedules NPUs as (#SBATCH --gres=NAME:N, "
                            "NAME:TYPE:N with cluster.gpu_type); null: the site does not schedule them (whole nodes).")
+    mail_type: tuple[MailType, ...] = Field((), description="#SBATCH --mail-type: when Slurm mails about the job, "
+                                                            "e.g. [END, FAIL] (ARRAY_TASKS: per sweep variant).")
+    mail_user: MailUser | None = Field(None, description="#SBATCH --mail-user; default: Slurm mails the submitter.")
     modules: tuple[Directive, ...] = Field((), description="Environment modules to `module load` first.")
     requeue_grace: Seconds | None = Field(
         300, description="Ask Slurm for USR1 this long before preemption or the time limit; the job then "

@@ -77,6 +77,12 @@ def _word(*parts: str | Var) -> Word:
     return Word(tuple(parts))
 
 
+def job_key(ir: JobIR) -> tuple[str | Var, ...]:
+    """The job's part of its run id <name>-<key>, as `verlc submit` records it (launch.py): the job id, and for
+    a sweep's array task <array job id>_<task>. Requeues keep it. It names the run folder and the W&B run."""
+    return (Var("SLURM_ARRAY_JOB_ID"), "_", Var("SLURM_ARRAY_TASK_ID")) if ir.variants else (Var("SLURM_JOB_ID"),)
+
+
 def job_env(ir: JobIR) -> tuple[EnvVar, ...]:
     """What the Slurm job adds to the environment; the spec's own env wins.
 
@@ -85,7 +91,7 @@ def job_env(ir: JobIR) -> tuple[EnvVar, ...]:
     30 s on SIGTERM before stopping it, longer than Slurm leaves a cancelled job (KillWait, 30 s by
     default) to clean up and keep its logs: nothing in a verl job needs draining."""
     own = {e.name for e in ir.env}
-    derived = (EnvVar("WANDB_RUN_ID", _word(f"{ir.name}-", Var("SLURM_JOB_ID")), "verlc: requeues resume the W&B run"),
+    derived = (EnvVar("WANDB_RUN_ID", _word(f"{ir.name}-", *job_key(ir)), "verlc: requeues resume the W&B run"),
                EnvVar("WANDB_RESUME", _word("allow"), "verlc: requeues resume the W&B run"),
                EnvVar("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", _word("0"), "verlc: Ray stops within KillWait"))
     return tuple(e for e in derived if e.name not in own)
@@ -183,7 +189,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
         (_word("--node-ip-address=", NODE_IP),),
         *ray_common,
     )
-    run_dir = _word(Var("SLURM_SUBMIT_DIR"), f"/verlc-runs/{ir.name}-", Var("SLURM_JOB_ID"))
+    run_dir = _word(Var("SLURM_SUBMIT_DIR"), f"/verlc-runs/{ir.name}-", *job_key(ir))
     record = Word((*run_dir.parts, "/run-record.json"))
     job = job_description(ir, record=record)
     variants = []

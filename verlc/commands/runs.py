@@ -23,6 +23,7 @@ def one_line_errors(command: Callable[..., int]) -> Callable[..., int]:
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> int:
         from ..lifecycle import ledger
+        from ..lifecycle.results import ResultError
         from ..lifecycle.scheduler import LaunchError
         from ..targets.bundle import EditedError
 
@@ -38,6 +39,9 @@ def one_line_errors(command: Callable[..., int]) -> Callable[..., int]:
             print(f"verlc: {', '.join(exc.args[0])}: edited by hand since it was generated; not submitting "
                   "(move the edits into the spec, or rebuild with --force)", file=sys.stderr)
             return EXIT_SPEC
+        except ResultError as exc:  # a metric no run logged, a bad --metric, an output matplotlib cannot write
+            print(f"verlc: {exc}", file=sys.stderr)
+            return EXIT_SPEC
         except KeyboardInterrupt:  # Ctrl-C while following: the run itself goes on
             print("\nverlc: stopped following; the run goes on (`verlc status` shows it)", file=sys.stderr)
             return 130
@@ -52,10 +56,14 @@ def _book() -> tuple[Path, dict]:
 
 
 @one_line_errors
-def submit(spec: Path, target: str, out: Path, wait: bool, follow: bool, metrics: list[str]) -> int:
+def submit(spec: Path, target: str, out: Path, wait: bool, follow: bool, metrics: list[str],
+           on_end: str | None) -> int:
     from ..lifecycle import ledger, runs
     from ..lifecycle.scheduler import State
 
+    if on_end is not None and not (wait or follow):
+        print("verlc: --on-end runs when the run ends: it goes with --wait or --follow", file=sys.stderr)
+        return EXIT_SPEC
     result = compile_all([spec], [target], "snapshot", submitting=True)
     if isinstance(result, int):
         return result
@@ -68,18 +76,26 @@ def submit(spec: Path, target: str, out: Path, wait: bool, follow: bool, metrics
         print(f"submitted {run.run} (job {run.job_id} on {run.where}); ledger: {book}")
     if not (wait or follow):
         return 0
-    outcomes = [_until_done(book, run, follow, metrics) for run in submitted]
+    outcomes = [_until_done(book, run, follow, metrics, on_end) for run in submitted]
     return 0 if all(o.status is State.SUCCEEDED for o in outcomes) else EXIT_FAILED
 
 
-def _until_done(book: Path, run, follow: bool, metrics: list[str]):  # noqa: ANN001, ANN202
+def _until_done(book: Path, run, follow: bool, metrics: list[str], on_end: str | None):  # noqa: ANN001, ANN202
     import io
+    import subprocess
 
     from ..lifecycle import runs
 
     seen = runs.follow(book, run, metrics, sys.stdout if follow else io.StringIO(), tty=sys.stdout.isatty())
     if not follow:  # --follow has printed every state already
         print(f"{run.run}: {seen.state.lower()}" + (f" (exit code {seen.exit_code})" if seen.exit_code else ""))
+    if on_end is not None:  # the run's outcome stays the exit code; the command's failure is only reported
+        sys.stdout.flush()
+        told = {"VERLC_RUN": run.run, "VERLC_STATE": seen.state,
+                "VERLC_EXIT_CODE": "" if seen.exit_code is None else str(seen.exit_code)}
+        code = subprocess.call(["sh", "-c", on_end], env={**os.environ, **told})
+        if code:
+            print(f"verlc: --on-end exited with code {code} for {run.run}", file=sys.stderr)
     return seen
 
 
@@ -144,10 +160,34 @@ def attach(key: str, cmd: list[str]) -> int:
     return subprocess.call(launcher(run.target).attach(run.submitted, cmd[1:] if cmd[:1] == ["--"] else cmd))
 
 
-@one_line_errors
-def table(markdown: bool) -> int:
-    from ..lifecycle.runs import table as runs_table
+def _chosen(known: dict, keys: list[str]) -> list:
+    from ..lifecycle import ledger
 
-    _, known = _book()
-    sys.stdout.write(runs_table(list(known.values()), markdown))
+    return [run for key in keys for run in ledger.matching(known, key)] if keys else list(known.values())
+
+
+@one_line_errors
+def table(keys: list[str], results: bool, metrics: list[str], fmt: str) -> int:
+    from ..lifecycle import runs
+
+    book, known = _book()
+    chosen = _chosen(known, keys)
+    if results:
+        sys.stdout.write(runs.results(book, chosen, metrics, fmt))
+    elif metrics:
+        print("verlc: --metric goes with --results", file=sys.stderr)
+        return EXIT_SPEC
+    else:
+        sys.stdout.write(runs.table(chosen, fmt))
+    return 0
+
+
+@one_line_errors
+def plot(keys: list[str], metric: str, output: Path | None) -> int:
+    from ..lifecycle import runs
+
+    book, known = _book()
+    output = output or Path(metric.replace("/", "_") + ".png")
+    lines = runs.plot(book, _chosen(known, keys), metric, output)
+    print(f"wrote {output}: {metric} of {', '.join(lines)}")
     return 0

@@ -23,6 +23,7 @@ readonly gpus_per_node=8
 readonly run_dir="${SLURM_SUBMIT_DIR}"/verlc-runs/dapo-qwen2.5-32b-"${SLURM_JOB_ID}"
 readonly runtime_file=verlc-runtime.py
 readonly stop_after=${VERLC_STOP_AFTER:-train}
+readonly this_job=$SLURM_JOB_ID
 
 log() { printf '[%s] verlc: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)" "$*"; }
 die() { log "ERROR: $*" >&2; exit 1; }
@@ -204,7 +205,7 @@ cleanup() {
   ((patience <= 30)) || patience=30
   mapfile -t pids < <(jobs -p)
   if ((${#pids[@]})); then
-    scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null || kill -TERM "${pids[@]}" 2>/dev/null
+    scancel --signal=TERM "$this_job" 2>/dev/null || kill -TERM "${pids[@]}" 2>/dev/null
     for _ in $(seq "$patience"); do
       alive=0
       for pid in "${pids[@]}"; do
@@ -217,8 +218,8 @@ cleanup() {
   fi
   wait
   if ((requeue)); then
-    log "requeueing job $SLURM_JOB_ID"
-    scontrol requeue "$SLURM_JOB_ID" || log "scontrol requeue failed"
+    log "requeueing job $this_job"
+    scontrol requeue "$this_job" || log "scontrol requeue failed"
   fi
   log "exit code $rc"
   exit "$rc"

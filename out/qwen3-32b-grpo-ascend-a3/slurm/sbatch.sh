@@ -25,6 +25,7 @@ readonly gpus_per_node=16
 readonly run_dir="${SLURM_SUBMIT_DIR}"/verlc-runs/qwen3-32b-grpo-ascend-a3-"${SLURM_JOB_ID}"
 readonly runtime_file=verlc-runtime.py
 readonly stop_after=${VERLC_STOP_AFTER:-train}
+readonly this_job=$SLURM_JOB_ID
 
 log() { printf '[%s] verlc: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)" "$*"; }
 die() { log "ERROR: $*" >&2; exit 1; }
@@ -278,7 +279,7 @@ cleanup() {
   ((patience <= 30)) || patience=30
   mapfile -t pids < <(jobs -p)
   if ((${#pids[@]})); then
-    scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null || kill -TERM "${pids[@]}" 2>/dev/null
+    scancel --signal=TERM "$this_job" 2>/dev/null || kill -TERM "${pids[@]}" 2>/dev/null
     for _ in $(seq "$patience"); do
       alive=0
       for pid in "${pids[@]}"; do
@@ -298,8 +299,8 @@ cleanup() {
       || log "no step could look for leftover containers (after scancel, each container's own step removed it)"
   fi
   if ((requeue)); then
-    log "requeueing job $SLURM_JOB_ID"
-    scontrol requeue "$SLURM_JOB_ID" || log "scontrol requeue failed"
+    log "requeueing job $this_job"
+    scontrol requeue "$this_job" || log "scontrol requeue failed"
   fi
   log "exit code $rc"
   exit "$rc"
