@@ -224,6 +224,7 @@ class JobIR:
     stall_timeout: int | None  # seconds without a new training step before the run is ended
     code: CodeIR | None = None  # the run's own code: the job's working dir (None: the target's own default)
     verl_commit: str | None = None  # verl pinned to a git commit: the preflight checks what each node imports
+    profile: tuple[str, str, str] | None = None  # the site profile composed under the spec: (name, file, sha256)
     notes: tuple[str, ...] = ()  # what verlc could not check, and why (shown by validate and build)
     parts: tuple[tuple[str, Any], ...] = ()  # (target, its own IR part): each target built, lowered by its folder
 

@@ -87,20 +87,35 @@ def load(path: Path, display: str | None = None, _chain: tuple[Path, ...] = (),
     `texts` stands in for files by resolved path (`verlc migrate` checks its rewrite before writing it)."""
     shown = display or str(path)
     texts = texts or {}
+    tree, raw = read_yaml(path, shown, texts, "a spec", "`name:`")
+    problems: list[Diagnostic] = []
+    data = _plain(tree, (), shown, problems)
+    if problems:
+        raise SpecError(problems)
+    if data.get("extends", ...) is None:  # `extends: null` extends nothing
+        del data["extends"]
+    own = Sourced(shown, data, ((shown, tree),), hashlib.sha256(raw).hexdigest())
+    if "extends" not in data:
+        return own
+    return _extend(path, own, _chain, texts)
 
+
+def read_yaml(path: Path, shown: str, texts: Mapping[Path, str], what: str, needs: str,
+              ) -> tuple[CommentedMap, bytes]:
+    """A YAML mapping file (a spec, a profiles file) as ruamel's tree, and its bytes; SpecError otherwise."""
     def fail(message: str, line: int = 1, col: int = 1) -> SpecError:
         return SpecError([Diagnostic(shown, line, col, "", message)])
 
     try:
         raw = texts[path.resolve()].encode() if path.resolve() in texts else path.read_bytes()
     except IsADirectoryError:
-        raise fail("is a directory, not a spec file") from None
+        raise fail(f"is a directory, not {what} file") from None
     except FileNotFoundError:
         raise fail("no such file") from None
     except OSError as exc:
         raise fail(f"cannot read: {exc.strerror}") from None
     if len(raw) > MAX_SPEC_BYTES:
-        raise fail(f"file is {len(raw)} bytes; a spec must be under {MAX_SPEC_BYTES} bytes")
+        raise fail(f"file is {len(raw)} bytes; {what} must be under {MAX_SPEC_BYTES} bytes")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -108,7 +123,7 @@ def load(path: Path, display: str | None = None, _chain: tuple[Path, ...] = (),
         raise fail(f"not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})", line) from None
     if "\x00" in text:
         line = text[: text.index("\x00")].count("\n") + 1
-        raise fail("contains a NUL byte; a spec is text", line)
+        raise fail(f"contains a NUL byte; {what} is text", line)
 
     yaml = YAML(typ="rt")  # round-trip keeps line/column; YAML 1.2 by default
     yaml.allow_duplicate_keys = False
@@ -129,20 +144,10 @@ def load(path: Path, display: str | None = None, _chain: tuple[Path, ...] = (),
         raise fail(f"invalid YAML: {' '.join(str(exc).split())}") from None
 
     if tree is None:
-        raise fail("empty file; a spec is a YAML mapping with at least `name:`")
+        raise fail(f"empty file; {what} is a YAML mapping with at least {needs}")
     if not isinstance(tree, CommentedMap):
-        raise fail(f"a spec is a YAML mapping, not a {_kind(tree)}")
-
-    problems: list[Diagnostic] = []
-    data = _plain(tree, (), shown, problems)
-    if problems:
-        raise SpecError(problems)
-    if data.get("extends", ...) is None:  # `extends: null` extends nothing
-        del data["extends"]
-    own = Sourced(shown, data, ((shown, tree),), hashlib.sha256(raw).hexdigest())
-    if "extends" not in data:
-        return own
-    return _extend(path, own, _chain, texts)
+        raise fail(f"{what} is a YAML mapping, not a {_kind(tree)}")
+    return tree, raw
 
 
 def _extend(path: Path, own: Sourced, chain: tuple[Path, ...], texts: Mapping[Path, str]) -> Sourced:

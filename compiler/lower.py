@@ -24,7 +24,8 @@ ROLLOUT_PACKAGES = {"vllm": "vllm", "sglang": "sglang", "sglang_async": "sglang"
 
 
 def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, notes: tuple[str, ...] = (),
-          targets: tuple[str, ...] = (), built: tuple[str, ...] = (), code: CodeIR | None = None) -> JobIR:
+          targets: tuple[str, ...] = (), built: tuple[str, ...] = (), code: CodeIR | None = None,
+          profile: tuple[str, str, str] | None = None) -> JobIR:
     """Resolve a checked spec into the IR every target renders from, with the parts of the `built` targets."""
     slurm = spec.cluster.slurm
     chosen = select(spec.verl, release, spec.hydra.config_name)
@@ -77,6 +78,7 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
         variants=variants(spec, chosen),
         stall_timeout=spec.stall_timeout,
         code=code,
+        profile=profile,
         verl_commit=spec.verl_commit,
         notes=notes,
     )

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from .diagnostics import Diagnostic, SpecError
 from .ir import CodeIR, JobIR
+from . import profile as profiles
 from .load import Sourced, load
 from .lower import lower
 from .spec import TARGET_NAMES, Hydra, Spec
@@ -29,14 +30,19 @@ VerlConfigSource = Literal["snapshot", "live"]
 
 def compile_spec(path: Path, *, display: str, source: str, targets: Iterable[str] = (),
                  verl_config: VerlConfigSource = "snapshot", max_variants: int = 1000,
-                 texts: Mapping[Path, str] | None = None, accept_changes: bool = False) -> JobIR:
+                 texts: Mapping[Path, str] | None = None, accept_changes: bool = False,
+                 profile: str | None = None) -> JobIR:
     """Compile one spec file; raise SpecError listing every problem.
 
     `display` names the file in diagnostics; `source` names it in the generated files; `targets` are those
     whose checks run ("all": the spec's own `targets`); `texts` stands in for files by resolved path (load());
-    `accept_changes`: a reproducible spec builds from code with uncommitted changes (they are recorded).
+    `accept_changes`: a reproducible spec builds from code with uncommitted changes (they are recorded);
+    `profile`: the site profile composed under the spec (compiler/profile.py).
     """
     sourced = load(path, display, texts=texts)
+    site, profile_notes = None, []
+    if profile is not None:
+        sourced, site, profile_notes = profiles.under(sourced, path, profile, texts)
     try:
         spec = validate(sourced)
     except SpecError as exc:
@@ -46,14 +52,15 @@ def compile_spec(path: Path, *, display: str, source: str, targets: Iterable[str
     release = program.release
     meant = spec.targets or TARGET_NAMES
     targets = [t for t in targets if t != "all"] + (list(meant) if "all" in targets else [])  # "all": the spec's
-    notes = (*(sourced.diagnostic(("program",), n) for n in program.notes),
+    notes = (*profile_notes, *(sourced.diagnostic(("program",), n) for n in program.notes),
              *check(spec, sourced, release, targets, max_variants))
     code = None
     if root is not None:
         code, code_notes = code_for(spec, sourced, program, root, path, accept_changes)
         notes = (*notes, *code_notes)
     ir = lower(spec, release, spec_file=source, spec_sha256=sourced.sha256, notes=tuple(map(str, notes)),
-               targets=tuple(meant), built=tuple(dict.fromkeys(targets)), code=code)
+               targets=tuple(meant), built=tuple(dict.fromkeys(targets)), code=code,
+               profile=(site.name, site.file, site.sha256) if site else None)
     if verl_config == "live":
         _compose_live(ir, sourced)
     return ir

@@ -29,6 +29,11 @@ def _diagnostic(sourced: Sourced, err: Any) -> Diagnostic:
     ctx = err.get("ctx") or {}
     if kind == "extra_forbidden":
         key = str(loc[-1])
+        kinds = sorted({t for m in _members(_model_at(loc[:-1])) if key in m.model_fields and "runtime" in
+                        m.model_fields for t in typing.get_args(m.model_fields["runtime"].annotation)})
+        if kinds:  # a key of another kind of this section (container: image under runtime none)
+            return sourced.diagnostic(loc, f"'{key}' does not go with this runtime; it is a key of runtime "
+                                           f"{', '.join(kinds)}", at_key=True)
         return sourced.diagnostic(loc, f"unknown key '{key}'" + did_you_mean(key, _keys_at(loc[:-1])),
                                   at_key=True)
     if kind == "missing":

@@ -42,7 +42,7 @@ def submit(ir: JobIR, spec: Path, target: str, folder: Path, cwd: Path, env: dic
             "spec_sha256": ir.spec_sha256, "bundle": str(folder.resolve()),
             "bundle_sha256": hashlib.sha256(manifest).hexdigest(), "verlc_version": ir.verlc_version,
             "verl_version": ir.verl_version, "submit_dir": str(cwd.resolve()), "nodes": ir.nodes,
-            "gpus_per_node": ir.gpus_per_node,
+            "gpus_per_node": ir.gpus_per_node, **({"profile": ir.profile[0]} if ir.profile else {}),
             **({"variant": {k: v for k, v in ir.variants[s.variant].settings}} if s.variant is not None else {}),
         })
     runs = ledger.fold(ledger_file)

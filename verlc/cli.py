@@ -19,6 +19,10 @@ from . import __version__
 # 70 a bug in verlc; 130 interrupted.
 
 
+PROFILE_HELP = ("a site profile (verlc-profiles.yaml at the spec's repository root, else "
+                "$XDG_CONFIG_HOME/verlc/) composed under the spec: the spec's own values win")
+
+
 def _parser() -> argparse.ArgumentParser:
     from .targets import NAMES
 
@@ -45,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
                              help="treat notes (what verlc cannot check, paths a container would lose) as errors")
         command.add_argument("--max-variants", type=int, default=1000, metavar="N",
                              help="refuse sweeps with more variants than this (default 1000)")
+        command.add_argument("--profile", metavar="NAME", help=PROFILE_HELP)
     validate.add_argument("specs", nargs="+", type=Path, metavar="SPEC")
     validate.add_argument("--target", choices=[*NAMES, "all"],
                           help="also run the checks of this target (what `build --target` would refuse)")
@@ -72,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
                                         "ledger (runs.jsonl at the spec's git root).")
     submit.add_argument("spec", type=Path, metavar="SPEC")
     submit.add_argument("--target", required=True, choices=NAMES)
+    submit.add_argument("--profile", metavar="NAME", help=PROFILE_HELP)
     submit.add_argument("--out", type=Path, default=Path("out"), help="output folder (default: out)")
     waiting = submit.add_mutually_exclusive_group()
     waiting.add_argument("--wait", action="store_true", help="return when the run ends, with its outcome")
@@ -191,11 +197,13 @@ def _group(name: str) -> ModuleType:
 # command -> what it runs, its arguments unpacked from argparse's namespace here and nowhere below
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "build": lambda a: _group("build").build(a.specs, a.target, a.out, a.force, a.verl_config, a.max_variants,
-                                             a.strict),
-    "validate": lambda a: _group("build").validate(a.specs, a.target, a.verl_config, a.max_variants, a.strict),
+                                             a.strict, a.profile),
+    "validate": lambda a: _group("build").validate(a.specs, a.target, a.verl_config, a.max_variants, a.strict,
+                                                   a.profile),
     "check": lambda a: _group("build").check(a.specs, a.out, a.diff),
     "diff": lambda a: _group("build").diff(a.a, a.b, a.format == "markdown"),
-    "submit": lambda a: _group("runs").submit(a.spec, a.target, a.out, a.wait, a.follow, a.metric, a.on_end),
+    "submit": lambda a: _group("runs").submit(a.spec, a.target, a.out, a.wait, a.follow, a.metric, a.on_end,
+                                              a.profile),
     "status": lambda a: _group("runs").status(a.run),
     "logs": lambda a: _group("runs").logs(a.run, a.follow, a.stage, a.metric, a.ray, a.node),
     "cancel": lambda a: _group("runs").cancel(a.run),

@@ -22,7 +22,8 @@ def _source_name(spec: Path) -> str:
 
 
 def compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str,
-                 max_variants: int = 1000, strict: bool = False, submitting: bool = False) -> list | int:
+                 max_variants: int = 1000, strict: bool = False, submitting: bool = False,
+                 profile: str | None = None) -> list | int:
     from ..compiler.diagnostics import SpecError
     from ..compiler.pipeline import compile_spec
 
@@ -31,7 +32,7 @@ def compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str,
         try:
             irs.append(compile_spec(spec, display=str(spec), source=_source_name(spec), targets=targets,
                                     verl_config=verl_config, max_variants=max_variants,
-                                    accept_changes=os.environ.get("VERLC_ACCEPT_CHANGES") == "1"))
+                                    accept_changes=os.environ.get("VERLC_ACCEPT_CHANGES") == "1", profile=profile))
         except SpecError as exc:
             problems.extend(exc.diagnostics)
     if problems:
@@ -53,9 +54,9 @@ def compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str,
 
 
 def validate(specs: Sequence[Path], target: str | None, verl_config: str, max_variants: int,
-              strict: bool) -> int:
+              strict: bool, profile: str | None = None) -> int:
     targets = [target] if target else []  # "all": each spec's own targets
-    result = compile_all(specs, targets, verl_config, max_variants, strict)
+    result = compile_all(specs, targets, verl_config, max_variants, strict, profile=profile)
     if isinstance(result, int):
         return result
     for ir in result:
@@ -78,12 +79,12 @@ def _name_clash(irs: list) -> bool:
 
 
 def build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_config: str,
-           max_variants: int, strict: bool) -> int:
+           max_variants: int, strict: bool, profile: str | None = None) -> int:
     from ..targets import render
     from ..targets.bundle import EditedError, write
 
     shown, out = out, out.resolve()  # messages name the folder as the user gave it
-    result = compile_all(specs, [target], verl_config, max_variants, strict)
+    result = compile_all(specs, [target], verl_config, max_variants, strict, profile=profile)
     if isinstance(result, int):
         return result
     if _name_clash(result):

@@ -57,14 +57,14 @@ def _book() -> tuple[Path, dict]:
 
 @one_line_errors
 def submit(spec: Path, target: str, out: Path, wait: bool, follow: bool, metrics: list[str],
-           on_end: str | None) -> int:
+           on_end: str | None, profile: str | None = None) -> int:
     from ..lifecycle import ledger, runs
     from ..lifecycle.scheduler import State
 
     if on_end is not None and not (wait or follow):
         print("verlc: --on-end runs when the run ends: it goes with --wait or --follow", file=sys.stderr)
         return EXIT_SPEC
-    result = compile_all([spec], [target], "snapshot", submitting=True)
+    result = compile_all([spec], [target], "snapshot", submitting=True, profile=profile)
     if isinstance(result, int):
         return result
     [ir] = result
