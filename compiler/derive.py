@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .ir import EnvVar, Word
 from .spec import Spec
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -183,3 +186,11 @@ def variant_specs(spec: Spec) -> list[tuple[tuple[tuple[str, Any], ...], Spec]]:
             verl["trainer"]["default_local_dir"] = f"{given.rstrip('/')}/{experiment}"
         out.append((tuple(zip(keys, values)), spec.model_copy(update={"verl": verl, "experiment": experiment})))
     return out
+
+
+def tracker_env(own: Iterable[str], run: T) -> dict[str, T | str]:
+    """The experiment tracker's run of a run, set on every node (verl's trainer logs from a Ray actor, which has
+    its node's env): W&B's run id is verlc's run id, which a Slurm requeue, a RayJob retry, a SkyPilot recovery
+    and `verlc submit --resume` keep, so that one run is one curve. What the spec's own env sets wins."""
+    names = set(own)
+    return {k: v for k, v in (("WANDB_RUN_ID", run), ("WANDB_RESUME", "allow")) if k not in names}

@@ -15,7 +15,7 @@ from ..targets import launcher, render
 from ..targets.bundle import MANIFEST, differences, write
 from . import ledger, progress
 from . import results as results_of
-from .scheduler import Observed
+from .scheduler import RESUMES, TRACKER_RUN, Observed
 
 
 def prepare_bundle(ir: JobIR, target: str, out: Path) -> tuple[Path, bool]:
@@ -35,6 +35,7 @@ def submit(ir: JobIR, spec: Path, target: str, folder: Path, cwd: Path, env: dic
     manifest = (folder / MANIFEST).read_bytes()
     submissions = launcher(target).submit(ir, folder, cwd, env)
     root = ledger_file.parent
+    own = {e.name: e.value.display for e in ir.env}
     for s in submissions:
         ledger.append(ledger_file, {
             "event": "submitted", "run": s.run, "target": target, "job_id": s.job_id, "where": s.where,
@@ -43,6 +44,9 @@ def submit(ir: JobIR, spec: Path, target: str, folder: Path, cwd: Path, env: dic
             "bundle_sha256": hashlib.sha256(manifest).hexdigest(), "verlc_version": ir.verlc_version,
             "verl_version": ir.verl_version, "submit_dir": str(cwd.resolve()), "nodes": ir.nodes,
             "gpus_per_node": ir.gpus_per_node, **({"profile": ir.profile[0]} if ir.profile else {}),
+            # the W&B run it logs to: the spec's own, the run it continues (--resume), else its own id
+            "tracker_run": own.get("WANDB_RUN_ID") or env.get(TRACKER_RUN) or s.run,
+            **({"resumes": env[RESUMES]} if env.get(RESUMES) else {}),
             **({"variant": {k: v for k, v in ir.variants[s.variant].settings}} if s.variant is not None else {}),
         })
     runs = ledger.fold(ledger_file)

@@ -23,6 +23,11 @@ class LaunchError(Exception):
         self.code = code
 
 
+# `verlc submit --resume RUN` tells the launcher the tracker run to continue (ray-job's submit.sh reads it too)
+TRACKER_RUN = "VERLC_TRACKER_RUN"
+RESUMES = "VERLC_RESUMES"  # ... and which run that was, for the ledger
+
+
 @dataclass(frozen=True)
 class Submission:
     run: str  # the run id: what the target calls the job, made unique (e.g. <name>-<slurm job id>)

@@ -75,3 +75,19 @@ def test_services_as_compose_resolves_them(bundle: Path) -> None:
     assert planted not in text
     if "WANDB_API_KEY" in text:  # passed by name, resolved from the environment by Compose
         assert services["ray-head"]["environment"]["WANDB_API_KEY"] == planted
+
+
+@pytest.mark.parametrize("bundle", BUNDLES, ids=[b.parent.name for b in BUNDLES])
+def test_the_runs_wandb_run_reaches_every_ray_node_only_from_verlc_submit(bundle: Path) -> None:
+    """`verlc submit` runs `up` with the run's W&B run id (launch.py); Compose passes it to every Ray node, and a
+    hand-run `up` passes nothing (no made-up id)."""
+    given = config(bundle, "--format", "json", env={"WANDB_RUN_ID": "paper-run-20261202-101500",
+                                                    "WANDB_RESUME": "allow"})
+    bare = config(bundle, "--format", "json", env={"WANDB_RUN_ID": "", "WANDB_RESUME": ""})
+    assert given.returncode == 0 and bare.returncode == 0, given.stderr + bare.stderr
+    for name, service in json.loads(given.stdout)["services"].items():
+        if name.startswith("ray-"):
+            assert service["environment"]["WANDB_RUN_ID"] == "paper-run-20261202-101500", name
+            assert service["environment"]["WANDB_RESUME"] == "allow", name
+    for name, service in json.loads(bare.stdout)["services"].items():
+        assert not service["environment"].get("WANDB_RUN_ID"), name

@@ -418,12 +418,23 @@ def test_compose_runs_through_submit_status_logs_and_cancel(engine: dict[str, st
         assert verlc("submit", "spec.yaml", "--target", "compose").returncode == 0
     second = list(ledger.fold(tmp_path / ledger.FILE).values())[-1]
     wait_for(lambda: "TRAINER restart=0" in verlc("logs", second.run).stdout, 180, "training to start")
+    assert f"TRAINER restart=0 wandb={second.run}/allow " in verlc("logs", second.run).stdout  # its own W&B run
     assert verlc("status", second.run).stdout.startswith(f"{second.run}: running")
     inside = verlc("attach", second.run, "--", "printenv", "PYTHONPATH")
     assert (inside.returncode, inside.stdout) == (0, "/opt/verlc\n"), inside.stderr
     cancelled = verlc("cancel", second.run)
     assert cancelled.returncode == 0 and "now cancelled" in cancelled.stdout, cancelled.stdout + cancelled.stderr
     assert ledger.fold(tmp_path / ledger.FILE)[second.run].state == "CANCELLED"
+    # a resubmit that continues the cancelled run: a new run, logging to the same W&B run
+    with healthcheck_timer("compose-e2e-ray-head-1", tmp_path / "healthy-at-3", env):
+        resumed = verlc("submit", "spec.yaml", "--target", "compose", "--resume", second.run)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    third = list(ledger.fold(tmp_path / ledger.FILE).values())[-1]
+    assert third.run != second.run and (third.submitted["tracker_run"], third.submitted["resumes"]) == (
+        second.run, second.run)
+    wait_for(lambda: "TRAINER restart=0" in verlc("logs", third.run).stdout, 180, "the resumed training to start")
+    assert f"TRAINER restart=0 wandb={second.run}/allow " in verlc("logs", third.run).stdout
+    assert verlc("cancel", third.run).returncode == 0
     left = subprocess.run(["podman", "ps", "--all", "--format", "{{.Names}}"], env=env, capture_output=True,
                           text=True, check=True).stdout
     assert "compose-e2e" not in left

@@ -182,6 +182,10 @@ def test_the_example_rayjob(tmp_path: Path) -> None:
     assert env["WANDB_API_KEY"] == {"name": "WANDB_API_KEY",
                                     "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "WANDB_API_KEY"}}}
     assert env["PYTHONPATH"]["value"] == "/opt/verlc"
+    # the RayJob's name is its run id and W&B run id, on every pod: a retry (backoffLimit) continues the run
+    for pod in (head, *(w["template"]["spec"] for w in spec["rayClusterSpec"]["workerGroupSpecs"])):
+        tracker = {e["name"]: e.get("value") for e in pod["containers"][0]["env"] if e["name"].startswith("WANDB_R")}
+        assert tracker == {"WANDB_RUN_ID": "qwen2-7b-grpo-k8s-cloud", "WANDB_RESUME": "allow"}
     assert head["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8", "cpu": "96", "memory": "1600Gi"}
     claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in head["volumes"] if "persistentVolumeClaim" in v}
     mounts = {m["name"]: m["mountPath"] for m in head["containers"][0]["volumeMounts"]}

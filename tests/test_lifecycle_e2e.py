@@ -249,3 +249,30 @@ def test_results_and_plot_of_a_ray_job_sweep_are_what_its_logs_printed(ray_head:
     assert all(r.state == "SUCCEEDED" for r in runs), runs
     check_results(tmp_path, runs, env=env)
     check_plot(tmp_path, "rayjob-e2e", runs, env=env)
+
+
+def test_a_ray_job_resubmit_continues_the_runs_wandb_run(ray_head: str, tmp_path: Path) -> None:  # noqa: F811
+    """Each ray-job run logs to the W&B run of its own id (every node: the job's runtime env); `verlc submit
+    --resume RUN` is a new submission that logs to RUN's. Slurm, KubeRay and SkyPilot keep their runs' ids
+    themselves: --resume is refused there."""
+    write_fixtures(tmp_path)
+    fake = fake_venv(tmp_path) / "bin"
+    build_ray_job(tmp_path, env={"PATH": f"{fake}:/usr/bin:/bin", "FAKE_METRICS": "1"})
+    env = ray_env({"RAY_ADDRESS": ray_head, "VERLC_STOP_AFTER": "train"})
+
+    def submit(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "verlc", "submit", "spec.yaml", "--wait", *args], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=600)
+
+    first = submit("--target", "ray-job")
+    assert first.returncode == 0, first.stdout + first.stderr
+    [run] = runs_of(tmp_path).values()
+    again = submit("--target", "ray-job", "--resume", run.run)
+    assert again.returncode == 0, again.stdout + again.stderr
+    second = list(runs_of(tmp_path).values())[-1]
+    assert second.run != run.run and (second.submitted["tracker_run"], second.submitted["resumes"]) == (run.run, run.run)
+    for each in (run, second):
+        logs = verlc(tmp_path, "logs", each.run, env=env).stdout
+        assert f"TRAINER restart=0 wandb={run.run}/allow " in logs, logs
+    refused = verlc(tmp_path, "submit", "spec.yaml", "--target", "slurm", "--resume", run.run, env=env)
+    assert refused.returncode == 2 and "--resume is for ray-job and compose" in refused.stderr, refused.stderr

@@ -20,6 +20,7 @@ from conftest import IN_CI, REPO, require_tool, run_verlc
 from test_kuberay import base as kube_base
 from test_kuberay import problems as kube_problems
 from verlc.compiler.pipeline import compile_spec
+from verlc.lifecycle import ledger
 from verlc.targets import render
 
 EXAMPLE = REPO / "specs" / "qwen2-7b-grpo-k8s-cloud.yaml"
@@ -231,7 +232,10 @@ def test_lifecycle_runs_sky(tmp_path: Path) -> None:
     job = launch[launch.index("--name") + 1]
     assert job.startswith("qwen2-7b-grpo-k8s-cloud-") and launch == [
         "jobs", "launch", "--name", job, "--yes", "--detach-run", "--env", "VERLC_STOP_AFTER=train",
-        "--secret", "WANDB_API_KEY", "task.yaml"]
+        "--secret", "WANDB_API_KEY", "--env", f"WANDB_RUN_ID={job}", "--env", "WANDB_RESUME=allow", "task.yaml"]
+    # the managed job's name is its W&B run id, which its recoveries (the same job, relaunched) keep
+    [run] = ledger.fold(work / ledger.FILE).values()
+    assert run.run == run.submitted["tracker_run"] == job
     assert "secret-value" not in record.read_text()
     status = verlc("status", job)
     assert status.stdout.startswith(f"{job}: recovering, 2 restart(s)"), status.stdout + status.stderr
@@ -293,4 +297,4 @@ def test_the_runs_code_is_skypilots_workdir(tmp_path: Path) -> None:
         pytest.fail(message) if IN_CI else pytest.skip(message)
     helped = subprocess.run([str(SKY_PYTHON.parent / "sky"), "jobs", "launch", "--help"], capture_output=True,
                             text=True, timeout=120, env={**os.environ, "HOME": str(tmp_path / "home")})
-    assert helped.returncode == 0 and "--workdir" in helped.stdout, helped.stderr[-2000:]
+    assert helped.returncode == 0 and "--workdir" in helped.stdout and "--env" in helped.stdout, helped.stderr[-2000:]

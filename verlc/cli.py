@@ -78,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     submit.add_argument("spec", type=Path, metavar="SPEC")
     submit.add_argument("--target", required=True, choices=NAMES)
     submit.add_argument("--profile", metavar="NAME", help=PROFILE_HELP)
+    submit.add_argument("--resume", metavar="RUN",
+                        help="ray-job, compose: a new submission that continues RUN (its W&B run id, and verl "
+                             "resumes from RUN's checkpoints: the same spec has the same checkpoint folder)")
     submit.add_argument("--out", type=Path, default=Path("out"), help="output folder (default: out)")
     waiting = submit.add_mutually_exclusive_group()
     waiting.add_argument("--wait", action="store_true", help="return when the run ends, with its outcome")
@@ -203,7 +206,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "check": lambda a: _group("build").check(a.specs, a.out, a.diff),
     "diff": lambda a: _group("build").diff(a.a, a.b, a.format == "markdown"),
     "submit": lambda a: _group("runs").submit(a.spec, a.target, a.out, a.wait, a.follow, a.metric, a.on_end,
-                                              a.profile),
+                                              a.profile, a.resume),
     "status": lambda a: _group("runs").status(a.run),
     "logs": lambda a: _group("runs").logs(a.run, a.follow, a.stage, a.metric, a.ray, a.node),
     "cancel": lambda a: _group("runs").cancel(a.run),

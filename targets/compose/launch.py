@@ -8,8 +8,9 @@ import shutil
 import time
 from pathlib import Path
 
+from ...compiler.derive import tracker_env
 from ...compiler.ir import JobIR
-from ...lifecycle.scheduler import LaunchError, Observed, State, Submission, observed
+from ...lifecycle.scheduler import TRACKER_RUN, LaunchError, Observed, State, Submission, observed
 from ...lifecycle.scheduler import run as command
 from .view import HEAD
 
@@ -29,10 +30,12 @@ def compose() -> list[str]:
 
 def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Submission]:
     (bundle / "runs").mkdir(exist_ok=True)  # the run record's folder, owned by you rather than the engine
-    command([*compose(), "up", "--detach"], cwd=bundle, env=env, timeout=1800)
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    run = f"{ir.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    # the run's W&B run id (the compose file passes these through): its own, or the run it continues
+    tracker = tracker_env((e.name for e in ir.env), env.get(TRACKER_RUN) or run)
+    command([*compose(), "up", "--detach"], cwd=bundle, env={**env, **tracker}, timeout=1800)
     where = env.get("DOCKER_HOST") or "local docker"
-    return [Submission(run=f"{ir.name}-{stamp}", job_id=ir.name, where=f"{where} ({bundle})", log=None,
+    return [Submission(run=run, job_id=ir.name, where=f"{where} ({bundle})", log=None,
                        record=str(bundle / "runs" / "run-record.json"))]
 
 

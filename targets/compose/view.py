@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...compiler.derive import tracker_env
 from ...compiler.ir import ContainerIR, JobIR, Var, Word
 from ..job_package import COMMAND, PACKAGE
 
@@ -44,6 +45,8 @@ def _service(ir: JobIR, c: ContainerIR, command: list[str], node: int | None) ->
     assert c.image is not None
     # a bare NAME comes from the host: secrets, and the env vars the spec reads on "the node" (this host)
     env = [f"{e.name}={text(e.value)}" for e in ir.env] + list(ir.secrets) + list(ir.node_env)
+    # the run's W&B run, from `verlc submit` (launch.py): unset where compose is run by hand
+    env += list(tracker_env((e.name for e in ir.env), None))
     # verlc's job package on every node: Ray imports the helper's remote functions from it there
     env.append(f"PYTHONPATH={HELPER_DIR}")
     service: dict[str, Any] = {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from ...compiler.derive import tracker_env
 from ...compiler.ir import JobIR
 from ..bundle import File
 from ..job_package import COMMAND, PACKAGE
@@ -49,9 +50,11 @@ def _key(path: str) -> str:
     return path.removeprefix(f"{PACKAGE}/").replace("/", "-")
 
 
-def _env(ir: JobIR, k: KubeIR, head: bool) -> list[dict[str, Any]]:
+def _env(ir: JobIR, k: KubeIR, head: bool, run: str) -> list[dict[str, Any]]:
     # Kubernetes expands $(NAME) in env values and reads $$ as $: every $ doubled keeps a value as written
     env: list[dict[str, Any]] = [{"name": e.name, "value": e.value.display.replace("$", "$$")} for e in ir.env]
+    # the RayJob's name is the run's id: its retries (backoffLimit) continue the one W&B run
+    env += [{"name": name, "value": value} for name, value in tracker_env((e.name for e in ir.env), run).items()]
     env += [{"name": name, "valueFrom": {"secretKeyRef": {"name": k.secret, "key": name}}} for name in ir.secrets]
     env.append({"name": "PYTHONPATH", "value": HELPER_DIR})  # Ray imports the helper's remote functions on every node
     if head:
@@ -59,7 +62,7 @@ def _env(ir: JobIR, k: KubeIR, head: bool) -> list[dict[str, Any]]:
     return env
 
 
-def _pod(ir: JobIR, k: KubeIR, role: str, files: list[File]) -> dict[str, Any]:
+def _pod(ir: JobIR, k: KubeIR, role: str, files: list[File], run: str) -> dict[str, Any]:
     limits: dict[str, str] = {k.gpu_resource: str(ir.gpus_per_node)}
     if k.cpus:
         limits["cpu"] = k.cpus
@@ -69,7 +72,8 @@ def _pod(ir: JobIR, k: KubeIR, role: str, files: list[File]) -> dict[str, Any]:
               {"name": "verlc-job", "mountPath": f"{HELPER_DIR}/{PACKAGE}", "readOnly": True}]
     mounts += [{"name": f"claim-{i}", "mountPath": v.path, **({"readOnly": True} if v.mode == "ro" else {})}
                for i, v in enumerate(k.volumes)]
-    container = {"name": f"ray-{role}", "image": k.image, "workingDir": k.workdir, "env": _env(ir, k, role == "head"),
+    container = {"name": f"ray-{role}", "image": k.image, "workingDir": k.workdir,
+                 "env": _env(ir, k, role == "head", run),
                  "resources": {"requests": dict(limits), "limits": limits}, "volumeMounts": mounts}
     if role == "head":
         container["ports"] = [{"name": "gcs", "containerPort": 6379}, {"name": "dashboard", "containerPort": DASHBOARD_PORT}]
@@ -106,7 +110,7 @@ def rayjobs(ir: JobIR, files: list[File]) -> list[dict[str, Any]]:
         entrypoint = f"cd {shlex.quote(k.workdir)} && exec {shlex.join([*COMMAND, *([variant] if variant else [])])}"
         workers = [{"groupName": "workers", "replicas": ir.nodes - 1, "minReplicas": ir.nodes - 1,
                     "maxReplicas": ir.nodes - 1, "rayStartParams": dict(start),
-                    "template": _pod(ir, k, "worker", files)}] if ir.nodes > 1 else []
+                    "template": _pod(ir, k, "worker", files, name)}] if ir.nodes > 1 else []
         spec: dict[str, Any] = {
             "entrypoint": entrypoint,
             "submissionMode": SUBMISSION_MODE,
@@ -115,7 +119,7 @@ def rayjobs(ir: JobIR, files: list[File]) -> list[dict[str, Any]]:
             "backoffLimit": k.retries,
             "rayClusterSpec": {
                 "headGroupSpec": {"rayStartParams": {**start, "dashboard-host": "0.0.0.0"},
-                                  "template": _pod(ir, k, "head", files)},
+                                  "template": _pod(ir, k, "head", files, name)},
                 "workerGroupSpecs": workers,
             },
         }

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ...compiler.derive import tracker_env
 from ...compiler.ir import JobIR
 from ..bundle import header_lines
 from ..job_package import PACKAGE
@@ -36,13 +37,15 @@ class SkyView:
     wait_seconds: int
     secrets: tuple[str, ...]
     variants: tuple[str, ...]
+    tracker: tuple[tuple[str, str | None], ...]  # W&B's run: (name, value; None: the managed job's name)
 
 
 def sky_view(ir: JobIR) -> SkyView:
     k: SkyIR = ir.part("skypilot")
     return SkyView(header_lines(ir), ir.name, k.workdir, ir.code.folder if ir.code else None, HELPER_DIR, PACKAGE,
                    RAY_PORT, DASHBOARD_PORT,
-                   ir.nodes, ir.ray.wait_seconds, ir.secrets, tuple(str(v.index) for v in ir.variants))
+                   ir.nodes, ir.ray.wait_seconds, ir.secrets, tuple(str(v.index) for v in ir.variants),
+                   tuple(tracker_env((e.name for e in ir.env), None).items()))
 
 
 def task(ir: JobIR, k: SkyIR, run: str) -> dict[str, Any]:

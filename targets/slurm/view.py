@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 
-from ...compiler.derive import HCCL_PORTS
+from ...compiler.derive import HCCL_PORTS, tracker_env
 from ...compiler.ir import Arg, EnvVar, JobIR, Var, Word
 from ..bundle import header_lines
 from ..job_package import job_description, job_json
@@ -91,8 +91,9 @@ def job_env(ir: JobIR) -> tuple[EnvVar, ...]:
     30 s on SIGTERM before stopping it, longer than Slurm leaves a cancelled job (KillWait, 30 s by
     default) to clean up and keep its logs: nothing in a verl job needs draining."""
     own = {e.name for e in ir.env}
-    derived = (EnvVar("WANDB_RUN_ID", _word(f"{ir.name}-", *job_key(ir)), "verlc: requeues resume the W&B run"),
-               EnvVar("WANDB_RESUME", _word("allow"), "verlc: requeues resume the W&B run"),
+    tracker = tracker_env(own, _word(f"{ir.name}-", *job_key(ir)))
+    derived = (*(EnvVar(k, v if isinstance(v, Word) else _word(v), "verlc: requeues resume the W&B run")
+                 for k, v in tracker.items()),
                EnvVar("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", _word("0"), "verlc: Ray stops within KillWait"))
     return tuple(e for e in derived if e.name not in own)
 

@@ -55,23 +55,40 @@ def _book() -> tuple[Path, dict]:
     return book, ledger.fold(book)
 
 
+RESUMABLE = ("ray-job", "compose")  # where a new submission can continue a run (the others keep their own)
+
+
 @one_line_errors
 def submit(spec: Path, target: str, out: Path, wait: bool, follow: bool, metrics: list[str],
-           on_end: str | None, profile: str | None = None) -> int:
+           on_end: str | None, profile: str | None = None, resume: str | None = None) -> int:
     from ..lifecycle import ledger, runs
-    from ..lifecycle.scheduler import State
+    from ..lifecycle.scheduler import RESUMES, TRACKER_RUN, State
 
     if on_end is not None and not (wait or follow):
         print("verlc: --on-end runs when the run ends: it goes with --wait or --follow", file=sys.stderr)
         return EXIT_SPEC
+    env = dict(os.environ)
+    if resume is not None:
+        if target not in RESUMABLE:
+            print(f"verlc: --resume is for {' and '.join(RESUMABLE)}: a {target} run continues by itself "
+                  "(Slurm requeues, RayJob retries and SkyPilot recoveries keep its id)", file=sys.stderr)
+            return EXIT_SPEC
+        earlier = ledger.find(ledger.fold(ledger.location(spec)), resume)
+        if earlier.target != target:
+            print(f"verlc: {earlier.run} ran on {earlier.target}, not {target}", file=sys.stderr)
+            return EXIT_SPEC
+        env.update({TRACKER_RUN: earlier.submitted.get("tracker_run") or earlier.run, RESUMES: earlier.run})
     result = compile_all([spec], [target], "snapshot", submitting=True, profile=profile)
     if isinstance(result, int):
         return result
     [ir] = result
+    if resume is not None and ir.variants:
+        print("verlc: --resume continues one run; this spec is a sweep (resubmit its variant's spec)", file=sys.stderr)
+        return EXIT_SPEC
     folder, written = runs.prepare_bundle(ir, target, out.resolve())
     print(f"{'wrote' if written else 'up to date:'} {out / ir.name / target}/")
     book = ledger.location(spec)
-    submitted = runs.submit(ir, spec, target, folder, Path.cwd(), dict(os.environ), book)
+    submitted = runs.submit(ir, spec, target, folder, Path.cwd(), env, book)
     for run in submitted:
         print(f"submitted {run.run} (job {run.job_id} on {run.where}); ledger: {book}")
     if not (wait or follow):

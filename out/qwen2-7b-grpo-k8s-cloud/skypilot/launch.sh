@@ -27,7 +27,9 @@ stamp=$(date -u +%Y%m%d-%H%M%S)
 variants=("")
 for variant in "${variants[@]}"; do
   job=qwen2-7b-grpo-k8s-cloud${variant:+-v$variant}-$stamp
-  sky jobs launch --name "$job" "${args[@]}" ${variant:+--env "VERLC_VARIANT=$variant"} task.yaml
+  # The managed job's name is the run's W&B run id: SkyPilot's recoveries continue the one run.
+  tracker=(--env WANDB_RUN_ID="$job" --env WANDB_RESUME=allow)
+  sky jobs launch --name "$job" "${args[@]}" "${tracker[@]}" ${variant:+--env "VERLC_VARIANT=$variant"} task.yaml
   cat <<EOF
 submitted $job (stages up to: $stop_after)
   status:  sky jobs queue

@@ -25,11 +25,13 @@ done
 runtime_env=$(mktemp "${TMPDIR:-/tmp}/verlc-runtime-env.XXXXXX")  # mode 0600: it holds secrets
 trap 'rm -f "$runtime_env"' EXIT
 
-# runtime_env.yaml + this bundle's helper package (absolute path) + secrets and the stage switches.
-python3 - "$here" "$runtime_env" "$stop_after" "${secrets[@]}" <<'VERLC_MERGE'
+# runtime_env.yaml + this bundle's helper package (absolute path) + secrets and the stage switches + the run's
+# W&B run (TRACKER: its id, unless the spec's env sets one; empty: none). Written for each submission.
+merge_env() {
+  python3 - "$here" "$runtime_env" "$stop_after" "$1" "${secrets[@]}" <<'VERLC_MERGE'
 import json, os, sys
 import yaml  # comes with ray
-here, target, stop_after, *secrets = sys.argv[1:]
+here, target, stop_after, tracker, *secrets = sys.argv[1:]
 with open(os.path.join(here, "runtime_env.yaml"), encoding="utf-8") as fh:
     env = yaml.safe_load(fh)
 env["py_modules"] = [os.path.join(here, m) for m in env["py_modules"]]
@@ -37,9 +39,14 @@ env["env_vars"].update({name: os.environ[name] for name in secrets})
 env["env_vars"]["VERLC_STOP_AFTER"] = stop_after
 if os.environ.get("VERLC_ACCEPT_CHANGES"):  # a reproducible re-run told to accept what changed
     env["env_vars"]["VERLC_ACCEPT_CHANGES"] = os.environ["VERLC_ACCEPT_CHANGES"]
+if tracker:  # every node of the job: verl's trainer logs from a Ray actor
+    env["env_vars"].setdefault("WANDB_RUN_ID", tracker)
+    env["env_vars"].setdefault("WANDB_RESUME", "allow")
 with open(target, "w", encoding="utf-8") as fh:
     json.dump(env, fh)
 VERLC_MERGE
+}
+merge_env ""
 
 # Ray's dashboard refuses a working_dir upload over its size limit only after zipping it: measure first.
 python3 "$here"/upload_size.py "$runtime_env"
@@ -48,6 +55,8 @@ stamp=$(date -u +%Y%m%d-%H%M%S)
 variants=("")
 for variant in "${variants[@]}"; do
   submission_id=sppo-qwen2.5-7b${variant:+-v$variant}-$stamp
+  # The run's W&B run id: the submission's, or the run this one continues (`verlc submit --resume RUN`)
+  merge_env "${VERLC_TRACKER_RUN:-$submission_id}"
   ray job submit --address "$address" --submission-id "$submission_id" --runtime-env "$runtime_env" \
     --no-wait -- python3 -m verlc_job job ${variant:+"$variant"}
   cat <<EOF
