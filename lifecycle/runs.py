@@ -162,7 +162,8 @@ def results(ledger_file: Path, chosen: Sequence[ledger.Run], asked: Sequence[str
     logs = []
     for run in chosen:
         state = run.state if run.final else observe(ledger_file, run).state
-        logs.append((ledger.fold(ledger_file)[run.run], state, results_of.read(log_text(run).splitlines())))
+        run = ledger.fold(ledger_file)[run.run]  # with what observing it recorded (an array task's log)
+        logs.append((run, state, results_of.read(log_text(run).splitlines())))
     keys = results_of.chosen_keys([logged for _, _, logged in logs], metrics)
     rows = [results_of.row(run.run, run.submitted.get("variant") or {}, run.submitted["spec_sha256"],
                            state.lower(), logged, keys, metrics, seconds(run), duration(run),
@@ -183,10 +184,18 @@ def plot(ledger_file: Path, chosen: Sequence[ledger.Run], metric: str, output: P
         if not points:
             raise results_of.ResultError(f"{run.run} logged no {metric!r}; it logged: "
                                          f"{', '.join(sorted(logged.series)) or 'no metric yet'}")
-        swept = run.submitted.get("variant") or {}
-        lines.append((" ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in swept.items()) or run.run, points))
+        lines.append((_label(run), points))
     draw(metric, lines, output)
     return [label for label, _ in lines]
+
+
+def _label(run: ledger.Run) -> str:
+    """A plotted line's name: a sweep variant's swept values by their last key part (the whole key where two
+    parts are the same, such as actor and critic lr), else the run id."""
+    swept = run.submitted.get("variant") or {}
+    short = [k.rsplit(".", 1)[-1] for k in swept]
+    names = short if len(set(short)) == len(short) else [k.removeprefix("verl.") for k in swept]
+    return " ".join(f"{n}={v}" for n, v in zip(names, swept.values())) or run.run
 
 
 def ray_logs(run: ledger.Run, node: str | None) -> str:

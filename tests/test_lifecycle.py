@@ -91,6 +91,13 @@ def test_results_count_a_requeued_runs_repeated_steps_once_with_the_later_value(
     assert results.chosen_keys([results.Logged()], [results.Metric(m) for m in results.DEFAULT_METRICS]) == []
     with pytest.raises(results.ResultError, match="a metric key"):
         results.Metric.parse(":min")
+    # a plotted line is named by what its variant sweeps, by the keys' last parts unless two are the same
+    from verlc.lifecycle.runs import _label
+    lr = {"verl.actor_rollout_ref.actor.optim.lr": 1e-6, "verl.critic.optim.lr": 1e-5}
+    assert _label(ledger.Run("a-1_0", {"variant": lr})) == \
+        "actor_rollout_ref.actor.optim.lr=1e-06 critic.optim.lr=1e-05"
+    assert _label(ledger.Run("a-1_0", {"variant": {"verl.data.train_batch_size": 64}})) == "train_batch_size=64"
+    assert _label(ledger.Run("a-1", {})) == "a-1"
 
 
 def test_the_ledger_folds_events_and_finds_runs(tmp_path: Path) -> None:
