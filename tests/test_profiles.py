@@ -13,6 +13,7 @@ from conftest import run_verlc
 SPEC = """\
 # The paper's run: what it trains, never where.
 name: paper-grpo
+targets: [slurm]
 project: paper
 model: Qwen/Qwen2.5-0.5B-Instruct
 data: {train_files: [data/train.parquet], val_files: [data/test.parquet]}
@@ -59,7 +60,7 @@ def test_a_profile_builds_what_the_same_settings_in_the_spec_build(repo: Path) -
     a = build(repo, "a", "--profile", "lab-a")
     assert a.returncode == 0, a.stderr
     assert a.stderr.splitlines() == [  # both set cluster.slurm.time: the spec's value, and where the other is
-        "specs/paper.yaml:13:53: cluster.slurm.time: note: profile lab-a (verlc-profiles.yaml:10:19) sets this "
+        "specs/paper.yaml:14:53: cluster.slurm.time: note: profile lab-a (verlc-profiles.yaml:10:19) sets this "
         "too; the spec's value is used"], a.stderr
     inline = repo / "inline"  # the same spec in another checkout, with lab-a's settings written into it
     subprocess.run(["git", "init", "-q", str(inline)], check=True)
@@ -90,6 +91,11 @@ def test_a_profile_builds_what_the_same_settings_in_the_spec_build(repo: Path) -
     assert manifests[0]["spec_sha256"] == manifests[1]["spec_sha256"]  # one experiment
     assert [m["profile"]["name"] for m in manifests] == ["lab-a", "lab-b"]
     assert "#SBATCH --partition=h100" in other["sbatch.sh"] and "apptainer exec --nv" in other["sbatch.sh"]
+    # `verlc check` with the profile the bundles were built with; without it they are not what the spec makes
+    checked = run_verlc("check", "specs/paper.yaml", "--out", "b", "--profile", "lab-b", cwd=repo)
+    assert checked.returncode == 0, checked.stderr
+    stale = run_verlc("check", "specs/paper.yaml", "--out", "b", "--profile", "lab-a", cwd=repo)
+    assert stale.returncode == 1 and "--out b --profile lab-a" in stale.stderr, stale.stderr
     # a profile of the user's own, under $XDG_CONFIG_HOME, where the repository has none by that name
     config = repo / "home-config"
     (config / "verlc").mkdir(parents=True)

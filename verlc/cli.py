@@ -61,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="spec files or folders of them (default: specs/)")
     check.add_argument("--out", type=Path, default=Path("out"), help="output folder (default: out)")
     check.add_argument("--diff", action="store_true", help="print each out-of-date file's unified diff")
+    check.add_argument("--profile", metavar="NAME", help="the site profile the bundles were built with")
 
     diff = sub.add_parser("diff", help="what differs between two runs (specs, bundle folders or run records)",
                           description="A semantic diff of two specs, or two bundles (their spec.yaml), grouped "
@@ -203,7 +204,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
                                              a.strict, a.profile),
     "validate": lambda a: _group("build").validate(a.specs, a.target, a.verl_config, a.max_variants, a.strict,
                                                    a.profile),
-    "check": lambda a: _group("build").check(a.specs, a.out, a.diff),
+    "check": lambda a: _group("build").check(a.specs, a.out, a.diff, a.profile),
     "diff": lambda a: _group("build").diff(a.a, a.b, a.format == "markdown"),
     "submit": lambda a: _group("runs").submit(a.spec, a.target, a.out, a.wait, a.follow, a.metric, a.on_end,
                                               a.profile, a.resume),

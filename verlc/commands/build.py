@@ -103,7 +103,7 @@ def build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_confi
     return 0
 
 
-def check(paths: Sequence[Path], out: Path, show_diff: bool) -> int:
+def check(paths: Sequence[Path], out: Path, show_diff: bool, profile: str | None = None) -> int:
     from ..targets import render
     from ..targets.bundle import differences
 
@@ -111,7 +111,7 @@ def check(paths: Sequence[Path], out: Path, show_diff: bool) -> int:
     if not specs:
         print(f"verlc: no specs in {' '.join(map(str, paths))}", file=sys.stderr)
         return EXIT_SPEC
-    result = compile_all(specs, ["all"], "snapshot")
+    result = compile_all(specs, ["all"], "snapshot", profile=profile)
     if isinstance(result, int):
         return result
     if _name_clash(result):
@@ -130,7 +130,7 @@ def check(paths: Sequence[Path], out: Path, show_diff: bool) -> int:
         print(f"verlc: {len(problems)} generated file(s) out of date"
               + ("" if show_diff else " (`verlc check --diff` shows the changes)") + "; fix with: "
               f"verlc build {' '.join(map(str, specs))} --target all --out {out}"
-              + (" --force" if any(": edited by hand" in s for s, _ in problems) else ""), file=sys.stderr)
+              + (f" --profile {profile}" if profile else "") + (" --force" if any(": edited by hand" in s for s, _ in problems) else ""), file=sys.stderr)
         return 1
     print(f"{out}/ is up to date with {len(specs)} spec(s)")
     return 0
