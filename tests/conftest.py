@@ -100,5 +100,6 @@ MACHINE_FIXTURES = frozenset({"slurm", "ray_head", "npu_cluster", "engine"})
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if MACHINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        callspec = getattr(item, "callspec", None)  # a parametrize argument of the same name is not the fixture
+        if MACHINE_FIXTURES & (set(getattr(item, "fixturenames", ())) - set(callspec.params if callspec else ())):
             item.add_marker(pytest.mark.machine)

@@ -413,6 +413,8 @@ def test_compose_runs_through_submit_status_logs_and_cancel(engine: dict[str, st
     finally:
         down = verlc("cancel", ledger.fold(tmp_path / ledger.FILE).popitem()[1].run)
     assert down.returncode == 0, down.stderr
+    # its log outlives the containers: kept in the bundle's runs/ when verlc saw the run end
+    assert "preflight passed: 2 nodes, 16 GPUs" in verlc("logs", run.run, "--stage", "preflight").stdout
     env["VERLC_STOP_AFTER"] = "train"
     with healthcheck_timer("compose-e2e-ray-head-1", tmp_path / "healthy-at-2", env):
         assert verlc("submit", "spec.yaml", "--target", "compose").returncode == 0

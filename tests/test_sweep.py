@@ -53,7 +53,9 @@ def test_a_100_variant_sweep_is_one_job_array_whose_variants_all_compose(tmp_pat
 def test_an_array_task_runs_its_own_variant(tmp_path: Path, fake_bin: Path) -> None:  # noqa: F811
     ir, bundles = build(tmp_path, sweep_spec())
     folder = write(next(b for b in bundles if b.target == "slurm"), tmp_path / "out")
-    (folder / "run.sh").write_text(f"export SLURM_ARRAY_TASK_ID=37\nexec bash {folder / 'sbatch.sh'}\n")
+    # an array task's environment as Slurm sets it (SLURM_JOB_ID, the task's own id, comes from run_script)
+    (folder / "run.sh").write_text(f"export SLURM_ARRAY_JOB_ID=4200 SLURM_ARRAY_TASK_ID=37\n"
+                                   f"exec bash {folder / 'sbatch.sh'}\n")
     calls = run_script(folder, "run.sh", fake_bin, tmp_path)
     argv = [c for c in calls if "--json" in c][-1]  # the runtime's job step: the job and this task's variant
     job = with_variant(json.loads(argv[argv.index("--json") + 1]), json.loads(argv[argv.index("--variant-json") + 1]))

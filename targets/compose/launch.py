@@ -53,16 +53,34 @@ def state(run: dict) -> Observed:
     head = rows[0]
     if head.get("State") == "exited":
         code = int(head.get("ExitCode", 1))
+        _keep_log(run)
         return observed(STATES, "COMPLETED" if code == 0 else "FAILED", 0, code, True, "compose ps")
     return observed(STATES, str(head.get("State", "unknown")).upper(), 0, None, False, "compose ps")
 
 
-def logs(run: dict) -> str:
+def _kept(run: dict) -> Path:
+    """Where an ended run's log is kept (the bundle's runs/ folder): `down` and the next `up` remove the
+    containers, and Compose's logs with them."""
+    return _bundle(run) / "runs" / f"{run['run']}.log"
+
+
+def _keep_log(run: dict) -> None:
+    if not _kept(run).exists():
+        _kept(run).write_text(_compose_logs(run))
+
+
+def _compose_logs(run: dict) -> str:
     return command([*compose(), "logs", "--no-color", "--no-log-prefix", HEAD], cwd=_bundle(run)).stdout
 
 
+def logs(run: dict) -> str:
+    return _kept(run).read_text(errors="replace") if _kept(run).exists() else _compose_logs(run)
+
+
 def cancel(run: dict) -> Observed:
-    """`down` removes the containers, so Compose keeps no state to ask afterwards: the run ends here."""
+    """`down` removes the containers, so Compose keeps no state to ask afterwards: the run ends here, with
+    its log kept first."""
+    _keep_log(run)
     command([*compose(), "down", "--volumes"], cwd=_bundle(run), timeout=300)
     return observed(STATES, "CANCELLED", 0, None, True, "compose down")
 
