@@ -89,7 +89,7 @@ def load(path: Path, display: str | None = None, _chain: tuple[Path, ...] = (),
     texts = texts or {}
     tree, raw = read_yaml(path, shown, texts, "a spec", "`name:`")
     problems: list[Diagnostic] = []
-    data = _plain(tree, (), shown, problems)
+    data = plain(tree, (), shown, problems)
     if problems:
         raise SpecError(problems)
     if data.get("extends", ...) is None:  # `extends: null` extends nothing
@@ -181,7 +181,7 @@ def _kind(value: Any) -> str:
     return "list" if isinstance(value, list) else type(value).__name__
 
 
-def _plain(node: Any, loc: tuple[str | int, ...], file: str, problems: list[Diagnostic]) -> Any:
+def plain(node: Any, loc: tuple[str | int, ...], file: str, problems: list[Diagnostic]) -> Any:
     """ruamel's round-trip types -> plain dict/list/str/int/float/bool/None, reporting odd keys and tags."""
     if isinstance(node, CommentedMap):
         out: dict[str, Any] = {}
@@ -191,10 +191,10 @@ def _plain(node: Any, loc: tuple[str | int, ...], file: str, problems: list[Diag
                 problems.append(Diagnostic(file, line + 1, col + 1, dotted(loc),
                                            f"keys must be strings, got {key!r}"))
                 continue
-            out[key] = _plain(node[key], (*loc, key), file, problems)
+            out[key] = plain(node[key], (*loc, key), file, problems)
         return out
     if isinstance(node, CommentedSeq):
-        return [_plain(item, (*loc, i), file, problems) for i, item in enumerate(node)]
+        return [plain(item, (*loc, i), file, problems) for i, item in enumerate(node)]
     if isinstance(node, ScalarBoolean):  # an int subclass in ruamel
         return bool(node)
     if node is None or isinstance(node, bool):

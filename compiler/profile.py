@@ -25,8 +25,8 @@ from typing import Any
 
 from ruamel.yaml.comments import CommentedMap
 
-from .diagnostics import Diagnostic, SpecError, dotted
-from .load import Sourced, _plain, merge, read_yaml
+from .diagnostics import Diagnostic, SpecError
+from .load import Sourced, merge, plain, read_yaml
 
 FILE = "verlc-profiles.yaml"
 # what differs between clusters: scheduler, containers and registry, storage and mounts, network, environment
@@ -84,7 +84,7 @@ def _compose(sourced: Sourced, shown: str, label: str, profiles: CommentedMap, n
         raise SpecError([_at(shown, profiles, (name,), f"profiles.{name}",
                              "a profile is a mapping of site settings (cluster, container, network, env, ...)")])
     problems: list[Diagnostic] = []
-    data = _plain(own, (), shown, problems)
+    data = plain(own, (), shown, problems)
     problems += [_at(shown, own, (key,), key, f"a profile holds site settings ({', '.join(SITE_KEYS)}); "
                                                f"`{key}` belongs in the spec") for key in data if key not in SITE_KEYS]
     if problems:
@@ -125,4 +125,4 @@ def _where(tree: CommentedMap, loc: tuple[str | int, ...]) -> tuple[int, int]:
 
 def _at(shown: str, tree: CommentedMap, loc: tuple[str, ...], path: str, message: str) -> Diagnostic:
     line, col = tree.lc.key(loc[0]) if loc[0] in tree else (0, 0)
-    return Diagnostic(shown, line + 1, col + 1, path if path != "profiles" else dotted(loc), message)
+    return Diagnostic(shown, line + 1, col + 1, path, message)
