@@ -190,6 +190,48 @@ def test_verlc_and_verl_agree_on_a_programs_keys(checkouts: Path, tmp_path: Path
     assert not disagreements, f"{len(disagreements)} of {len(cases)}:\n" + "\n".join(disagreements[:20])
 
 
+def test_a_config_of_ones_own_that_chooses_verls_model_engine_is_composed_with_it(tmp_path: Path) -> None:
+    """main_ppo on a config folder of the run's own whose defaults list takes verl's ppo_trainer and overrides
+    its model_engine group (megatron): verlc composes that engine's tree, as Hydra does, with no note that it
+    leaves the group to Hydra; a key of the FSDP engine is refused, and verl 0.9.1 itself agrees on both."""
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "mine.yaml").write_text(
+        "hydra:\n  searchpath:\n    - pkg://verl.trainer.config\ndefaults:\n  - ppo_trainer\n"
+        "  - override model_engine: megatron\n  - _self_\ndata:\n  return_raw_chat: true\n")
+    settings_ = {"megatron": ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size", 2),
+                 "dp": ("actor_rollout_ref.actor.fsdp_config.param_offload", True)}
+    problems = {}
+    for engine, (key, value) in settings_.items():
+        verl = nest({key: value}, base_verl())
+        spec = tmp_path / f"{engine}.yaml"
+        spec.write_text(json.dumps({"name": "own-engine", "project": "p", "model": "/models/m", "verl_version": "0.9.1",
+                                    "code": ".", "hydra": {"config_name": "mine", "config_dir": "conf"},
+                                    "data": {"train_files": ["/d/t.parquet"], "val_files": ["/d/v.parquet"]},
+                                    "cluster": {"nodes": 1, "gpus_per_node": 8}, "verl": verl}))
+        try:
+            ir = compile_spec(spec, display=spec.name, source=spec.name, targets=["ray-job"])
+            problems[engine] = []
+            assert not [n for n in ir.notes if "left to Hydra" in n], ir.notes
+        except SpecError as exc:
+            problems[engine] = [str(d) for d in exc.diagnostics]
+    assert problems["megatron"] == [], problems["megatron"]
+    assert len(problems["dp"]) == 1 and "belongs to the FSDP engine; this spec uses megatron" in problems["dp"][0]
+    cases = [{"config": "mine", "engine": "", "config_dir": str(tmp_path / "conf"), "overrides": [f"{k}={v}"],
+              "keys": [k], "values": {}, "verlc": None} for k, v in settings_.values()]
+    result = subprocess.run([sys.executable, str(REPO / "tests" / "verl_oracle.py"), str(installed_verl())],
+                            input=json.dumps(cases), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    megatron, dp = json.loads(result.stdout)
+    assert not megatron and "Could not override 'actor_rollout_ref.actor.fsdp_config.param_offload'" in dp, (megatron, dp)
+
+
+def installed_verl() -> Path:
+    from verlc.compiler.verl.release import installed_package
+
+    assert installed_package().joinpath("version", "version").read_text().strip() == "0.9.1"
+    return installed_package()
+
+
 # --- a commit read from a checkout, once --------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,9 @@ from ..diagnostics import Diagnostic, did_you_mean
 from ..load import Sourced
 from .hydra import KEY, hydra_value, shown, verl_value
 from .place import KNOWN, UNDER_VALUE, UNKNOWN, Place, Walker
-from .release import MISSING, RELEASES, Release, snapshot
+from .release import ENGINE_KEY, MISSING, RELEASES, Release, snapshot
 from .rules import WORKERS, WORKERS_NOTE, Config, absolute, rules
 
-ENGINE_KEY = "model_engine"
 NEEDS_PLUS = "so Hydra refuses it without '+'"  # a key verl's YAML lacks, written without Hydra's '+'
 NOTE = "note: "  # a message that informs without failing the build (verlc cannot know, or verl would not care)
 _INTERPOLATION = re.compile(r"\$\{([^{}]*)\}")

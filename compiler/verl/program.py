@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..diagnostics import did_you_mean
-from .release import DEFAULT_CONFIG, DataClass, Release
+from .release import DEFAULT_CONFIG, ENGINE_KEY, DataClass, Release
 
 MAIN_PPO = "verl.trainer.main_ppo"
 VERL_CONFIG = ("verl", "trainer", "config")  # where verl's own trainer configs live in a checkout
@@ -137,7 +137,7 @@ def _compose_program(module: str, source: Path | None, config_dir: Path, name: s
     composer = _Composer(release, code, verl_main)
     trees = composer.compose(file, [])
     classes, targets, class_notes = _program_classes(composer.targets, release, roots)
-    default_engine = release.default_engine(DEFAULT_CONFIG) if composer.used_verl else ""
+    default_engine = composer.default_engine() if composer.used_verl else ""
     if not composer.used_verl:
         trees = {"": trees[""]}
     program_release = replace(release, configs={name: (default_engine, trees)}, primary=name,
@@ -157,6 +157,8 @@ class _Composer:
         self.release, self.code, self.verl_main = release, code, verl_main
         self.engines = release.engines(DEFAULT_CONFIG) if DEFAULT_CONFIG in release.configs else ("",)
         self.used_verl = False
+        self.included_engine: str | None = None  # the model_engine of the verl config it includes
+        self.chosen_engine: str | None = None  # the model_engine its own defaults list chooses
         self.targets: set[str] = set()  # the `_target_`s the program's own files name
         self.notes: list[str] = []
         self.unchecked: list[str] = []
@@ -183,6 +185,9 @@ class _Composer:
             elif isinstance(item, dict):
                 for key, option in item.items():
                     group = str(key).removeprefix("override ").removeprefix("optional ").strip()
+                    if group == ENGINE_KEY and option in self.engines and option:
+                        self.chosen_engine = str(option)  # verl's own group: its trees are composed per engine
+                        continue
                     package = group.partition("@")[2] or group.partition("@")[0].replace("/", ".")
                     self.unchecked.append(package)
                     self.notes.append(f"note: {file.name}'s defaults list chooses '{group}: {option}'; verlc does "
@@ -218,8 +223,15 @@ class _Composer:
         raise ProgramError(f"{file.name}'s defaults list names '{name}', which Hydra would not find "
                            f"(looked in {shown})")
 
+    def default_engine(self) -> str:
+        """The model_engine Hydra picks when the command line names none: the program's own choice, else that
+        of the verl config it includes (ppo_megatron_trainer chooses megatron from 0.8 on), else verl's."""
+        return self.chosen_engine or self.included_engine or self.release.default_engine(DEFAULT_CONFIG)
+
     def _verl(self, name: str) -> dict[str, Any]:
         self.used_verl = True
+        if self.release.default_engine(name) in self.engines and self.release.default_engine(name):
+            self.included_engine = self.release.default_engine(name)
         return {e: self.release.tree(name, e) if e in self.release.engines(name) else
                 self.release.tree(name, self.release.default_engine(name)) for e in self.engines}
 

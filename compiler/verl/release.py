@@ -19,6 +19,7 @@ from typing import Any
 
 MISSING = "???"
 DEFAULT_CONFIG = "ppo_trainer"
+ENGINE_KEY = "model_engine"  # the config group that picks verl's model engine (0.7.1 on)
 # Every release on PyPI from the first one papers still pin; dev/verl_schema.py writes one schema each.
 RELEASES = ("0.3.0.post1", "0.4.0", "0.4.1", "0.5.0", "0.6.0", "0.6.1", "0.7.0", "0.7.1", "0.8.0", "0.9.0",
             "0.9.1")
