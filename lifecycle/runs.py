@@ -159,11 +159,9 @@ def results(ledger_file: Path, chosen: Sequence[ledger.Run], asked: Sequence[str
     """The results table of these runs: each run's state (asked of the scheduler while it runs), its steps,
     the last and best value of each metric its log printed, wall time, GPU-hours and last checkpoint."""
     metrics = [results_of.Metric.parse(m) for m in asked] or [results_of.Metric(m) for m in results_of.DEFAULT_METRICS]
-    logs = []
-    for run in chosen:
-        state = run.state if run.final else observe(ledger_file, run).state
-        run = ledger.fold(ledger_file)[run.run]  # with what observing it recorded (an array task's log)
-        logs.append((run, state, results_of.read(log_text(run).splitlines())))
+    states = {run.run: run.state if run.final else observe(ledger_file, run).state for run in chosen}
+    folded = ledger.fold(ledger_file)  # with what observing recorded (an array task's log path)
+    logs = [(folded[r.run], states[r.run], results_of.read(log_text(folded[r.run]).splitlines())) for r in chosen]
     keys = results_of.chosen_keys([logged for _, _, logged in logs], metrics)
     rows = [results_of.row(run.run, run.submitted.get("variant") or {}, run.submitted["spec_sha256"],
                            state.lower(), logged, keys, metrics, seconds(run), duration(run),

@@ -436,7 +436,27 @@ def test_compose_runs_through_submit_status_logs_and_cancel(engine: dict[str, st
         second.run, second.run)
     wait_for(lambda: "TRAINER restart=0" in verlc("logs", third.run).stdout, 180, "the resumed training to start")
     assert f"TRAINER restart=0 wandb={second.run}/allow " in verlc("logs", third.run).stdout
+    # one bundle runs one stack: a submit while a run is going is refused, naming it, and leaves it running
+    refused = verlc("submit", "spec.yaml", "--target", "compose")
+    assert refused.returncode == 3 and f"already runs {third.run} (running)" in refused.stderr, refused.stderr
+    assert f"`verlc cancel {third.run}` first" in refused.stderr and len(ledger.fold(tmp_path / ledger.FILE)) == 3
+    # a run that ends while nobody asks (its head stopped under it), then the next submit: the ended run's log
+    # and exit code are kept before `up` replaces its containers, and verlc cancel of it leaves the new run alone
+    subprocess.run(["podman", "stop", "--time", "2", "compose-e2e-ray-head-1"], env=env, capture_output=True,
+                   check=True, timeout=120)
+    env["VERLC_STOP_AFTER"] = "ray"
+    with healthcheck_timer("compose-e2e-ray-head-1", tmp_path / "healthy-at-4", env):
+        fourth_submit = verlc("submit", "spec.yaml", "--target", "compose")
+    assert fourth_submit.returncode == 0, fourth_submit.stdout + fourth_submit.stderr
+    fourth = list(ledger.fold(tmp_path / ledger.FILE).values())[-1]
+    kept = verlc("logs", third.run).stdout
+    assert f"TRAINER restart=0 wandb={second.run}/allow " in kept, kept  # the third run's own log
+    status = verlc("status", third.run)
+    assert status.stdout.startswith(f"{third.run}: failed") and ledger.fold(tmp_path / ledger.FILE)[
+        third.run].exit_code not in (None, 0), status.stdout + status.stderr
     assert verlc("cancel", third.run).returncode == 0
+    assert verlc("status", fourth.run).returncode == 0  # its containers are still there
+    assert verlc("cancel", fourth.run).returncode == 0
     left = subprocess.run(["podman", "ps", "--all", "--format", "{{.Names}}"], env=env, capture_output=True,
                           text=True, check=True).stdout
     assert "compose-e2e" not in left

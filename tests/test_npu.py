@@ -251,6 +251,19 @@ def npu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             stop_by_pid(temp)
 
 
+# The start of a program run by runtime(): connected to the cluster, once both nodes are there (by name)
+CONNECTED = """
+import time
+ray = runtime.connect(address)
+for _ in range(60):
+    nodes = runtime.alive_nodes(ray)
+    if len(nodes) == 2:
+        break
+    time.sleep(1)
+nodes = sorted(nodes, key=lambda n: n["NodeName"])
+"""
+
+
 def runtime(program: str, address: str, **env: str) -> subprocess.CompletedProcess[str]:
     code = f"import json, sys\nfrom verlc.targets import runtime\naddress = sys.argv[1]\n{program}"
     return subprocess.run([sys.executable, "-c", code, address], capture_output=True, text=True,
@@ -276,15 +289,9 @@ def test_the_wait_counts_npus_and_names_a_node_with_too_few(npu_cluster: str) ->
 def test_the_preflight_reads_each_nodes_npus_and_the_all_reduce_holds_them(npu_cluster: str) -> None:
     """npu-smi's chips per node against Ray's NPU resource (the short node's npu-smi shows none), torch_npu's
     version recorded; the all-reduce's tasks hold each node's NPUs (gloo here: no torch_npu)."""
-    program = """
-ray = runtime.connect(address)
-for _ in range(60):
-    nodes = runtime.alive_nodes(ray)
-    if len(nodes) == 2:
-        break
-    import time; time.sleep(1)
-nodes = sorted(nodes, key=lambda n: n["NodeName"])
-seen = runtime.versions_per_node(ray, nodes, "NPU")
+    program = CONNECTED + """
+seen, unanswered = runtime.versions_per_node(ray, nodes, "NPU")
+assert unanswered == [], unanswered
 problems, summary = runtime.collective_problems(ray, nodes, device="NPU")
 print(json.dumps({"seen": {n["NodeName"]: seen[n["NodeID"]] for n in nodes},
                   "npu": runtime.npu_problems(seen, nodes), "allreduce": problems, "summary": summary}))
@@ -298,3 +305,34 @@ print(json.dumps({"seen": {n["NodeName"]: seen[n["NodeID"]] for n in nodes},
     assert len(out["npu"]) == 1 and re.fullmatch(r"node npu-short \([\d.]+\): npu-smi shows 0 NPUs, Ray was "
                                                  r"started with 1", out["npu"][0]), out["npu"]
     assert out["allreduce"] == [] and out["summary"] == "all-reduce over 2 ranks on 2 nodes", out
+
+
+def test_a_probe_on_each_node_names_the_node_that_failed_or_did_not_answer(npu_cluster: str) -> None:
+    """The preflight's per-node probes (versions, environment) report a node whose task fails or never answers
+    by name, within their timeout, instead of raising or waiting on it."""
+    program = CONNECTED + """
+def short_fails():
+    if ray.get_runtime_context().get_node_id() == nodes[1]["NodeID"]:
+        raise RuntimeError("no torch here")
+    return "fine"
+
+def short_hangs():
+    if ray.get_runtime_context().get_node_id() == nodes[1]["NodeID"]:
+        time.sleep(60)
+    return "fine"
+
+began = time.monotonic()
+failed = runtime.on_each_node(ray, nodes, short_fails, what="versions")
+hung = runtime.on_each_node(ray, nodes, short_hangs, what="environment", timeout=5)
+print(json.dumps({"failed": failed, "hung": hung, "seconds": time.monotonic() - began}))
+"""
+    result = runtime(program, npu_cluster)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    (head_id, head_answer), = out["failed"][0].items()
+    assert head_answer == "fine" and out["hung"][0] == {head_id: "fine"}, out
+    assert len(out["failed"][1]) == 1 and re.fullmatch(
+        r"versions: node npu-short \([\d.]+\): RuntimeError: no torch here", out["failed"][1][0]), out["failed"]
+    assert out["hung"][1] and re.fullmatch(r"environment: node npu-short \([\d.]+\) did not answer within 5s",
+                                           out["hung"][1][0]) and len(out["hung"][1]) == 1, out["hung"]
+    assert out["seconds"] < 40, out["seconds"]

@@ -12,11 +12,13 @@ from ...compiler.derive import tracker_env
 from ...compiler.ir import JobIR
 from ...lifecycle.scheduler import TRACKER_RUN, LaunchError, Observed, State, Submission, observed
 from ...lifecycle.scheduler import run as command
-from .view import HEAD
+from .view import HEAD, RUN_LABEL
 
 # The head container's state (`compose ps`), or how it ended, as verlc's
 STATES = {"CREATED": State.PENDING, "RUNNING": State.RUNNING, "RESTARTING": State.RUNNING, "PAUSED": State.RUNNING,
           "COMPLETED": State.SUCCEEDED, "FAILED": State.FAILED, "DEAD": State.FAILED, "CANCELLED": State.CANCELLED}
+
+ENDED = ("exited", "dead")  # `compose ps` states of a container whose process has ended
 
 
 def compose() -> list[str]:
@@ -31,9 +33,20 @@ def compose() -> list[str]:
 def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Submission]:
     (bundle / "runs").mkdir(exist_ok=True)  # the run record's folder, owned by you rather than the engine
     run = f"{ir.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    # One bundle is one stack: `up` would replace the containers of a run still going, and remove those of one
+    # that ended, with their logs. The first is refused; the second's log and exit code are kept first.
+    head = _head(bundle)
+    if head is not None:
+        owner = _owner(head)
+        if head.get("State") not in ENDED:
+            stop = f"`verlc cancel {owner}`" if owner else f"`{' '.join(compose())} down` in {bundle}"
+            raise LaunchError(f"{bundle} already runs {owner or 'a stack brought up by hand'} "
+                              f"({head.get('State')}); one bundle runs one stack at a time: {stop} first")
+        if owner:
+            _keep(bundle, owner, int(head.get("ExitCode", 1)))
     # the run's W&B run id (the compose file passes these through): its own, or the run it continues
     tracker = tracker_env((e.name for e in ir.env), env.get(TRACKER_RUN) or run)
-    command([*compose(), "up", "--detach"], cwd=bundle, env={**env, **tracker}, timeout=1800)
+    command([*compose(), "up", "--detach"], cwd=bundle, env={**env, **tracker, "VERLC_RUN": run}, timeout=1800)
     where = env.get("DOCKER_HOST") or "local docker"
     return [Submission(run=run, job_id=ir.name, where=f"{where} ({bundle})", log=None,
                        record=str(bundle / "runs" / "run-record.json"))]
@@ -43,44 +56,83 @@ def _bundle(run: dict) -> Path:
     return Path(run["bundle"])
 
 
+def _head(bundle: Path) -> dict | None:
+    """The head container as `compose ps` shows it, or None when the stack is down."""
+    out = command([*compose(), "ps", "--all", "--format", "json", HEAD], cwd=bundle).stdout.strip()
+    rows = json.loads(out) if out.startswith("[") else [  # older Compose prints one JSON array
+        json.loads(line) for line in out.splitlines() if line.strip()]
+    return rows[0] if rows else None
+
+
+def _owner(head: dict) -> str:
+    """The verlc run whose `up` made the head container ("" when it was brought up by hand)."""
+    labels = head.get("Labels") or ""
+    if isinstance(labels, str):  # Compose prints them as one "key=value,key=value" string
+        labels = dict(item.partition("=")[::2] for item in labels.split(","))
+    return labels.get(RUN_LABEL, "")
+
+
 def state(run: dict) -> Observed:
-    out = command([*compose(), "ps", "--all", "--format", "json", HEAD], cwd=_bundle(run)).stdout.strip()
-    rows = [json.loads(line) for line in out.splitlines() if line.strip()]
-    if out.startswith("["):  # older Compose prints one JSON array
-        rows = json.loads(out)
-    if not rows:
-        raise LaunchError(f"Compose has no {HEAD} container for {run['job_id']}: it was taken down")
-    head = rows[0]
-    if head.get("State") == "exited":
+    if (code := _kept_exit(run)) is not None:
+        return _ended(code, "the exit code kept in runs/")
+    head = _head(_bundle(run))
+    owner = _owner(head) if head is not None else ""
+    if head is None or owner not in ("", run["run"]):
+        now = f"its containers now run {owner}" if head is not None else "its containers were taken down"
+        raise LaunchError(f"Compose has no {HEAD} container of {run['run']}: {now}")
+    if head.get("State") in ENDED:
         code = int(head.get("ExitCode", 1))
-        _keep_log(run)
-        return observed(STATES, "COMPLETED" if code == 0 else "FAILED", 0, code, True, "compose ps")
+        _keep(_bundle(run), run["run"], code)
+        return _ended(code, "compose ps")
     return observed(STATES, str(head.get("State", "unknown")).upper(), 0, None, False, "compose ps")
 
 
-def _kept(run: dict) -> Path:
-    """Where an ended run's log is kept (the bundle's runs/ folder): `down` and the next `up` remove the
-    containers, and Compose's logs with them."""
-    return _bundle(run) / "runs" / f"{run['run']}.log"
+def _ended(code: int, source: str) -> Observed:
+    return observed(STATES, "COMPLETED" if code == 0 else "FAILED", 0, code, True, source)
 
 
-def _keep_log(run: dict) -> None:
-    if not _kept(run).exists():
-        _kept(run).write_text(_compose_logs(run))
+def _kept(bundle: Path, run: str, suffix: str) -> Path:
+    """What is kept of a run that ended (the bundle's runs/ folder): `down` and the next `up` remove the
+    containers, and Compose's logs and exit code with them."""
+    return bundle / "runs" / f"{run}.{suffix}"
 
 
-def _compose_logs(run: dict) -> str:
-    return command([*compose(), "logs", "--no-color", "--no-log-prefix", HEAD], cwd=_bundle(run)).stdout
+def _kept_exit(run: dict) -> int | None:
+    kept = _kept(_bundle(run), run["run"], "exit")
+    return int(kept.read_text()) if kept.exists() else None
+
+
+def _keep(bundle: Path, run: str, code: int | None) -> None:
+    """Keep the head's log (and its exit code, once it exited) under the run's name, unless kept already."""
+    if not (log := _kept(bundle, run, "log")).exists():
+        log.write_text(_compose_logs(bundle))
+    if code is not None and not (kept := _kept(bundle, run, "exit")).exists():
+        kept.write_text(f"{code}\n")
+
+
+def _compose_logs(bundle: Path) -> str:
+    return command([*compose(), "logs", "--no-color", "--no-log-prefix", HEAD], cwd=bundle).stdout
 
 
 def logs(run: dict) -> str:
-    return _kept(run).read_text(errors="replace") if _kept(run).exists() else _compose_logs(run)
+    if (kept := _kept(_bundle(run), run["run"], "log")).exists():
+        return kept.read_text(errors="replace")
+    head = _head(_bundle(run))
+    if head is not None and _owner(head) not in ("", run["run"]):
+        raise LaunchError(f"{run['run']}'s log is gone: its containers were replaced by {_owner(head)}'s "
+                          f"before verlc kept it")
+    return _compose_logs(_bundle(run))
 
 
-def cancel(run: dict) -> Observed:
+def cancel(run: dict) -> Observed | None:
     """`down` removes the containers, so Compose keeps no state to ask afterwards: the run ends here, with
-    its log kept first."""
-    _keep_log(run)
+    its log kept first. A run whose containers another run's `up` has replaced has nothing left to take down
+    (and the other run's containers stay)."""
+    head = _head(_bundle(run))
+    if head is not None and _owner(head) not in ("", run["run"]):
+        code = _kept_exit(run)
+        return None if code is None else _ended(code, "the exit code kept in runs/")
+    _keep(_bundle(run), run["run"], None)
     command([*compose(), "down", "--volumes"], cwd=_bundle(run), timeout=300)
     return observed(STATES, "CANCELLED", 0, None, True, "compose down")
 

@@ -13,6 +13,7 @@ from ...compiler.ir import ContainerIR, JobIR, Var, Word
 from ..job_package import COMMAND, PACKAGE
 
 HEAD = "ray-head"
+RUN_LABEL = "verlc.run"
 GCS_PORT = 6379
 DASHBOARD_PORT = 8265
 HELPER_DIR = "/opt/verlc"  # where ./verlc_job is mounted, on PYTHONPATH, in every service
@@ -96,6 +97,10 @@ def compose_file(ir: JobIR) -> dict[str, Any]:
     head["healthcheck"] = {"test": ["CMD", "ray", "status", f"--address=127.0.0.1:{GCS_PORT}"],
                            "interval": "5s", "timeout": "10s", "retries": 60, "start_period": "10s"}
     head["restart"] = "no"
+    # which verlc run the stack is (`verlc submit` sets VERLC_RUN; empty when brought up by hand): one bundle
+    # is one stack, so a later run's `up` replaces an earlier run's containers, and its launcher must know whose
+    # they are
+    head["labels"] = {RUN_LABEL: "${VERLC_RUN:-}"}
     services = {HEAD: head}
     for node in range(1, ir.nodes):
         worker = _service(ir, c, ["ray", "start", "--block", f"--address={HEAD}:{GCS_PORT}", *ray_common], node)
