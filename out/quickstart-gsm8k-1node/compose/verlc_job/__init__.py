@@ -343,14 +343,45 @@ def code_inputs(code: dict) -> tuple[dict, list[str]]:
             "files": files}, problems
 
 
-def versions_per_node(ray, nodes: list[dict], device: str = "GPU") -> dict:  # noqa: ANN001
-    """What each node's Python sees, from a zero-CPU task pinned to that node."""
+def on_each_node(ray, nodes: list[dict], function, *args: object, what: str,  # noqa: ANN001
+                 timeout: float = 300) -> tuple[dict, list[str]]:
+    """`function(*args)` as a zero-CPU task pinned to each node: {NodeID: its result}, and a problem naming each
+    node whose task failed, that Ray declared dead meanwhile (a task pinned there may never return), or that
+    did not answer within `timeout`."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    probe = ray.remote(num_cpus=0)(installed_versions)
-    refs = {n["NodeID"]: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
-            .remote(device) for n in nodes}
-    return {node: ray.get(ref, timeout=300) for node, ref in refs.items()}
+    task = ray.remote(num_cpus=0, max_retries=0)(function)
+    pending = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+               .remote(*args) for n in nodes]
+    refs = {ref.hex(): n for ref, n in zip(pending, nodes)}
+    results, problems = {}, []
+    deadline, checked = time.monotonic() + timeout, time.monotonic()
+    while pending and time.monotonic() < deadline:
+        done, pending = ray.wait(pending, timeout=0.5)
+        for ref in done:
+            node = refs[ref.hex()]
+            try:
+                results[node["NodeID"]] = ray.get(ref)
+            except Exception as exc:  # the task itself failed there
+                lines = str(exc).strip().splitlines()
+                problems.append(f"{what}: node {node_label(node)}: {lines[-1] if lines else exc}")
+        if pending and time.monotonic() - checked >= 2:
+            checked = time.monotonic()
+            dead = {n["NodeID"] for n in lost_nodes(ray, [refs[r.hex()] for r in pending])}
+            for ref in [r for r in pending if refs[r.hex()]["NodeID"] in dead]:
+                problems.append(f"{what}: node {node_label(refs[ref.hex()])}: Ray declared it dead (it stopped "
+                                f"answering Ray's health checks; ray.node_timeout)")
+                pending.remove(ref)
+                ray.cancel(ref, force=True)
+    for ref in pending:
+        problems.append(f"{what}: node {node_label(refs[ref.hex()])} did not answer within {timeout:g}s")
+        ray.cancel(ref, force=True)
+    return results, problems
+
+
+def versions_per_node(ray, nodes: list[dict], device: str = "GPU") -> tuple[dict, list[str]]:  # noqa: ANN001
+    """What each node's Python sees (by NodeID), and the nodes that could not say."""
+    return on_each_node(ray, nodes, installed_versions, device, what="versions")
 
 
 def version_tuple(text: str) -> tuple[int, ...]:
@@ -536,18 +567,11 @@ def environment_of(names: list[str]) -> dict:
 
 
 def missing_env_per_node(ray, nodes: list[dict], names: list[str]) -> list[str]:  # noqa: ANN001
-    """The env vars the spec reads on the nodes that a node lacks (unset or empty), from a zero-CPU task."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    probe = ray.remote(num_cpus=0)(environment_of)
-    refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
-            .remote(names) for n in nodes]
-    problems = []
-    for ref in refs:
-        seen = ray.get(ref, timeout=300)
-        problems += [f"node {seen['host']}: environment variable {n} is not set (the spec reads ${{env:{n}}})"
-                     for n in seen["missing"]]
-    return problems
+    """The env vars the spec reads on the nodes that a node lacks (unset or empty), and the nodes that could
+    not say."""
+    seen, problems = on_each_node(ray, nodes, environment_of, names, what="environment")
+    return problems + [f"node {s['host']}: environment variable {n} is not set (the spec reads ${{env:{n}}})"
+                       for s in seen.values() for n in s["missing"]]
 
 
 # ---- the collective smoke test: one all-reduce over every GPU of every node -------------------------
@@ -712,10 +736,10 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
     if gpus != expected_gpus:
         problems.append(f"Ray has {gpus:g} {device}s, the spec asks for {expected_gpus}")
     pinned = dict(p.split("=", 1) for p in pins)
-    seen = versions_per_node(ray, nodes, device)
-    problems += version_problems(seen, pinned, rollout_package)
+    seen, unanswered = versions_per_node(ray, nodes, device)
+    problems += unanswered + version_problems(seen, pinned, rollout_package)
     if device == "NPU":
-        problems += npu_problems(seen, nodes)
+        problems += npu_problems(seen, [n for n in nodes if n["NodeID"] in seen])
     if verl_commit:
         problems += verl_commit_problems(seen, verl_commit)
     code_record, code_problems = code_inputs(code) if code else (None, [])
