@@ -230,10 +230,10 @@ class _Composer:
 
     def _verl(self, name: str) -> dict[str, Any]:
         self.used_verl = True
-        if self.release.default_engine(name) in self.engines and self.release.default_engine(name):
-            self.included_engine = self.release.default_engine(name)
-        return {e: self.release.tree(name, e) if e in self.release.engines(name) else
-                self.release.tree(name, self.release.default_engine(name)) for e in self.engines}
+        own = self.release.default_engine(name)
+        if own and own in self.engines:
+            self.included_engine = own
+        return {e: self.release.tree(name, e if e in self.release.engines(name) else own) for e in self.engines}
 
 
 def _merge(base: Any, over: Any) -> Any:
