@@ -41,11 +41,6 @@ _VERLC_SETS = {("PYTHONUNBUFFERED", "1")}
 _NPU_ENV = {"HCCL_CONNECT_TIMEOUT": "connect_timeout", "HCCL_EXEC_TIMEOUT": "exec_timeout",
             "ASCEND_RT_VISIBLE_DEVICES": None, "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES": None,
             "HCCL_HOST_SOCKET_PORT_RANGE": None, "HCCL_NPU_SOCKET_PORT_RANGE": None}
-# verl's defaults for what a spec must say, used (with a note) when the script leaves them to verl
-VERL_DEFAULTS = {"trainer.nnodes": 1, "trainer.n_gpus_per_node": 8, "trainer.project_name": "verl_examples",
-                 "trainer.experiment_name": "gsm8k", "data.train_files": "~/data/rlhf/gsm8k/train.parquet",
-                 "data.val_files": "~/data/rlhf/gsm8k/test.parquet",
-                 "actor_rollout_ref.model.path": "~/models/deepseek-llm-7b-chat"}
 DEFAULT_VERSION = "0.9.1"
 
 
@@ -315,9 +310,10 @@ def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, 
         spec["code"] = code  # the folder the script ran from: the job's working dir
     if hydra:
         spec["hydra"] = hydra
-    _derived_fields(spec, values, verl, base_env, imported, leave, problem)
+    defaults = config_defaults(trainer.module, hydra, verl_commit, verl_version, trainer.call.cwd)
+    _derived_fields(spec, values, defaults, verl, base_env, imported, leave, problem)
     spec["verl"] = verl
-    _cluster(spec, values, verl, problem)
+    _cluster(spec, values, defaults, verl, problem)
     if "slurm" in spec["targets"]:
         _slurm(spec, text, imported, leave)
     _environment(spec, trainer, base_env, imported, leave)
@@ -367,14 +363,44 @@ def _home(text: str, home: str) -> str:
     return escaped
 
 
-def _derived_fields(spec: dict[str, Any], values: dict[str, Any], verl: dict[str, Any], base_env: dict[str, str],
-                    imported: Imported, leave: Any, problem: Any) -> None:
+def config_defaults(module: str, hydra: dict[str, Any], commit: str | None, version: str, cwd: str
+                    ) -> dict[str, Any]:
+    """What the config the trainer composes says for the keys verlc derives from a spec's own fields (DERIVED):
+    verl's ppo_trainer.yaml, or a program's own config (DAPO's names its W&B project). A key that config leaves
+    empty, or a config that cannot be composed here (the compile then says why), gets ppo_trainer's value."""
+    from .verl.commit import CommitError, commit_release
+    from .verl.program import ProgramError, resolve
+    from .verl.release import DEFAULT_CONFIG, RELEASES, snapshot
+
+    def lookup(tree: Any, key: str) -> Any:
+        for part in key.split("."):
+            tree = tree.get(part) if isinstance(tree, dict) else None
+        return None if tree == "???" else tree
+
+    try:
+        release = commit_release(commit, None) if commit else snapshot(version if version in RELEASES
+                                                                       else DEFAULT_VERSION)
+    except CommitError:
+        release = snapshot(DEFAULT_VERSION)
+    base = release.tree(DEFAULT_CONFIG, release.default_engine(DEFAULT_CONFIG)) \
+        if DEFAULT_CONFIG in release.configs else {}
+    try:
+        program = resolve(module, hydra.get("config_name"), release, code=Path(cwd), verl_source=None,
+                          config_dir=hydra.get("config_dir"))
+        own = program.release.tree(program.config_name, program.release.default_engine(program.config_name))
+    except (ProgramError, KeyError):
+        own = base
+    return {key: value if (value := lookup(own, key)) is not None else lookup(base, key) for key in DERIVED}
+
+
+def _derived_fields(spec: dict[str, Any], values: dict[str, Any], defaults: dict[str, Any], verl: dict[str, Any],
+                    base_env: dict[str, str], imported: Imported, leave: Any, problem: Any) -> None:
     home = base_env.get("HOME", "")
     for key in ("trainer.project_name", "trainer.experiment_name", "actor_rollout_ref.model.path",
                 "data.train_files", "data.val_files"):
         if key not in values:
-            values[key] = VERL_DEFAULTS[key]
-            imported.notes.append(f"the script leaves {key} to verl's default ({VERL_DEFAULTS[key]}); the spec "
+            values[key] = defaults[key]
+            imported.notes.append(f"the script leaves {key} to its config's default ({defaults[key]}); the spec "
                                   f"says it")
     spec["project"] = str(values["trainer.project_name"])
     spec["experiment"] = str(values["trainer.experiment_name"])
@@ -398,10 +424,11 @@ def _derived_fields(spec: dict[str, Any], values: dict[str, Any], verl: dict[str
         verl["trainer"]["default_local_dir"] = _home(checkpoint, home).replace("$$", "$")  # verl's own value
 
 
-def _cluster(spec: dict[str, Any], values: dict[str, Any], verl: dict[str, Any], problem: Any) -> None:
+def _cluster(spec: dict[str, Any], values: dict[str, Any], defaults: dict[str, Any], verl: dict[str, Any],
+             problem: Any) -> None:
     counts = {}
     for key, field_ in (("trainer.nnodes", "nodes"), ("trainer.n_gpus_per_node", "gpus_per_node")):
-        value = values.get(key, VERL_DEFAULTS[key])
+        value = values.get(key, defaults[key])
         if isinstance(value, bool) or not isinstance(value, int):
             problem(f"{key} is {value!r} in the command the script runs: verlc needs a number (the script "
                     f"computes it from something it could not see here; set the variable: verlc import "

@@ -356,6 +356,18 @@ def test_the_dapo_recipe_script_imports_as_the_dapo_example(recipes: list[Path],
     assert ours["targets"] == ["ray-job"]  # the script submits with `ray job submit`
     # what the example leaves out of the script: its runtime env file's variables, here under env:
     assert ours["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    # a key the script leaves to its config gets the program's own config's value, as verl would: DAPO's config
+    # names its W&B project (verl's ppo_trainer.yaml says verl_examples)
+    unnamed = tmp_path / "run_dapo_without_project.sh"
+    without = text.replace('    trainer.project_name="${project_name}" \\\n', "")
+    assert without != text
+    unnamed.write_text(without)
+    result = run_verlc("import", unnamed, "--verl-commit", DAPO_COMMIT, "-o", tmp_path / "unnamed.yaml",
+                       cwd=checkout)
+    assert result.returncode == 0, result.stderr
+    assert load(tmp_path / "unnamed.yaml").data["project"] == "verl-dapo"
+    assert "the script leaves trainer.project_name to its config's default (verl-dapo)" in (
+        tmp_path / "unnamed.yaml").read_text()
 
 
 # --- hostile scripts ----------------------------------------------------------------------------
