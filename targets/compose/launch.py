@@ -132,7 +132,8 @@ def cancel(run: dict) -> Observed | None:
     if head is not None and _owner(head) not in ("", run["run"]):
         code = _kept_exit(run)
         return None if code is None else _ended(code, "the exit code kept in runs/")
-    _keep(_bundle(run), run["run"], None)
+    if head is not None:
+        _keep(_bundle(run), run["run"], None)
     command([*compose(), "down", "--volumes"], cwd=_bundle(run), timeout=300)
     return observed(STATES, "CANCELLED", 0, None, True, "compose down")
 
