@@ -258,7 +258,9 @@ def _loggers(spec: Spec, chosen: Selection) -> list[str]:
     """trainer.logger as the run will have it (the spec's, else the release's default)."""
     trainer = spec.verl.get("trainer") if isinstance(spec.verl.get("trainer"), dict) else {}
     logger = trainer.get("logger", chosen.tree.get("trainer", {}).get("logger"))
-    return [logger] if isinstance(logger, str) else [str(x) for x in logger or []]
+    if isinstance(logger, str):
+        return [logger]
+    return [str(x) for x in logger] if isinstance(logger, list) else []  # another value: noted by the type check
 
 
 def _tracker(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:

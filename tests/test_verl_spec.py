@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import run_verlc
@@ -279,6 +279,7 @@ def verl_sections(draw: st.DrawFn) -> tuple[str, dict[str, Any], dict[str, Any]]
 
 @settings(max_examples=int(os.environ.get("VERLC_EXAMPLES", "400")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(verl_sections())
+@example(("0.3.0.post1", {"trainer": {"logger": True}}, {}))  # found by this test: a logger no dataclass types
 def test_no_verl_section_crashes_the_compiler(tmp_path: Path, case: tuple[str, dict[str, Any], dict]) -> None:
     version, verl, sweep = case
     path = tmp_path / "s.yaml"
