@@ -28,11 +28,11 @@ from .yaml_edit import Doc
 from .verl import determinism
 from .overrides import determinism_defaults, verl_values
 from .verl.program import MAIN_PPO
-from .verl.check import ENGINE_KEY, NEEDS_PLUS, NOTE, Selection, all_keys, elsewhere, select, settings
+from .verl.check import NEEDS_PLUS, NOTE, Selection, all_keys, elsewhere, select, settings
 from .verl.hydra import shown, verl_value
 from .verl.place import KNOWN
 from .verl.moves import carry, placeholder
-from .verl.release import DEFAULT_CONFIG, MISSING, RELEASES, Release, docs as release_docs, snapshot
+from .verl.release import DEFAULT_CONFIG, ENGINE_KEY, MISSING, RELEASES, Release, docs as release_docs, snapshot
 from .verl.rules import Config
 
 
