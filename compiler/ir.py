@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .verl.workers import Need
+
 # `${env:NAME}` is the environment variable NAME on the node where the value is used. ${HOME}, ${USER}
 # and a leading ~ are kept as short spellings of the two every node has.
 SHORT_VARIABLES = ("HOME", "USER")
@@ -214,6 +216,7 @@ class JobIR:
     node_env: tuple[str, ...]  # env vars the spec reads on the nodes: the preflight requires them set
     pins: tuple[tuple[str, str], ...]  # (package, exact version) every node must have
     rollout_package: str | None  # the package of the rollout engine (rollout.name): on every node
+    startup: tuple[Need, ...] | None  # what the workers need at start-up, on every node (None: verlc cannot know)
     image: Word  # the image a run record names ("none" without a container)
     trainer_module: str
     config_name: str  # verl's Hydra config (`--config-name`, the first override when not ppo_trainer)

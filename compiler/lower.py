@@ -10,7 +10,7 @@ from verlc import __version__
 from .ir import CodeIR, ContainerIR, DataPrepIR, EnvVar, ImageBuildIR, JobIR, ModelFetchIR, RayIR, VariantIR, Var, Word, parse_word
 from ..targets import TARGETS, get
 from . import yaml_text
-from .derive import checkpoint_dir, derived_environment, strings_in, variant_specs
+from .derive import checkpoint_dir, critic_in_use, derived_environment, strings_in, variant_specs
 from .overrides import determinism_defaults, overrides, verl_values
 from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec
 from .verl import preprocess
@@ -18,6 +18,7 @@ from .verl.check import Selection, select, settings
 from .verl.hydra import verl_value
 from .verl.release import Release
 from .verl.rules import Config, absolute
+from .verl.workers import Need, known, needs
 
 # The distribution each of verl's rollout engines (rollout.name) comes in; "hf" is transformers, which verl needs.
 ROLLOUT_PACKAGES = {"vllm": "vllm", "sglang": "sglang", "sglang_async": "sglang", "trtllm": "tensorrt_llm"}
@@ -69,6 +70,7 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
         node_env=node_env(spec, chosen),
         pins=tuple(sorted({"verl": spec.verl_version, **spec.pins}.items())),
         rollout_package=ROLLOUT_PACKAGES.get(str(config.get("actor_rollout_ref.rollout.name"))),
+        startup=startup_needs(spec, release, config),
         image=parse_word(getattr(spec.container, "image", None) or "none"),
         trainer_module=spec.program,
         config_name=chosen.config,
@@ -83,6 +85,15 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
         notes=notes,
     )
     return replace(ir, parts=tuple((name, get(name).lower(spec, ir)) for name in built))
+
+
+def startup_needs(spec: Spec, release: Release, config: Config) -> tuple[Need, ...] | None:
+    """What the workers this config starts need on every node (a sweep's variants share them), from the release's
+    start-up facts; None where verlc has none for these workers (the preflight records that it could not know)."""
+    if not known(release.startup, config.get):
+        return None
+    return needs(release.startup, config.get, use_critic=critic_in_use(spec.verl, config.tree),
+                 accelerator=spec.cluster.accelerator, label=release.label)
 
 
 def data_prep(spec: Spec) -> tuple[DataPrepIR, ...]:

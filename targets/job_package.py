@@ -50,6 +50,7 @@ def job_description(ir: JobIR, *, record: Word | None, variant: VariantIR | None
         "verl_commit": ir.verl_commit,
         "code": ir.code.as_json() if ir.code else None,
         "rollout_package": ir.rollout_package,
+        "startup": [n.as_json() for n in ir.startup] if ir.startup is not None else None,
         "image": image or ir.image.display,  # the run record names it (a target's own image, if it has one)
         "record": record.as_json() if record else None,
         "reference": Word((*checkpoints.parts, f"/{REFERENCE}")).as_json() if ir.reproducible else None,

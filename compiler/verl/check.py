@@ -14,6 +14,7 @@ from .hydra import KEY, hydra_value, shown, verl_value
 from .place import KNOWN, UNDER_VALUE, UNKNOWN, Place, Walker
 from .release import ENGINE_KEY, MISSING, RELEASES, Release, snapshot
 from .rules import WORKERS, WORKERS_NOTE, Config, absolute, rules
+from .workers import startup_rules
 
 NEEDS_PLUS = "so Hydra refuses it without '+'"  # a key verl's YAML lacks, written without Hydra's '+'
 NOTE = "note: "  # a message that informs without failing the build (verlc cannot know, or verl would not care)
@@ -188,6 +189,10 @@ def check_verl(verl: dict[str, Any], derived: dict[str, Any], sourced: Sourced, 
         broken = list(rules(config, use_critic, chosen.release.replicas_span_nodes))
     except (TypeError, ZeroDivisionError):  # a value the rules cannot do arithmetic on: reported above
         return
+    # what the workers refuse, or will need, once they start: facts read from the release's own code
+    broken += [(keys, message if refused else NOTE + message, WORKERS if refused else "") for keys, message, refused
+               in startup_rules(chosen.release.startup, config.get, use_critic=use_critic,
+                                label=chosen.release.label)]
     for keys, message, when in broken:
         loc = next((where[k] for k in keys if k in where), None) or next(
             (tuple(derived_from[k].split(".")) for k in keys if k in derived_from), ("verl", *keys[0].split(".")))

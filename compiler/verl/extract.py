@@ -21,6 +21,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from . import workers
+
 TRAINER_CONFIGS = ("ppo_trainer", "ppo_megatron_trainer")
 SCALARS = {"int": "int", "float": "float", "bool": "bool", "str": "str"}
 LISTS = {"list", "List", "tuple", "Tuple", "Sequence", "ListConfig", "set", "Set"}
@@ -52,6 +54,7 @@ def extract(package: Path, *, lazy: bool = False, all_classes: bool = False) -> 
         "classes": {q: {k: v for k, v in info.items() if k != "docs"} for q, info in used.items()},
         "allowed": _allowed(package, classes),
         "worker_allowed": _worker_allowed(package, _allowed(package, classes)),
+        "startup": workers.read(package),
         "docs": {"keys": {} if lazy else yaml_docs(config_dir, {n: c["engines"] for n, c in configs.items()}),
                  "fields": {q: info["docs"] for q, info in used.items() if info["docs"]}},
     }
@@ -511,7 +514,8 @@ def _worker_allowed(package: Path, allowed: dict[str, list[str]]) -> dict[str, l
 
 def _rollout_names(package: Path) -> list[str]:
     """The rollout names the FSDP workers' `_build_rollout` builds: the names an if-chain that ends in a
-    `raise` compares with, or those it compares with plus the rollout registry it looks the rest up in."""
+    `raise` compares with, or those it compares with plus the rollout registry it looks the rest up in; none
+    where every name is looked up in the registry (0.6 on: the start-up rules judge each (name, mode))."""
     path = package / "workers" / "fsdp_workers.py"
     if not path.exists():
         return []
@@ -526,6 +530,9 @@ def _rollout_names(package: Path) -> list[str]:
             names |= _compared(node.test)
         if names and node.orelse and isinstance(node.orelse[-1], ast.Raise):
             return sorted(names)  # a closed chain: every other name raises
+    if any(isinstance(n, ast.Call) and ast.unparse(n.func) == "get_rollout_class"
+           for s in function.body for n in ast.walk(s) if not isinstance(s, ast.If)):
+        return []  # every name goes through the registry: the start-up rules judge (name, mode) (workers.py)
     if any(isinstance(n, ast.Call) and ast.unparse(n.func) == "get_rollout_class" for n in ast.walk(function)):
         registry = {name for name, _ in _rollout_registry(package)}
         compared = {v for n in ast.walk(function) if isinstance(n, ast.Compare) for v in _compared(n)}

@@ -57,6 +57,7 @@ class Release:
     primary: str = DEFAULT_CONFIG  # the config the program composes when the spec names none
     commit: str | None = None      # the git commit these facts were read from (None: a PyPI release)
     unchecked: tuple[str, ...] = ()  # packages whose keys only Hydra can judge (a program's group choices)
+    startup: Mapping[str, Any] = field(default_factory=dict)  # what its workers need at start-up (workers.py)
     validated: bool = True  # the program runs verl's validate_config (main_ppo does): its consistency rules apply
 
     @property
@@ -125,6 +126,7 @@ def from_data(version: str, data: dict[str, Any], source: str, commit: str | Non
         allowed={k: tuple(v) for k, v in data["allowed"].items()},
         worker_allowed={k: tuple(v) for k, v in data.get("worker_allowed", {}).items()},
         groups={k: tuple(v) for k, v in data.get("groups", {}).items()},
+        startup=data.get("startup", {}),
     )
 
 
@@ -167,7 +169,7 @@ def pack(version: str, data: dict[str, Any]) -> bytes:
                for name, c in data["configs"].items()}
     doc = {"verl_version": version, "configs": configs, "nodes": nodes, "groups": data["groups"],
            "targets": data["targets"], "classes": data["classes"], "allowed": data["allowed"],
-           "worker_allowed": data["worker_allowed"]}
+           "worker_allowed": data["worker_allowed"], "startup": data["startup"]}
     return _gzip(json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode())
 
 
@@ -189,4 +191,5 @@ def unpack(doc: dict[str, Any]) -> dict[str, Any]:
                     for name, c in doc["configs"].items()},
         "groups": doc["groups"], "targets": doc["targets"], "classes": doc["classes"], "allowed": doc["allowed"],
         "worker_allowed": doc.get("worker_allowed", {}),
+        "startup": doc.get("startup", {}),
     }

@@ -16,7 +16,7 @@ Its command line (what bundles call):
 
 The stages, each a function below: `wait` blocks until the cluster has the expected nodes and GPUs (NPUs on
 Ascend), or fails at a deadline; `materialize` and `prepare` put the model and the data in place; `preflight`
-checks the cluster, package versions on every node, an all-reduce over every GPU, data files, model and
+checks the cluster, package versions and what verl's workers import at start-up on every node, an all-reduce over every GPU, data files, model and
 checkpoint folder, and writes the run record; `train` runs verl's program. The step line of verl's console
 logger is parsed here only (STEP_LINE).
 """
@@ -416,6 +416,86 @@ def version_problems(seen: dict, pins: dict[str, str], rollout_package: str | No
     return problems
 
 
+# ---- what verl's workers need when they start -----------------------------------------------------------
+# The job's "startup" list (compiler/verl/workers.py reads it from the release's code): modules the workers
+# import, and flash-attn 2 where a worker asks transformers for it. Checked on every node in a fresh Python,
+# as verl's workers would import them: an import can take seconds and must not stay loaded in a Ray worker.
+STARTUP_TIMEOUT = 300
+STARTUP_PROBE = r"""
+import importlib, json, sys
+needs = json.loads(sys.argv[1])
+devices = set()
+try:
+    import torch
+    if torch.cuda.is_available():
+        devices.add("cuda")
+    if any(n["device"] == "npu" for n in needs):
+        import torch_npu  # noqa: F401
+        if torch.npu.is_available():
+            devices.add("npu")
+except Exception:
+    pass
+results = []
+for need in needs:
+    if need["device"] and need["device"] not in devices:
+        results.append({"ok": None, "detail": "not checked: torch sees no " + need["device"].upper() + " here"})
+        continue
+    try:
+        if need["check"] == "flash_attention_2":
+            from transformers.utils import is_flash_attn_2_available
+            ok = bool(is_flash_attn_2_available())
+            detail = "" if ok else ("transformers cannot use flash-attn 2 here (is_flash_attn_2_available() is "
+                                    "false: the flash-attn package is missing, or not built for this torch)")
+        else:
+            importlib.import_module(need["module"])
+            ok, detail = True, ""
+    except BaseException as exc:
+        ok, detail = False, (type(exc).__name__ + ": " + str(exc)).splitlines()[0][:300]
+    results.append({"ok": ok, "detail": detail})
+print(json.dumps(results))
+"""
+
+
+def startup_found(needs: list[dict]) -> dict:
+    """One node's outcome of each start-up need, in the needs' order: ok true, false (with why) or null (not
+    checked: the need is for a device this node's torch does not see)."""
+    host = platform.node()
+    try:
+        done = subprocess.run([sys.executable, "-c", STARTUP_PROBE, json.dumps(needs)], capture_output=True,
+                              text=True, timeout=STARTUP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return {"host": host, "error": f"the check did not finish within {STARTUP_TIMEOUT}s"}
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"host": host, "error": f"the check exited with code {done.returncode}: {last}"}
+    return {"host": host, "results": json.loads(lines[-1])}
+
+
+def startup_problems(found: dict, needs: list[dict]) -> list[str]:
+    """A problem for each need a node lacks, naming the node, the package, and the verl file and line."""
+    problems = []
+    for node, info in sorted(found.items()):
+        where = f"node {info['host']} ({node[:8]})"
+        if "error" in info:
+            problems.append(f"{where}: the start-up check failed: {info['error']}")
+            continue
+        for need, result in zip(needs, info["results"]):
+            if result["ok"] is False:
+                avoid = f"; {need['avoid']}" if need["avoid"] else ""
+                problems.append(f"{where}: {need['module']}: {result['detail']}; {need['why']} ({need['where']})"
+                                f"{avoid}")
+    return problems
+
+
+def startup_record(found: dict, needs: list[dict] | None) -> dict:
+    """What the run record keeps: each need and what every node showed, or why nothing was checked."""
+    if needs is None:
+        return {"unknown": "verlc has no start-up facts for this release's workers (verl 0.8 on: engine workers)"}
+    return {"needs": [{**need, "nodes": {info["host"]: info.get("results", [{}] * len(needs))[i]
+                                         for info in found.values()}} for i, need in enumerate(needs)]}
+
+
 # ---- what a run used: its inputs, hashed, and the config verl resolves --------------------------------
 # The files that decide what a model folder is, besides its weights (hashed too large to hash every run).
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -721,7 +801,7 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
 def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir: str, data: list[str],
               pins: list[str], rollout_package: str | None, record: str | None, image: str | None,
               require_env: list[str], reference: str | None, train: list[str], verl_commit: str | None = None,
-              code: dict | None = None, device: str = "GPU") -> int:
+              code: dict | None = None, device: str = "GPU", startup: list[dict] | None = None) -> int:
     """Check the cluster, every node's packages (and NPUs), an all-reduce over every GPU (NPU), the data files,
     the model and the checkpoint folder; write the run record (and a reproducible job's first-run record).
     0: passed."""
@@ -740,6 +820,11 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
     problems += unanswered + version_problems(seen, pinned, rollout_package)
     if device == "NPU":
         problems += npu_problems(seen, [n for n in nodes if n["NodeID"] in seen])
+    started_found: dict = {}
+    if startup:
+        started_found, unanswered = on_each_node(ray, nodes, startup_found, startup, what="start-up needs",
+                                                 timeout=STARTUP_TIMEOUT + 30)
+        problems += unanswered + startup_problems(started_found, startup)
     if verl_commit:
         problems += verl_commit_problems(seen, verl_commit)
     code_record, code_problems = code_inputs(code) if code else (None, [])
@@ -781,6 +866,7 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
         "gpus": gpus,
         "versions": next(iter(seen.values()), {}).get("packages", {}),
         "pins": pinned,
+        "startup": startup_record(started_found, startup),
         "problems": problems,
     }
     changes = reference_problems(run_record, reference) if reference else []
@@ -963,7 +1049,7 @@ def job(spec: dict, begun: str | None = None) -> int:
                 record=expand(spec["record"]) if spec.get("record") else None, image=spec["image"],
                 require_env=spec["require_env"], reference=expand(spec["reference"]) if spec.get("reference") else None,
                 train=spec["train"], verl_commit=spec.get("verl_commit"), code=spec.get("code"),
-                device=spec["device"])
+                device=spec["device"], startup=spec.get("startup"))
         else:
             say("training: " + " ".join(spec["train"]))
             rc = train(spec["train"], {**os.environ, "RAY_ADDRESS": address}, spec.get("stall_timeout"), address)

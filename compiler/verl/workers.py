@@ -1,0 +1,429 @@
+"""What verl's workers need when they start, read from one release's (or commit's) own code with `ast`.
+
+The trainer's start-up path imports and loads things that no config check sees: an attention kernel that a
+worker asks transformers for, a package a worker module imports at its top, a rollout class looked up in a
+registry. A missing one kills the run about a minute after the workers start, on a real cluster after the
+queue and the bring-up of every node. These facts let the preflight check them on every node first
+(targets/runtime.py `startup_problems`) and the build refuse what the workers would refuse.
+
+Read (`read`), stored in the release's schema under "startup", each fact with the verl file and line that
+states it:
+- imports: what each engine's worker module imports when it is loaded (its module-level imports and
+  those of the verl modules they load, in turn), of the packages verl does not install itself (OPTIONAL);
+  an import under `if is_cuda_available:` (or npu) holds on that device only, one in a `try` is optional;
+- attention: where a worker asks transformers for `flash_attention_2` (the actor, critic and reward
+  model workers of the FSDP engine, and the functions they call), and the `override_config` key that
+  changes it when the code reads one (None: nothing in the config avoids it);
+- flags: a package a worker imports only when a model flag is set (`if use_liger:`);
+- rollouts: the rollout registry, (name/mode) -> the module of its class, where the release has one;
+- hf_repeats_n: where the HF rollout generates `rollout.n` sequences per prompt although the trainer has
+  already repeated each prompt n times (the batch sizes then differ: verl 0.5.0).
+
+Scope: the legacy FSDP/Megatron workers (`workers/fsdp_workers.py`, `workers/megatron_workers.py`, verl
+0.3-0.7). A release whose workers are elsewhere (0.8 on: `workers/engine_workers.py`) has no attention facts;
+`needs()` says so, and the preflight records that it could not know.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Packages verl's workers may import that verl's own requirements do not install.
+OPTIONAL = ("apex", "flash_attn", "flashinfer", "liger_kernel", "mbridge", "megatron", "mindspeed", "sglang",
+            "torch_npu", "transformer_engine", "trl", "vllm")
+# Each engine's worker module (verl/trainer/main_ppo.py picks it by actor.strategy).
+ENGINE_MODULES = {"fsdp": "verl.workers.fsdp_workers", "megatron": "verl.workers.megatron_workers"}
+# The worker classes of fsdp_workers.py, and the config section each one builds its model from.
+ROLES = {"ActorRolloutRefWorker": "actor_rollout_ref", "CriticWorker": "critic", "RewardModelWorker": "reward_model"}
+FA2 = "flash_attention_2"
+
+
+def read(package: Path) -> dict[str, Any]:
+    """The start-up facts of the verl package at `package` (the folder holding verl/__init__.py)."""
+    code = _Code(package)
+    return {
+        "imports": {engine: list(code.imported(module)) for engine, module in ENGINE_MODULES.items()
+                    if code.file(module)},
+        "attention": list(code.attention()),
+        "flags": list(code.flags()),
+        "rollouts": code.rollouts(),
+        "hf_repeats_n": code.hf_repeats_n(),
+    }
+
+
+class _Code:
+    """One verl package's modules, each parsed once."""
+
+    def __init__(self, package: Path) -> None:
+        self.package = package
+        self._trees: dict[Path, ast.Module] = {}
+
+    def file(self, module: str) -> Path | None:
+        """The file of a `verl.` module (a package's __init__.py), or None."""
+        parts = module.split(".")[1:]
+        base = self.package.joinpath(*parts)
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+        return None
+
+    def tree(self, path: Path) -> ast.Module:
+        if path not in self._trees:
+            self._trees[path] = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        return self._trees[path]
+
+    def where(self, path: Path, line: int) -> str:
+        return f"{path.relative_to(self.package.parent).as_posix()}:{line}"
+
+    # --- imports when a module loads ----------------------------------------------------------------
+
+    def imported(self, root: str) -> Iterator[dict[str, Any]]:
+        """Each import of an OPTIONAL package that starting `root`'s workers runs, with its file:line, device
+        and role: loading the module (role ""), and the imports at the top of each worker class's methods
+        (verl imports its actor, critic and their kernels there, in `init_model`)."""
+        path = self.file(root)
+        assert path is not None
+        seeds: list[tuple[str, str, str, ast.stmt, Path]] = []
+        for cls in (n for n in self.tree(path).body if isinstance(n, ast.ClassDef) and n.name in ROLES):
+            for method in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+                for stmt, device in _loaded(method.body, ""):
+                    seeds += [(name, device, ROLES[cls.name], stmt, path) for name in _names(stmt, root, False)]
+        found: set[tuple[str, str, str, str]] = set()
+        for name, device, role, stmt, where in [(root, "", "", None, path), *seeds]:  # type: ignore[list-item]
+            facts = [(name, self.where(where, stmt.lineno), device)] if stmt is not None and _optional(name) else []
+            facts += list(self._loading(name, device)) if name.split(".")[0] == "verl" else []
+            for module, at, on in facts:
+                if (module, at, on, role) not in found and (module, at, on, "") not in found:
+                    found.add((module, at, on, role))
+                    yield {"module": module, "where": at, "device": on, "role": role}
+
+    def _loading(self, root: str, device: str) -> Iterator[tuple[str, str, str]]:
+        """(module, file:line, device) of each OPTIONAL import that loading verl module `root` runs."""
+        seen: set[str] = set()
+        todo = [(root, device)]
+        while todo:
+            module, on = todo.pop()
+            if module in seen:
+                continue
+            seen.add(module)
+            todo += [(p, on) for p in _parents(module)]
+            path = self.file(module)
+            if path is None:
+                continue
+            for stmt, here in _loaded(self.tree(path).body, on):
+                for name in _names(stmt, module, path.name == "__init__.py"):
+                    if name.split(".")[0] == "verl":
+                        todo.append((name, here))
+                    elif _optional(name):
+                        yield name, self.where(path, stmt.lineno), here
+
+    # --- attention kernels the workers ask for -----------------------------------------------------
+
+    def attention(self) -> Iterator[dict[str, Any]]:
+        path = self.file(ENGINE_MODULES["fsdp"])
+        if path is None:
+            return
+        tree = self.tree(path)
+        functions = self._imported_functions(tree, ENGINE_MODULES["fsdp"])
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name in ROLES):
+            for method in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+                for line, unless in _demands(method):
+                    yield {"role": ROLES[cls.name], "where": self.where(path, line), "unless": unless}
+                for call in (n for n in ast.walk(method) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)):
+                    target = functions.get(call.func.id)
+                    if target is None:
+                        continue
+                    fixed = sorted(line for line, unless in _demands(target[1]) if unless is None)
+                    if fixed:  # a function the worker calls asks for it whatever the config says
+                        yield {"role": ROLES[cls.name], "where": self.where(target[0], fixed[0]), "unless": None,
+                               "via": self.where(path, call.lineno)}
+
+    def _imported_functions(self, tree: ast.Module, module: str) -> dict[str, tuple[Path, ast.FunctionDef]]:
+        """Functions a module imports by name from other verl modules: name -> (file, definition)."""
+        out: dict[str, tuple[Path, ast.FunctionDef]] = {}
+        for stmt in ast.walk(tree):
+            if not (isinstance(stmt, ast.ImportFrom) and _absolute(stmt, module, False).startswith("verl.")):
+                continue
+            path = self.file(_absolute(stmt, module, False))
+            if path is None:
+                continue
+            defined = {n.name: n for n in self.tree(path).body if isinstance(n, ast.FunctionDef)}
+            for alias in stmt.names:
+                if alias.name in defined:
+                    out[alias.asname or alias.name] = (path, defined[alias.name])
+        return out
+
+    # --- packages imported when a flag is set -------------------------------------------------------
+
+    def flags(self) -> Iterator[dict[str, Any]]:
+        path = self.file(ENGINE_MODULES["fsdp"])
+        if path is None:
+            return
+        for cls in (n for n in self.tree(path).body if isinstance(n, ast.ClassDef) and n.name in ROLES):
+            found: set[tuple[str, str]] = set()
+            for branch in (n for n in ast.walk(cls) if isinstance(n, ast.If)):
+                flag = _flag(branch.test)
+                if flag is None:
+                    continue
+                for stmt in (s for b in branch.body for s in ast.walk(b) if isinstance(s, ast.ImportFrom)):
+                    name = stmt.module or ""
+                    if name.split(".")[0] in OPTIONAL and (flag, name) not in found:
+                        found.add((flag, name))
+                        yield {"role": ROLES[cls.name], "flag": flag, "module": name,
+                               "where": self.where(path, stmt.lineno)}
+
+    # --- the rollout registry -----------------------------------------------------------------------
+
+    def rollouts(self) -> dict[str, str]:
+        """`name/mode` -> the module of the registered class, where the release builds rollouts from it."""
+        path = self.file("verl.workers.rollout.base")
+        if path is None:
+            return {}
+        for node in ast.walk(self.tree(path)):
+            if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_ROLLOUT_REGISTRY"
+                                                     for t in node.targets) and isinstance(node.value, ast.Dict)):
+                return {f"{k.elts[0].value}/{k.elts[1].value}": v.value.rsplit(".", 1)[0]
+                        for k, v in zip(node.value.keys, node.value.values)
+                        if isinstance(k, ast.Tuple) and len(k.elts) == 2
+                        and all(isinstance(e, ast.Constant) for e in k.elts)
+                        and isinstance(v, ast.Constant) and isinstance(v.value, str)}
+        return {}
+
+    # --- the HF rollout's n -------------------------------------------------------------------------
+
+    def hf_repeats_n(self) -> list[str]:
+        """[hf_rollout.py:line, ray_trainer.py:line] where both repeat each prompt rollout.n times, or []."""
+        rollout = self.file("verl.workers.rollout.hf_rollout")
+        trainer = self.file("verl.trainer.ppo.ray_trainer")
+        if rollout is None or trainer is None:
+            return []
+        generates = next((k.lineno for d in ast.walk(self.tree(rollout)) if isinstance(d, ast.Dict)
+                          for k, v in zip(d.keys, d.values)
+                          if isinstance(k, ast.Constant) and k.value == "num_return_sequences"
+                          and ast.unparse(v).endswith("config.n")), None)
+        repeats = next((a.lineno for a in ast.walk(self.tree(trainer)) if isinstance(a, ast.Assign)
+                        and [ast.unparse(t) for t in a.targets] == ["gen_batch"] and isinstance(a.value, ast.Call)
+                        and ast.unparse(a.value.func) == "gen_batch.repeat"
+                        and any(k.arg == "repeat_times" and ast.unparse(k.value).endswith("rollout.n")
+                                for k in a.value.keywords)), None)
+        if generates is None or repeats is None:
+            return []
+        return [self.where(rollout, generates), self.where(trainer, repeats)]
+
+
+def _parents(module: str) -> list[str]:
+    """The packages Python runs first when it imports `module` (verl.a.b: verl, verl.a)."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _optional(module: str) -> bool:
+    return module.split(".")[0] in OPTIONAL
+
+
+def _device(test: ast.expr) -> str | None:
+    """'cuda' / 'npu' for a test of the device (`is_cuda_available`, `get_device_name() == "npu"`), else None."""
+    text = ast.unparse(test)
+    if "not " in text:
+        return None
+    return "cuda" if "cuda" in text else "npu" if "npu" in text else None
+
+
+def _loaded(body: list[ast.stmt], device: str) -> Iterator[tuple[ast.stmt, str]]:
+    """The import statements a body runs on every start-up path: at its top, and under a test of the device
+    (`if is_cuda_available: ... elif is_npu_available: ...`), with that device ("" for any)."""
+    for stmt in body:
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            yield stmt, device
+        elif isinstance(stmt, ast.If):
+            chosen = _device(stmt.test)
+            if chosen is None or device not in ("", chosen):
+                continue  # any other condition (TYPE_CHECKING, a version test): not on every start-up path
+            yield from _loaded(stmt.body, chosen)
+            if len(stmt.orelse) == 1 and isinstance(stmt.orelse[0], ast.If) and not device:
+                yield from _loaded(stmt.orelse, "")  # an elif testing another device
+
+
+def _absolute(stmt: ast.ImportFrom, module: str, is_package: bool) -> str:
+    if not stmt.level:
+        return stmt.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[:len(base) - (stmt.level - 1)]
+    return ".".join([*base, stmt.module] if stmt.module else base)
+
+
+def _names(stmt: ast.stmt, module: str, is_package: bool) -> list[str]:
+    """The modules an import statement loads (`from a import b` loads a, and a.b when b is a module)."""
+    if isinstance(stmt, ast.Import):
+        return [alias.name for alias in stmt.names]
+    assert isinstance(stmt, ast.ImportFrom)
+    source = _absolute(stmt, module, is_package)
+    if source.split(".")[0] == "verl":
+        return [source, *(f"{source}.{a.name}" for a in stmt.names if a.name != "*")]
+    return [source]
+
+
+def _demands(function: ast.FunctionDef) -> Iterator[tuple[int, str | None]]:
+    """(line, the override_config key that changes it or None) for each ask for flash_attention_2.
+
+    `attn_implementation="flash_attention_2"` on a model's from_pretrained: fixed. On `AutoConfig.from_pretrained`
+    whose config the function later passes to `update_model_config` (verl's override_config): transformers'
+    `_attn_implementation` setter there changes it. `x.get("attn_implementation", "flash_attention_2")`: verl reads
+    override_config's `attn_implementation`."""
+    updated = {ast.unparse(c.args[0]): c.lineno for c in ast.walk(function)
+               if isinstance(c, ast.Call) and ast.unparse(c.func).endswith("update_model_config") and c.args}
+    for node in ast.walk(function):
+        if isinstance(node, ast.Call) and _reads_override(node):
+            yield node.lineno, "attn_implementation"
+        if not (isinstance(node, ast.Assign | ast.Expr | ast.Return) and isinstance(node.value, ast.Call)):
+            continue
+        call = node.value
+        for keyword in call.keywords:
+            if not (keyword.arg == "attn_implementation" and isinstance(keyword.value, ast.Constant)
+                    and keyword.value.value == FA2):
+                continue
+            target = ast.unparse(node.targets[0]) if isinstance(node, ast.Assign) and len(node.targets) == 1 else ""
+            is_config = ast.unparse(call.func).endswith("AutoConfig.from_pretrained")
+            later = updated.get(target, 0) > node.lineno
+            yield keyword.value.lineno, "_attn_implementation" if is_config and later else None
+
+
+def _reads_override(call: ast.Call) -> bool:
+    """`something.get("attn_implementation", "flash_attention_2")`."""
+    return (isinstance(call.func, ast.Attribute) and call.func.attr == "get" and len(call.args) == 2
+            and all(isinstance(a, ast.Constant) for a in call.args)
+            and [a.value for a in call.args] == ["attn_implementation", FA2])  # type: ignore[attr-defined]
+
+
+def _flag(test: ast.expr) -> str | None:
+    """The model flag a test reads (`use_liger`, `self.config.model.get("use_liger", False)`), or None."""
+    for node in ast.walk(test):
+        if isinstance(node, ast.Name) and node.id.startswith("use_"):
+            return node.id
+        if isinstance(node, ast.Attribute) and node.attr.startswith("use_"):
+            return node.attr
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("use_"):
+            return node.value
+    return None
+
+
+# --- what one config needs, from those facts -----------------------------------------------------------
+
+ROLE_WORDS = {"": "", "actor_rollout_ref": "actor", "critic": "critic", "reward_model": "reward model"}
+
+
+@dataclass(frozen=True)
+class Need:
+    """One thing every node must have for the trainer's start-up path (targets/runtime.py checks it)."""
+
+    check: str   # "import": the module imports; "flash_attention_2": transformers can use flash-attn 2
+    module: str  # what is imported (for flash_attention_2: the flash_attn package)
+    device: str  # "cuda" or "npu": checked only where the node's torch sees that device; "" everywhere
+    where: str   # the verl file and line that needs it (and where it is called from)
+    why: str     # who needs it, in words
+    avoid: str   # how a spec avoids it, or ""
+
+    def as_json(self) -> dict[str, str]:
+        return {"check": self.check, "module": self.module, "device": self.device, "where": self.where,
+                "why": self.why, "avoid": self.avoid}
+
+
+def engine_of(get: Any) -> str:
+    """The worker engine main_ppo picks by actor.strategy (fsdp and fsdp2 share fsdp_workers.py)."""
+    return "megatron" if get("actor_rollout_ref.actor.strategy") == "megatron" else "fsdp"
+
+
+def roles(get: Any, use_critic: bool) -> dict[str, bool]:
+    """Which worker roles the trainer starts ("" is the module every role loads)."""
+    return {"": True, "actor_rollout_ref": True, "critic": use_critic,
+            "reward_model": bool(get("reward_model.enable"))}
+
+
+def known(startup: dict[str, Any], get: Any) -> bool:
+    """Whether the release's facts cover the workers this config starts (not 0.8 on's engine workers)."""
+    return engine_of(get) in startup.get("imports", {})
+
+
+def needs(startup: dict[str, Any], get: Any, *, use_critic: bool, accelerator: str, label: str) -> tuple[Need, ...]:
+    """What the workers this config starts need on every node, in a stable order (one need per package and
+    role, at the first place verl states it)."""
+    if not known(startup, get):
+        return ()
+    device = "npu" if accelerator == "npu" else "cuda"  # ROCm's torch answers torch.cuda too
+    active = roles(get, use_critic)
+    engine = engine_of(get)
+    out: dict[tuple[str, str, str], Need] = {}
+
+    def add(key: tuple[str, str, str], need: Need) -> None:
+        out.setdefault(key, need)
+
+    for fact in startup["imports"][engine]:
+        if active.get(fact["role"]) and fact["device"] in ("", device):
+            who = f"the {ROLE_WORDS[fact['role']]} worker" if fact["role"] else f"the {engine} worker module"
+            on = f" on {fact['device'].upper()}" if fact["device"] else ""
+            add(("import", fact["module"].split(".")[0], ""), Need(  # one need per package: its first place
+                "import", fact["module"], fact["device"], fact["where"],
+                f"{label}: {who} imports it when it starts{on}", ""))
+    if engine == "fsdp" and device == "cuda":
+        for role, on in active.items():
+            facts = [f for f in startup.get("attention", []) if f["role"] == role and on]
+            fixed = [f for f in facts if f["unless"] is None]
+            if fixed:
+                f = next((g for g in fixed if "via" in g), fixed[0])  # the model load, where a call leads to it
+                called = f" (called from {f['via']})" if "via" in f else ""
+                add(("attention", "flash_attn", role), Need(
+                    FA2, "flash_attn", "cuda", f["where"] + called,
+                    f"{label}: the {ROLE_WORDS[role]} loads its model with {FA2}, whatever the config says", ""))
+                continue
+            for f in facts:
+                key = f"{role}.model.override_config.{f['unless']}"
+                if get(key) in (None, FA2):
+                    add(("attention", "flash_attn", role), Need(
+                        FA2, "flash_attn", "cuda", f["where"],
+                        f"{label}: the {ROLE_WORDS[role]} asks transformers for {FA2} unless {key} says otherwise",
+                        f"set {key}: sdpa to load the model without flash-attn"))
+    for fact in startup.get("flags", []):
+        key = f"{fact['role']}.model.{fact['flag']}"
+        if active.get(fact["role"]) and get(key) is True:
+            add(("flag", fact["module"].split(".")[0], fact["role"]), Need(
+                "import", fact["module"], "", fact["where"],
+                f"{label}: the {ROLE_WORDS[fact['role']]} imports it with {key}: true", f"set {key}: false"))
+    registered = startup.get("rollouts", {}).get(f"{get('actor_rollout_ref.rollout.name')}/"
+                                                  f"{get('actor_rollout_ref.rollout.mode')}")
+    if registered:
+        add(("rollout", registered, ""), Need(
+            "import", registered, device, "verl/workers/rollout/base.py (_ROLLOUT_REGISTRY)",
+            f"{label}: the workers build the rollout ({get('actor_rollout_ref.rollout.name')}, "
+            f"{get('actor_rollout_ref.rollout.mode')}) from this module", ""))
+    return tuple(out.values())
+
+
+def startup_rules(startup: dict[str, Any], get: Any, *, use_critic: bool, label: str
+                  ) -> Iterator[tuple[tuple[str, ...], str, bool]]:
+    """What the workers will refuse at start-up, or a note of what they will need: (keys involved, message,
+    whether it is a refusal)."""
+    name, mode = get("actor_rollout_ref.rollout.name"), get("actor_rollout_ref.rollout.mode")
+    registry = startup.get("rollouts", {})
+    if registry and isinstance(name, str) and f"{name}/{mode}" not in registry:
+        pairs = ", ".join(f"({p.replace('/', ', ')})" for p in registry)
+        yield (("actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.mode"),
+               f"{label} builds its rollout from a registry of (name, mode) {pairs}; ({name}, {mode}) is not in it "
+               f"(verl/workers/rollout/base.py get_rollout_class)", True)
+    n = get("actor_rollout_ref.rollout.n")
+    repeats = startup.get("hf_repeats_n", [])
+    if name == "hf" and repeats and isinstance(n, int) and n > 1:
+        yield (("actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.name"),
+               f"{label}'s HF rollout generates rollout.n ({n}) sequences per prompt ({repeats[0]}) of a batch the "
+               f"trainer has already repeated n times ({repeats[1]}): the batch sizes then differ and the first "
+               f"step fails; use rollout.n: 1 with hf, or the vllm or sglang rollout", True)
+    if known(startup, get) and engine_of(get) == "fsdp" and use_critic:
+        fixed = [f for f in startup.get("attention", []) if f["role"] == "critic" and f["unless"] is None]
+        if fixed:
+            where = next((g for g in fixed if "via" in g), fixed[0])["where"]
+            yield (("algorithm.adv_estimator",),
+                   f"{label}'s critic loads its model with {FA2} whatever the config says ({where}): "
+                   f"every node needs flash-attn installed for this torch (the preflight checks it)", False)

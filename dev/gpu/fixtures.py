@@ -1,0 +1,83 @@
+"""The GPU rehearsal's model and data, made offline (no hub, no data set download): a 2-layer random Qwen2 with a
+BPE tokenizer trained on the prompts, and GSM8K-shaped parquet files (verl's columns).
+
+    python3 dev/gpu/fixtures.py FOLDER     # FOLDER/model, FOLDER/data/{train,test}.parquet
+
+A random model learns nothing about arithmetic; the rehearsal shows that verl trains through verlc's bundle
+(loss, gradients, rewards logged every step, checkpoints), not that the model gets better.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+SPECIAL = ["<|pad|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"]
+
+
+def problems(count: int, seed: int) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        a, b = rng.randint(2, 99), rng.randint(2, 99)
+        out.append((f"Tom has {a} apples and buys {b} more. How many apples does Tom have now? "
+                    f"Let's think step by step and output the final answer after \"####\".", str(a + b)))
+    return out
+
+
+def tokenizer(texts: list[str], folder: Path) -> object:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE(unk_token=None))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=512, special_tokens=SPECIAL,
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<|pad|>", eos_token="<|end|>",
+                                   bos_token=None, unk_token=None)
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(folder)
+    return fast
+
+
+def model(vocab: int, tok: object, folder: Path) -> None:
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=False, pad_token_id=tok.pad_token_id,  # type: ignore[attr-defined]
+                         eos_token_id=tok.eos_token_id, bos_token_id=None)  # type: ignore[attr-defined]
+    Qwen2ForCausalLM(config).save_pretrained(folder)
+    GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id).save_pretrained(folder)
+
+
+def data(rows: list[tuple[str, str]], split: str, path: Path) -> None:
+    import pandas as pd
+
+    pd.DataFrame([{
+        "data_source": "openai/gsm8k",
+        "prompt": [{"role": "user", "content": question}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": answer},
+        "extra_info": {"split": split, "index": i},
+    } for i, (question, answer) in enumerate(rows)]).to_parquet(path)
+
+
+def main(folder: Path) -> None:
+    train, test = problems(256, 1), problems(32, 2)
+    (folder / "data").mkdir(parents=True, exist_ok=True)
+    tok = tokenizer([q for q, _ in train + test] + [a for _, a in train + test], folder / "model")
+    model(len(tok), tok, folder / "model")  # type: ignore[arg-type]
+    data(train, "train", folder / "data" / "train.parquet")
+    data(test, "test", folder / "data" / "test.parquet")
+    print(f"fixtures: {folder}/model (vocab {len(tok)}), {len(train)} train and {len(test)} test rows")  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

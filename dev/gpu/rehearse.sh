@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# The GPU rehearsal: on a machine with an NVIDIA GPU and no network, install what the run needs from the wheels
+# dev/gpu/wheels.sh fetched (.whl/), make the tiny model and data offline, start a one-node Ray head, and submit
+# verlc's bundles with `verlc submit` (which runs each bundle's own submit.sh): the training spec
+# (specs/gpu-rehearsal-reinforce.yaml) must train; the configs of dev/gpu/cases/ must fail before the trainer,
+# at the build or in the preflight. Writes into OUT (default /tmp/gpu-rehearsal-out): its log, everything it saw
+# (rehearsal.tar.gz: logs, events, versions, results), and docs/gpu.md's text and figure (dev/gpu/report.py):
+# copy gpu.md and gpu-rehearsal.svg into docs/.
+#
+#   bash dev/gpu/rehearse.sh          # from the repository root, .whl/ beside it
+#
+# Run by hand (through the device tool here) when the runtime, the preflight or the trainer command changes.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+results=${OUT:-/tmp/gpu-rehearsal-out}
+work=${GPU_REHEARSAL_WORK:-/tmp/gpu-rehearsal}
+out=$work/out  # what it saw, packed into $results/rehearsal.tar.gz at the end
+rm -rf "$out"
+mkdir -p "$results" "$out"
+exec > >(tee "$results/rehearsal.log") 2>&1
+events=$out/events.tsv  # stage <tab> seconds since the start <tab> detail: what report.py reads
+: >"$events"
+since() { awk -v now="$EPOCHREALTIME" -v t="$1" 'BEGIN { printf "%.1f", now - t }'; }
+t0=$EPOCHREALTIME
+mark() { printf '%s\t%s\t%s\n' "$1" "$(since "$t0")" "${2:-}" >>"$events"; echo "== $1 ${2:-}"; }
+pack() { tar -C "$out" -czf "$results/rehearsal.tar.gz" .; }
+fail() { echo "rehearse.sh: $*" >&2; mark failed "$*"; pack; exit 1; }
+
+# --- install: the wheels into folders of their own, verl's two releases apart ---------------------------------
+site=$work/site
+rm -rf "${site:?}" "${work:?}"/verl-* "${work:?}"/bin
+mkdir -p "$site" "$work"/bin
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/common/*.whl || fail "pip install"
+tar -C "$site" -xJf .whl/ray.tar.xz || fail "unpacking ray"
+for release in 0.5.0 0.6.1; do
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$work/verl-$release" \
+    .whl/verl-"$release"/*.whl || fail "pip install verl $release"
+done
+printf '#!/bin/sh\nexec python3 -c "import sys; from ray.scripts.scripts import main; sys.argv[0] = \\"ray\\"; main()" "$@"\n' \
+  >"$work"/bin/ray
+printf '#!/bin/sh\nexec python3 -m verlc "$@"\n' >"$work"/bin/verlc
+chmod +x "$work"/bin/*
+export PATH=$work/bin:$PATH
+# the stand-in for flash-attn: what verl 0.5.0's actor imports on CUDA (dev/gpu/standin/flash_attn)
+standin=$PWD/dev/gpu/standin
+use_release() { export PYTHONPATH=$work/verl-$1:$site:$standin; }
+use_release 0.5.0
+mark installed
+python3 - <<'EOF' | tee "$out/versions.txt"
+import platform, subprocess
+from importlib.metadata import version
+import torch
+print("python", platform.python_version())
+for name in ("verl", "ray", "torch", "transformers", "tensordict", "hydra-core", "verlc"):
+    print(name, version(name))
+print("gpu", torch.cuda.get_device_name(0), "x", torch.cuda.device_count())
+print("driver", subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                               capture_output=True, text=True).stdout.strip())
+EOF
+
+# --- the tiny model and data, offline ----------------------------------------------------------------------------
+export GPU_REHEARSAL=$work/fixtures
+rm -rf "$GPU_REHEARSAL"
+python3 dev/gpu/fixtures.py "$GPU_REHEARSAL" || fail "fixtures"
+mark fixtures
+
+# The ledger (runs.jsonl) and each run's code record are kept by git: a copy without .git gets its own.
+if [[ ! -d .git ]]; then
+  git init -q && git add -A && git -c user.name=rehearsal -c user.email=rehearsal@localhost commit -qm rehearsal
+fi
+rm -f runs.jsonl
+
+# --- a one-node Ray head (its environment is the job's: PYTHONPATH, GPU_REHEARSAL) ---------------------------
+ray_up() {
+  ray stop --force >/dev/null 2>&1
+  ray start --head --num-gpus=1 --dashboard-host=127.0.0.1 --include-dashboard=true --disable-usage-stats \
+    --temp-dir="$work/ray" >"$out/ray-start.log" 2>&1 || { cat "$out/ray-start.log"; fail "ray start"; }
+  for _ in $(seq 60); do curl -sf http://127.0.0.1:8265/api/version >/dev/null && return 0; sleep 1; done
+  fail "Ray's dashboard did not answer"
+}
+export RAY_ADDRESS=http://127.0.0.1:8265 NCCL_NVLS_ENABLE=0
+ray_up
+mark ray-head
+
+# submit SPEC LABEL: verlc submit --follow, each output line stamped with seconds since the submit
+submit() {
+  local spec=$1 label=$2 start rc
+  start=$EPOCHREALTIME
+  verlc submit "$spec" --target ray-job --follow --metric critic/score/mean 2>&1 |
+    while IFS= read -r line; do printf '%s %s\n' "$(since "$start")" "$line"; done >"$out/$label.follow"
+  rc=${PIPESTATUS[0]}
+  cat "$out/$label.follow"
+  run=$(sed -n 's/^[0-9.]* submitted \([^ ]*\) .*/\1/p' "$out/$label.follow" | head -n 1)
+  [[ -n $run ]] && verlc logs "$run" >"$out/$label.log" 2>&1
+  mark "$label" "exit $rc run ${run:-none}"
+}
+
+# build SPEC LABEL: a spec the build must refuse
+build() {
+  local rc
+  verlc build "$1" --target ray-job --out "$work/refused" >"$out/$2.build" 2>&1
+  rc=$?
+  cat "$out/$2.build"
+  mark "$2" "exit $rc"
+}
+
+submit specs/gpu-rehearsal-reinforce.yaml train
+verlc runs --results --format markdown >"$out/results.md" 2>&1
+cat "$out/results.md"
+run=$(sed -n 's/.*run \([^ ]*\)$/\1/p' "$events" | head -n 1)
+verlc plot "$run" --metric critic/score/mean -o "$results/gpu-rehearsal.svg"
+ls -R "$GPU_REHEARSAL/checkpoints" >"$out/checkpoints.txt" 2>&1
+submit dev/gpu/cases/critic-0.5.0.yaml critic
+build dev/gpu/cases/hf-rollout-n4-0.5.0.yaml hf-n4
+build dev/gpu/cases/hf-rollout-0.6.1.yaml hf-0.6.1
+use_release 0.6.1
+ray_up
+submit dev/gpu/cases/vllm-missing-0.6.1.yaml vllm-0.6.1
+ray stop --force >/dev/null 2>&1
+mark finished
+cp "$results/gpu-rehearsal.svg" "$out/" 2>/dev/null
+python3 dev/gpu/report.py "$out" "$results/gpu.md"
+pack

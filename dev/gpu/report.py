@@ -1,0 +1,153 @@
+"""docs/gpu.md from what dev/gpu/rehearse.sh saw (its folder of logs and events).
+
+    python3 dev/gpu/report.py FOLDER OUTPUT.md
+
+Everything in the page is read from those files: nothing here is typed in by hand except the prose around it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from verlc.lifecycle.progress import parse_step
+
+STAGE = re.compile(r"^\[(\S+)Z\] verlc: (stage \w+|preflight passed|PREFLIGHT FAILED|training exited)")
+FOLLOW_STEP = re.compile(r"^(\d+\.\d) step (\d+)\b")
+SPEC = Path("specs/gpu-rehearsal-reinforce.yaml")
+CASES = {  # label: (spec, what it shows)
+    "train": (SPEC, "REINFORCE++ trains (verl 0.5.0, HF rollout, n=1)"),
+    "critic": (Path("dev/gpu/cases/critic-0.5.0.yaml"), "PPO with a critic on verl 0.5.0: flash-attn demanded"),
+    "hf-n4": (Path("dev/gpu/cases/hf-rollout-n4-0.5.0.yaml"), "verl 0.5.0, HF rollout with n=4"),
+    "hf-0.6.1": (Path("dev/gpu/cases/hf-rollout-0.6.1.yaml"), "verl 0.6.1, HF rollout (not registered)"),
+    "vllm-0.6.1": (Path("dev/gpu/cases/vllm-missing-0.6.1.yaml"), "verl 0.6.1, vLLM rollout, no vLLM installed"),
+}
+
+
+def events(folder: Path) -> dict[str, tuple[float, str]]:
+    out = {}
+    for line in (folder / "events.tsv").read_text().splitlines():
+        name, seconds, detail = (line.split("\t") + ["", ""])[:3]
+        out[name] = (float(seconds), detail)
+    return out
+
+
+def moments(log: str) -> list[tuple[datetime, str]]:
+    """(time, what) of each stage line of a job log."""
+    return [(datetime.fromisoformat(m[1]), m[2]) for line in log.splitlines() if (m := STAGE.match(line))]
+
+
+def stage_table(log: str) -> list[str]:
+    seen = moments(log)
+    rows = ["| stage | started after | took |", "| --- | ---: | ---: |"]
+    for (when, what), (after, _) in zip(seen, seen[1:] + [(seen[-1][0], "")]):
+        if what.startswith("stage "):
+            rows.append(f"| {what.removeprefix('stage ')} | {(when - seen[0][0]).total_seconds():.1f} s | "
+                        f"{(after - when).total_seconds():.1f} s |")
+    return rows
+
+
+def outcome(folder: Path, label: str, detail: str) -> str:
+    """One line: where the case ended, from its log or its build output."""
+    build = folder / f"{label}.build"
+    if build.exists():
+        refused = [ln for ln in build.read_text().splitlines() if ": verl." in ln]
+        return f"refused by `verlc build` ({detail}): {refused[0] if refused else build.read_text().strip()[-300:]}"
+    log = (folder / f"{label}.log").read_text() if (folder / f"{label}.log").exists() else ""
+    failed = [ln.split("PREFLIGHT FAILED: ", 1)[1] for ln in log.splitlines() if "PREFLIGHT FAILED: " in ln]
+    if failed:
+        return "failed in the preflight, before the trainer started: " + " / ".join(failed)
+    steps = [s for ln in log.splitlines() if (s := parse_step(ln))]
+    trained = "training exited with code 0" in log
+    return (f"trained {steps[-1].step} steps, exit 0" if trained and steps else
+            f"ended without a preflight failure or a clean exit ({detail}); see its log")
+
+
+def main(folder: Path, output: Path) -> None:
+    seen = events(folder)
+    versions = (folder / "versions.txt").read_text().strip().splitlines()
+    train_log = (folder / "train.log").read_text()
+    follow = (folder / "train.follow").read_text().splitlines()
+    first_step = next((float(m[1]) for ln in follow if (m := FOLLOW_STEP.match(ln))), None)
+    steps = [s for ln in train_log.splitlines() if (s := parse_step(ln))]
+    step_lines = [ln.split(")", 1)[-1].strip() for ln in train_log.splitlines() if parse_step(ln)]
+    saved = sorted({m[0] for m in re.finditer(r"global_step_\d+", (folder / "checkpoints.txt").read_text())},
+                   key=lambda s: int(s.rsplit("_", 1)[1]))
+    trained_moments = moments(train_log)
+    ran = trained_moments[0][0].strftime("%Y-%m-%d %H:%M UTC") if trained_moments else "unknown"
+    lines = [
+        "# verlc on a GPU: the rehearsal",
+        "",
+        f"Last run: **{ran}**, by `dev/gpu/rehearse.sh` (written by `dev/gpu/report.py` from what it saw). Run it",
+        "again when the runtime, the preflight or the trainer command changes: `bash dev/gpu/wheels.sh` here, then",
+        "`bash dev/gpu/rehearse.sh` on a machine with an NVIDIA GPU (the device tool: `.whl` carried), and copy its",
+        "`gpu.md` and `gpu-rehearsal.svg` into docs/. The test suite has no GPU and cannot run it.",
+        "",
+        "What it does: installs verl, Ray and verlc from wheels (no network), makes a 2-layer random Qwen2, its",
+        "tokenizer and GSM8K-shaped data offline (`dev/gpu/fixtures.py`), starts a one-node Ray head, and submits",
+        "verlc's ray-job bundles with `verlc submit` (which runs each bundle's own `submit.sh`). The machine has no",
+        "flash-attn for its torch: `dev/gpu/standin/flash_attn` provides the names verl 0.5.0's actor imports on CUDA",
+        "(and raises if they are called; the spec turns `use_remove_padding` off) and has no package metadata, so",
+        "transformers still refuses `flash_attention_2`.",
+        "",
+        "## Machine and versions",
+        "",
+        *(f"- {v}" for v in versions),
+        "",
+        "## The training run",
+        "",
+        f"Spec: `{SPEC}` (its reward function: `specs/gpu-rehearsal/reward.py`).",
+        "",
+        "```yaml",
+        SPEC.read_text().strip(),
+        "```",
+        "",
+        "Before the job: " + ", ".join(f"{name} {seen[name][0]:.0f} s" for name in ("installed", "fixtures",
+                                                                                   "ray-head") if name in seen)
+        + " after the script started (cumulative).",
+        "",
+        "The job's stages (from its log's stamped stage lines):",
+        "",
+        *stage_table(train_log),
+        "",
+        f"- time from `verlc submit` to step 1: {first_step:.1f} s" if first_step is not None else
+        "- step 1 was not reached",
+        f"- steps done: {steps[-1].step if steps else 0}; exit: {seen.get('train', (0, 'unknown'))[1]}",
+        f"- checkpoints written: {', '.join(saved) or 'none'}",
+        "",
+        "verl's console logger, every step:",
+        "",
+        "```",
+        *step_lines,
+        "```",
+        "",
+        "`verlc runs --results --format markdown`, as it read the run's log:",
+        "",
+        (folder / "results.md").read_text().strip(),
+        "",
+        "`verlc plot RUN --metric critic/score/mean -o gpu-rehearsal.svg`:",
+        "",
+        "![critic/score/mean per step](gpu-rehearsal.svg)",
+        "",
+        "## Configs that must fail before the trainer",
+        "",
+        "Each one died at the trainer's start-up in an earlier rehearsal (about 50 s after the job began; on a real",
+        "cluster after the queue and the bring-up of every node). Now:",
+        "",
+        "| case | spec | where it ended |",
+        "| --- | --- | --- |",
+    ]
+    for label, (spec, what) in CASES.items():
+        if label == "train" or label not in seen:
+            continue
+        text = outcome(folder, label, seen[label][1]).replace("|", "\\|")
+        lines.append(f"| {what} | `{spec}` | {text} |")
+    lines += ["", f"The whole rehearsal took {seen.get('finished', (0.0, ''))[0]:.0f} s.", ""]
+    output.write_text("\n".join(lines))
+    print(f"wrote {output}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
