@@ -27,6 +27,7 @@ Scope: the legacy FSDP/Megatron workers (`workers/fsdp_workers.py`, `workers/meg
 from __future__ import annotations
 
 import ast
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +74,9 @@ class _Code:
 
     def tree(self, path: Path) -> ast.Module:
         if path not in self._trees:
-            self._trees[path] = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+            with warnings.catch_warnings():  # verl's own invalid escapes, not ours to report
+                warnings.simplefilter("ignore")
+                self._trees[path] = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
         return self._trees[path]
 
     def where(self, path: Path, line: int) -> str:

@@ -62,9 +62,10 @@ EOF
 export GPU_REHEARSAL=$work/fixtures
 rm -rf "$GPU_REHEARSAL"
 python3 dev/gpu/fixtures.py "$GPU_REHEARSAL" || fail "fixtures"
+cp specs/gpu-rehearsal/reward.py "$GPU_REHEARSAL"/
 mark fixtures
 
-# The ledger (runs.jsonl) and each run's code record are kept by git: a copy without .git gets its own.
+# The ledger (runs.jsonl) is kept at the git root: a copy without .git gets its own.
 if [[ ! -d .git ]]; then
   git init -q && git add -A && git -c user.name=rehearsal -c user.email=rehearsal@localhost commit -qm rehearsal
 fi
@@ -90,7 +91,7 @@ submit() {
     while IFS= read -r line; do printf '%s %s\n' "$(since "$start")" "$line"; done >"$out/$label.follow"
   rc=${PIPESTATUS[0]}
   cat "$out/$label.follow"
-  run=$(sed -n 's/^[0-9.]* submitted \([^ ]*\) .*/\1/p' "$out/$label.follow" | head -n 1)
+  run=$(sed -n 's/^[0-9.]* submitted \([^ ]*\) .*/\1/p' "$out/$label.follow" | head -n 1)  # read by the caller
   [[ -n $run ]] && verlc logs "$run" >"$out/$label.log" 2>&1
   mark "$label" "exit $rc run ${run:-none}"
 }
@@ -105,9 +106,8 @@ build() {
 }
 
 submit specs/gpu-rehearsal-reinforce.yaml train
-verlc runs --results --format markdown >"$out/results.md" 2>&1
+verlc runs --results "$run" --format markdown >"$out/results.md" 2>&1
 cat "$out/results.md"
-run=$(sed -n 's/.*run \([^ ]*\)$/\1/p' "$events" | head -n 1)
 verlc plot "$run" --metric critic/score/mean -o "$results/gpu-rehearsal.svg"
 ls -R "$GPU_REHEARSAL/checkpoints" >"$out/checkpoints.txt" 2>&1
 submit dev/gpu/cases/critic-0.5.0.yaml critic

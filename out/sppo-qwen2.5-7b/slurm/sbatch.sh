@@ -453,7 +453,7 @@ VERLC_JOB
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/runtime.py of verlc 0.1.0, sha256 167fcf704a5c950c3b28df396e383ad71757333670aba81da5bc55c6a6dc1d3e:
+# targets/runtime.py of verlc 0.1.0, sha256 ca18e5701dfb98661ff2a3d8b5ef3cd62046b6afd303463f75f4bcbc397beaa8:
 # the file every verlc bundle runs on the cluster (the others ship it as verlc_job/__init__.py,
 # after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -545,6 +545,9 @@ def wait(address: str, nodes: int, gpus: int, timeout: int, device: str = "GPU")
     while ray is None:
         try:
             ray = connect(address)
+        except ImportError as exc:  # no waiting makes Ray appear in this Python
+            say(f"ERROR: the job's Python ({sys.executable}) cannot import ray: {exc}")
+            return 1
         except Exception as exc:  # the head may still be starting
             if time.monotonic() > deadline:
                 say(f"ERROR: no Ray head at {address} after {timeout}s: {exc}")
@@ -902,9 +905,12 @@ for need in needs:
     try:
         if need["check"] == "flash_attention_2":
             from transformers.utils import is_flash_attn_2_available
-            ok = bool(is_flash_attn_2_available())
-            detail = "" if ok else ("transformers cannot use flash-attn 2 here (is_flash_attn_2_available() is "
-                                    "false: the flash-attn package is missing, or not built for this torch)")
+            try:
+                ok, why = bool(is_flash_attn_2_available()), "is false"
+            except Exception as exc:  # older transformers read the package's metadata unguarded
+                ok, why = False, "raised " + type(exc).__name__ + ": " + str(exc)
+            detail = "" if ok else ("transformers cannot use flash-attn 2 here (is_flash_attn_2_available() " + why
+                                    + "): the flash-attn package is missing, or not built for this torch")
         else:
             importlib.import_module(need["module"])
             ok, detail = True, ""

@@ -86,6 +86,9 @@ def wait(address: str, nodes: int, gpus: int, timeout: int, device: str = "GPU")
     while ray is None:
         try:
             ray = connect(address)
+        except ImportError as exc:  # no waiting makes Ray appear in this Python
+            say(f"ERROR: the job's Python ({sys.executable}) cannot import ray: {exc}")
+            return 1
         except Exception as exc:  # the head may still be starting
             if time.monotonic() > deadline:
                 say(f"ERROR: no Ray head at {address} after {timeout}s: {exc}")
@@ -443,9 +446,12 @@ for need in needs:
     try:
         if need["check"] == "flash_attention_2":
             from transformers.utils import is_flash_attn_2_available
-            ok = bool(is_flash_attn_2_available())
-            detail = "" if ok else ("transformers cannot use flash-attn 2 here (is_flash_attn_2_available() is "
-                                    "false: the flash-attn package is missing, or not built for this torch)")
+            try:
+                ok, why = bool(is_flash_attn_2_available()), "is false"
+            except Exception as exc:  # older transformers read the package's metadata unguarded
+                ok, why = False, "raised " + type(exc).__name__ + ": " + str(exc)
+            detail = "" if ok else ("transformers cannot use flash-attn 2 here (is_flash_attn_2_available() " + why
+                                    + "): the flash-attn package is missing, or not built for this torch")
         else:
             importlib.import_module(need["module"])
             ok, detail = True, ""

@@ -1,0 +1,182 @@
+"""What verl's workers need at start-up (compiler/verl/workers.py), judged against each release's own code, and
+the preflight's check of it on a node (targets/runtime.py).
+
+Every fact names a verl file and line: each is read back from that release's installed source here, so a fact
+that points at the wrong line, or at a line that does not say it, fails. The build's refusals are tested both
+ways (a config verl's workers take is taken), and the registry against verl's own `_ROLLOUT_REGISTRY` object
+where this test environment can import the release."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from verlc.compiler.verl.release import RELEASES, snapshot
+from verlc.compiler.verl.rules import Config
+from verlc.compiler.verl.workers import FA2, needs, read
+from verlc.targets import runtime
+
+sys.path.insert(0, str(REPO / "dev"))
+from verl_schema import release_package  # noqa: E402  (installs a release's files into .cache, cached)
+
+
+def line_of(package: Path, where: str) -> str:
+    """The source line `verl/x.py:N` names (the part before a " (called from ...)")."""
+    path, number = where.split(" ")[0].rsplit(":", 1)
+    return (package.parent / path).read_text(encoding="utf-8").splitlines()[int(number) - 1]
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_every_fact_points_at_a_line_of_the_release_that_states_it(version: str) -> None:
+    package = release_package(version)
+    facts = read(package)
+    assert facts == snapshot(version).startup, "the shipped schema is stale: run dev/verl_schema.py " + version
+    for engine, found in facts["imports"].items():
+        for fact in found:
+            line = line_of(package, fact["where"])
+            assert "import" in line and fact["module"].split(".")[-1] in line, (engine, fact, line)
+    for fact in facts["attention"]:
+        line = line_of(package, fact["where"])
+        assert FA2 in line, (fact, line)
+        if fact["unless"] == "attn_implementation":
+            assert '"attn_implementation"' in line, (fact, line)
+        if "via" in fact:  # the worker's line calls the function that asks for it
+            assert "(" in line_of(package, fact["via"]), fact
+    for fact in facts["flags"]:
+        assert fact["module"] in line_of(package, fact["where"]), fact
+    if facts["hf_repeats_n"]:
+        generate, repeat = (line_of(package, w) for w in facts["hf_repeats_n"])
+        assert "num_return_sequences" in generate and "config.n" in generate, generate
+        assert "gen_batch = gen_batch.repeat" in repeat and "rollout.n" in repeat, repeat
+
+
+def test_the_facts_the_gpu_run_met_are_read_where_they_hold() -> None:
+    """The three start-up deaths seen on a GPU, as facts: 0.5.0's actor asks for flash_attention_2 unless
+    override_config._attn_implementation says otherwise and its critic always does; its HF rollout repeats by n
+    (0.4.1's trainer repeats after generating, 0.6.0's HF rollout generates one); 0.6.1 has no HF rollout."""
+    old = snapshot("0.5.0").startup
+    assert {(f["role"], f["unless"]) for f in old["attention"]} >= {("actor_rollout_ref", "_attn_implementation"),
+                                                                      ("critic", None)}
+    assert {f["module"] for f in old["imports"]["fsdp"] if f["device"] == "cuda"} == {"flash_attn.bert_padding"}
+    assert old["hf_repeats_n"] and not snapshot("0.4.1").startup["hf_repeats_n"]
+    assert not snapshot("0.6.0").startup["hf_repeats_n"]
+    assert "hf/sync" not in snapshot("0.6.1").startup["rollouts"] and "vllm/sync" in snapshot("0.6.1").startup["rollouts"]
+    assert ("actor_rollout_ref", "attn_implementation") in {(f["role"], f["unless"])
+                                                            for f in snapshot("0.6.1").startup["attention"]}
+    assert {f["flag"] for f in old["flags"]} == {"use_liger"}
+    assert not snapshot("0.9.1").startup["imports"], "0.8 on: engine workers, which these facts do not cover"
+
+
+@pytest.mark.parametrize("version", ["0.7.1", "0.8.0", "0.9.0", "0.9.1"])
+def test_the_registry_is_verls_own(version: str) -> None:
+    """verl's `_ROLLOUT_REGISTRY` itself, imported from the release (the releases whose code imports under this
+    environment's transformers), against what verlc read with ast."""
+    code = "import json, verl.workers.rollout.base as b; print(json.dumps(sorted(f'{n}/{m}' for n, m in b._ROLLOUT_REGISTRY)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(release_package(version).parent)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == sorted(snapshot(version).startup["rollouts"])
+
+
+def config(version: str, **settings: object) -> Config:
+    release = snapshot(version)
+    return Config(release.tree("ppo_trainer", release.default_engine("ppo_trainer")), dict(settings))
+
+
+def needed(version: str, use_critic: bool = False, accelerator: str = "cuda", **settings: object) -> set[tuple[str, str]]:
+    found = needs(snapshot(version).startup, config(version, **settings).get, use_critic=use_critic,
+                  accelerator=accelerator, label=f"verl {version}")
+    return {(n.check, n.module) for n in found}
+
+
+def test_what_a_config_needs_follows_its_settings() -> None:
+    sdpa = {"actor_rollout_ref.model.override_config._attn_implementation": "sdpa"}
+    assert needed("0.5.0") == {("import", "flash_attn.bert_padding"), (FA2, "flash_attn")}
+    assert needed("0.5.0", **sdpa) == {("import", "flash_attn.bert_padding")}
+    assert (FA2, "flash_attn") in needed("0.5.0", use_critic=True, **sdpa)  # the critic asks whatever it is told
+    assert ("import", "liger_kernel.transformers.monkey_patch") in needed(
+        "0.5.0", **{"actor_rollout_ref.model.use_liger": True})
+    assert ("import", "megatron.core") in needed("0.5.0", **{"actor_rollout_ref.actor.strategy": "megatron"})
+    assert needed("0.5.0", accelerator="npu", **sdpa) == {("import", "torch_npu")}  # no CUDA kernel on Ascend
+    # 0.6.1 reads attn_implementation (no underscore) from override_config, and imports its rollout by registry
+    assert (FA2, "flash_attn") in needed("0.6.1", **sdpa)
+    assert needed("0.6.1", **{"actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+                              "actor_rollout_ref.rollout.name": "vllm"}) == {
+        ("import", "verl.workers.rollout.vllm_rollout")}
+
+
+def build(tmp_path: Path, version: str, verl: dict, run: object) -> subprocess.CompletedProcess[str]:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps({
+        "name": "startup", "project": "p", "model": "/models/m", "verl_version": version,
+        "data": {"train_files": ["/d/t.parquet"], "val_files": ["/d/v.parquet"]},
+        "cluster": {"nodes": 1, "gpus_per_node": 1}, "container": {"runtime": "none"},
+        "verl": {"algorithm": {"adv_estimator": "grpo"}, "data": {"train_batch_size": 16},
+                 "trainer": {"logger": ["console"]}, **verl}}))
+    return run("validate", spec)
+
+
+def rollout(**settings: object) -> dict:
+    return {"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 4},
+                                  "rollout": {"tensor_model_parallel_size": 1, "log_prob_micro_batch_size_per_gpu": 4,
+                                              **settings},
+                                  "ref": {"log_prob_micro_batch_size_per_gpu": 4}}}
+
+
+@pytest.mark.parametrize(("version", "settings", "refused"), [
+    ("0.6.1", {"name": "hf"}, "registry of (name, mode)"),
+    ("0.6.1", {"name": "vllm"}, None),
+    ("0.6.1", {"name": "sglang", "mode": "async"}, None),
+    ("0.5.0", {"name": "hf", "n": 4}, "HF rollout generates rollout.n (4)"),
+    ("0.5.0", {"name": "hf", "n": 1}, None),
+    ("0.4.1", {"name": "hf", "n": 4}, None),  # its trainer repeats the batch after the rollout
+])
+def test_the_build_refuses_what_the_workers_refuse_and_takes_what_they_take(
+        tmp_path: Path, version: str, settings: dict, refused: str | None) -> None:
+    from conftest import run_verlc
+
+    done = build(tmp_path, version, rollout(**settings), run_verlc)
+    if refused:
+        assert done.returncode == 2 and refused in done.stderr and "spec.yaml:" in done.stderr, done.stderr
+        assert "verl itself only finds this once the workers start" in done.stderr
+    else:
+        assert done.returncode == 0, done.stderr
+
+
+def test_the_critics_flash_attn_is_a_note_at_build(tmp_path: Path) -> None:
+    from conftest import run_verlc
+
+    critic = {"algorithm": {"adv_estimator": "gae"}, "critic": {"ppo_micro_batch_size_per_gpu": 4}}
+    done = build(tmp_path, "0.5.0", {**rollout(name="hf"), **critic}, run_verlc)
+    assert done.returncode == 0, done.stderr
+    assert "note: verl 0.5.0's critic loads its model with flash_attention_2" in done.stderr
+    assert "verl/utils/model.py:" in done.stderr
+    assert "critic loads" not in build(tmp_path, "0.5.0", rollout(name="hf"), run_verlc).stderr  # GRPO: no critic
+
+
+def test_the_preflight_imports_each_need_in_a_fresh_python_and_names_what_fails() -> None:
+    wanted = [
+        {"check": "import", "module": "json", "device": "", "where": "verl/a.py:1", "why": "w1", "avoid": ""},
+        {"check": "import", "module": "no_such_module_xyz", "device": "", "where": "verl/b.py:2",
+         "why": "verl 0.5.0: the actor worker imports it", "avoid": "set x: false"},
+        {"check": FA2, "module": "flash_attn", "device": "cuda", "where": "verl/c.py:3", "why": "w3", "avoid": ""},
+        {"check": "import", "module": "torch_npu", "device": "npu", "where": "verl/d.py:4", "why": "w4", "avoid": ""},
+    ]
+    found = runtime.startup_found(wanted)
+    results = found["results"]
+    assert [r["ok"] for r in results[:2]] == [True, False]
+    assert "ModuleNotFoundError" in results[1]["detail"] and "no_such_module_xyz" in results[1]["detail"]
+    assert results[2]["ok"] is None and "CUDA" in results[2]["detail"]  # this machine's torch sees no GPU
+    assert results[3]["ok"] is None
+    problems = runtime.startup_problems({"abcdef0123": found}, wanted)
+    assert problems == [f"node {found['host']} (abcdef01): no_such_module_xyz: {results[1]['detail']}; "
+                        f"verl 0.5.0: the actor worker imports it (verl/b.py:2); set x: false"]
+    record = runtime.startup_record({"abcdef0123": found}, wanted)
+    assert record["needs"][1]["nodes"][found["host"]]["ok"] is False
+    assert "unknown" in runtime.startup_record({}, None)
