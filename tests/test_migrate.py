@@ -299,6 +299,7 @@ def migrated(job: tuple[int, str, str, str, Path]) -> tuple[list[str], dict[str,
 def test_every_spec_to_every_release_and_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Validation, settings kept, behaviour kept, and verl's own verdict on every migrated spec."""
     monkeypatch.setenv("SCRATCH", "/scratch")  # an example's checkpoint folder names it (resolved on the node)
+    monkeypatch.setenv("GPU_REHEARSAL", "/gpu-rehearsal")  # the GPU rehearsal's paths (its folder on that machine)
     cases: dict[str, list[dict[str, Any]]] = {v: [] for v in RELEASES}
     failures: list[str] = []
     checked = decided = 0

@@ -394,3 +394,30 @@ def test_each_form_of_hydras_syntax_means_what_it_means_to_verl(tmp_path: Path, 
         assert bool(problems) == bool(verl_says) == (expected is None), (case["kind"], problems, verl_says)
         if expected is not None:
             assert expected in case["verlc"], (case["kind"], case["verlc"])
+
+
+# Two overrides of verl's example scripts that the real-config corpus counted as accepted with '+' (issue "Seen
+# training on a GPU", item 5): run_qwen3-8b_npu.sh's entropy_from_logits_with_chunking and
+# run_qwen3_5-35b-megatron.sh's attention_backend. Both keys are in the composed YAML of these releases, so
+# Hydra itself refuses '+' ("Could not append to config. An item is already at ...") and takes '++' or no prefix
+# (v0.7.1's scripts write '++'). verlc's verdict must be verl's for every prefix.
+PLUS_CASES = [
+    ("0.6.1", "ppo_trainer", "actor_rollout_ref.actor.{}entropy_from_logits_with_chunking", True),
+    ("0.7.1", "ppo_trainer", "actor_rollout_ref.actor.{}entropy_from_logits_with_chunking", True),
+    ("0.7.1", "ppo_megatron_trainer", "actor_rollout_ref.actor.megatron.override_transformer_config.{}attention_backend",
+     "auto"),
+    ("0.8.0", "ppo_megatron_trainer", "actor_rollout_ref.actor.megatron.override_transformer_config.{}attention_backend",
+     "auto"),
+]
+
+
+@pytest.mark.parametrize(("version", "config", "key", "value"), PLUS_CASES)
+def test_a_plus_on_a_key_of_the_composed_yaml_is_judged_as_hydra_judges_it(
+        tmp_path: Path, version: str, config: str, key: str, value: Any) -> None:
+    cases = [{"kind": prefix or "none", "config": config, "engine": snapshot(version).default_engine(config),
+              "flat": {key.format(prefix): value}} for prefix in ("+", "++", "")]
+    verdicts = []
+    for case, problems, verl_says in judged(tmp_path, version, cases):
+        assert bool(problems) == bool(verl_says), (case["kind"], problems, verl_says)
+        verdicts.append(bool(verl_says))
+    assert verdicts == [True, False, False]  # verl refuses '+' here, and takes '++' and no prefix

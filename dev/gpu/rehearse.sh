@@ -38,7 +38,7 @@ for release in 0.5.0 0.6.1; do
 done
 printf '#!/bin/sh\nexec python3 -c "import sys; from ray.scripts.scripts import main; sys.argv[0] = \\"ray\\"; main()" "$@"\n' \
   >"$work"/bin/ray
-printf '#!/bin/sh\nexec python3 -m verlc "$@"\n' >"$work"/bin/verlc
+printf '#!/bin/sh\nexec python3 -P -m verlc "$@"\n' >"$work"/bin/verlc  # -P: not the source folder verlc/
 chmod +x "$work"/bin/*
 export PATH=$work/bin:$PATH
 # the stand-in for flash-attn: what verl 0.5.0's actor imports on CUDA (dev/gpu/standin/flash_attn)

@@ -14,6 +14,9 @@ from pathlib import Path
 
 from verlc.lifecycle.progress import parse_step
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+SHOWN = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean", "response_length/mean",
+         "timing_s/step")  # the per-step table's columns (every key is in the raw lines below it)
 STAGE = re.compile(r"^\[(\S+)Z\] verlc: (stage \w+|preflight passed|PREFLIGHT FAILED|training exited)")
 FOLLOW_STEP = re.compile(r"^(\d+\.\d) step (\d+)\b")
 SPEC = Path("specs/gpu-rehearsal-reinforce.yaml")
@@ -70,9 +73,9 @@ def main(folder: Path, output: Path) -> None:
     versions = (folder / "versions.txt").read_text().strip().splitlines()
     train_log = (folder / "train.log").read_text()
     follow = (folder / "train.follow").read_text().splitlines()
-    first_step = next((float(m[1]) for ln in follow if (m := FOLLOW_STEP.match(ln))), None)
+    first_step = next((float(m[1]) for ln in follow if (m := FOLLOW_STEP.match(ln)) and int(m[2]) >= 1), None)
     steps = [s for ln in train_log.splitlines() if (s := parse_step(ln))]
-    step_lines = [ln.split(")", 1)[-1].strip() for ln in train_log.splitlines() if parse_step(ln)]
+    step_lines = [ANSI.sub("", ln).split(")", 1)[-1].strip() for ln in train_log.splitlines() if parse_step(ln)]
     saved = sorted({m[0] for m in re.finditer(r"global_step_\d+", (folder / "checkpoints.txt").read_text())},
                    key=lambda s: int(s.rsplit("_", 1)[1]))
     trained_moments = moments(train_log)
@@ -114,14 +117,24 @@ def main(folder: Path, output: Path) -> None:
         "",
         f"- time from `verlc submit` to step 1: {first_step:.1f} s" if first_step is not None else
         "- step 1 was not reached",
-        f"- steps done: {steps[-1].step if steps else 0}; exit: {seen.get('train', (0, 'unknown'))[1]}",
+        f"- steps done: {steps[-1].step if steps else 0}; {seen.get('train', (0, 'unknown'))[1].split(' run ')[0]} "
+        f"(`verlc submit --follow`'s exit code)",
         f"- checkpoints written: {', '.join(saved) or 'none'}",
         "",
-        "verl's console logger, every step:",
+        "verl's console logger, some of its keys per step (step 0 is the validation before training):",
+        "",
+        "| step | " + " | ".join(SHOWN) + " |",
+        "| ---: | " + " | ".join("---:" for _ in SHOWN) + " |",
+        *(f"| {s.step} | " + " | ".join(f"{s.metrics[k]:.4g}" if k in s.metrics else "" for k in SHOWN) + " |"
+          for s in steps if s.step > 0),
+        "",
+        "<details><summary>Every line verl's console logger printed</summary>",
         "",
         "```",
         *step_lines,
         "```",
+        "",
+        "</details>",
         "",
         "`verlc runs --results --format markdown`, as it read the run's log:",
         "",

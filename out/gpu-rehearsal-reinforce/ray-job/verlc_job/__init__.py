@@ -347,14 +347,16 @@ def code_inputs(code: dict) -> tuple[dict, list[str]]:
 
 
 def on_each_node(ray, nodes: list[dict], function, *args: object, what: str,  # noqa: ANN001
-                 timeout: float = 300) -> tuple[dict, list[str]]:
+                 timeout: float = 300, hold: str | None = None) -> tuple[dict, list[str]]:
     """`function(*args)` as a zero-CPU task pinned to each node: {NodeID: its result}, and a problem naming each
     node whose task failed, that Ray declared dead meanwhile (a task pinned there may never return), or that
-    did not answer within `timeout`."""
+    did not answer within `timeout`. `hold`: a resource (GPU, NPU) the task holds all of on its node, so that it
+    sees the node's accelerators as verl's workers will (Ray hides them from a task that holds none)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     task = ray.remote(num_cpus=0, max_retries=0)(function)
-    pending = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+    pending = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
+                            **(holding(hold, n.get("Resources", {}).get(hold, 0)) if hold else {}))
                .remote(*args) for n in nodes]
     refs = {ref.hex(): n for ref, n in zip(pending, nodes)}
     results, problems = {}, []
@@ -829,7 +831,7 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
     started_found: dict = {}
     if startup:
         started_found, unanswered = on_each_node(ray, nodes, startup_found, startup, what="start-up needs",
-                                                 timeout=STARTUP_TIMEOUT + 30)
+                                                 timeout=STARTUP_TIMEOUT + 30, hold=device)
         problems += unanswered + startup_problems(started_found, startup)
     if verl_commit:
         problems += verl_commit_problems(seen, verl_commit)
