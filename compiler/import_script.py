@@ -51,6 +51,7 @@ class Call:
     argv: tuple[str, ...]
     env: dict[str, str]
     cwd: str
+    exit: int = 0  # what the stand-in answered (a probe of another accelerator's package: 1)
 
     @property
     def tool(self) -> str:
@@ -217,7 +218,8 @@ def _entry(words: tuple[str, ...]) -> tuple[str, ...]:
 # --- the spec ----------------------------------------------------------------------------------------
 
 def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, *, verl_version: str,
-            version_note: str | None, verl_commit: str | None, code: str, name: str) -> Imported:
+            version_note: str | None, verl_commit: str | None, code: str, name: str,
+            accelerator: str = "cuda") -> Imported:
     """The spec the trainer command means; `code`: the folder the script ran from, as the spec names it. ImportFailed
     when the arguments cannot be read (Hydra's parser refuses them, a sweep, a value the spec needs cannot be
     derived)."""
@@ -313,7 +315,7 @@ def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, 
     defaults = config_defaults(trainer.module, hydra, verl_commit, verl_version, trainer.call.cwd)
     _derived_fields(spec, values, defaults, verl, base_env, imported, leave, problem)
     spec["verl"] = verl
-    _cluster(spec, values, defaults, verl, problem)
+    _cluster(spec, values, defaults, verl, problem, accelerator)
     if "slurm" in spec["targets"]:
         _slurm(spec, text, imported, leave)
     _environment(spec, trainer, base_env, imported, leave)
@@ -425,7 +427,7 @@ def _derived_fields(spec: dict[str, Any], values: dict[str, Any], defaults: dict
 
 
 def _cluster(spec: dict[str, Any], values: dict[str, Any], defaults: dict[str, Any], verl: dict[str, Any],
-             problem: Any) -> None:
+             problem: Any, accelerator: str = "cuda") -> None:
     counts = {}
     for key, field_ in (("trainer.nnodes", "nodes"), ("trainer.n_gpus_per_node", "gpus_per_node")):
         value = values.get(key, defaults[key])
@@ -441,6 +443,8 @@ def _cluster(spec: dict[str, Any], values: dict[str, Any], defaults: dict[str, A
     trainer = verl.get("trainer")
     if isinstance(trainer, dict) and trainer.get("device") == "npu":  # an Ascend script: verlc sets the device
         counts["accelerator"] = trainer.pop("device")
+    elif accelerator != "cuda":  # the host the import answered the script's probes as
+        counts["accelerator"] = accelerator
     spec["cluster"] = counts
 
 

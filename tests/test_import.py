@@ -494,3 +494,30 @@ def test_an_ascend_script_becomes_an_npu_spec(imported: dict[str, Any]) -> None:
     assert gspo["network"]["hccl"] == {"connect_timeout": 3600, "exec_timeout": 3600}, gspo.get("network")
     moe = found["examples/grpo_trainer/run_qwen3moe-30b_sglang_megatron_npu.sh"]
     assert any("export ASCEND_RT_VISIBLE_DEVICES: verlc sets it on Ascend NPUs" in line for line in moe.left), moe.left
+
+
+# verl's own GPU examples probe the host (verl HEAD's examples/grpo_trainer/run_qwen3_8b_fsdp.sh and 19 more):
+# the import must take the branch a plain host of the spec's accelerator takes, and say what it probed.
+PROBING = """DEVICE=$(python3 -c 'import torch_npu' 2>/dev/null && echo npu || echo gpu)
+if command -v npu-smi >/dev/null; then SMI=npu; else SMI=none; fi
+if [ "$DEVICE" = npu ]; then BATCH=32; else BATCH=1024; fi
+python3 -m verl.trainer.main_ppo data.train_batch_size=$BATCH trainer.experiment_name=$SMI \
+  actor_rollout_ref.actor.ppo_mini_batch_size=32 {settings}
+"""
+
+
+@pytest.mark.parametrize(("accelerator", "batch", "smi"), [("cuda", 1024, "none"), ("npu", 32, "npu")])
+def test_probes_of_the_host_answer_as_a_plain_host_of_the_accelerator(
+        tmp_path: Path, accelerator: str, batch: int, smi: str) -> None:
+    result = import_text(tmp_path, PROBING.format(settings=SETTINGS), "--accelerator", accelerator, "-o", "spec.yaml")
+    assert result.returncode == 0, result.stderr
+    from verlc.compiler.load import load
+
+    spec = load(tmp_path / "spec.yaml").data
+    assert spec["verl"]["data"]["train_batch_size"] == batch and spec["experiment"] == smi
+    assert spec["cluster"].get("accelerator", "cuda") == accelerator
+    host = f"as on a plain {accelerator.upper()} host"
+    assert (f"launch.sh:1:22: script: note: the script probed its host with `python3 -c 'import torch_npu'`: "
+            f"exit {1 if accelerator == 'cuda' else 0}, {host}") in result.stderr, result.stderr
+    assert (f"launch.sh:2:4: script: note: the script probed its host with `command -v npu-smi`: "
+            f"{'not found' if accelerator == 'cuda' else 'found'}, {host}") in result.stderr, result.stderr

@@ -184,6 +184,9 @@ def _parser() -> argparse.ArgumentParser:
                            help="a variable the script reads from its environment (e.g. NNODES=4)")
     importing.add_argument("--timeout", type=float, default=30, metavar="SECONDS",
                            help="stop the script's shell code after this long (default 30)")
+    importing.add_argument("--accelerator", choices=("cuda", "rocm", "npu"), default="cuda",
+                           help="the host the script's probes (python -c 'import torch_npu', npu-smi, command -v) "
+                                "are answered as, and the spec's cluster.accelerator (default cuda)")
 
     schema = sub.add_parser("schema", help="print the spec's JSON Schema (or its Markdown reference)",
                             description="Print the spec's JSON Schema, for yaml-language-server and editors.")
@@ -217,7 +220,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "explain": lambda a: _group("verl").explain(a.key, a.verl_version, a.spec),
     "migrate": lambda a: _group("verl").migrate(a.spec, a.to, a.write, a.write_bases, a.format == "markdown"),
     "import": lambda a: _group("verl").import_script(a.script, a.args, a.verl_version, a.verl_commit, a.output,
-                                                     a.timeout, a.set),
+                                                     a.timeout, a.set, a.accelerator),
     "schema": lambda a: _group("verl").schema(a.format, a.verl_version),
     "stage-in": lambda a: _group("verl").stage_in(a.spec),
 }

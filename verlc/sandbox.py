@@ -10,6 +10,10 @@ sandbox made of Linux namespaces (util-linux `unshare`, unprivileged user namesp
   hf, huggingface-cli, nvidia-smi, srun, sbatch, docker, podman, apptainer, ...) are stand-ins wherever the script
   looks for them (on PATH and at their absolute paths): each call records its argv, environment and working
   folder, prints nothing and exits 0 (so a loop waiting for `nvidia-smi` ends at once);
+- a probe of the host answers as a plain host of the accelerator the import is for (CUDA unless told): a
+  `python -c` that imports another accelerator's package (`import torch_npu` on CUDA) exits 1, and another
+  accelerator's tools (`npu-smi`, `rocm-smi` on CUDA) are not there, also for `command -v`; every probe (a
+  `python -c`, a GPU tool, `command -v`) is kept for the import's report;
 - stdin is empty, the environment is a minimal one (the caller's secrets are not in it), output is capped.
 
 The mounts are made read-only by the sandbox's root, then the script runs in a user namespace nested inside it,
@@ -35,6 +39,13 @@ from .compiler.import_script import Call
 STAND_INS = ("python", "python3", "ray", "torchrun", "uv", "pip", "pip3", "hf", "huggingface-cli", "nvidia-smi",
              "rocm-smi", "npu-smi", "srun", "sbatch", "scontrol", "docker", "podman", "apptainer", "singularity", "conda",
              "module")
+# What a plain host of each accelerator lacks: the packages another accelerator's stack installs, and its tools.
+ABSENT = {
+    "cuda": (("torch_npu", "mindspeed", "torch_mlu"), ("npu-smi", "rocm-smi", "amd-smi")),
+    "rocm": (("torch_npu", "mindspeed", "torch_mlu"), ("npu-smi", "nvidia-smi")),
+    "npu": (("torch_mlu",), ("nvidia-smi", "rocm-smi", "amd-smi")),
+}
+PROBING_TOOLS = ("nvidia-smi", "rocm-smi", "npu-smi")
 OUTPUT_LIMIT = 1 << 20   # bytes of stdout+stderr a script may print
 FILE_LIMIT_KIB = 65536   # largest file it may write in its temporary folder (ulimit -f)
 
@@ -43,9 +54,24 @@ _RECORDER = """#!/bin/sh
 d="$VERLC_CALLS/$(/usr/bin/env date +%s%N)-$$"
 /usr/bin/env mkdir "$d" || exit 0
 /usr/bin/env printf '%s\\0' "$0" "$@" > "$d/argv"
-/usr/bin/env -u VERLC_CALLS -u BASH_ENV env -0 > "$d/env"
+/usr/bin/env -u VERLC_CALLS -u VERLC_ABSENT -u BASH_ENV env -0 > "$d/env"
 /usr/bin/env pwd > "$d/cwd"
+case "${0##*/}" in
+  python*)  # `python -c 'import torch_npu'`: the answer of a host without that package
+    if [ "${1:-}" = "-c" ]; then
+      for m in $VERLC_ABSENT; do
+        case "${2:-}" in *"import $m"* | *"from $m "* | *"from $m."*) echo 1 > "$d/exit"; exit 1 ;; esac
+      done
+    fi ;;
+esac
 exit 0
+"""
+# The script's bash sources this first: `ulimit` that may not raise a limit here, and `command -v` recorded.
+_BASH_ENV = """ulimit() { builtin ulimit "$@" 2>/dev/null || true; }
+command() {
+  case "${1:-}" in -v | -V) printf '%s\\n' "${2:-}" >> "$VERLC_CALLS/../looked-up" ;; esac
+  builtin command "$@"
+}
 """
 
 # Runs as the sandbox's root: bind the stand-ins over the real tools, make every mount but the temporary folder
@@ -73,7 +99,8 @@ cd "$VERLC_CWD" 2>/dev/null || cd "$tmp"
 vars=()
 while [ "$1" != "--" ]; do vars+=("$1"); shift; done
 shift
-exec unshare --user -- env -i "${vars[@]}" VERLC_CALLS="$tmp/calls" BASH_ENV="$tmp/bin/bash_env" bash "$@" \
+exec unshare --user -- env -i "${vars[@]}" VERLC_CALLS="$tmp/calls" VERLC_ABSENT="$VERLC_ABSENT" \
+  BASH_ENV="$tmp/bin/bash_env" bash "$@" \
   < /dev/null
 """
 
@@ -88,11 +115,19 @@ class Outcome:
     base_env: dict[str, str]  # the environment the script started with
     exit_code: int
     output: str               # what it printed (stdout and stderr), at most OUTPUT_LIMIT bytes
+    looked_up: tuple[str, ...] = ()  # the names the script asked `command -v` about, in order
+    accelerator: str = "cuda"  # the host its probes were answered as
+
+    def probes(self) -> list[tuple[Call, int]]:
+        """Each call that asked about the host (`python -c ...`, a GPU tool), with the exit code it got."""
+        return [(c, c.exit) for c in self.calls
+                if (c.tool.startswith("python") and c.argv[1:2] == ("-c",)) or c.tool in PROBING_TOOLS]
 
 
-def run(script: Path, args: tuple[str, ...], cwd: Path, timeout: float, given: dict[str, str]) -> Outcome:
+def run(script: Path, args: tuple[str, ...], cwd: Path, timeout: float, given: dict[str, str],
+        accelerator: str = "cuda") -> Outcome:
     """Run `bash SCRIPT ARGS` in the sandbox from `cwd` (read-only), with the variables `given` set, and return
-    what it started.
+    what it started; its probes of the host are answered as a plain `accelerator` host would.
 
     SandboxError when the sandbox cannot be made here, the script runs past `timeout` seconds or prints more
     than OUTPUT_LIMIT bytes."""
@@ -108,9 +143,11 @@ def run(script: Path, args: tuple[str, ...], cwd: Path, timeout: float, given: d
         recorder.chmod(0o755)
         # Raising a limit (ulimit -n 65535, common before Ray starts) is not allowed in the sandbox and changes
         # nothing the trainer is started with: it must not end the script.
-        (tmp / "bin" / "bash_env").write_text('ulimit() { builtin ulimit "$@" 2>/dev/null || true; }\n')
+        (tmp / "bin" / "bash_env").write_text(_BASH_ENV)
+        modules, tools = ABSENT[accelerator]
         for name in STAND_INS:
-            (tmp / "bin" / name).symlink_to("recorder")
+            if name not in tools:  # another accelerator's tool is not on this host's PATH
+                (tmp / "bin" / name).symlink_to("recorder")
         path = os.environ.get("PATH", "/usr/bin:/bin")
         dirs = [d for d in dict.fromkeys([*path.split(":"), "/usr/local/bin", "/usr/bin", "/bin"]) if d]
         home = os.path.expanduser("~")
@@ -119,7 +156,8 @@ def run(script: Path, args: tuple[str, ...], cwd: Path, timeout: float, given: d
                 "TMPDIR": f"{tmp}/tmp", **given}
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "VERLC_TOOL_DIRS": ":".join(dirs),
                "VERLC_CWD": str(cwd.resolve()), "VERLC_FILE_LIMIT": str(FILE_LIMIT_KIB),
-               "VERLC_STAND_INS": " ".join(STAND_INS)}
+               "VERLC_STAND_INS": " ".join(n for n in STAND_INS if n not in tools),
+               "VERLC_ABSENT": " ".join(modules)}
         argv = ["unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork", "--kill-child",
                 "--mount-proc", "bash", "-c", _SETUP, "verlc-sandbox", str(tmp),
                 *(f"{k}={v}" for k, v in base.items()), "--", str(script.resolve()), *args]
@@ -129,7 +167,9 @@ def run(script: Path, args: tuple[str, ...], cwd: Path, timeout: float, given: d
                                f"needs unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
                                f"user.max_user_namespaces > 0)")
         calls = tuple(_read(c) for c in sorted((tmp / "calls").iterdir()))
-        return Outcome(calls, base, code, output)
+        looked = tmp / "looked-up"
+        looked_up = tuple(looked.read_text().splitlines()) if looked.exists() else ()
+        return Outcome(calls, base, code, output, looked_up, accelerator)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -178,4 +218,5 @@ def _read(folder: Path) -> Call:
     env = dict(item.split("=", 1) for item in (folder / "env").read_bytes().decode(errors="replace").split("\0")
                if "=" in item)
     cwd = (folder / "cwd").read_text().strip() if (folder / "cwd").exists() else ""
-    return Call(tuple(a.decode(errors="replace") for a in argv), env, cwd)
+    code = int((folder / "exit").read_text()) if (folder / "exit").exists() else 0
+    return Call(tuple(a.decode(errors="replace") for a in argv), env, cwd, code)

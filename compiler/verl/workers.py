@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .release import MISSING
+
 # Packages verl's workers may import that verl's own requirements do not install.
 OPTIONAL = ("apex", "flash_attn", "flashinfer", "liger_kernel", "mbridge", "megatron", "mindspeed", "sglang",
             "torch_npu", "transformer_engine", "trl", "vllm")
@@ -411,7 +413,7 @@ def startup_rules(startup: dict[str, Any], get: Any, *, use_critic: bool, label:
     whether it is a refusal)."""
     name, mode = get("actor_rollout_ref.rollout.name"), get("actor_rollout_ref.rollout.mode")
     registry = startup.get("rollouts", {})
-    if registry and isinstance(name, str) and f"{name}/{mode}" not in registry:
+    if registry and isinstance(name, str) and MISSING not in (name, mode) and f"{name}/{mode}" not in registry:
         pairs = ", ".join(f"({p.replace('/', ', ')})" for p in registry)
         yield (("actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.mode"),
                f"{label} builds its rollout from a registry of (name, mode) {pairs}; ({name}, {mode}) is not in it "

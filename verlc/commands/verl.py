@@ -97,7 +97,7 @@ def stage_in(spec: Path) -> int:
 
 
 def import_script(script: Path, args: Sequence[str], version: str | None, commit: str | None, out: Path | None,
-                  timeout: float, given: Sequence[str]) -> int:
+                  timeout: float, given: Sequence[str], accelerator: str = "cuda") -> int:
     """The spec a launch script's trainer command means: on stdout, or written to `out`. Exit 2 with the
     reasons, positioned in the script, when it cannot be read or its spec does not validate."""
     from ..compiler.diagnostics import Diagnostic
@@ -117,7 +117,7 @@ def import_script(script: Path, args: Sequence[str], version: str | None, commit
             return EXIT_SPEC
         variables[name] = value
     try:
-        imported, notes, _ = read_script(script, tuple(args), version, commit, out, timeout, variables)
+        imported, notes, _ = read_script(script, tuple(args), version, commit, out, timeout, variables, accelerator)
     except ImportFailed as exc:
         for d in exc.diagnostics:
             print(d, file=sys.stderr)
@@ -141,7 +141,8 @@ def import_script(script: Path, args: Sequence[str], version: str | None, commit
 
 
 def read_script(script: Path, args: tuple[str, ...], version: str | None, commit: str | None,
-                out: Path | None, timeout: float, variables: dict[str, str]) -> tuple[Any, list[str], Any]:
+                out: Path | None, timeout: float, variables: dict[str, str], accelerator: str = "cuda",
+                ) -> tuple[Any, list[str], Any]:
     """Run the script's shell code in the sandbox, read its trainer command as a spec and compile that spec
     as `verlc build` would: (the Imported spec, verlc's notes on it, its JobIR). ImportFailed, positioned in the
     script, when any step cannot be done."""
@@ -155,7 +156,7 @@ def read_script(script: Path, args: tuple[str, ...], version: str | None, commit
     shown = str(script)
     text = script.read_text(errors="replace")
     with ThreadPoolExecutor(1) as side:  # the script runs while this process imports the compiler and Hydra
-        running = side.submit(sandbox.run, script, args, Path.cwd(), timeout, variables)
+        running = side.submit(sandbox.run, script, args, Path.cwd(), timeout, variables, accelerator)
         from ..compiler.pipeline import compile_spec
         from ..compiler.verl.release import RELEASES
         try:
@@ -191,7 +192,7 @@ def read_script(script: Path, args: tuple[str, ...], version: str | None, commit
     code = os.path.relpath(trainer.call.cwd or Path.cwd(), spec_path.parent)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", script.stem).strip("-._")[:63] or "imported"
     imported = to_spec(trainer, outcome.base_env, shown, text, verl_version=version or DEFAULT_VERSION,
-                       version_note=note, verl_commit=commit, code=code, name=name)
+                       version_note=note, verl_commit=commit, code=code, name=name, accelerator=accelerator)
     def in_script(path: str, message: str) -> Diagnostic:
         """A problem of the imported spec at the script's line that gave `path` its value."""
         key = path.replace("+", "")
@@ -205,11 +206,36 @@ def read_script(script: Path, args: tuple[str, ...], version: str | None, commit
                           texts={spec_path: imported.text()})
     except SpecError as exc:
         raise ImportFailed([in_script(d.path, d.message) for d in exc.diagnostics]) from None
-    notes = []
+    notes = probe_notes(outcome, shown, text)
     for note in ir.notes:
         found = re.fullmatch(rf"{re.escape(display)}:\d+:\d+: (\S+): (.*)", note, re.S)
         notes.append(str(in_script(found[1], found[2])) if found else note)
     return imported, notes, ir
+
+
+def probe_notes(outcome: Any, shown: str, text: str) -> list[str]:
+    """A note for each probe of the host the script made, at its line, with the answer it got."""
+    import shlex
+
+    from ..compiler.diagnostics import Diagnostic
+    from ..compiler.import_script import locate
+
+    host = f"a plain {outcome.accelerator.upper()} host (--accelerator answers as another)"
+    notes = []
+    for call, code in outcome.probes():
+        words = [call.tool, *call.argv[1:]]
+        where = locate(text, call.argv[2] if call.argv[1:2] == ("-c",) else "", call.tool)
+        notes.append(str(Diagnostic(shown, *where, "script", f"note: the script probed its host with "
+                                                           f"`{shlex.join(words)}`: exit {code}, as on {host}")))
+    for name in dict.fromkeys(outcome.looked_up):
+        from .. import sandbox
+
+        there = name not in sandbox.ABSENT[outcome.accelerator][1]
+        where = locate(text, f"command -v {name}", f"command -V {name}")
+        notes.append(str(Diagnostic(shown, *where, "script", f"note: the script probed its host with `command -v "
+                                                           f"{name}`: {'found' if there else 'not found'}, as on "
+                                                           f"{host}")))
+    return notes
 
 
 def _hint(output: str) -> str:
