@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -62,15 +63,32 @@ def verl_config_dir() -> str:
     return str(Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config")
 
 
+def release_config_dir(version: str) -> str:
+    """The trainer configs of the spec's release: the installed verl's, else that release's own files."""
+    import sys
+    from importlib.metadata import version as installed
+
+    if version == installed("verl"):
+        return verl_config_dir()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dev"))
+    from verl_schema import release_package
+
+    return str(release_package(version) / "trainer" / "config")
+
+
 @pytest.mark.parametrize("spec", SPECS, ids=[p.stem for p in SPECS])
-def test_example_overrides_compose_in_installed_verl(spec: Path) -> None:
+def test_example_overrides_compose_in_installed_verl(spec: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each example's overrides compose in its release's Hydra config (the installed verl's, where it is that
+    release), and the values verlc derives land where verl reads them."""
+    monkeypatch.setenv("GPU_REHEARSAL", "/gpu-rehearsal")  # the GPU rehearsal's paths (its folder on that machine)
     ir = compile_spec(spec, display=str(spec), source=spec.name)
-    with initialize_config_dir(config_dir=verl_config_dir(), version_base=None):
+    with initialize_config_dir(config_dir=release_config_dir(ir.verl_version), version_base=None):
         cfg = compose("ppo_trainer", overrides=[o.arg for o in ir.overrides])
     assert cfg.trainer.nnodes == ir.nodes
     assert cfg.trainer.n_gpus_per_node == ir.gpus_per_node
-    assert cfg.actor_rollout_ref.model.path == ir.model.display
-    assert list(cfg.data.train_files) == [f.display for f in ir.data_files[:1]]
+    on_node = os.path.expandvars  # a path naming ${NAME} is expanded where the job runs, as Hydra's oc.env does
+    assert cfg.actor_rollout_ref.model.path == on_node(ir.model.display)
+    assert list(cfg.data.train_files) == [on_node(f.display) for f in ir.data_files[:1]]
 
 
 def test_a_typo_does_not_compose() -> None:

@@ -78,10 +78,16 @@ def test_live_reads_the_installed_verl_as_the_snapshot_does() -> None:
 
 
 def test_live_and_snapshot_give_the_same_verdicts() -> None:
-    """Every example and every invalid spec: the same problems, at the same places, either way.
-    (The unknown-version spec is left out: live mode checks the installed verl's version instead.)"""
-    specs = [*SPECS, *(p for p in INVALID if p.stem != "verl-unknown-version")]
-    for group in (SPECS, specs):
+    """Every example and every invalid spec: the same problems, at the same places, either way. Live mode reads the
+    installed verl, so the specs written for another release (the GPU rehearsal's 0.5.0) and the unknown-version
+    spec are left out: for them it checks the installed verl's version instead."""
+    from importlib.metadata import version
+
+    examples = [p for p in SPECS if YAML(typ="safe").load(p.read_text()).get("verl_version", "0.9.1")
+                == version("verl")]
+    assert len(examples) == len(SPECS) - 1  # all but the GPU rehearsal's
+    specs = [*examples, *(p for p in INVALID if p.stem != "verl-unknown-version")]
+    for group in (examples, specs):
         snap = run_verlc("validate", *group)
         live = run_verlc("validate", "--verl-config", "live", *group)
         assert snap.returncode == live.returncode
