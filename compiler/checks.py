@@ -296,6 +296,11 @@ def _ray(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
         yield sourced.diagnostic(("ray", "dashboard_port"), f"same as ray.port ({r.port})")
 
 
+def _same_value(a: object, b: object) -> bool:
+    """Whether verl would see one value: equal numbers (1e-6, 0.000001) but not true and 1."""
+    return a == b and isinstance(a, bool) == isinstance(b, bool)
+
+
 def _sweep(spec: Spec, sourced: Sourced, chosen: Selection, max_variants: int,
            unchecked: tuple[str, ...]) -> Iterator[Diagnostic]:
     """Each variant is checked like a spec of its own; problems point at the sweep value that caused them."""
@@ -319,6 +324,13 @@ def _sweep(spec: Spec, sourced: Sourced, chosen: Selection, max_variants: int,
             yield sourced.diagnostic(("sweep", "matrix", key), f"{key} is also set under verl:; set it in one place",
                                      at_key=True)
             bad = True
+        for index, value in enumerate(matrix[key]):
+            same = next((i for i, v in enumerate(matrix[key][:index]) if _same_value(v, value)), None)
+            if same is not None:  # 1e-6 and 0.000001 are one value to verl: two variants would run one config
+                yield sourced.diagnostic(("sweep", "matrix", key, index), (
+                    f"{shown(value)} is the value of {key}[{same}] again ({shown(matrix[key][same])}): it would run "
+                    f"the same variant twice; remove one"))
+                bad = True
     if bad:
         return
     variants = variant_specs(spec)

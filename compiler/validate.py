@@ -54,6 +54,10 @@ def _diagnostic(sourced: Sourced, err: Any) -> Diagnostic:
     message = err["msg"].removeprefix("Value error, ")
     if kind.endswith("_type") and "input" in err:
         message += f", got {type(err['input']).__name__ if err['input'] is not None else 'null'}"
+        value = err["input"]
+        if kind == "string_type" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            # YAML reads an unquoted 0.9 (or 1e-6, 10) as a number, and 0.10 as 0.1
+            message += f"; quote it ({loc[-1]}: \"{value}\"): YAML reads an unquoted {value} as a number"
     return sourced.diagnostic(loc, _sentence(message))
 
 

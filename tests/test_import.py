@@ -521,3 +521,12 @@ def test_probes_of_the_host_answer_as_a_plain_host_of_the_accelerator(
             f"exit {1 if accelerator == 'cuda' else 0}, {host}") in result.stderr, result.stderr
     assert (f"launch.sh:2:4: script: note: the script probed its host with `command -v npu-smi`: "
             f"{'not found' if accelerator == 'cuda' else 'found'}, {host}") in result.stderr, result.stderr
+
+
+def test_the_install_brings_hydra_which_import_reads_overrides_with() -> None:
+    """The README's first command (`pip install .`) must be enough for `verlc import`: Hydra's parser reads the
+    script's overrides, so hydra-core is a dependency of verlc itself, not of an extra."""
+    from importlib.metadata import requires
+
+    plain = [r for r in requires("verlc") or [] if "extra ==" not in r]
+    assert any(r.replace(" ", "").startswith("hydra-core") for r in plain), plain

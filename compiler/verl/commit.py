@@ -103,8 +103,8 @@ def extract_commit(checkout: Path, commit: str) -> bytes:
     try:
         import hydra  # noqa: F401  (extract composes with it)
     except ImportError:
-        raise CommitError("reading verl's config at a commit needs Hydra: pip install 'verlc[hydra]' (or "
-                          "hydra-core), then build again; the schema is cached after that") from None
+        raise CommitError("reading verl's config at a commit needs Hydra, which verlc's install "
+                          "brings and this environment lacks: pip install hydra-core, then build again; the schema is cached after that") from None
     print(f"verlc: reading verl {commit[:12]} from {checkout} (once; cached in {cache_folder()})",
           file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="verlc-commit-") as scratch:

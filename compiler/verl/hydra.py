@@ -107,7 +107,8 @@ def parse(overrides: list[str]) -> list[Parsed]:
         from hydra.core.override_parser.types import OverrideType
         from hydra.errors import HydraException
     except ImportError:
-        raise RuntimeError("reading Hydra overrides needs Hydra: pip install 'verlc[hydra]'") from None
+        raise RuntimeError("reading Hydra overrides needs Hydra, which verlc's install brings and this "
+                           "environment lacks: pip install hydra-core") from None
     parser = OverridesParser.create()
     out = []
     for text in overrides:
