@@ -75,14 +75,14 @@ def points(logged: Logged, key: str) -> list[tuple[int, float]]:
     return sorted(logged.series.get(key, {}).items())
 
 
-def chosen_keys(logs: Sequence[Logged], metrics: Sequence[Metric]) -> list[str]:
+def chosen_keys(logs: Sequence[Logged], metrics: Sequence[Metric], asked: bool = True) -> list[str]:
     """The keys the metrics name, in the order asked, each key once; a metric no run logged is an error
-    naming what they did log (unless it is one of the defaults, which a run may not have reached yet)."""
+    naming what they did log (unless it is a default no one asked for, which a run may not have reached yet)."""
     logged = sorted({k for log in logs for k in log.series})
     keys: list[str] = []
     for metric in metrics:
         found = [k for k in logged if metric.matches(k)]
-        if not found and metric.pattern not in DEFAULT_METRICS:
+        if not found and (asked or metric.pattern not in DEFAULT_METRICS):
             raise ResultError(f"no run logged {metric.pattern!r}; they logged: {', '.join(logged) or 'no metric yet'}")
         keys += [k for k in found if k not in keys]
     return keys

@@ -162,7 +162,7 @@ def results(ledger_file: Path, chosen: Sequence[ledger.Run], asked: Sequence[str
     states = {run.run: run.state if run.final else observe(ledger_file, run).state for run in chosen}
     folded = ledger.fold(ledger_file)  # with what observing recorded (an array task's log path)
     logs = [(folded[r.run], states[r.run], results_of.read(log_text(folded[r.run]).splitlines())) for r in chosen]
-    keys = results_of.chosen_keys([logged for _, _, logged in logs], metrics)
+    keys = results_of.chosen_keys([logged for _, _, logged in logs], metrics, asked=bool(asked))
     rows = [results_of.row(run.run, run.submitted.get("variant") or {}, run.submitted["spec_sha256"],
                            state.lower(), logged, keys, metrics, seconds(run), duration(run),
                            run.submitted.get("nodes", 0) * run.submitted.get("gpus_per_node", 0) or None)

@@ -23,6 +23,16 @@ class LaunchError(Exception):
         self.code = code
 
 
+def require_secrets(secrets: tuple[str, ...], env: dict[str, str], how: str) -> None:
+    """A launcher whose job reads the spec's secrets from the submitting shell checks them before it queues anything
+    (a Slurm job, or each task of an array, would otherwise die at its start after the queue)."""
+    missing = [name for name in secrets if not env.get(name)]
+    if missing:
+        raise LaunchError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set: the spec's secrets "
+                          f"come from this shell ({how}); export {'it' if len(missing) == 1 else 'them'} and submit "
+                          f"again (nothing was queued)", 2)
+
+
 # `verlc submit --resume RUN` tells the launcher the tracker run to continue (ray-job's submit.sh reads it too)
 TRACKER_RUN = "VERLC_TRACKER_RUN"
 RESUMES = "VERLC_RESUMES"  # ... and which run that was, for the ledger

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -88,7 +89,10 @@ def test_results_count_a_requeued_runs_repeated_steps_once_with_the_later_value(
     assert table[2].startswith("| r\\|1 | 1 | running | 3/4 | 0.45 | 0.45 | -0.4 | -0.6 | 2:00:00 | 32 |"), table
     with pytest.raises(results.ResultError, match="they logged: actor/pg_loss, critic/score/mean, val-core/"):
         results.chosen_keys([logged], [results.Metric.parse("actor/kl")])
-    assert results.chosen_keys([results.Logged()], [results.Metric(m) for m in results.DEFAULT_METRICS]) == []
+    defaults = [results.Metric(m) for m in results.DEFAULT_METRICS]
+    assert results.chosen_keys([results.Logged()], defaults, asked=False) == []  # a run that has not reached them
+    with pytest.raises(results.ResultError, match="no run logged 'critic/score/mean'"):  # asked by name: an error
+        results.chosen_keys([results.Logged()], [results.Metric.parse("critic/score/mean")])
     with pytest.raises(results.ResultError, match="a metric key"):
         results.Metric.parse(":min")
     # a plotted line is named by what its variant sweeps, by the keys' last parts unless two are the same
@@ -191,3 +195,22 @@ def test_lifecycle_commands_fail_with_one_line_and_a_documented_code(tmp_path: P
     assert no_ray.returncode == 3 and "cannot reach the Ray dashboard at http://127.0.0.1:9" in no_ray.stderr
     assert "Traceback" not in no_slurm.stderr + no_ray.stderr
     assert not (tmp_path / ledger.FILE).exists(), "nothing was submitted, so nothing is recorded"
+
+
+def test_a_slurm_submit_checks_the_specs_secrets_before_sbatch(tmp_path: Path) -> None:
+    """A sweep's array tasks each died at their start ("WANDB_API_KEY is not set") after the queue: verlc submit
+    refuses first, names the secret, and queues nothing."""
+    (tmp_path / ".git").mkdir()
+    spec = tmp_path / "spec.yaml"
+    spec.write_text((REPO / "specs" / "quickstart-gsm8k-1node.yaml").read_text() + "secrets: [WANDB_API_KEY]\n")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text(f"#!/bin/sh\ntouch {tmp_path}/queued\necho 1\n")
+    (fake / "sbatch").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"}
+    done = subprocess.run([sys.executable, "-m", "verlc", "submit", str(spec), "--target", "slurm", "--out",
+                           str(tmp_path / "out")], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**env, "PATH": f"{fake}:{os.environ['PATH']}"})
+    assert done.returncode == 2, done.stderr
+    assert "WANDB_API_KEY is not set: the spec's secrets come from this shell" in done.stderr, done.stderr
+    assert not (tmp_path / "queued").exists() and not (tmp_path / ledger.FILE).exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ...compiler.derive import tracker_env
 from ...compiler.ir import JobIR
-from ...lifecycle.scheduler import TRACKER_RUN, LaunchError, Observed, State, Submission, observed
+from ...lifecycle.scheduler import TRACKER_RUN, LaunchError, Observed, State, Submission, observed, require_secrets
 from ...lifecycle.scheduler import run as command
 from .view import HEAD, RUN_LABEL
 
@@ -31,6 +31,7 @@ def compose() -> list[str]:
 
 
 def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Submission]:
+    require_secrets(ir.secrets, env, "docker compose passes them to the containers")
     (bundle / "runs").mkdir(exist_ok=True)  # the run record's folder, owned by you rather than the engine
     run = f"{ir.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     # One bundle is one stack: `up` would replace the containers of a run still going, and remove those of one

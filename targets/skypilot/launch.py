@@ -9,7 +9,8 @@ import re
 from pathlib import Path
 
 from ...compiler.ir import JobIR
-from ...lifecycle.scheduler import LaunchError, Observed, State, Submission, observed, tool, variants_of
+from ...lifecycle.scheduler import (LaunchError, Observed, State, Submission, observed, require_secrets, tool,
+                                    variants_of)
 from ...lifecycle.scheduler import run as command
 
 FINAL = {"SUCCEEDED", "CANCELLED", "FAILED", "FAILED_SETUP", "FAILED_PRECHECKS", "FAILED_NO_RESOURCE",
@@ -28,6 +29,7 @@ def sky() -> str:
 
 def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Submission]:
     sky()  # before launch.sh, for the one-line error when it is missing
+    require_secrets(ir.secrets, env, "sky jobs launch --secret NAME reads them")
     out = command([tool("bash", "launch.sh is a bash script"), str(bundle / "launch.sh")], cwd=cwd, env=env,
                   timeout=3600).stdout
     names = re.findall(r"^submitted (\S+)", out, re.M)

@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ...compiler.ir import JobIR
-from ...lifecycle.scheduler import LaunchError, Observed, State, Submission, observed, tool, utc
+from ...lifecycle.scheduler import LaunchError, Observed, State, Submission, observed, require_secrets, tool, utc
 from ...lifecycle.scheduler import run as command
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -29,6 +29,7 @@ STATES = {"PENDING": State.PENDING, "CONFIGURING": State.PENDING, "REQUEUED": St
 def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Submission]:
     """sbatch from `cwd` (the job's submit dir), after creating the log folders Slurm cannot create."""
     sbatch = tool("sbatch", "the slurm target submits with sbatch")
+    require_secrets(ir.secrets, env, "sbatch passes them to the job's nodes")
     for folder in ir.part("slurm").log_dirs:
         (cwd / folder).mkdir(parents=True, exist_ok=True)
     out = command([sbatch, "--parsable", str(bundle / "sbatch.sh")], cwd=cwd, env=env).stdout.strip()
