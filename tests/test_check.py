@@ -6,6 +6,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO, SPECS, run_verlc
 
 
@@ -107,6 +109,31 @@ def test_paths_a_container_would_lose_are_named_and_strict_refuses_them(tmp_path
     assert not (tmp_path / "strict").exists()
     (tmp_path / "kept.yaml").write_text(CONTAINER_SPEC.replace(
         "MOUNTS", '["/lustre/verl:/workspace/verl", "/lustre/hf:/root/.cache/huggingface"]'))
+    kept = run_verlc("validate", "kept.yaml", "--strict", cwd=tmp_path)
+    assert kept.returncode == 0 and "note:" not in kept.stderr, kept.stderr
+
+
+@pytest.mark.parametrize(("container", "fate"), [
+    ('{runtime: pyxis, image: "nvcr.io#nvidia/pytorch:24.05-py3", workdir: /workspace/verl, mounts: MOUNTS}',
+     "is lost when the job's container is removed"),
+    ("{runtime: apptainer, image: /images/verl.sif, workdir: /workspace/verl, mounts: MOUNTS}",
+     "cannot be written there: an Apptainer image is read-only outside its binds"),
+])
+def test_paths_written_inside_pyxis_and_apptainer_containers_are_named_too(
+        tmp_path: Path, container: str, fate: str) -> None:
+    """Pyxis removes an unnamed enroot container with its task; an Apptainer image is read-only. Both run as the
+    submitting user, whose Hugging Face cache is under ${HOME} (bound by Apptainer itself, not by Pyxis)."""
+    text = CONTAINER_SPEC.replace("{runtime: docker, image: verl:1, workdir: /workspace/verl, mounts: MOUNTS}",
+                                  container)
+    (tmp_path / "lost.yaml").write_text(text.replace("MOUNTS", "[]"))
+    loose = run_verlc("validate", "lost.yaml", "--target", "slurm", cwd=tmp_path)
+    assert loose.returncode == 0, loose.stderr
+    assert f"container.workdir: note: the checkpoint folder /workspace/verl/checkpoints/p/m is inside the container " \
+           f"only and {fate}" in loose.stderr, loose.stderr
+    cache = "model: note: the model download cache ${HOME}/.cache/huggingface"
+    assert (cache in loose.stderr) is ("pyxis" in container), loose.stderr
+    (tmp_path / "kept.yaml").write_text(text.replace("MOUNTS", '["/lustre/verl:/workspace/verl", '
+                                                               '"/lustre/hf:${HOME}/.cache/huggingface"]'))
     kept = run_verlc("validate", "kept.yaml", "--strict", cwd=tmp_path)
     assert kept.returncode == 0 and "note:" not in kept.stderr, kept.stderr
 

@@ -401,6 +401,21 @@ def test_missing_data_file_fails_preflight(slurm: None, tmp_path: Path) -> None:
     assert no_ray_left() == []
 
 
+def test_a_model_folder_one_node_cannot_see_fails_the_preflight_naming_that_node(slurm: None, tmp_path: Path) -> None:
+    """The model path names each node's own folder (${env:SLURMD_NODENAME}, as verl's workers resolve it on their
+    node), and only the head's (n1) exists. Before, the preflight looked on the head only and passed."""
+    write_fixtures(tmp_path)
+    (tmp_path / "models").mkdir()
+    shutil.copytree(tmp_path / "model", tmp_path / "models" / "n1")
+    script = build(tmp_path, model=f"{tmp_path}/models/${{env:SLURMD_NODENAME}}")
+    job, output, state = sbatch(script, tmp_path, "preflight", "--nodelist=n1,n2")
+    assert state == "FAILED", output
+    assert re.search(rf"PREFLIGHT FAILED: node n2 \(\S+\): model path {tmp_path}/models/n2 does not exist",
+                     output), output
+    assert "models/n1 does not exist" not in output
+    assert no_ray_left() == []
+
+
 def test_worker_ray_failure_fails_fast_and_names_the_node(slurm: None, tmp_path: Path) -> None:
     write_fixtures(tmp_path)
     script = build(tmp_path, wait="300s", venv=fake_venv(tmp_path, ray_fails_on="n2"))

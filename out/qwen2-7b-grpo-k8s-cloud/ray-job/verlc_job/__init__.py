@@ -243,6 +243,32 @@ def check_model(model: str) -> str | None:
     return None
 
 
+def checkpoint_problem(folder: str) -> str | None:
+    """Why the checkpoint folder cannot take verl's checkpoints here, or None (it is made if missing)."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = os.path.join(folder, f".verlc-write-test-{os.getpid()}")
+        with open(probe, "w", encoding="utf-8") as fh:
+            fh.write("ok")
+        os.remove(probe)
+    except OSError as exc:
+        return f"checkpoint folder {folder} is not writable ({exc.strerror})"
+    return None
+
+
+def paths_on_node(model: list, checkpoint_dir: list, data: list[list]) -> list[str]:
+    """On one node, what its verl processes would meet: every data file, a local model folder and the checkpoint
+    folder (each verl worker loads the model and writes its shard of each checkpoint), with the paths expanded
+    in this node's environment as verl's ${oc.env:...} would be. A hub model is checked once, on the head."""
+    problems = [f"data file {path} does not exist (cwd {os.getcwd()})" for path in map(expand, data)
+                if not os.path.isfile(path)]
+    folder = expand(model)
+    if folder.startswith(("/", "./", "../", "~")) or os.path.isdir(os.path.expanduser(folder)):
+        problems += [p for p in [check_model(folder)] if p]
+    problems += [p for p in [checkpoint_problem(expand(checkpoint_dir))] if p]
+    return problems
+
+
 def installed_versions(device: str = "GPU") -> dict:
     """A node's Python, packages and verl's source; on Ascend also torch_npu and the node's NPUs."""
     from importlib.metadata import PackageNotFoundError, version
@@ -809,10 +835,11 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
 def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir: str, data: list[str],
               pins: list[str], rollout_package: str | None, record: str | None, image: str | None,
               require_env: list[str], reference: str | None, train: list[str], verl_commit: str | None = None,
-              code: dict | None = None, device: str = "GPU", startup: list[dict] | None = None) -> int:
+              code: dict | None = None, device: str = "GPU", startup: list[dict] | None = None,
+              paths: dict | None = None) -> int:
     """Check the cluster, every node's packages (and NPUs), an all-reduce over every GPU (NPU), the data files,
-    the model and the checkpoint folder; write the run record (and a reproducible job's first-run record).
-    0: passed."""
+    the model and the checkpoint folder (here, and on every other node from `paths`: the job's words, expanded
+    on each node); write the run record (and a reproducible job's first-run record). 0: passed."""
     started = stamp()
     problems: list[str] = []
     ray = connect(address)
@@ -853,14 +880,15 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
     problem = check_model(model)
     if problem:
         problems.append(problem)
-    try:
-        os.makedirs(checkpoint_dir, exist_ok=True)
-        probe = os.path.join(checkpoint_dir, f".verlc-write-test-{os.getpid()}")
-        with open(probe, "w", encoding="utf-8") as fh:
-            fh.write("ok")
-        os.remove(probe)
-    except OSError as exc:
-        problems.append(f"checkpoint folder {checkpoint_dir} is not writable ({exc.strerror})")
+    problem = checkpoint_problem(checkpoint_dir)
+    if problem:
+        problems.append(problem)
+    if paths:  # the same on every other node: a folder only the head sees fails verl's workers elsewhere
+        here = ray.get_runtime_context().get_node_id()
+        others = [n for n in nodes if n["NodeID"] != here]
+        found, unanswered = on_each_node(ray, others, paths_on_node, paths["model"], paths["checkpoint_dir"],
+                                         paths["data"], what="paths") if others else ({}, [])
+        problems += unanswered + [f"node {node_label(n)}: {p}" for n in others for p in found.get(n["NodeID"], [])]
     run_record = {
         "started": started,
         "image": image,
@@ -1057,7 +1085,8 @@ def job(spec: dict, begun: str | None = None) -> int:
                 record=expand(spec["record"]) if spec.get("record") else None, image=spec["image"],
                 require_env=spec["require_env"], reference=expand(spec["reference"]) if spec.get("reference") else None,
                 train=spec["train"], verl_commit=spec.get("verl_commit"), code=spec.get("code"),
-                device=spec["device"], startup=spec.get("startup"))
+                device=spec["device"], startup=spec.get("startup"),
+                paths={"model": spec["model"], "checkpoint_dir": spec["checkpoint_dir"], "data": spec["data_files"]})
         else:
             say("training: " + " ".join(spec["train"]))
             rc = train(spec["train"], {**os.environ, "RAY_ADDRESS": address}, spec.get("stall_timeout"), address)
