@@ -47,6 +47,9 @@ def submit(ir: JobIR, spec: Path, target: str, folder: Path, cwd: Path, env: dic
             # the W&B run it logs to: the spec's own, the run it continues (--resume), else its own id
             "tracker_run": own.get("WANDB_RUN_ID") or env.get(TRACKER_RUN) or s.run,
             **({"resumes": env[RESUMES]} if env.get(RESUMES) else {}),
+            # VERLC_STOP_AFTER: the run ends after this stage, short of training; its success is not a trained run's
+            **({"stop_after": env["VERLC_STOP_AFTER"]} if env.get("VERLC_STOP_AFTER") not in (None, "", "train")
+               else {}),
             **({"variant": {k: v for k, v in ir.variants[s.variant].settings}} if s.variant is not None else {}),
         })
     runs = ledger.fold(ledger_file)
@@ -148,9 +151,17 @@ def _parse(stamp: str) -> datetime:
 COLUMNS = ("run", "spec", "target", "where", "job", "state", "submitted", "duration", "spec sha256")
 
 
+def shown_state(run: ledger.Run) -> str:
+    """A run's state as tables show it: a run that ended where VERLC_STOP_AFTER stopped it says so."""
+    stop = run.submitted.get("stop_after")
+    if stop and run.final and run.exit_code == 0:
+        return f"stopped after {stop}"
+    return run.state.lower()
+
+
 def table(runs: Sequence[ledger.Run], fmt: str) -> str:
     rows = [(r.run, r.submitted["spec"], r.target, r.where, str(r.job_id),
-             r.state.lower() + (f" ({r.restarts} restarts)" if r.restarts else ""), r.submitted["at"],
+             shown_state(r) + (f" ({r.restarts} restarts)" if r.restarts else ""), r.submitted["at"],
              duration(r), r.submitted["spec_sha256"][:12]) for r in runs]
     return results_of.tabulate(COLUMNS, rows, fmt)
 
@@ -159,14 +170,16 @@ def results(ledger_file: Path, chosen: Sequence[ledger.Run], asked: Sequence[str
     """The results table of these runs: each run's state (asked of the scheduler while it runs), its steps,
     the last and best value of each metric its log printed, wall time, GPU-hours and last checkpoint."""
     metrics = [results_of.Metric.parse(m) for m in asked] or [results_of.Metric(m) for m in results_of.DEFAULT_METRICS]
-    states = {run.run: run.state if run.final else observe(ledger_file, run).state for run in chosen}
-    folded = ledger.fold(ledger_file)  # with what observing recorded (an array task's log path)
-    logs = [(folded[r.run], states[r.run], results_of.read(log_text(folded[r.run]).splitlines())) for r in chosen]
-    keys = results_of.chosen_keys([logged for _, _, logged in logs], metrics, asked=bool(asked))
+    for run in chosen:
+        if not run.final:
+            observe(ledger_file, run)  # a run still going: its state as the scheduler says it now
+    folded = ledger.fold(ledger_file)  # with what observing recorded (the state, an array task's log path)
+    logs = [(folded[r.run], results_of.read(log_text(folded[r.run]).splitlines())) for r in chosen]
+    keys = results_of.chosen_keys([logged for _, logged in logs], metrics, asked=bool(asked))
     rows = [results_of.row(run.run, run.submitted.get("variant") or {}, run.submitted["spec_sha256"],
-                           state.lower(), logged, keys, metrics, seconds(run), duration(run),
+                           shown_state(run), logged, keys, metrics, seconds(run), duration(run),
                            run.submitted.get("nodes", 0) * run.submitted.get("gpus_per_node", 0) or None)
-            for run, state, logged in logs]
+            for run, logged in logs]
     return results_of.render(rows, keys, fmt)
 
 

@@ -214,3 +214,18 @@ def test_a_slurm_submit_checks_the_specs_secrets_before_sbatch(tmp_path: Path) -
     assert done.returncode == 2, done.stderr
     assert "WANDB_API_KEY is not set: the spec's secrets come from this shell" in done.stderr, done.stderr
     assert not (tmp_path / "queued").exists() and not (tmp_path / ledger.FILE).exists()
+
+
+def test_a_run_stopped_by_verlc_stop_after_shows_where_it_stopped(tmp_path: Path) -> None:
+    """A bring-up-only run (VERLC_STOP_AFTER=preflight) ends with exit 0 like a trained one; the tables say where it
+    stopped instead of `completed`. A failed one still shows its failure."""
+    from verlc.lifecycle.runs import shown_state
+
+    book = tmp_path / ledger.FILE
+    for run, stop, code, state in (("a-1", "preflight", 0, "COMPLETED"), ("a-2", None, 0, "COMPLETED"),
+                                   ("a-3", "preflight", 1, "FAILED")):
+        ledger.append(book, {"event": "submitted", "run": run, "job_id": run[2:], "target": "slurm",
+                             **({"stop_after": stop} if stop else {})})
+        ledger.append(book, {"event": "finished", "run": run, "state": state, "restarts": 0, "exit_code": code})
+    runs = ledger.fold(book)
+    assert [shown_state(runs[r]) for r in ("a-1", "a-2", "a-3")] == ["stopped after preflight", "completed", "failed"]

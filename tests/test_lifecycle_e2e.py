@@ -58,6 +58,7 @@ def test_submit_follow_shows_each_stage_and_the_ledger_keeps_the_run(slurm: None
     assert Path(run.record).is_file() and json.loads(Path(run.record).read_text())["gpus"] == 16
     table = verlc(tmp_path, "runs").stdout.splitlines()
     assert table[0].split()[:3] == ["run", "spec", "target"] and table[1].split()[:3] == [run.run, "spec.yaml", "slurm"]
+    assert run.submitted["stop_after"] == "preflight" and "stopped after preflight" in table[1], table
     assert "| run | spec |" in verlc(tmp_path, "runs", "--format", "markdown").stdout
     stage = verlc(tmp_path, "logs", run.job_id, "--stage", "preflight").stdout
     assert "verlc: stage preflight" in stage and "preflight passed: 2 nodes, 16 GPUs" in stage
