@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
@@ -462,6 +463,48 @@ CPUS_PER_GPU = 8  # cluster.slurm.cpus_per_task when the script has no #SBATCH -
 def _slurm(spec: dict[str, Any], text: str, imported: Imported, leave: Any) -> None:
     """cluster.slurm from the script's own #SBATCH lines."""
     slurm: dict[str, Any] = {}
+    for number, option, value in _sbatch_options(text):
+        if option in _SBATCH:
+            imported.lines[f"cluster.slurm.{_SBATCH[option]}"] = number
+            slurm[_SBATCH[option]] = int(value) if option in ("-c", "--cpus-per-task") and value.isdigit() else value
+        elif option not in _SBATCH_DERIVED:
+            imported.left.append(f"line {number}: #SBATCH {option}{'=' + value if value else ''}: a directive "
+                                 f"cluster.slurm has no field for")
+    if "cpus_per_task" not in slurm:
+        slurm["cpus_per_task"] = CPUS_PER_GPU * spec["cluster"]["gpus_per_node"]
+        imported.notes.append(f"cluster.slurm.cpus_per_task {slurm['cpus_per_task']} ({CPUS_PER_GPU} per GPU) is a "
+                              f"guess: the script has no #SBATCH --cpus-per-task; set your nodes' CPUs")
+    spec["cluster"]["slurm"] = {k: slurm[k] for k in sorted(slurm)}
+
+
+# What a launch script exports for its own Ray bring-up (the head's address, the rendezvous): verlc's bundles bring
+# up Ray themselves, so these describe the script's cluster, not the run.
+_BRING_UP = {"ip_head", "head_node", "head_node_ip", "head_ip", "RAY_HEAD_IP", "RAY_HEAD_ADDRESS", "MASTER_ADDR",
+             "MASTER_PORT"}
+
+# #SBATCH options -> the variables Slurm sets in the job from them (what `verlc import` gives a Slurm script)
+_SBATCH_ENV = {"--nodes": ("SLURM_NNODES", "SLURM_JOB_NUM_NODES"), "-N": ("SLURM_NNODES", "SLURM_JOB_NUM_NODES"),
+               "--gpus-per-node": ("SLURM_GPUS_PER_NODE",), "--cpus-per-task": ("SLURM_CPUS_PER_TASK",),
+               "-c": ("SLURM_CPUS_PER_TASK",), "--ntasks-per-node": ("SLURM_NTASKS_PER_NODE",),
+               "--job-name": ("SLURM_JOB_NAME",), "-J": ("SLURM_JOB_NAME",)}
+
+
+def sbatch_environment(text: str) -> dict[str, str]:
+    """The Slurm variables a script's own #SBATCH lines make Slurm set in its job (SLURM_NNODES from --nodes=2,
+    SLURM_GPUS_PER_NODE from --gpus-per-node=a100:4 as 4, ...); a range of nodes (2-4) gives its first number."""
+    out: dict[str, str] = {}
+    for _, option, value in _sbatch_options(text):
+        for name in _SBATCH_ENV.get(option, ()):
+            if option in ("--nodes", "-N"):
+                value = value.split("-")[0]
+            if option == "--gpus-per-node":
+                value = value.rsplit(":", 1)[-1]
+            out[name] = value
+    return out
+
+
+def _sbatch_options(text: str) -> Iterator[tuple[int, str, str]]:
+    """(line, option, value) of each `#SBATCH` line's options, in either spelling (--nodes=2, --nodes 2, -N 2)."""
     for number, line in enumerate(text.splitlines(), 1):
         if not line.startswith("#SBATCH"):
             continue
@@ -472,18 +515,7 @@ def _slurm(spec: dict[str, Any], text: str, imported: Imported, leave: Any) -> N
             if not eq and option.startswith("-") and i + 1 < len(words) and not words[i + 1].startswith("-"):
                 value, i = words[i + 1], i + 1
             i += 1
-            if option in _SBATCH:
-                imported.lines[f"cluster.slurm.{_SBATCH[option]}"] = number
-                slurm[_SBATCH[option]] = int(value) if option in ("-c", "--cpus-per-task") and value.isdigit() \
-                    else value
-            elif option not in _SBATCH_DERIVED:
-                imported.left.append(f"line {number}: #SBATCH {option}{'=' + value if value else ''}: a directive "
-                                     f"cluster.slurm has no field for")
-    if "cpus_per_task" not in slurm:
-        slurm["cpus_per_task"] = CPUS_PER_GPU * spec["cluster"]["gpus_per_node"]
-        imported.notes.append(f"cluster.slurm.cpus_per_task {slurm['cpus_per_task']} ({CPUS_PER_GPU} per GPU) is a "
-                              f"guess: the script has no #SBATCH --cpus-per-task; set your nodes' CPUs")
-    spec["cluster"]["slurm"] = {k: slurm[k] for k in sorted(slurm)}
+            yield number, option, value
 
 
 def _environment(spec: dict[str, Any], trainer: Trainer, base_env: dict[str, str], imported: Imported,
@@ -496,6 +528,9 @@ def _environment(spec: dict[str, Any], trainer: Trainer, base_env: dict[str, str
                   "PATH=")
         if name in _SHELL_ENV or base_env.get(name) == value or (name, value) in _VERLC_SETS or \
                 name == "RAY_ADDRESS" and trainer.launcher == "ray job submit":  # ray.address
+            continue
+        if name in _BRING_UP:
+            leave(f"export {name}", "the script's own Ray bring-up: verlc's bundle brings up Ray itself", f"{name}=")
             continue
         if spec["cluster"].get("accelerator") == "npu" and name in _NPU_ENV:
             field = _NPU_ENV[name]

@@ -530,3 +530,26 @@ def test_the_install_brings_hydra_which_import_reads_overrides_with() -> None:
 
     plain = [r for r in requires("verlc") or [] if "extra ==" not in r]
     assert any(r.replace(" ", "").startswith("hydra-core") for r in plain), plain
+
+
+def test_a_slurm_scripts_sbatch_lines_give_the_variables_slurm_would_set(tmp_path: Path) -> None:
+    """verl's examples/slurm/ray_on_slurm.slurm passes trainer.nnodes="${SLURM_NNODES}": its #SBATCH lines say
+    what Slurm sets, so no --set is needed; the head address it exports for its own Ray is not the run's env."""
+    script = ("#!/bin/bash\n#SBATCH --job-name=verl\n#SBATCH --nodes=2\n#SBATCH --gpus-per-node=h100:4\n"
+              "#SBATCH --cpus-per-task=64\n"
+              "ip_head=10.0.0.1:6379\nexport ip_head\nexport NCCL_DEBUG=WARN\n"
+              'python3 -m verl.trainer.main_ppo trainer.nnodes="${SLURM_NNODES}" '
+              'trainer.n_gpus_per_node="${SLURM_GPUS_PER_NODE}" ' + SETTINGS + "\n")
+    result = import_text(tmp_path, script, "-o", "spec.yaml")
+    assert result.returncode == 0, result.stderr
+    from verlc.compiler.load import load
+
+    spec = load(tmp_path / "spec.yaml").data
+    assert (spec["cluster"]["nodes"], spec["cluster"]["gpus_per_node"]) == (2, 4)
+    assert spec["env"] == {"NCCL_DEBUG": "WARN"}, spec.get("env")
+    assert "export ip_head: the script's own Ray bring-up" in (tmp_path / "spec.yaml").read_text()
+    assert "launch.sh:2:1: script: note: the script ran with the variables its #SBATCH lines make Slurm set: " \
+           "SLURM_CPUS_PER_TASK=64, SLURM_GPUS_PER_NODE=4, SLURM_JOB_NAME=verl, SLURM_JOB_NUM_NODES=2, " \
+           "SLURM_NNODES=2 (--set overrides)" in result.stderr, result.stderr
+    given = import_text(tmp_path, script, "--set", "SLURM_NNODES=4")  # 16 GPUs: verl's batch of 1024 divides
+    assert given.returncode == 0 and "nodes: 4" in given.stdout, given.stderr

@@ -151,12 +151,14 @@ def read_script(script: Path, args: tuple[str, ...], version: str | None, commit
 
     from .. import sandbox
     from ..compiler.diagnostics import Diagnostic, SpecError
-    from ..compiler.import_script import DEFAULT_VERSION, ImportFailed, find_trainer, locate, to_spec
+    from ..compiler.import_script import DEFAULT_VERSION, ImportFailed, find_trainer, locate, sbatch_environment, to_spec
 
     shown = str(script)
     text = script.read_text(errors="replace")
+    allocation = {k: v for k, v in sbatch_environment(text).items() if k not in variables}  # as Slurm sets them
     with ThreadPoolExecutor(1) as side:  # the script runs while this process imports the compiler and Hydra
-        running = side.submit(sandbox.run, script, args, Path.cwd(), timeout, variables, accelerator)
+        running = side.submit(sandbox.run, script, args, Path.cwd(), timeout, {**allocation, **variables},
+                              accelerator)
         from ..compiler.pipeline import compile_spec
         from ..compiler.verl.release import RELEASES
         try:
@@ -207,6 +209,10 @@ def read_script(script: Path, args: tuple[str, ...], version: str | None, commit
     except SpecError as exc:
         raise ImportFailed([in_script(d.path, d.message) for d in exc.diagnostics]) from None
     notes = probe_notes(outcome, shown, text)
+    if allocation:
+        notes.append(str(Diagnostic(shown, *locate(text, "#SBATCH"), "script", "note: the script ran with the "
+                                    "variables its #SBATCH lines make Slurm set: " + ", ".join(
+                                        f"{k}={v}" for k, v in sorted(allocation.items())) + " (--set overrides)")))
     for note in ir.notes:
         found = re.fullmatch(rf"{re.escape(display)}:\d+:\d+: (\S+): (.*)", note, re.S)
         notes.append(str(in_script(found[1], found[2])) if found else note)
