@@ -101,7 +101,7 @@ fan_out() {
 }
 
 # Run by fan_out on each node (SLURMD_NODENAME and SLURM_PROCID are Slurm's, per task) -------------
-readonly node_functions=(log in_container node_address run_container container_ready await_ray_logs remove_container ray_node)
+readonly node_functions=(log in_container node_address run_container container_ready await_ray_logs remove_container_of remove_container ray_node)
 
 # node_address: this node's name, the IPv4 address Ray uses on it, and that address's interface (where
 # gloo, and NCCL unless told, open their sockets).
@@ -163,11 +163,13 @@ run_container() {
     --workdir /workspace/verl
     quay.io/ascend/verl:latest sleep infinity
   )
-  trap 'await_ray_logs; remove_container; exit 143' TERM INT
+  local run_pid=''
+  trap 'await_ray_logs; remove_container_of "$run_pid"; exit 143' TERM INT
   log "starting container $container on $SLURMD_NODENAME"
   "${container_run[@]}" >/dev/null &
+  run_pid=$!
   local rc=0
-  wait "$!" || rc=$?
+  wait "$run_pid" || rc=$?
   log "container $container on $SLURMD_NODENAME stopped (code $rc)"
   exit $((rc ? rc : 1))
 }
@@ -189,6 +191,19 @@ await_ray_logs() {
     [[ ! -f $logs/TRUNCATED.txt ]] || return 0
     sleep 0.5
   done
+}
+
+# remove_container_of PID: remove this job's container here, over and over until PID (the command that runs it)
+# has exited, then once more. A signal that comes while that command is still creating the container finds
+# nothing to remove, and the container would start afterwards outside the step (its monitor is not the step's
+# process), holding the node's GPUs with no job to show for it. Bounded: 8 s, well inside Slurm's KillWait.
+remove_container_of() {
+  local pid=$1 until=$((SECONDS + 8))
+  while [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null && ((SECONDS < until)); do
+    docker rm --force "${container}" >/dev/null 2>&1
+    sleep 0.5
+  done
+  remove_container
 }
 
 # remove_container: remove this job's container on this node, unless it is gone already
