@@ -58,6 +58,8 @@ def compile_spec(path: Path, *, display: str, source: str, targets: Iterable[str
     if root is not None:
         code, code_notes = code_for(spec, sourced, program, root, path, accept_changes)
         notes = (*notes, *code_notes)
+    else:
+        notes = (*notes, *_unshipped(spec, sourced, program, path))
     ir = lower(spec, release, spec_file=source, spec_sha256=sourced.sha256, notes=tuple(map(str, notes)),
                targets=tuple(meant), built=tuple(dict.fromkeys(targets)), code=code,
                profile=(site.name, site.file, site.sha256) if site else None)
@@ -148,10 +150,7 @@ def code_for(spec: Spec, sourced: Sourced, program: Program, root: Path, spec_pa
     config = program.config_dir / f"{program.config_name}.yaml" if program.config_dir else None
     if config is not None and config.resolve().is_relative_to(root.resolve()):
         files[config.resolve().relative_to(root.resolve()).as_posix()] = file_sha256(config)
-    chosen = select(spec.verl, program.release, spec.hydra.config_name)
-    given = {s.key: s for s in settings(spec.verl, chosen.walker)} if not isinstance(chosen, str) else {}
-    for key, relative in named_files({k: s.value for k, s in given.items()}).items():
-        loc = given[key].loc
+    for relative, loc in _named_files(spec, program):
         if not inside(root, relative):
             problems.append(sourced.diagnostic(loc, f"{relative} lies outside the run's code ({root}): the job "
                                                     f"would not have it"))
@@ -162,6 +161,27 @@ def code_for(spec: Spec, sourced: Sourced, program: Program, root: Path, spec_pa
     if problems:
         raise SpecError(problems)
     return CodeIR(bundle_folder(spec_path, root), commit, dirty, diff, tuple(sorted(files.items()))), tuple(notes)
+
+
+def _named_files(spec: Spec, program: Program) -> list[tuple[str, tuple[str | int, ...]]]:
+    """(relative path, where the spec says it) of each file a verl setting names in the run's code."""
+    chosen = select(spec.verl, program.release, spec.hydra.config_name)
+    given = {s.key: s for s in settings(spec.verl, chosen.walker)} if not isinstance(chosen, str) else {}
+    return [(relative, given[key].loc) for key, relative in named_files({k: s.value for k, s in given.items()}).items()]
+
+
+def _unshipped(spec: Spec, sourced: Sourced, program: Program, spec_path: Path) -> list[Diagnostic]:
+    """Without a code folder, a file a verl setting names by a relative path is read from wherever the job runs,
+    which verlc neither ships nor sees: a note for each, saying whether it is beside the spec."""
+    notes = []
+    for relative, loc in _named_files(spec, program):
+        beside = (spec_path.parent / relative).is_file()
+        notes.append(sourced.diagnostic(loc, (
+            f"note: {relative} is read from the job's working directory, which this spec does not ship (it has no "
+            f"`code:`); " + ("it is beside the spec: `code: .` ships it, and verlc then checks and hashes it" if beside
+                             else f"there is no {relative} beside the spec either: set `code:` to the folder that "
+                                  f"holds it, and verlc then checks, ships and hashes it"))))
+    return notes
 
 
 def verl_release_for(spec: Spec, sourced: Sourced, source: VerlConfigSource, spec_path: Path | None = None

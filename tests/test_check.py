@@ -192,3 +192,25 @@ def test_a_wandb_logger_without_its_key_is_a_note(tmp_path: Path) -> None:
             "node then needs its own W&B login (~/.netrc)") in result.stderr, result.stderr
     spec.write_text(spec.read_text() + "  trainer: {logger: [console]}\n")
     assert "W&B" not in run_verlc("validate", "w.yaml", cwd=tmp_path).stderr
+
+
+def test_a_file_a_setting_names_without_a_code_folder_gets_a_note(tmp_path: Path) -> None:
+    """custom_reward_function.path without `code:` is read wherever the job runs: verlc neither ships nor checks
+    it, and says so (with `code:` a missing file is an error: tests/test_programs.py)."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(CONTAINER_SPEC.replace("MOUNTS", '["/lustre/verl:/workspace/verl", '
+                                                     '"/lustre/hf:/root/.cache/huggingface"]')
+                    .replace("  algorithm: {adv_estimator: grpo}\n",
+                             "  algorithm: {adv_estimator: grpo}\n  custom_reward_function: {path: rewards/mine.py}\n"))
+    missing = run_verlc("validate", "s.yaml", cwd=tmp_path)
+    assert missing.returncode == 0, missing.stderr
+    assert ("verl.custom_reward_function.path: note: rewards/mine.py is read from the job's working directory, which "
+            "this spec does not ship (it has no `code:`); there is no rewards/mine.py beside the spec either"
+            ) in missing.stderr, missing.stderr
+    (tmp_path / "rewards").mkdir()
+    (tmp_path / "rewards" / "mine.py").write_text("def compute_score(*a, **k):\n    return 0.0\n")
+    beside = run_verlc("validate", "s.yaml", cwd=tmp_path)
+    assert "it is beside the spec: `code: .` ships it" in beside.stderr, beside.stderr
+    spec.write_text(spec.read_text() + "code: .\n")
+    shipped = run_verlc("validate", "s.yaml", "--strict", cwd=tmp_path)
+    assert shipped.returncode == 0 and "rewards/mine.py" not in shipped.stderr, shipped.stderr
