@@ -21,6 +21,13 @@ STEP = STEP_LINE  # verl's console logger line, parsed as the runtime's stall wa
 NUMBER = re.compile(r"^(?:np\.\w+\((.*)\)|(.*))$")
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # Ray colours its workers' prefixes: `\x1b[36m(TaskRunner ...)\x1b[0m`
+
+
+def plain(text: str) -> str:
+    """A log without terminal colour codes (for a file, a pipe, a table)."""
+    return ANSI.sub("", text)
+
 @dataclass(frozen=True)
 class Step:
     step: int

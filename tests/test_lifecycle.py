@@ -229,3 +229,12 @@ def test_a_run_stopped_by_verlc_stop_after_shows_where_it_stopped(tmp_path: Path
         ledger.append(book, {"event": "finished", "run": run, "state": state, "restarts": 0, "exit_code": code})
     runs = ledger.fold(book)
     assert [shown_state(runs[r]) for r in ("a-1", "a-2", "a-3")] == ["stopped after preflight", "completed", "failed"]
+
+
+def test_logs_written_to_a_file_or_a_pipe_carry_no_colour_codes() -> None:
+    """Ray colours its workers' prefixes; `verlc logs` strips the codes unless it writes to a terminal."""
+    from verlc.lifecycle import progress
+
+    line = "\x1b[36m(TaskRunner pid=7)\x1b[0m step:1 - critic/score/mean:0.5\n"
+    assert progress.plain(line) == "(TaskRunner pid=7) step:1 - critic/score/mean:0.5\n"
+    assert progress.parse_step(progress.plain(line)).metrics == {"critic/score/mean": 0.5}

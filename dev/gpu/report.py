@@ -12,9 +12,8 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from verlc.lifecycle.progress import parse_step
+from verlc.lifecycle.progress import parse_step, plain
 
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 SHOWN = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean", "response_length/mean",
          "timing_s/step")  # the per-step table's columns (every key is in the raw lines below it)
 STAGE = re.compile(r"^\[(\S+)Z\] verlc: (stage \w+|preflight passed|PREFLIGHT FAILED|training exited)")
@@ -75,7 +74,7 @@ def main(folder: Path, output: Path) -> None:
     follow = (folder / "train.follow").read_text().splitlines()
     first_step = next((float(m[1]) for ln in follow if (m := FOLLOW_STEP.match(ln)) and int(m[2]) >= 1), None)
     steps = [s for ln in train_log.splitlines() if (s := parse_step(ln))]
-    step_lines = [ANSI.sub("", ln).split(")", 1)[-1].strip() for ln in train_log.splitlines() if parse_step(ln)]
+    step_lines = [plain(ln).split(")", 1)[-1].strip() for ln in train_log.splitlines() if parse_step(ln)]
     saved = sorted({m[0] for m in re.finditer(r"global_step_\d+", (folder / "checkpoints.txt").read_text())},
                    key=lambda s: int(s.rsplit("_", 1)[1]))
     trained_moments = moments(train_log)

@@ -147,7 +147,7 @@ def logs(key: str, follow: bool, stage: str | None, metrics: list[str], ray: boo
     text = runs.log_text(run)
     if stage:
         text = "".join(progress.stage_lines(text.splitlines(True), stage))
-    sys.stdout.write(text)
+    sys.stdout.write(text if sys.stdout.isatty() else progress.plain(text))  # colours only where they show
     return 0
 
 
