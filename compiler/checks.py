@@ -374,18 +374,13 @@ def _variant_folders(spec: Spec, sourced: Sourced, variants: list[tuple[Any, Spe
             f"{checkpoint_dir(variants[0][1])}, ... ({len(variants)} variants)"))
 
 
-# What Apptainer binds into every container unless its site configuration says otherwise (apptainer.conf's
-# `mount home`, `mount tmp`): a path under one of these is written to the host.
-APPTAINER_BINDS = ("${HOME}", "/tmp", "/var/tmp")
-
-
 def _container_paths(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
-    """Docker/podman containers and Pyxis's enroot containers (of the targets that run the spec's container) are
-    removed with the job: data, checkpoints and the model cache written inside them, and not under a mount, are
-    lost. An Apptainer image is read-only: writing there fails, except under a bind (its mounts, and the home,
-    /tmp and /var/tmp Apptainer binds itself). A note names the path and a mount that keeps it."""
+    """Docker/podman containers and Pyxis's (unnamed) enroot containers, of the targets that run the spec's
+    container, are removed with the job: data, checkpoints and the model cache written inside them, and not under
+    a mount, are lost. A note names the path and a mount that keeps it. (Apptainer binds the working folder and
+    home itself, and a write outside its binds fails at once instead of being lost: not noted.)"""
     c = spec.container
-    if not isinstance(c, (Engine, Pyxis, Apptainer)):
+    if not isinstance(c, (Engine, Pyxis)):
         return
 
     def as_text(word: str) -> str | None:
@@ -396,8 +391,6 @@ def _container_paths(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
 
     workdir = as_text(c.workdir)
     targets = [t.rstrip("/") for m in c.mounts if m.count(":") >= 1 and (t := as_text(m.split(":")[1])) is not None]
-    if isinstance(c, Apptainer):
-        targets += list(APPTAINER_BINDS)
     if workdir is None:
         return
 
@@ -419,7 +412,7 @@ def _container_paths(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
         places.append((("model", "local_dir") if spec.model.local_dir else ("model",), spec.model.folder,
                        "pinned model's folder"))
     if isinstance(spec.model, PinnedModel) or is_hub_id(spec.model):  # downloaded into the HF cache
-        # docker/podman run as the image's user (root by default); apptainer and pyxis as the user who submits
+        # docker/podman run as the image's user (root by default); pyxis as the user who submits
         home = "/root" if isinstance(c, Engine) else "${HOME}"
         cache = spec.env.get("HF_HOME", f"{home}/.cache/huggingface")
         places.append((("env", "HF_HOME") if "HF_HOME" in spec.env else ("model",), cache, "model download cache"))
@@ -427,8 +420,6 @@ def _container_paths(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
         full = inside(path)
         if full is not None and not any(full == t or full.startswith(t + "/") for t in targets):
             folder = full.rsplit("/", 1)[0] or "/" if what == "data file" else full
-            fate = ("cannot be written there: an Apptainer image is read-only outside its binds (mounts, home, "
-                    "/tmp, /var/tmp)" if isinstance(c, Apptainer) else "is lost when the job's container is removed")
             yield sourced.diagnostic(loc, (
-                f"{NOTE}the {what} {full} is inside the container only and {fate}; mount it, e.g. mounts: "
-                f"[\"/host/path:{folder}\"]"))
+                f"{NOTE}the {what} {full} is inside the container only and is lost when the job's container "
+                f"is removed; mount it, e.g. mounts: [\"/host/path:{folder}\"]"))

@@ -116,13 +116,10 @@ def test_paths_a_container_would_lose_are_named_and_strict_refuses_them(tmp_path
 @pytest.mark.parametrize(("container", "fate"), [
     ('{runtime: pyxis, image: "nvcr.io#nvidia/pytorch:24.05-py3", workdir: /workspace/verl, mounts: MOUNTS}',
      "is lost when the job's container is removed"),
-    ("{runtime: apptainer, image: /images/verl.sif, workdir: /workspace/verl, mounts: MOUNTS}",
-     "cannot be written there: an Apptainer image is read-only outside its binds"),
 ])
-def test_paths_written_inside_pyxis_and_apptainer_containers_are_named_too(
-        tmp_path: Path, container: str, fate: str) -> None:
-    """Pyxis removes an unnamed enroot container with its task; an Apptainer image is read-only. Both run as the
-    submitting user, whose Hugging Face cache is under ${HOME} (bound by Apptainer itself, not by Pyxis)."""
+def test_paths_written_inside_pyxis_containers_are_named_too(tmp_path: Path, container: str, fate: str) -> None:
+    """Pyxis removes an unnamed enroot container with its task. It runs as the submitting user, whose Hugging Face
+    cache is under ${HOME}."""
     text = CONTAINER_SPEC.replace("{runtime: docker, image: verl:1, workdir: /workspace/verl, mounts: MOUNTS}",
                                   container)
     (tmp_path / "lost.yaml").write_text(text.replace("MOUNTS", "[]"))

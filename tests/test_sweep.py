@@ -132,7 +132,9 @@ def test_a_folder_named_after_the_experiment_already_differs_per_variant(tmp_pat
 
 
 def test_variants_that_would_share_a_checkpoint_folder_are_refused(tmp_path: Path) -> None:
-    problems = build(tmp_path, sweep_spec({"verl.trainer.default_local_dir": ["/ckpt/a", "/ckpt/a"]}))
+    # one folder for two variants (the same value twice is refused as the same variant: test_invalid_specs)
+    problems = build(tmp_path, sweep_spec({"verl.trainer.default_local_dir": ["/ckpt/a"],
+                                           "verl.actor_rollout_ref.actor.optim.lr": [1.0e-6, 2.0e-6]}))
     assert isinstance(problems, list)
     assert any("sweep.matrix.verl.trainer.default_local_dir: variants 0 and 1 would both checkpoint in /ckpt/a" in p
                for p in problems), problems
