@@ -564,16 +564,8 @@ def _enum_values(package: Path, enum: str) -> list[str]:
 
 
 def _rollout_registry(package: Path) -> list[tuple[str, str]]:
-    path = package / "workers" / "rollout" / "base.py"
-    if not path.exists():
-        return []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_ROLLOUT_REGISTRY"
-                                                 for t in node.targets) and isinstance(node.value, ast.Dict)):
-            return [(k.elts[0].value, k.elts[1].value) for k in node.value.keys
-                    if isinstance(k, ast.Tuple) and len(k.elts) == 2
-                    and all(isinstance(e, ast.Constant) for e in k.elts)]
-    return []
+    """The (name, mode) pairs of the release's rollout registry (workers.py reads it, with each class's module)."""
+    return [tuple(key.split("/", 1)) for key in workers.read_rollouts(package)]  # type: ignore[misc]
 
 
 def _loss_agg_modes(package: Path) -> list[str]:

@@ -58,6 +58,11 @@ def read(package: Path) -> dict[str, Any]:
     }
 
 
+def read_rollouts(package: Path) -> dict[str, str]:
+    """The rollout registry alone: `name/mode` -> the module of its class ({} where the release has none)."""
+    return _Code(package).rollouts()
+
+
 class _Code:
     """One verl package's modules, each parsed once."""
 

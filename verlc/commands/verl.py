@@ -223,6 +223,7 @@ def probe_notes(outcome: Any, shown: str, text: str) -> list[str]:
     """A note for each probe of the host the script made, at its line, with the answer it got."""
     import shlex
 
+    from .. import sandbox
     from ..compiler.diagnostics import Diagnostic
     from ..compiler.import_script import locate
 
@@ -234,8 +235,6 @@ def probe_notes(outcome: Any, shown: str, text: str) -> list[str]:
         notes.append(str(Diagnostic(shown, *where, "script", f"note: the script probed its host with "
                                                            f"`{shlex.join(words)}`: exit {code}, as on {host}")))
     for name in dict.fromkeys(outcome.looked_up):
-        from .. import sandbox
-
         there = name not in sandbox.ABSENT[outcome.accelerator][1]
         where = locate(text, f"command -v {name}", f"command -V {name}")
         notes.append(str(Diagnostic(shown, *where, "script", f"note: the script probed its host with `command -v "
