@@ -14,7 +14,7 @@ from .derive import (
 from .ir import parse_word
 from .overrides import device_defaults
 from .load import Sourced
-from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, is_hub_id
+from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, image_file, is_hub_id
 from .verl import determinism, preprocess
 from .verl.check import NOTE, Selection, Setting, check_groups, check_verl, select, settings, without_prefixes
 from .verl.hydra import hydra_value, shown
@@ -192,6 +192,10 @@ def _container(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
         yield sourced.diagnostic(("container", "privileged"), f"{NOTE}the container gets every device and "
                                  "capability of the host (--privileged); without it, only the accelerators' "
                                  "devices and driver files", at_key=True)
+    file = image_file(c) if isinstance(c, (Apptainer, Pyxis)) else None
+    if file is not None and file[1] is None and "@sha256:" in c.image:
+        yield sourced.diagnostic(("container", "image"), f"an image file is pinned as FILE@sha256:<64 hex digits, "
+                                                         f"the sha256sum of FILE>, not {c.image}")
     for i, mount in enumerate(getattr(c, "mounts", ())):
         if ":" not in mount:
             yield sourced.diagnostic(("container", "mounts", i), "a mount is SRC:DST[:OPTIONS]")
@@ -230,6 +234,11 @@ def _reproducible(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iter
     if image is None:
         yield sourced.diagnostic(("container",), "reproducible: true needs a container image pinned by digest "
                                                  "(runtime docker, podman, pyxis or apptainer with image@sha256:...)")
+    elif isinstance(spec.container, (Apptainer, Pyxis)) and (file := image_file(spec.container)) is not None:
+        if file[1] is None:
+            yield sourced.diagnostic(("container", "image"), (
+                f"reproducible: true needs the image file pinned by its own sha256, which the job checks on every "
+                f"node: {image}@sha256:<the sha256sum of {image}>; a file can be replaced"))
     elif not re.search(r"@sha256:[0-9a-f]{64}$", image):
         yield sourced.diagnostic(("container", "image"), f"reproducible: true needs the image pinned by digest "
                                                          f"({image}@sha256:<64 hex digits>); a tag can move")

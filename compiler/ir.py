@@ -121,6 +121,7 @@ class ImageBuildIR:
 class ContainerIR:
     runtime: Literal["docker", "podman", "apptainer", "pyxis", "none"]
     image: Word | None
+    image_sha256: str | None  # an image file's pin, checked on every node (the image is then the file's path)
     build: ImageBuildIR | None
     workdir: Word | None
     shm_size: str | None

@@ -12,7 +12,7 @@ from ..targets import TARGETS, get
 from . import yaml_text
 from .derive import checkpoint_dir, critic_in_use, derived_environment, strings_in, variant_specs
 from .overrides import determinism_defaults, overrides, verl_values
-from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec
+from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, image_file
 from .verl import preprocess
 from .verl.check import Selection, select, settings
 from .verl.hydra import verl_value
@@ -180,7 +180,7 @@ def container(spec: Spec, code: CodeIR | None = None) -> ContainerIR:
             devices, gpu_args = (), ("--gpus", "all")
         gpu_args = ("--privileged", *gpu_args) if c.privileged else gpu_args
         return ContainerIR(
-            runtime=c.runtime, image=parse_word(c.image),
+            runtime=c.runtime, image=parse_word(c.image), image_sha256=None,
             build=ImageBuildIR(parse_word(c.build.dockerfile), parse_word(c.build.context)) if c.build else None,
             workdir=parse_word(c.workdir), shm_size=c.shm_size,
             mounts=(*driver, *(parse_word(m) for m in c.mounts)),
@@ -190,14 +190,15 @@ def container(spec: Spec, code: CodeIR | None = None) -> ContainerIR:
     if isinstance(c, (Apptainer, Pyxis)):
         # apptainer shares the host's /dev: the NPUs need only the driver's files bound in
         gpu_args = () if isinstance(c, Pyxis) or npu else (("--rocm",) if rocm else ("--nv",))
+        image, sha256 = image_file(c) or (c.image, None)
         return ContainerIR(
-            runtime=c.runtime, image=parse_word(c.image), build=None, workdir=parse_word(c.workdir),
+            runtime=c.runtime, image=parse_word(image), image_sha256=sha256, build=None, workdir=parse_word(c.workdir),
             shm_size=None, mounts=(*driver, *(parse_word(m) for m in c.mounts)), devices=(), gpu_args=gpu_args,
             run_args=(), venv=None,
         )
     assert isinstance(c, NoContainer)
     return ContainerIR(
-        runtime="none", image=None, build=None,
+        runtime="none", image=None, image_sha256=None, build=None,
         workdir=parse_word(c.workdir) if c.workdir else parse_word(code.folder) if code else None, shm_size=None,
         mounts=(), devices=(),
         gpu_args=(), run_args=(), venv=parse_word(c.venv) if c.venv else None,

@@ -6,6 +6,7 @@ under `verl:` in verl's own nesting and are checked against verl's config, not r
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Strict, Tag
@@ -110,7 +111,8 @@ class Engine(Model):
 
 class Apptainer(Model):
     runtime: Literal["apptainer"] = Field(description="apptainer exec on every node.")
-    image: Text = Field(description="Path to the .sif image.")
+    image: Text = Field(description="Path to the .sif image (pinned: /path/verl.sif@sha256:<sha256sum of it>), or "
+                                    "docker://... (pinned: @sha256:<digest>).")
     workdir: Text = Field(description="Working directory inside the container (--pwd).")
     mounts: tuple[Text, ...] = Field((), description="--bind SRC:DST[:OPTS]; ${env:NAME}, ${HOME}, ${USER} and ~ "
                                                      "expand.")
@@ -121,7 +123,7 @@ class Pyxis(Model):
 
     runtime: Literal["pyxis"] = Field(description="srun --container-image (NVIDIA Pyxis/enroot).")
     image: Text = Field(description="An enroot image: nvcr.io#nvidia/pytorch:24.05-py3 (registry#image), or a "
-                                     ".sqsh path.")
+                                     ".sqsh path (pinned: /path/verl.sqsh@sha256:<sha256sum of it>).")
     workdir: Text = Field(description="Working directory inside the container (--container-workdir).")
     mounts: tuple[Text, ...] = Field((), description="--container-mounts SRC:DST[:OPTS].")
 
@@ -133,6 +135,22 @@ class NoContainer(Model):
 
 
 Container = Annotated[Union[Engine, Apptainer, Pyxis, NoContainer], Field(discriminator="runtime")]
+
+_FILE_PIN = re.compile(r"(?P<file>.+)@sha256:(?P<sha256>[0-9a-f]{64})")
+
+
+def image_file(c: Apptainer | Pyxis) -> tuple[str, str | None] | None:
+    """An image that is a file on the nodes (a .sif, an enroot .sqsh), not a registry's: its path and the sha256
+    it is pinned to (`/images/verl.sif@sha256:<sha256sum of the file>`), which the job checks on every node; None
+    for a registry image (docker://..., registry#image), pinned by its digest like Docker's."""
+    if isinstance(c, Apptainer):
+        is_file = "://" not in c.image
+    else:  # enroot: a path (absolute or ./) or a .sqsh; anything else names a registry image
+        is_file = c.image.startswith(("/", "./", "../")) or c.image.split("@")[0].endswith(".sqsh")
+    if not is_file:
+        return None
+    m = _FILE_PIN.fullmatch(c.image)
+    return (m["file"], m["sha256"]) if m else (c.image, None)
 
 
 # --- network, ray ----------------------------------------------------------------------------------
@@ -294,7 +312,8 @@ class Spec(Model):
         None, description="End a run whose training log shows no new step (verl's console logger) for this long, "
                           "so a hung job does not burn its allocation; seconds or a duration (e.g. 2h). "
                           "Default: never.")
-    reproducible: Bool = Field(False, description="Require an image pinned by digest, an explicit verl_version and "
+    reproducible: Bool = Field(False, description="Require an image pinned by digest (an image file by its own sha256, "
+                                                  "checked on every node), an explicit verl_version and "
                                                   "a hub model pinned to its commit; turn on verl's determinism "
                                                   "settings; and stop a re-run whose inputs (data, model files), "
                                                   "image, versions or verl config differ from the first run's "

@@ -36,6 +36,24 @@ def test_a_tag_is_not_a_pin(tmp_path: Path) -> None:
     assert any("container.image: reproducible: true needs the image pinned by digest" in p for p in problems)
 
 
+def test_an_image_file_is_pinned_by_its_own_sha256_and_runs_without_the_pin(tmp_path: Path) -> None:
+    sha = "cd" * 32
+    for runtime, file, registry in (("apptainer", "/images/verl.sif", "docker://ghcr.io/lab/verl:1"),
+                                    ("pyxis", "/images/verl.sqsh", "nvcr.io#lab/verl:1")):
+        container = {"runtime": runtime, "workdir": "/w"}
+        problems = build(tmp_path, spec(container={**container, "image": file}))
+        assert any(f"container.image: reproducible: true needs the image file pinned by its own sha256, which the "
+                   f"job checks on every node: {file}@sha256:<the sha256sum of {file}>" in p for p in problems), problems
+        problems = build(tmp_path, spec(container={**container, "image": registry}))
+        assert any("needs the image pinned by digest" in p for p in problems), problems
+        problems = build(tmp_path, spec(container={**container, "image": f"{file}@sha256:abc"}))
+        assert any("container.image: an image file is pinned as FILE@sha256:<64 hex digits" in p
+                   for p in problems), problems
+        ir, _ = build(tmp_path, spec(container={**container, "image": f"{file}@sha256:{sha}"}), ("slurm",))
+        assert (ir.container.image.parts, ir.container.image_sha256) == ((file,), sha)
+        assert ir.image.parts == (f"{file}@sha256:{sha}",)  # the run record names the pinned image
+
+
 def test_verl_version_must_be_written(tmp_path: Path) -> None:
     s = spec()
     del s["verl_version"]

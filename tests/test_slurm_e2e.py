@@ -416,6 +416,28 @@ def test_a_model_folder_one_node_cannot_see_fails_the_preflight_naming_that_node
     assert no_ray_left() == []
 
 
+def test_an_image_file_pinned_by_its_sha256_is_checked_on_every_node(slurm: None, tmp_path: Path) -> None:
+    """An apptainer .sif pinned as FILE@sha256:... runs FILE (not a path with the pin in it), and the job checks
+    the file's sha256 on every node before any container runs: n2's copy differs by one byte and fails the job,
+    naming n2. The path names each node's own file (${env:SLURMD_NODENAME}), as a node-local copy would be."""
+    import hashlib
+    write_fixtures(tmp_path)
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "n1.sif").write_bytes(b"verl image\n")
+    (tmp_path / "images" / "n2.sif").write_bytes(b"verl image!\n")
+    pin = hashlib.sha256(b"verl image\n").hexdigest()
+    image = f"{tmp_path}/images/${{env:SLURMD_NODENAME}}.sif"
+    script = build(tmp_path, container=f"{{runtime: apptainer, image: '{image}@sha256:{pin}', workdir: {tmp_path}}}")
+    assert f'images/"${{SLURMD_NODENAME}}".sif --' not in script.read_text()  # the pin is not part of the path
+    assert "@sha256" not in script.read_text().split("exec_prefix=(")[1].split("\n")[0]
+    job, output, state = sbatch(script, tmp_path, "containers", "--nodelist=n1,n2")
+    assert state == "FAILED", output
+    assert f"checking the sha256 of {tmp_path}/images/n1.sif on n1" in output, output
+    assert re.search(rf"ERROR: the image {tmp_path}/images/n2.sif on n2 has sha256 [0-9a-f]{{64}}, not the pinned "
+                     rf"{pin} ", output), output
+    assert "on n1 has sha256" not in output
+
+
 def test_worker_ray_failure_fails_fast_and_names_the_node(slurm: None, tmp_path: Path) -> None:
     write_fixtures(tmp_path)
     script = build(tmp_path, wait="300s", venv=fake_venv(tmp_path, ray_fails_on="n2"))

@@ -59,6 +59,8 @@ class SlurmView:
     venv: Word | None
     image_check: Line | None  # succeeds when the node has the image
     image_build: Line | None
+    image_file: Word | None  # an image file pinned by its sha256 (image_sha256), checked on every node
+    image_sha256: str | None
     container_run: tuple[Line, ...] | None  # runs the container in the foreground, removed when it stops
     container_remove: Line | None
     container_check: Line | None  # succeeds while the container exists
@@ -225,6 +227,8 @@ def slurm_view(ir: JobIR) -> SlurmView:
         venv=c.venv,
         image_check=image_check,
         image_build=image_build,
+        image_file=c.image if c.image_sha256 else None,
+        image_sha256=c.image_sha256,
         container_run=container_run,
         container_remove=container_remove,
         container_check=container_check,
