@@ -88,6 +88,13 @@ REJECTED = {
                                     "without '+'; to add it write '+gdpo_reward_keys'"),
     "string-for-a-float": ({"actor_rollout_ref": {"actor": {"entropy_coeff": "high"}}}, "0.9.1", {},
                            "expects a number, got high (verl 0.9.1: FSDPActorConfig.entropy_coeff is a number)"),
+    # no dataclass types these keys and Hydra passes any value on, but verl's trainer counts with the first
+    # (range(total_epochs)) and tests the second; #40 item 9
+    "string-for-an-int-default": ({"trainer": {"total_epochs": "five"}}, "0.9.1", {},
+                                  "trainer.total_epochs: expects a number, got five (verl 0.9.1: no dataclass types "
+                                  "this key; its default is 30): verl's trainer uses it as a number"),
+    "string-for-a-bool-default": ({"trainer": {"val_before_train": "false"}}, "0.9.1", {},
+                                  "every non-empty value reads as true, even 'false'"),
     "unknown-entry-field": ({"distillation": {"teacher_models": {"+t": {"model_pth": "/m"}}}}, "0.9.1", {},
                             "as DistillationTeacherModelConfig, which has no field 'model_pth' (did you mean 'model_path'?)"),
     "newer-key-on-an-old-release": ({"trainer": {"use_v1": True}}, "0.4.1", {},

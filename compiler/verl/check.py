@@ -332,6 +332,9 @@ def _value(s: Setting, chosen: Selection, spec_keys: frozenset[str], config: Con
         yield shape
         return
     problem = type_problem(place.kinds, value)
+    if problem and not _typed(s) and (misread := _misread(place.default, value)):
+        yield f"{problem} ({release.label}: {_declared(s)}): {misread}"
+        return
     if problem and not (_typed(s) and place.built) and place.kinds != ("section",):
         # No dataclass that verl builds types this key: verl reads the value as it comes. A note, not a verdict.
         why = (f"{place.owner.name} describes it as {' | '.join(describe(k) for k in place.kinds)}, but verl hands "
@@ -354,6 +357,16 @@ def _value(s: Setting, chosen: Selection, spec_keys: frozenset[str], config: Con
         yield (f"{NOTE}{release.label}'s workers take {', '.join(map(str, workers))} here, not "
                f"{shown(value)}{did_you_mean(str(value).lower(), [str(a) for a in workers])}: the run would fail once "
                f"they start")
+
+
+def _misread(default: Any, value: Any) -> str | None:
+    """Why verl's code cannot use `value` where no dataclass types the key but its default is a number or a
+    bool: Hydra passes the value on as it is, and verl's trainer then counts, compares or tests with it."""
+    if isinstance(value, str | list | dict) and isinstance(default, int | float) and not isinstance(default, bool):
+        return "verl's trainer uses it as a number, which fails (TypeError) once training starts"
+    if isinstance(value, str | list | dict) and isinstance(default, bool):
+        return "verl's trainer tests it as true or false, and every non-empty value reads as true, even 'false'"
+    return None
 
 
 def hydra_shape(place: Place, value: Any) -> str | None:
