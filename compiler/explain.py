@@ -38,15 +38,20 @@ class Origin:
     override: str  # the exact Hydra override the bundle passes ("" when none)
 
 
-def explain(key: str, version: str | None = None, spec_path: Path | None = None) -> str:
-    """The text `verlc explain` prints; SpecError for a bad spec, an unknown release or key."""
+def explain(key: str, version: str | None = None, spec_path: Path | None = None, profile: str | None = None) -> str:
+    """The text `verlc explain` prints; SpecError for a bad spec, an unknown release or key. `profile`: the site
+    profile composed under the spec, as `verlc build --profile` does."""
     key = ".".join(part.lstrip("+") for part in key.removeprefix("verl.").split("."))
     sourced = spec = None
     if spec_path is not None:
+        from . import profile as profiles
         from .pipeline import compile_spec, program_for, verl_release_for
 
-        compile_spec(spec_path, display=str(spec_path), source=str(spec_path))  # a spec verlc would build
+        # a spec verlc would build
+        compile_spec(spec_path, display=str(spec_path), source=str(spec_path), profile=profile)
         sourced = load(spec_path, str(spec_path))
+        if profile is not None:
+            sourced = profiles.under(sourced, spec_path, profile)[0]
         spec = validate(sourced)
         # the config the spec's program composes, over its release or commit
         spec, program, _ = program_for(spec, sourced, verl_release_for(spec, sourced, "snapshot", spec_path),

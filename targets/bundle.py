@@ -25,14 +25,15 @@ class File:
 
 @dataclass(frozen=True)
 class Bundle:
-    name: str  # the spec's name: out/<name>/<target>/
+    name: str  # the spec's name: out/<name>/<target>/, or out/<name>@<profile>/<target>/ with a site profile
     target: str
     files: tuple[File, ...]
     run_time: tuple[str, ...] = ()  # top-level entries runs write into the folder: kept across rebuilds
+    profile: str | None = None
 
     @property
     def folder(self) -> str:
-        return f"{self.name}/{self.target}"
+        return f"{self.name}{f'@{self.profile}' if self.profile else ''}/{self.target}"
 
 
 def header_lines(ir: JobIR) -> tuple[str, ...]:
@@ -84,7 +85,8 @@ def finish(ir: JobIR, target: str, files: Sequence[File], run_time: Sequence[str
         **({"run_time": sorted(run_time)} if run_time else {}),
     }
     text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-    return Bundle(ir.name, target, (*all_files, File(MANIFEST, text)), tuple(sorted(run_time)))
+    return Bundle(ir.name, target, (*all_files, File(MANIFEST, text)), tuple(sorted(run_time)),
+                  ir.profile[0] if ir.profile else None)
 
 
 class EditedError(Exception):

@@ -69,7 +69,7 @@ def test_a_profile_builds_what_the_same_settings_in_the_spec_build(repo: Path) -
         'slurm: {time: "12:00:00"}}', 'slurm: {time: "12:00:00", partition: gpu-a100, account: rl-lab, '
         'cpus_per_task: 64}}') + "env: {NCCL_IB_HCA: mlx5}\n")
     assert build(inline, "out").returncode == 0
-    composed, written = files(repo / "a" / "paper-grpo" / "slurm"), files(inline / "out" / "paper-grpo" / "slurm")
+    composed, written = files(repo / "a" / "paper-grpo@lab-a" / "slurm"), files(inline / "out" / "paper-grpo" / "slurm")
     sha = json.loads(composed["manifest.json"])["profile"]["sha256"]
     digests = [json.loads(m["manifest.json"])["spec_sha256"] for m in (written, composed)]
     for name in ("sbatch.sh", "spec.yaml", "verl-config.yaml"):  # the spec's own digest differs, nothing else
@@ -83,19 +83,26 @@ def test_a_profile_builds_what_the_same_settings_in_the_spec_build(repo: Path) -
         assert got[i] == want[i]
     assert "#SBATCH --time=12:00:00" in composed["sbatch.sh"] and "NCCL_IB_HCA" in composed["sbatch.sh"]
 
-    b = build(repo, "b", "--profile", "lab-b")
+    b = build(repo, "a", "--profile", "lab-b")  # beside lab-a's bundle, not over it (#40 item 11)
     assert b.returncode == 0 and not b.stderr, b.stderr
-    other = files(repo / "b" / "paper-grpo" / "slurm")
+    assert files(repo / "a" / "paper-grpo@lab-a" / "slurm") == composed
+    other = files(repo / "a" / "paper-grpo@lab-b" / "slurm")
     assert other["verl-config.yaml"].splitlines()[3:] == composed["verl-config.yaml"].splitlines()[3:]
     manifests = [json.loads(m["manifest.json"]) for m in (composed, other)]
     assert manifests[0]["spec_sha256"] == manifests[1]["spec_sha256"]  # one experiment
     assert [m["profile"]["name"] for m in manifests] == ["lab-a", "lab-b"]
     assert "#SBATCH --partition=h100" in other["sbatch.sh"] and "apptainer exec --nv" in other["sbatch.sh"]
-    # `verlc check` with the profile the bundles were built with; without it they are not what the spec makes
-    checked = run_verlc("check", "specs/paper.yaml", "--out", "b", "--profile", "lab-b", cwd=repo)
+    # `verlc check` rebuilds each bundle with the profile it was built with (its manifest says which)
+    checked = run_verlc("check", "specs/paper.yaml", "--out", "a", cwd=repo)
     assert checked.returncode == 0, checked.stderr
-    stale = run_verlc("check", "specs/paper.yaml", "--out", "b", "--profile", "lab-a", cwd=repo)
-    assert stale.returncode == 1 and "--out b --profile lab-a" in stale.stderr, stale.stderr
+    profiles_file = repo / "verlc-profiles.yaml"
+    profiles_file.write_text(profiles_file.read_text().replace('"h100"', '"h200"'))
+    stale = run_verlc("check", "specs/paper.yaml", "--out", "a", cwd=repo)
+    assert stale.returncode == 1 and "\npaper-grpo@lab-b/slurm/sbatch.sh: " in stale.stderr, stale.stderr
+    assert "\npaper-grpo@lab-a" not in stale.stderr and "--out a --profile lab-b" in stale.stderr, stale.stderr
+    # explain composes the profile too: a spec that needs the profile's settings to build
+    explained = run_verlc("explain", "trainer.total_epochs", "specs/paper.yaml", "--profile", "lab-a", cwd=repo)
+    assert explained.returncode == 0 and "in specs/paper.yaml: " in explained.stdout, explained.stderr
     # a profile of the user's own, under $XDG_CONFIG_HOME, where the repository has none by that name
     config = repo / "home-config"
     (config / "verlc").mkdir(parents=True)
@@ -103,7 +110,8 @@ def test_a_profile_builds_what_the_same_settings_in_the_spec_build(repo: Path) -
         "profiles:\n  laptop: {cluster: {slurm: {cpus_per_task: 8}}}\n")
     mine = build(repo, "c", "--profile", "laptop", env={"XDG_CONFIG_HOME": str(config)})
     assert mine.returncode == 0, mine.stderr
-    assert "$XDG_CONFIG_HOME/verlc/verlc-profiles.yaml" in (repo / "c" / "paper-grpo" / "slurm" / "sbatch.sh").read_text()
+    assert "$XDG_CONFIG_HOME/verlc/verlc-profiles.yaml" in (repo / "c" / "paper-grpo@laptop" / "slurm" / "sbatch.sh"
+                                                            ).read_text()
 
 
 @pytest.mark.parametrize("text, expected", [

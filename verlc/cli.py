@@ -56,12 +56,13 @@ def _parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="fail when out/ is not what the specs generate",
                            description="Rebuild in memory and compare with out/: exit 1 with a diff and the "
-                                       "command that fixes it when a bundle is stale or was edited by hand.")
+                                       "command that fixes it when a bundle is stale or was edited by hand. "
+                                       "Bundles built with a site profile (out/<name>@<profile>/) are rebuilt "
+                                       "with that profile.")
     check.add_argument("specs", nargs="*", type=Path, metavar="SPEC|DIR", default=[Path("specs")],
                        help="spec files or folders of them (default: specs/)")
     check.add_argument("--out", type=Path, default=Path("out"), help="output folder (default: out)")
     check.add_argument("--diff", action="store_true", help="print each out-of-date file's unified diff")
-    check.add_argument("--profile", metavar="NAME", help="the site profile the bundles were built with")
 
     diff = sub.add_parser("diff", help="what differs between two runs (specs, bundle folders or run records)",
                           description="A semantic diff of two specs, or two bundles (their spec.yaml), grouped "
@@ -163,6 +164,7 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("spec", nargs="?", type=Path, metavar="SPEC")
     explain.add_argument("--verl-version", metavar="VERSION", help="the release to describe (default: the "
                                                                    "spec's verl_version, else 0.9.1)")
+    explain.add_argument("--profile", metavar="NAME", help=PROFILE_HELP)
 
     importing = sub.add_parser(
         "import", help="turn an existing verl launch script into a spec",
@@ -207,7 +209,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
                                              a.strict, a.profile),
     "validate": lambda a: _group("build").validate(a.specs, a.target, a.verl_config, a.max_variants, a.strict,
                                                    a.profile),
-    "check": lambda a: _group("build").check(a.specs, a.out, a.diff, a.profile),
+    "check": lambda a: _group("build").check(a.specs, a.out, a.diff),
     "diff": lambda a: _group("build").diff(a.a, a.b, a.format == "markdown"),
     "submit": lambda a: _group("runs").submit(a.spec, a.target, a.out, a.wait, a.follow, a.metric, a.on_end,
                                               a.profile, a.resume),
@@ -217,7 +219,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "attach": lambda a: _group("runs").attach(a.run, a.cmd),
     "runs": lambda a: _group("runs").table(a.runs, a.results, a.metric, a.format),
     "plot": lambda a: _group("runs").plot(a.runs, a.metric, a.output),
-    "explain": lambda a: _group("verl").explain(a.key, a.verl_version, a.spec),
+    "explain": lambda a: _group("verl").explain(a.key, a.verl_version, a.spec, a.profile),
     "migrate": lambda a: _group("verl").migrate(a.spec, a.to, a.write, a.write_bases, a.format == "markdown"),
     "import": lambda a: _group("verl").import_script(a.script, a.args, a.verl_version, a.verl_commit, a.output,
                                                      a.timeout, a.set, a.accelerator),

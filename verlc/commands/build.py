@@ -103,7 +103,23 @@ def build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_confi
     return 0
 
 
-def check(paths: Sequence[Path], out: Path, show_diff: bool, profile: str | None = None) -> int:
+def _built_with(out: Path) -> dict[str, set[str | None]]:
+    """Spec (as bundles name it) -> the site profiles its bundles in `out` were built with (None: without one),
+    from each bundle's manifest."""
+    found: dict[str, set[str | None]] = {}
+    for manifest in sorted(out.glob("*/*/manifest.json")):
+        try:
+            data = json.loads(manifest.read_text())
+        except (OSError, ValueError):
+            continue  # not a bundle verlc can read: `differences` names what is wrong with it
+        if isinstance(data, dict) and isinstance(data.get("spec"), str):
+            found.setdefault(data["spec"], set()).add((data.get("profile") or {}).get("name"))
+    return found
+
+
+def check(paths: Sequence[Path], out: Path, show_diff: bool) -> int:
+    """Each spec's bundles as built: with each site profile its bundles in `out` name (out/<name>@<profile>/),
+    and without one where it has bundles without one or none at all."""
     from ..targets import render
     from ..targets.bundle import differences
 
@@ -111,16 +127,28 @@ def check(paths: Sequence[Path], out: Path, show_diff: bool, profile: str | None
     if not specs:
         print(f"verlc: no specs in {' '.join(map(str, paths))}", file=sys.stderr)
         return EXIT_SPEC
-    result = compile_all(specs, ["all"], "snapshot", profile=profile)
-    if isinstance(result, int):
-        return result
-    if _name_clash(result):
-        return EXIT_SPEC
-    problems = []
-    for ir in result:
-        for name in ir.targets:
-            bundle = render(name, ir)
-            problems += differences(bundle, out / bundle.folder)
+    built = _built_with(out)
+    by_profile: dict[str | None, list[Path]] = {}
+    for spec in specs:
+        for profile in sorted(built.get(_source_name(spec)) or {None}, key=lambda p: p or ""):
+            by_profile.setdefault(profile, []).append(spec)
+    problems, fixes = [], []
+    for profile, group in by_profile.items():
+        result = compile_all(group, ["all"], "snapshot", profile=profile)
+        if isinstance(result, int):
+            return result
+        if _name_clash(result):
+            return EXIT_SPEC
+        stale = []
+        for ir in result:
+            for name in ir.targets:
+                bundle = render(name, ir)
+                stale += differences(bundle, out / bundle.folder)
+        if stale:
+            problems += stale
+            fixes.append(f"verlc build {' '.join(map(str, group))} --target all --out {out}"
+                         + (f" --profile {profile}" if profile else "")
+                         + (" --force" if any(": edited by hand" in s for s, _ in stale) else ""))
     if problems:
         for summary, _ in problems:
             print(summary, file=sys.stderr)
@@ -129,8 +157,7 @@ def check(paths: Sequence[Path], out: Path, show_diff: bool, profile: str | None
                 print(diff_text, file=sys.stderr)
         print(f"verlc: {len(problems)} generated file(s) out of date"
               + ("" if show_diff else " (`verlc check --diff` shows the changes)") + "; fix with: "
-              f"verlc build {' '.join(map(str, specs))} --target all --out {out}"
-              + (f" --profile {profile}" if profile else "") + (" --force" if any(": edited by hand" in s for s, _ in problems) else ""), file=sys.stderr)
+              + "; ".join(fixes), file=sys.stderr)
         return 1
     print(f"{out}/ is up to date with {len(specs)} spec(s)")
     return 0

@@ -14,15 +14,18 @@ from .build import EXIT_SPEC, compile_all
 EXIT_FAILED = 1  # migrate: decisions are left; stage-in: a step failed
 
 
-def explain(key: str, version: str | None, spec: Path | None) -> int:
+def explain(key: str, version: str | None, spec: Path | None, profile: str | None = None) -> int:
     from ..compiler.diagnostics import SpecError
     from ..compiler.explain import explain
 
     if spec is not None and version is not None:
         print("verlc: give SPEC or --verl-version, not both: a spec names its release", file=sys.stderr)
         return EXIT_SPEC
+    if profile is not None and spec is None:
+        print("verlc: --profile composes a site profile under SPEC; give SPEC", file=sys.stderr)
+        return EXIT_SPEC
     try:
-        sys.stdout.write(explain(key, version, spec))
+        sys.stdout.write(explain(key, version, spec, profile))
     except SpecError as exc:
         for d in exc.diagnostics:
             print(d if d.file != "<command line>" else f"verlc: {d.message}", file=sys.stderr)
