@@ -507,6 +507,47 @@ def test_a_training_run_without_new_steps_is_ended_by_the_stall_timeout(slurm: N
     assert "cleaning up (exit code 124)" in output and no_ray_left(60) == []  # the runtime's watchdog: 124
 
 
+def test_requeues_are_capped_and_a_time_limit_reached_without_a_new_checkpoint_is_not_trained_again(
+        slurm: None, tmp_path: Path) -> None:
+    """#40 item 14. `limit`: its trainer steps but never saves; once it runs, its time limit is moved (scontrol
+    update, as an operator would) to 3 minutes away, inside requeue_grace, and USR1 comes as Slurm sends it
+    there: the job requeues, and the next attempt refuses to train, since it would repeat the same steps.
+    `cap`: max_requeues 0, USR1 far from its limit (a preemption ahead): not requeued."""
+    scripts = {}
+    for name, grace, slurm_extra in (("limit", "240s", ", time: '00:30:00'"), ("cap", "60s", ", max_requeues: 0")):
+        root = tmp_path / name
+        root.mkdir()
+        write_fixtures(root)
+        scripts[name] = build(root, venv=fake_venv(root), grace=grace, slurm=slurm_extra)
+    jobs = {name: submit(script, tmp_path / name, "train", {"FAKE_STEPS": "900"}) for name, script in scripts.items()}
+    logs = {name: tmp_path / name / f"slurm-{job}.out" for name, job in jobs.items()}
+    for name, job in jobs.items():
+        wait_for(lambda: "step:3 " in (logs[name].read_text() if logs[name].exists() else ""), 300, f"{name} to step")
+    shown = subprocess.run(["scontrol", "show", "job", jobs["limit"]], capture_output=True, text=True).stdout
+    h, m, sec = (int(x) for x in re.search(r"RunTime=(\d+):(\d+):(\d+)", shown).groups())
+    subprocess.run(["scontrol", "update", f"JobId={jobs['limit']}", f"TimeLimit={h * 60 + m + 4}"], check=True)
+    for job in jobs.values():  # what Slurm does at requeue_grace before the limit (--signal=B:USR1@...)
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
+    # the limit back where it was once the attempt ends, or Slurm would signal the next attempt at once
+    wait_for(lambda: f"requeueing job {jobs['limit']}" in logs["limit"].read_text(), 120, "the requeue")
+    subprocess.run(["scontrol", "update", f"JobId={jobs['limit']}", "TimeLimit=30"], check=True)
+    wait_for(lambda: "not training" in logs["limit"].read_text(), 300, "the requeued attempt")
+    limit_state, cap_state = (job_state(j) for j in (wait_ended(jobs["limit"]), wait_ended(jobs["cap"])))
+    limit, cap = logs["limit"].read_text(), logs["cap"].read_text()
+    assert f"requeueing job {jobs['limit']}" in limit and "SLURM_RESTART_COUNT=1" in limit, limit
+    assert ("ERROR: the last attempt of this job ran to its time limit and saved no new checkpoint (the latest is "
+            "none at all, as when it began)") in limit, limit
+    assert limit.count("TRAINER restart=") == 1 and limit_state == "FAILED", limit
+    assert "not requeued: this job was requeued 0 time(s) already (cluster.slurm.max_requeues: 0)" in cap, cap
+    assert "requeueing job" not in cap and "SLURM_RESTART_COUNT=1" not in cap and cap_state == "FAILED", cap
+    assert no_ray_left(60) == []
+
+
+def wait_ended(job: str) -> str:
+    wait_for(lambda: job_state(job, settle=False) in FINAL, 300, f"job {job} to end")
+    return job
+
+
 @pytest.mark.parametrize(("option", "message"), [
     ("--nodes=1", "allocation has 1 nodes (n1), the spec asks for 2"),
     ("--gpus-per-node=4", "Slurm gives 4 GPUs per node, the spec asks for 8"),

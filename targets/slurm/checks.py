@@ -31,6 +31,16 @@ def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
         yield sourced.diagnostic(("container", "workdir"), (
             f"{NOTE}the job runs in {c.workdir} inside the container: that folder must hold the run's code "
             f"(mount it there from storage every node sees); the preflight checks the files it names"))
+    slurm, trainer = spec.cluster.slurm, spec.verl.get("trainer")
+    given = isinstance(trainer, dict) and "save_freq" in trainer
+    save_freq = trainer["save_freq"] if given else -1  # verl's default in every release: never
+    default = "" if given else " (verl's default)"
+    if (slurm is not None and slurm.time is not None and slurm.requeue_grace is not None
+            and spec.program == "verl.trainer.main_ppo" and isinstance(save_freq, int) and save_freq <= 0):
+        yield sourced.diagnostic(("cluster", "slurm", "time"), (
+            f"{NOTE}trainer.save_freq is {save_freq}{default}: verl saves no "
+            f"checkpoint, so a job requeued at the time limit (or after a preemption or a lost node) starts "
+            f"training over, and one that reaches the limit again is not requeued; set trainer.save_freq"))
     for folder in log_dirs(spec):
         if "%" not in folder and not os.path.isdir(folder):  # relative to where sbatch is run
             field = "output" if spec.cluster.slurm and folder == os.path.dirname(spec.cluster.slurm.output) \

@@ -15,6 +15,8 @@ class SlurmIR:
     log_dirs: tuple[str, ...]  # folders of --output/--error: Slurm opens the files before the script runs
     modules: tuple[str, ...]
     requeue: bool  # on USR1: clean up, then `scontrol requeue`
+    requeue_grace: int  # seconds before the time limit that USR1 comes
+    max_requeues: int
 
 
 def log_dirs(spec: Spec) -> tuple[str, ...]:
@@ -70,4 +72,6 @@ def lower(spec: Spec, ir: JobIR) -> SlurmIR:
         log_dirs=log_dirs(spec),
         modules=s.modules,
         requeue=s.requeue_grace is not None,
+        requeue_grace=s.requeue_grace or 0,
+        max_requeues=s.max_requeues,
     )

@@ -41,3 +41,7 @@ class Slurm(Model):
         300, description="Ask Slurm for USR1 this long before preemption or the time limit; the job then "
                          "stops cleanly and requeues itself, and verl resumes from its checkpoints; so does a job "
                          "that lost a node. null: never requeued (--no-requeue), also not by Slurm on a node failure.")
+    max_requeues: Int = Field(3, ge=0, description="How often the job may be requeued (time limit, preemption, a "
+                                                   "lost node) before it fails instead; a requeue after a time "
+                                                   "limit that the last attempt reached without saving a new "
+                                                   "checkpoint is refused, since it would repeat the same steps.")

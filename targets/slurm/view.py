@@ -43,6 +43,8 @@ class SlurmView:
     directives: tuple[str, ...]
     log_dirs: tuple[str, ...]
     requeue: bool
+    requeue_grace: int
+    max_requeues: int
     modules: tuple[str, ...]
     env: tuple[EnvVar, ...]
     secrets: tuple[str, ...]
@@ -211,6 +213,8 @@ def slurm_view(ir: JobIR) -> SlurmView:
         log_dirs=slurm.log_dirs,
         directives=(*(f"--{k}={v}" if v else f"--{k}" for k, v in slurm.directives), *array, "--export=ALL"),
         requeue=slurm.requeue,
+        requeue_grace=slurm.requeue_grace,
+        max_requeues=slurm.max_requeues,
         modules=slurm.modules,
         env=env,
         secrets=ir.secrets,

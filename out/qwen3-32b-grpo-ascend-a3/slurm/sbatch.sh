@@ -313,7 +313,10 @@ cleanup() {
     timeout 120 "${step[@]}" \
       || log "no step could look for leftover containers (after scancel, each container's own step removed it)"
   fi
-  if ((requeue)); then
+  if ((requeue && ${SLURM_RESTART_COUNT:-0} >= max_requeues)); then
+    log "not requeued: this job was requeued ${SLURM_RESTART_COUNT:-0} time(s) already" \
+      "(cluster.slurm.max_requeues: $max_requeues)"
+  elif ((requeue)); then
     log "requeueing job $this_job"
     scontrol requeue "$this_job" || log "scontrol requeue failed"
   fi
@@ -322,6 +325,35 @@ cleanup() {
 }
 nodes=()
 requeue=0  # set by the USR1 trap below, and where a node was lost
+readonly requeue_grace=300 max_requeues=3
+
+# seconds_left: the seconds until this job's time limit, as Slurm has it now (`scontrol update` may have moved
+# it); a large number where it has none
+seconds_left() {
+  local left
+  left=$(squeue --noheader --jobs="$SLURM_JOB_ID" --format=%L 2>/dev/null | head -n 1)
+  if [[ $left =~ ^([0-9]+)-([0-9]+):([0-9]+):([0-9]+)$ ]]; then
+    echo $(((10#${BASH_REMATCH[1]} * 24 + 10#${BASH_REMATCH[2]}) * 3600 + 10#${BASH_REMATCH[3]} * 60 + 10#${BASH_REMATCH[4]}))
+  elif [[ $left =~ ^([0-9]+):([0-9]+):([0-9]+)$ ]]; then
+    echo $((10#${BASH_REMATCH[1]} * 3600 + 10#${BASH_REMATCH[2]} * 60 + 10#${BASH_REMATCH[3]}))
+  elif [[ $left =~ ^([0-9]+):([0-9]+)$ ]]; then
+    echo $((10#${BASH_REMATCH[1]} * 60 + 10#${BASH_REMATCH[2]}))
+  else
+    echo 999999999
+  fi
+}
+
+# on_usr1: Slurm's USR1 (--signal) comes requeue_grace before the time limit, or ahead of a preemption: stop
+# cleanly and requeue. At the time limit, the run folder says so to the next attempt, whose runtime refuses to
+# train again where this attempt saved no new checkpoint (it would repeat the same steps, requeue after requeue).
+on_usr1() {
+  log "USR1: preemption or time limit ahead; stopping and requeueing"
+  requeue=1
+  if (($(seconds_left) <= requeue_grace + 60)); then
+    printf '%s\n' "${SLURM_RESTART_COUNT:-0}" >"$run_dir/time-limit-reached"
+  fi
+  exit 143
+}
 
 # await_node_failure: a node of the job was lost. Slurm ends a job on a node's failure and requeues it itself
 # once it has seen the node stop answering (SlurmdTimeout); the next attempt then does not get that node. Wait
@@ -347,7 +379,7 @@ trap 'exit 143' TERM
 trap 'exit 130' INT
 # Slurm sends USR1 before preemption or the time limit (--signal): stop cleanly, then requeue;
 # the restarted job resumes from the run's checkpoints (trainer.resume_mode=auto).
-trap 'log "USR1: preemption or time limit ahead; stopping and requeueing"; requeue=1; exit 143' USR1
+trap on_usr1 USR1
 
 main() {
   # ---- allocation: one Ray node per Slurm node (verl #548: one array element per host) -------------
@@ -361,6 +393,10 @@ main() {
   fi
   readonly head_node=${nodes[0]}
   log "job $SLURM_JOB_ID on ${nodes[*]}; head $head_node; SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}"
+  if ((${SLURM_RESTART_COUNT:-0} > max_requeues)); then  # Slurm requeues a job itself on a node's failure
+    requeue=0
+    die "this job was requeued ${SLURM_RESTART_COUNT} times, more than cluster.slurm.max_requeues ($max_requeues)"
+  fi
   mkdir -p "$run_dir"
   runtime_source >"$run_dir/$runtime_file"  # verlc's runtime, below the banner at the end of this script
   # For `verlc attach`: where the job's commands run on the head node, NUL-separated: the node, the
@@ -443,7 +479,7 @@ main() {
     local runtime_env=(
       "RAY_ADDRESS=$head_ip:$ray_port" "SLURM_SUBMIT_DIR=$SLURM_SUBMIT_DIR" "SLURM_JOB_ID=$SLURM_JOB_ID"
       "VERLC_STOP_AFTER=$stop_after" "VERLC_PAUSE_AT=${VERLC_PAUSE_AT:-}" "VERLC_ACCEPT_CHANGES=${VERLC_ACCEPT_CHANGES:-}"
-      "VERLC_NODE_NAMES=${nodes[*]}"
+      "VERLC_NODE_NAMES=${nodes[*]}" "SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}"
     )
     log "the job's log: $run_dir/job.log"
     step_for "$head_node" env "${runtime_env[@]}" python3 - job --begun ray --json "$(job_description)"
@@ -565,7 +601,7 @@ VERLC_JOB
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/runtime.py of verlc 0.1.0, sha256 b154287db2339dd406152b3092b95db60b96348c062cdc1c647bd0f135f038ed:
+# targets/runtime.py of verlc 0.1.0, sha256 48ad5548153d1f1d1dfac1951a2ba807938e6aae5373c014c1ec469b20486c34:
 # the file every verlc bundle runs on the cluster (the others ship it as verlc_job/__init__.py,
 # after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -1515,6 +1551,46 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
 STEP_LINE = re.compile(r"(?:^|[\s)])step:(\d+)((?: - [^\s:]+:\S+)*)\s*$")
 
 
+def saved_step(checkpoint_dir: str) -> int | None:
+    """The step of verl's latest checkpoint in the folder (its latest_checkpointed_iteration.txt), or None."""
+    try:
+        with open(os.path.join(checkpoint_dir, "latest_checkpointed_iteration.txt"), encoding="utf-8") as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def repeats_last_attempt(checkpoint_dir: str, run_folder: str) -> str | None:
+    """Why this attempt of a requeued job must not train, or None. Each attempt notes in the run folder the step
+    of the latest checkpoint when its training began (train-start.json); the Slurm script notes an attempt
+    stopped at the time limit (time-limit-reached). If the last attempt reached the limit and saved no newer
+    checkpoint, this one would repeat the same steps and reach the limit again, requeue after requeue."""
+    attempt = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    starts_file = os.path.join(run_folder, "train-start.json")
+    try:
+        with open(starts_file, encoding="utf-8") as fh:
+            starts = json.load(fh)
+    except (OSError, ValueError):
+        starts = {}
+    try:
+        with open(os.path.join(run_folder, "time-limit-reached"), encoding="utf-8") as fh:
+            at_limit = int(fh.read().strip())
+    except (OSError, ValueError):
+        at_limit = None
+    now = saved_step(checkpoint_dir)
+    last = str(attempt - 1)
+    if attempt and at_limit == attempt - 1 and last in starts and starts[last] == now:
+        since = f"step {now}" if now is not None else "none at all"
+        return (f"the last attempt of this job ran to its time limit and saved no new checkpoint (the latest is "
+                f"{since}, as when it began): training again would repeat the same steps and be stopped at the "
+                f"limit again; not training. Raise cluster.slurm.time or lower trainer.save_freq")
+    starts[str(attempt)] = now
+    with open(starts_file + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(starts, fh)
+    os.replace(starts_file + ".tmp", starts_file)
+    return None
+
+
 def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | None = None) -> int:
     """Run verl's trainer. With a stall timeout, end it when its output shows no new step for that long (124);
     with a Ray address, end it when Ray declares one of its nodes dead (NODE_LOST): verl would otherwise wait
@@ -1659,6 +1735,11 @@ def job(spec: dict, begun: str | None = None) -> int:
                 device=spec["device"], startup=spec.get("startup"),
                 paths={"model": spec["model"], "checkpoint_dir": spec["checkpoint_dir"], "data": spec["data_files"]})
         else:
+            repeated = repeats_last_attempt(expand(spec["checkpoint_dir"]), os.path.dirname(expand(spec["record"]))) \
+                if spec.get("record") else None
+            if repeated:
+                say(f"ERROR: {repeated}")
+                return 1
             say("training: " + " ".join(spec["train"]))
             rc = train(spec["train"], {**os.environ, "RAY_ADDRESS": address}, spec.get("stall_timeout"), address)
             say(f"training exited with code {rc}")

@@ -944,6 +944,46 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
 STEP_LINE = re.compile(r"(?:^|[\s)])step:(\d+)((?: - [^\s:]+:\S+)*)\s*$")
 
 
+def saved_step(checkpoint_dir: str) -> int | None:
+    """The step of verl's latest checkpoint in the folder (its latest_checkpointed_iteration.txt), or None."""
+    try:
+        with open(os.path.join(checkpoint_dir, "latest_checkpointed_iteration.txt"), encoding="utf-8") as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def repeats_last_attempt(checkpoint_dir: str, run_folder: str) -> str | None:
+    """Why this attempt of a requeued job must not train, or None. Each attempt notes in the run folder the step
+    of the latest checkpoint when its training began (train-start.json); the Slurm script notes an attempt
+    stopped at the time limit (time-limit-reached). If the last attempt reached the limit and saved no newer
+    checkpoint, this one would repeat the same steps and reach the limit again, requeue after requeue."""
+    attempt = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    starts_file = os.path.join(run_folder, "train-start.json")
+    try:
+        with open(starts_file, encoding="utf-8") as fh:
+            starts = json.load(fh)
+    except (OSError, ValueError):
+        starts = {}
+    try:
+        with open(os.path.join(run_folder, "time-limit-reached"), encoding="utf-8") as fh:
+            at_limit = int(fh.read().strip())
+    except (OSError, ValueError):
+        at_limit = None
+    now = saved_step(checkpoint_dir)
+    last = str(attempt - 1)
+    if attempt and at_limit == attempt - 1 and last in starts and starts[last] == now:
+        since = f"step {now}" if now is not None else "none at all"
+        return (f"the last attempt of this job ran to its time limit and saved no new checkpoint (the latest is "
+                f"{since}, as when it began): training again would repeat the same steps and be stopped at the "
+                f"limit again; not training. Raise cluster.slurm.time or lower trainer.save_freq")
+    starts[str(attempt)] = now
+    with open(starts_file + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(starts, fh)
+    os.replace(starts_file + ".tmp", starts_file)
+    return None
+
+
 def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | None = None) -> int:
     """Run verl's trainer. With a stall timeout, end it when its output shows no new step for that long (124);
     with a Ray address, end it when Ray declares one of its nodes dead (NODE_LOST): verl would otherwise wait
@@ -1088,6 +1128,11 @@ def job(spec: dict, begun: str | None = None) -> int:
                 device=spec["device"], startup=spec.get("startup"),
                 paths={"model": spec["model"], "checkpoint_dir": spec["checkpoint_dir"], "data": spec["data_files"]})
         else:
+            repeated = repeats_last_attempt(expand(spec["checkpoint_dir"]), os.path.dirname(expand(spec["record"]))) \
+                if spec.get("record") else None
+            if repeated:
+                say(f"ERROR: {repeated}")
+                return 1
             say("training: " + " ".join(spec["train"]))
             rc = train(spec["train"], {**os.environ, "RAY_ADDRESS": address}, spec.get("stall_timeout"), address)
             say(f"training exited with code {rc}")
