@@ -132,6 +132,10 @@ stop_service() {
 }
 
 mkdir -p "$state"
+# One at a time: dev/test.sh runs the Slurm tests and the other machine tests side by side, and both may
+# build the image or write the configuration at once.
+exec 9>"$state/.lock"
+flock 9
 case ${1:-} in
   image) install; write_config; export_env; build_image ;;
   start) write_config; export_env; start_service ;;

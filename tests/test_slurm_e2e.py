@@ -251,8 +251,19 @@ def wait_for(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
 
 
 def ray_processes() -> list[str]:
-    ps = subprocess.run(["pgrep", "-af", "raylet|gcs_server"], capture_output=True, text=True).stdout
-    return [line for line in ps.splitlines() if "pgrep" not in line]
+    """Ray's processes on the test cluster's nodes (their network namespaces, where every job step runs): a
+    Ray of the other machine tests, on the host, is not the cluster's."""
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    found = []
+    for ns in (n for n in namespaces if re.fullmatch(r"verlc-n\d+", n)):
+        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+            try:
+                line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue  # it ended
+            if re.search(r"raylet|gcs_server", line):
+                found.append(f"{ns} {pid} {line.strip()}")
+    return found
 
 
 def no_ray_left(deadline: float = 30) -> list[str]:
