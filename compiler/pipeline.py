@@ -113,7 +113,8 @@ def program_for(spec: Spec, sourced: Sourced, release: Release, spec_path: Path
         spec = spec.model_copy(update={"verl_version": release.version})
     code = code_folder(spec, spec_path)
     if spec.code is not None and (code is None or not code.is_dir()):
-        raise SpecError([sourced.diagnostic(("code",), f"no folder {code}")])
+        raise SpecError([sourced.diagnostic(("code",), f"no folder {code}: the run's code must be checked out "
+                                                       f"there first (the spec's comments may say how)")])
     try:
         program = resolve(spec.program, spec.hydra.config_name, release, code=code, verl_source=None,
                           config_dir=spec.hydra.config_dir)

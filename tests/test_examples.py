@@ -149,3 +149,27 @@ def test_derived_ray_ports_stay_below_the_ephemeral_range() -> None:
                                              check=True).stdout.split()]
     ports = values + [v + o for v in values[::2] for o in offsets]
     assert offsets and min(ports) >= 20000 and max(ports) <= 32767, (min(ports), max(ports))
+
+
+def test_each_recipe_example_says_how_to_get_its_code(tmp_path: Path) -> None:
+    """#40 item 17: a user's clone has no ../shared; each recipe example's comments give the git commands that
+    make its `code:` folder at its verl commit, and a build without the folder says the code must be checked
+    out there, pointing at those comments."""
+    import yaml
+
+    recipes = sorted((REPO / "specs" / "recipes").glob("*.yaml"))
+    assert recipes
+    for path in recipes:
+        text = path.read_text()
+        spec = yaml.safe_load(text)
+        folder = os.path.relpath((path.parent / spec["code"]).resolve(), REPO)
+        comments = "\n".join(line for line in text.splitlines() if line.startswith("#"))
+        assert f"git clone https://github.com/verl-project/verl {folder}\n" in comments, path.name
+        assert f"git -C {folder} checkout {spec['verl_commit']}\n" in comments, path.name
+        assert f"git clone https://github.com/verl-project/verl-recipe {folder}/recipe\n" in comments, path.name
+    moved = tmp_path / "specs" / "recipes"
+    moved.mkdir(parents=True)
+    (moved / recipes[0].name).write_text(recipes[0].read_text())
+    result = run_verlc("build", moved / recipes[0].name, "--target", "slurm", "--out", tmp_path / "out")
+    assert result.returncode == 2 and "code: no folder " in result.stderr, result.stderr
+    assert "the run's code must be checked out there first (the spec's comments may say how)" in result.stderr
