@@ -13,6 +13,12 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 Int = Annotated[int, Strict()]
 Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict()]
+Number = Annotated[float, BeforeValidator(lambda v: v if isinstance(v, (int, float)) and not isinstance(v, bool)
+                                          else _not_a_number(v))]
+
+
+def _not_a_number(value: Any) -> Any:
+    raise ValueError(f"{str(value)[:80]!r} is not a number")
 
 
 def matching(pattern: str, what: str) -> AfterValidator:

@@ -17,7 +17,7 @@ from ..targets.kuberay.section import Kubernetes
 from ..targets.skypilot.section import Skypilot
 from ..targets.slurm.section import Slurm
 from .fields import (
-    Bool, Directive, EnvName, EnvValue, Int, Model, Name, Package, Seconds, Size, Str, Text, Version, matching,
+    Bool, Directive, EnvName, EnvValue, Int, Model, Name, Number, Package, Seconds, Size, Str, Text, Version, matching,
 )
 
 # --- model -----------------------------------------------------------------------------------------
@@ -82,6 +82,8 @@ class Cluster(Model):
                           "(kubernetes.gpu_label) when it is a product name as node labels have it "
                           "(NVIDIA-H100-80GB-HBM3); else kuberay needs kubernetes.node_selector.")
     slurm: Slurm | None = Field(None, description="sbatch directives; the slurm target needs them.")
+    gpu_hour_price: Number | None = Field(None, ge=0, description="What one GPU-hour costs here (in any "
+                                                                  "currency): `verlc plan` shows each run's cost.")
 
 
 # --- container -------------------------------------------------------------------------------------

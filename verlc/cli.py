@@ -64,6 +64,14 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--out", type=Path, default=Path("out"), help="output folder (default: out)")
     check.add_argument("--diff", action="store_true", help="print each out-of-date file's unified diff")
 
+    plan = sub.add_parser("plan", help="the resolved allocation of a run before it is submitted",
+                          description="GPUs per role, the rollout's replicas and their TP/DP/PP, each role's "
+                                      "batch arithmetic per GPU, a sweep's variants, and GPU-hours per run and "
+                                      "per sweep from cluster.slurm.time (a cost with cluster.gpu_hour_price, "
+                                      "e.g. from a site profile).")
+    plan.add_argument("specs", nargs="+", type=Path, metavar="SPEC")
+    plan.add_argument("--profile", metavar="NAME", help=PROFILE_HELP)
+
     diff = sub.add_parser("diff", help="what differs between two runs (specs, bundle folders or run records)",
                           description="A semantic diff of two specs, or two bundles (their spec.yaml), grouped "
                                       "into verl settings, resources, container, environment and stages; or of "
@@ -210,6 +218,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "validate": lambda a: _group("build").validate(a.specs, a.target, a.verl_config, a.max_variants, a.strict,
                                                    a.profile),
     "check": lambda a: _group("build").check(a.specs, a.out, a.diff),
+    "plan": lambda a: _group("build").plan(a.specs, a.profile),
     "diff": lambda a: _group("build").diff(a.a, a.b, a.format == "markdown"),
     "submit": lambda a: _group("runs").submit(a.spec, a.target, a.out, a.wait, a.follow, a.metric, a.on_end,
                                               a.profile, a.resume),

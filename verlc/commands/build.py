@@ -66,6 +66,18 @@ def validate(specs: Sequence[Path], target: str | None, verl_config: str, max_va
     return 0
 
 
+def plan(specs: Sequence[Path], profile: str | None = None) -> int:
+    """The resolved allocation of each spec's run, after the checks `validate` runs (a spec with problems gets
+    its problems, not a plan)."""
+    from ..compiler.plan import plan as plan_of
+
+    result = compile_all(specs, [], "snapshot", profile=profile)
+    if isinstance(result, int):
+        return result
+    sys.stdout.write("\n".join(plan_of(ir) for ir in result))
+    return 0
+
+
 def _name_clash(irs: list) -> bool:
     """Two specs of one name would write (and compare) the same bundle folder: say so."""
     seen: dict[str, str] = {}

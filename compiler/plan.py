@@ -1,0 +1,150 @@
+"""`verlc plan SPEC`: the resolved allocation of a spec's run before it is submitted, from the compiled IR.
+
+GPUs per role, the rollout's replicas and their parallelism, each role's batch arithmetic per GPU, a sweep's
+variants, and GPU-hours (and a cost, where the cluster's gpu_hour_price is given) bounded by the Slurm time
+limit. Everything is read from the config verl will run with (the IR's verl_config, interpolations resolved
+as verl resolves them) and the normalized spec; nothing is guessed: where verlc cannot know, it says so.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ruamel.yaml import YAML
+
+from .derive import critic_in_use
+from .ir import JobIR
+from .verl.rules import Config
+
+ACTOR, ROLLOUT, REF, CRITIC = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref", "critic"
+
+
+def slurm_seconds(limit: str) -> int:
+    """A Slurm time limit (minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]]) in
+    seconds."""
+    days, _, rest = limit.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+        return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    if len(parts) == 3:
+        return (parts[0] * 60 + parts[1]) * 60 + parts[2]
+    return parts[0] * 60 + (parts[1] if len(parts) == 2 else 0)
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:g} h"
+
+
+def plan(ir: JobIR) -> str:
+    spec = YAML(typ="safe").load(ir.normalized_spec)
+    cfg = Config(YAML(typ="safe").load(ir.verl_config) or {}, {})
+    g = cfg.get
+    device = ir.device
+    total = ir.nodes * ir.gpus_per_node
+    kind = f" ({ir.gpu_type})" if ir.gpu_type else ""
+    out = [f"{ir.name}: {ir.nodes} node(s) x {ir.gpus_per_node} {device}s{kind} = {total} {device}s; "
+           f"verl {ir.verl_version}, {ir.trainer_module} ({ir.config_name})"]
+
+    trainer_gpus = (_count(g("trainer.nnodes")) or ir.nodes) * (_count(g("trainer.n_gpus_per_node")) or ir.gpus_per_node)
+    pool = (_count(g("rollout.nnodes")), _count(g("rollout.n_gpus_per_node")))
+    critic = critic_in_use(cfg.tree, cfg.tree)
+    trained = ["actor", *(["reference"] if g(f"{ACTOR}.use_kl_loss") or g("algorithm.use_kl_in_reward") else []),
+               *(["critic"] if critic else []), *(["reward model"] if g("reward_model.enable") else [])]
+    if pool[1]:
+        rollout_gpus = (pool[0] or 1) * pool[1]
+        out.append(f"  {device}s:     rollout on {rollout_gpus} of its own ({pool[0] or 1} x rollout.n_gpus_per_node "
+                   f"{pool[1]}); {', '.join(trained)} on the trainer's {trainer_gpus}")
+    else:
+        rollout_gpus = trainer_gpus
+        out.append(f"  {device}s:     {', '.join(['rollout', *trained])} share all {trainer_gpus} (verl's hybrid "
+                   f"engine: each role in turn)")
+
+    tp, dp, pp = (_count(g(f"{ROLLOUT}.{k}")) or 1 for k in ("tensor_model_parallel_size", "data_parallel_size",
+                                                             "pipeline_model_parallel_size"))
+    per_replica = tp * dp * pp
+    replicas = f"{rollout_gpus // per_replica} replica(s)" if rollout_gpus % per_replica == 0 else \
+        f"{rollout_gpus} {device}s do not divide into replicas"
+    out.append(f"  rollout:  {g(f'{ROLLOUT}.name')} ({g(f'{ROLLOUT}.mode') or 'sync'}), {replicas} of TP {tp} x DP "
+               f"{dp} x PP {pp} = {per_replica} {device}s each")
+
+    train, n = _count(g("data.train_batch_size")) or None, _count(g(f"{ROLLOUT}.n")) or 1
+    if train is not None:
+        out.append(f"  step:     data.train_batch_size {train} prompts x rollout.n {n} = {train * n} responses")
+    else:
+        out.append(f"  step:     data.train_batch_size is {g('data.train_batch_size')}: {ir.trainer_module} forms "
+                   f"its own batches")
+    out += _role("actor", ACTOR, g, train, n, trainer_gpus)
+    if critic:
+        out += _role("critic", CRITIC, g, train, n, trainer_gpus)
+    for role, section in (("rollout", ROLLOUT), ("ref", REF)):
+        micro = _count(g(f"{section}.log_prob_micro_batch_size_per_gpu"))
+        if micro is not None and (role == "rollout" or "reference" in trained):
+            out.append(f"  {role + ':':9} log-probs in micro batches of {micro} per {device}")
+
+    variants = len(ir.variants) or 1
+    if ir.variants:
+        out.append(f"  sweep:    {variants} variants (one Slurm array task each):")
+        out += [f"    {v.index}: " + ", ".join(f"{k}={val}" for k, val in v.settings) for v in ir.variants]
+    out += _cost(spec, total, variants, device)
+    return "\n".join(out) + "\n"
+
+
+def _role(name: str, section: str, g: Any, train: int | None, n: int, gpus: int) -> list[str]:
+    """A trained role's arithmetic: responses per update, per GPU, and gradient accumulation."""
+    mini, epochs = _count(g(f"{section}.ppo_mini_batch_size")), _count(g(f"{section}.ppo_epochs")) or 1
+    sp = _count(g(f"{section}.ulysses_sequence_parallel_size")) or 1
+    label = f"  {name + ':':9} "
+    if g(f"{section}.strategy") == "megatron":
+        tp, pp, cp = (_count(g(f"{section}.megatron.{k}_parallel_size")) or 1
+                      for k in ("tensor_model", "pipeline_model", "context"))
+        data_parallel = gpus // (tp * pp * cp) if gpus % (tp * pp * cp) == 0 else None
+        shown = f"Megatron TP {tp} x PP {pp} x CP {cp}, data parallel {data_parallel or 'not whole'}; "
+        ranks = data_parallel
+    else:
+        shown, ranks = (f"FSDP over {gpus} GPUs" + (f", Ulysses sequence parallel {sp}" if sp > 1 else "") + "; "), \
+            (gpus // sp if gpus % sp == 0 else None)
+    if mini is None:
+        return [label + shown + "mini batch not a whole number here (an interpolation verlc cannot resolve)"]
+    updates = (f"{math.ceil(train / mini)} update(s) per step" if train else "updates as the program forms them") \
+        + (f" x ppo_epochs {epochs}" if epochs > 1 else "")
+    line = label + shown + f"mini batch {mini} prompts x n {n} = {mini * n} responses, {updates}"
+    if g(f"{section}.use_dynamic_bsz"):
+        tokens = g(f"{section}.ppo_max_token_len_per_gpu")
+        return [line, f"{'':12}micro batches by tokens (use_dynamic_bsz: at most {tokens} tokens per GPU)"]
+    micro = _count(g(f"{section}.ppo_micro_batch_size_per_gpu"))
+    if ranks is None or micro is None or not micro:
+        return [line]
+    per_rank = mini * n / ranks
+    shown_rank = f"{per_rank:g}" if per_rank != int(per_rank) else str(int(per_rank))
+    accumulation = f"{per_rank / micro:g}" if per_rank % micro else str(int(per_rank // micro))
+    return [line, f"{'':12}{shown_rank} per data-parallel rank, micro batch {micro} per GPU: {accumulation} "
+                  f"gradient-accumulation step(s)"]
+
+
+def _cost(spec: dict, gpus: int, variants: int, device: str) -> list[str]:
+    cluster = spec.get("cluster") or {}
+    slurm = cluster.get("slurm") or {}
+    limit = slurm.get("time")
+    if not limit:
+        return [f"  time:     no time limit (cluster.slurm.time): {device}-hours unknown; verlc cannot know how long "
+                f"verl trains"]
+    seconds = slurm_seconds(str(limit))
+    hours = seconds / 3600 * gpus
+    lines = [f"  time:     at most {_hours(seconds)} per run (cluster.slurm.time {limit}) x {gpus} {device}s = "
+             f"{hours:g} {device}-hours" + (f"; the sweep {hours * variants:g}" if variants > 1 else "")]
+    requeues = slurm.get("max_requeues") if slurm.get("requeue_grace") is not None else 0
+    if requeues:
+        lines.append(f"{'':12}up to {hours * variants * (requeues + 1):g} where all {requeues} requeues "
+                     f"(cluster.slurm.max_requeues) run to the limit too")
+    price = cluster.get("gpu_hour_price")
+    if price is not None:
+        lines.append(f"{'':12}cost at {price:g} per {device}-hour: at most {price * hours * variants:,.2f}"
+                     + (f" ({price * hours:,.2f} per run)" if variants > 1 else ""))
+    return lines
+

@@ -1,0 +1,57 @@
+"""`verlc plan SPEC` (compiler/plan.py): the allocation verl will run with, before anything is queued (#40 item 19)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from conftest import run_verlc
+
+NODES, PER_NODE, TRAIN, N, MINI, MICRO, TP = 2, 8, 64, 4, 16, 2, 2
+SPEC = f"""\
+name: plan-grpo
+targets: [slurm]
+project: p
+verl_version: "0.9.1"
+model: /models/qwen
+data: {{train_files: [/d/train.parquet], val_files: [/d/test.parquet]}}
+verl:
+  algorithm: {{adv_estimator: grpo}}
+  data: {{train_batch_size: {TRAIN}}}
+  actor_rollout_ref:
+    actor: {{ppo_mini_batch_size: {MINI}, ppo_micro_batch_size_per_gpu: {MICRO}, use_kl_loss: true}}
+    rollout: {{name: vllm, n: {N}, tensor_model_parallel_size: {TP}, log_prob_micro_batch_size_per_gpu: 8}}
+    ref: {{log_prob_micro_batch_size_per_gpu: 8}}
+  trainer: {{logger: [console], save_freq: 10}}
+cluster: {{nodes: {NODES}, gpus_per_node: {PER_NODE}, slurm: {{cpus_per_task: 8, time: "10:00:00"}}}}
+container: {{runtime: none}}
+sweep: {{matrix: {{verl.actor_rollout_ref.actor.optim.lr: [1.0e-6, 2.0e-6]}}}}
+"""
+
+
+def test_the_plan_is_the_arithmetic_of_the_config_verl_runs_with(tmp_path: Path) -> None:
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    profiles = {"profiles": {"lab": {"cluster": {"gpu_hour_price": 2.5}}}}
+    (tmp_path / "verlc-profiles.yaml").write_text(json.dumps(profiles))
+    result = run_verlc("plan", "spec.yaml", "--profile", "lab", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    text, gpus = result.stdout, NODES * PER_NODE
+    assert f"{NODES} node(s) x {PER_NODE} GPUs = {gpus} GPUs; verl 0.9.1" in text
+    assert f"rollout, actor, reference share all {gpus}" in text  # use_kl_loss: the reference policy runs
+    assert f"{gpus // TP} replica(s) of TP {TP} x DP 1 x PP 1 = {TP} GPUs each" in text
+    assert f"data.train_batch_size {TRAIN} prompts x rollout.n {N} = {TRAIN * N} responses" in text
+    assert f"mini batch {MINI} prompts x n {N} = {MINI * N} responses, {TRAIN // MINI} update(s) per step" in text
+    # what verl's FSDP workers make of it at start-up: the mini batch x n over the data-parallel ranks
+    per_rank = MINI * N // gpus
+    assert f"{per_rank} per data-parallel rank, micro batch {MICRO} per GPU: {per_rank // MICRO} " in text
+    assert "  0: verl.actor_rollout_ref.actor.optim.lr=1e-06\n    1: verl.actor_rollout_ref.actor.optim.lr=2e-06\n" in text
+    hours = 10 * gpus
+    assert f"at most 10 h per run (cluster.slurm.time 10:00:00) x {gpus} GPUs = {hours} GPU-hours; the sweep " \
+           f"{hours * 2}" in text
+    assert f"cost at 2.5 per GPU-hour: at most {2.5 * hours * 2:,.2f} ({2.5 * hours:,.2f} per run)" in text
+    # a spec with a problem gets the problem, not a plan
+    (tmp_path / "bad.yaml").write_text(SPEC.replace(f"n: {N},", "n: four,"))
+    bad = run_verlc("plan", "bad.yaml", cwd=tmp_path)
+    assert bad.returncode == 2 and "bad.yaml:12:30: verl.actor_rollout_ref.rollout.n: " in bad.stderr and not bad.stdout, bad.stderr
