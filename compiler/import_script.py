@@ -76,6 +76,7 @@ class Trainer:
     module: str
     ray_submit: dict[str, str]   # `ray job submit` options, when it submits the trainer
     launcher: str                # "python", "ray job submit", "uv run"
+    wrappers: tuple[tuple[str, ...], ...] = ()  # what the trainer ran under: `uv run ...`, `apptainer run ... IMAGE`
 
 
 @dataclass
@@ -142,11 +143,18 @@ def find_trainer(calls: tuple[Call, ...], script: str, text: str) -> Trainer:
                                                        f"overrides); it started: {started}")])
 
 
-def _trainer_in(call: Call, argv: tuple[str, ...], launcher: str, submit: dict[str, str]) -> Trainer | None:
+# apptainer's (and singularity's) `run`/`exec` options that take a value; every other option is a flag
+_APPTAINER_VALUED = {"--bind", "-B", "--pwd", "--env", "--env-file", "--home", "-H", "--overlay", "-o", "--workdir",
+                     "-W", "--mount", "--network", "--network-args", "--security", "--scratch", "-S", "--app",
+                     "--hostname", "--nvccli", "--add-caps", "--drop-caps", "--apply-cgroups", "--dns"}
+
+
+def _trainer_in(call: Call, argv: tuple[str, ...], launcher: str, submit: dict[str, str],
+                wrappers: tuple[tuple[str, ...], ...] = ()) -> Trainer | None:
     tool = os.path.basename(argv[0]) if argv else ""
     if tool == "ray" and argv[1:3] == ("job", "submit"):
         options, entry = _ray_submit(argv[3:])
-        return _trainer_in(call, entry, "ray job submit", options) if entry else None
+        return _trainer_in(call, entry, "ray job submit", options, wrappers) if entry else None
     if tool == "uv" and argv[1:2] == ("run",):
         rest = list(argv[2:])
         while rest and rest[0].startswith("-"):
@@ -154,11 +162,19 @@ def _trainer_in(call: Call, argv: tuple[str, ...], launcher: str, submit: dict[s
             if option in ("--with", "--python", "-p", "--project", "--directory", "--extra", "--group", "--env-file",
                           "--index", "--index-url") and "=" not in option and rest:
                 rest.pop(0)
-        return _trainer_in(call, tuple(rest), "uv run", submit) if rest else None
+        wrapper = argv[:len(argv) - len(rest)]
+        return _trainer_in(call, tuple(rest), "uv run", submit, (*wrappers, wrapper)) if rest else None
+    if tool in ("apptainer", "singularity") and argv[1:2] in (("run",), ("exec",)):
+        i = 2
+        while i < len(argv) and argv[i].startswith("-"):
+            i += 2 if argv[i] in _APPTAINER_VALUED and "=" not in argv[i] else 1
+        if i + 1 >= len(argv):
+            return None
+        return _trainer_in(call, argv[i + 1:], launcher, submit, (*wrappers, argv[:i + 1]))
     if tool == "srun":  # `srun [options] python3 -m ...` on the head node: the slurm target's own job step
         at = next((i for i, a in enumerate(argv[1:], 1) if _PYTHON.fullmatch(os.path.basename(a))
-                   or os.path.basename(a) in ("ray", "uv", "torchrun")), None)
-        return _trainer_in(call, argv[at:], "srun", submit) if at else None
+                   or os.path.basename(a) in ("ray", "uv", "torchrun", "apptainer", "singularity")), None)
+        return _trainer_in(call, argv[at:], "srun", submit, wrappers) if at else None
     if tool == "torchrun":
         if any(a.startswith(("verl.", "recipe.")) or _OVERRIDE.match(a) for a in argv):
             raise _Unsupported("torchrun starts one process per GPU; verlc starts Ray driver programs "
@@ -181,7 +197,7 @@ def _trainer_in(call: Call, argv: tuple[str, ...], launcher: str, submit: dict[s
     args = argv[i + 2:]
     if not any(_OVERRIDE.match(a) or a.split("=")[0] in _CONFIG_OPTS for a in args):
         return None
-    return Trainer(call, ("python3", "-m", argv[i + 1], *args), argv[i + 1], submit, launcher)
+    return Trainer(call, ("python3", "-m", argv[i + 1], *args), argv[i + 1], submit, launcher, wrappers)
 
 
 class _Unsupported(Exception):
@@ -320,6 +336,7 @@ def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, 
     if "slurm" in spec["targets"]:
         _slurm(spec, text, imported, leave)
     _environment(spec, trainer, base_env, imported, leave)
+    _wrappers(spec, trainer, code, imported, leave)
     if trainer.launcher == "ray job submit":
         address = trainer.ray_submit.get("--address") or trainer.call.env.get("RAY_ADDRESS")
         _ray(spec, {**trainer.ray_submit, **({"--address": address} if address else {})}, trainer.call.cwd, leave)
@@ -327,6 +344,44 @@ def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, 
         raise ImportFailed(problems)
     imported.spec = spec
     return imported
+
+
+def _wrappers(spec: dict[str, Any], trainer: Trainer, code: str, imported: Imported, leave: Any) -> None:
+    """What the trainer ran under: an apptainer image becomes the spec's container (its binds and working
+    folder); the rest (uv's environment, apptainer's other options) is listed, since verlc starts python3 itself
+    in the spec's container or venv."""
+    for wrapper in trainer.wrappers:
+        wrapper = (os.path.basename(wrapper[0]), *wrapper[1:])  # the tool's name, not its stand-in's path
+        shown = shlex.join(wrapper)
+        if wrapper[0] in ("apptainer", "singularity"):
+            options, image = wrapper[2:-1], wrapper[-1]
+            binds, pwd, other, i = [], None, [], 0
+            while i < len(options):
+                option, value = options[i].split("=", 1) if "=" in options[i] else (options[i], None)
+                if option in _APPTAINER_VALUED and value is None and i + 1 < len(options):
+                    i, value = i + 1, options[i + 1]
+                if option in ("--bind", "-B"):
+                    binds += [b if ":" in b else f"{b}:{b}" for b in (value or "").split(",") if b]
+                elif option == "--pwd":
+                    pwd = value
+                elif option not in ("--nv", "--rocm"):  # the accelerator's flag: verlc adds it from the spec
+                    other.append(option + (f" {value}" if value is not None else ""))
+                i += 1
+            container: dict[str, Any] = {"runtime": "apptainer", "image": image, "workdir": pwd or code}
+            if binds:
+                container["mounts"] = binds
+            spec["container"] = container
+            imported.notes.append(f"the trainer ran in an apptainer container ({shown}): container: is that "
+                                  f"image{', its binds' if binds else ''} and "
+                                  f"{'its --pwd' if pwd else 'the folder the script ran from'}, on every node")
+            for option in other:
+                leave(f"{wrapper[0]} {wrapper[1]} {option}", "an apptainer option verlc does not pass (it runs "
+                      "`apptainer exec` with the container's binds, working folder and the accelerator's flag)",
+                      wrapper[0])
+        else:
+            leave(shown, "the trainer ran under uv; verlc starts python3 itself, from the container's or "
+                  "container.venv's environment: make uv's environment that one (e.g. uv sync, then "
+                  "container: {runtime: none, venv: .venv})", wrapper[0])
 
 
 # the overrides verlc derives from the spec's own fields -> those fields

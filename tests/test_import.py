@@ -479,6 +479,33 @@ def test_srun_and_uv_run_start_the_trainer_and_sbatch_lines_fill_cluster_slurm(t
     assert spec["targets"] == ["slurm", "ray-job"] and "program" not in spec
 
 
+def test_launch_wrappers_become_the_container_or_are_listed(tmp_path: Path) -> None:
+    """#40 item 4: the trainer under `apptainer run --nv --bind ... IMAGE` (verl v0.4.1's ray_on_slurm.slurm)
+    imports with that container; under `uv run --frozen` the report says verlc starts python3 itself."""
+    from ruamel.yaml import YAML
+
+    result = import_text(tmp_path, "#!/bin/bash\n#SBATCH --nodes=1 --cpus-per-task=16\n"
+                                   "srun apptainer run --nv --cleanenv --bind /scratch,/data:/workspace/data "
+                                   f"--pwd /workspace/verl /images/verl.sif {TRAINER}")
+    assert result.returncode == 0, result.stderr
+    spec = YAML(typ="safe").load(result.stdout)
+    assert spec["container"] == {"runtime": "apptainer", "image": "/images/verl.sif", "workdir": "/workspace/verl",
+                                 "mounts": ["/scratch:/scratch", "/data:/workspace/data"]}, spec
+    assert "# note: the trainer ran in an apptainer container (apptainer run --nv --cleanenv" in result.stdout
+    assert "apptainer run --cleanenv: an apptainer option verlc does not pass" in result.stdout
+    (tmp_path / "spec.yaml").write_text(result.stdout)
+    built = run_verlc("build", "spec.yaml", "--target", "slurm", "--out", "out", cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+    assert "apptainer exec --nv --bind /scratch:/scratch --bind /data:/workspace/data --pwd /workspace/verl " \
+           "/images/verl.sif" in (tmp_path / "out" / spec["name"] / "slurm" / "sbatch.sh").read_text()
+
+    result = import_text(tmp_path, f"#!/bin/bash\nuv run --frozen --extra vllm {TRAINER}")
+    assert result.returncode == 0, result.stderr
+    assert "container" not in YAML(typ="safe").load(result.stdout)
+    assert "line 2: uv run --frozen --extra vllm: the trainer ran under uv; verlc starts python3 itself" \
+        in result.stdout, result.stdout
+
+
 def test_an_ascend_script_becomes_an_npu_spec(imported: dict[str, Any]) -> None:
     """A script that runs verl with trainer.device=npu imports as cluster.accelerator: npu (verlc then passes
     trainer.device itself), its HCCL timeouts as network.hccl; what verlc sets on NPUs is left, with a line."""
