@@ -294,7 +294,10 @@ def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, 
         given = config.get(option)
         if not given or option == "path" and _default_config_path(trainer.module, given, trainer.call.cwd):
             continue
-        folder = os.path.relpath(Path(trainer.call.cwd) / given, trainer.call.cwd)  # Hydra: absolute, or the cwd's
+        # Hydra: --config-path is absolute or relative to the file that declares @hydra.main (the program's
+        # module), --config-dir absolute or relative to the working folder
+        base = Path(trainer.call.cwd) / (Path(trainer.module.replace(".", "/")).parent if option == "path" else "")
+        folder = os.path.relpath(os.path.normpath(base / given), trainer.call.cwd)
         if folder.startswith(".."):
             problem(f"--config-{option} {given} is outside the folder the script runs from ({trainer.call.cwd}); "
                     f"the job runs in the run's code: run verlc import from a folder that holds the configs",

@@ -506,6 +506,47 @@ def test_launch_wrappers_become_the_container_or_are_listed(tmp_path: Path) -> N
         in result.stdout, result.stdout
 
 
+def test_a_recipe_whose_config_path_is_verls_own_trainer_config_imports(tmp_path: Path) -> None:
+    """#40 item 7: verl-recipe's partial_rollout scripts run `python3 -m recipe.partial_rollout.main_ppo
+    --config-path=../../verl/trainer/config`: Hydra reads --config-path relative to the program's file, so that is
+    the run's verl checkout's own trainer config. The import crashed (KeyError: '') or called it outside the folder."""
+    from ruamel.yaml import YAML
+
+    program = tmp_path / "recipe" / "partial_rollout"
+    program.mkdir(parents=True)
+    (program / "main_ppo.py").write_text('import hydra\n\n\n@hydra.main(config_path="config", '
+                                         'config_name="ppo_trainer", version_base=None)\ndef main(config):\n'
+                                         '    pass\n')
+    (tmp_path / "verl" / "trainer" / "config").mkdir(parents=True)
+    (tmp_path / "verl" / "trainer" / "config" / "ppo_trainer.yaml").write_text("# the checkout's own\n")
+    body = (f"python3 -m recipe.partial_rollout.main_ppo --config-path=../../verl/trainer/config "
+            f"{TRAINER.split(' ', 3)[3]}")
+    result = import_text(tmp_path, body)
+    assert result.returncode == 0, result.stderr
+    spec = YAML(typ="safe").load(result.stdout)
+    assert (spec["program"], spec["hydra"], spec["code"]) == ("recipe.partial_rollout.main_ppo",
+                                                              {"config_dir": "verl/trainer/config"}, "."), spec
+    (tmp_path / "spec.yaml").write_text(result.stdout)
+    assert run_verlc("validate", "spec.yaml", cwd=tmp_path).returncode == 0
+    # the keys are judged against verl's own config of the release
+    wrong = import_text(tmp_path, body.replace("trainer.nnodes=1", "trainer.nnodes=1 trainer.total_epochz=2"))
+    assert wrong.returncode == 2 and "total_epochz" in wrong.stderr and "total_epochs" in wrong.stderr, wrong.stderr
+
+
+def test_an_ascend_scripts_hccl_port_ranges_are_translated_not_refused(tmp_path: Path) -> None:
+    """#40 item 7: verl-recipe's NPU scripts export HCCL's socket port ranges; verlc gives each job its own block
+    of ports, so the import leaves the exports out with a line each, and the spec builds."""
+    result = import_text(tmp_path, "#!/bin/bash\nexport HCCL_HOST_SOCKET_PORT_RANGE=60000-60050\n"
+                                   "export HCCL_NPU_SOCKET_PORT_RANGE=61000-61050\n"
+                                   + TRAINER.replace("trainer.nnodes=1", "trainer.device=npu trainer.nnodes=1"))
+    assert result.returncode == 0, result.stderr
+    for line, name in ((2, "HCCL_HOST_SOCKET_PORT_RANGE"), (3, "HCCL_NPU_SOCKET_PORT_RANGE")):
+        assert f"#   line {line}: export {name}: verlc sets it on Ascend NPUs" in result.stdout, result.stdout
+    (tmp_path / "spec.yaml").write_text(result.stdout)
+    built = run_verlc("build", "spec.yaml", "--target", "slurm", "--out", "out", cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+
+
 def test_an_ascend_script_becomes_an_npu_spec(imported: dict[str, Any]) -> None:
     """A script that runs verl with trainer.device=npu imports as cluster.accelerator: npu (verlc then passes
     trainer.device itself), its HCCL timeouts as network.hccl; what verlc sets on NPUs is left, with a line."""

@@ -120,6 +120,11 @@ def resolve(module: str, config_name: str | None, release: Release, *, code: Pat
                            ("hydra", "config_name"))
     if extra is not None and not (config_dir / f"{name}.yaml").is_file():
         config_dir = extra
+    if any(config_dir == (root / "verl" / "trainer" / "config").resolve() for root in roots) \
+            and name in release.configs:
+        # verl's own trainer configs, in the run's verl checkout (a recipe's `--config-path=../../verl/trainer/
+        # config`): the release's own composition of that config, as main_ppo's
+        return Program(module, source, config_dir, name, replace(release, primary=name, validated=validated))
     return _compose_program(module, source, config_dir, name, release, code, roots, validated=validated,
                             named=config_name is not None)
 
