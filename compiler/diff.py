@@ -60,11 +60,19 @@ def changes(a: JobIR, b: JobIR) -> dict[str, list[tuple[str, str | None, str | N
     for group in [*fa, *(g for g in fb if g not in fa)]:
         fa.setdefault(group, {})
         fb.setdefault(group, {})
-        rows = [(k, fa[group].get(k), fb[group].get(k)) for k in sorted(fa[group].keys() | fb[group].keys())
-                if fa[group].get(k) != fb[group].get(k)]
+        keys = fa[group].keys() | fb[group].keys()
+        rows = [(k, fa[group].get(k), fb[group].get(k)) for k in sorted(keys)
+                if fa[group].get(k) != fb[group].get(k) and not _emptied(k, fa[group], fb[group], keys)]
         if rows:
             out[group] = rows
     return out
+
+
+def _emptied(key: str, a: dict[str, str], b: dict[str, str], keys: set[str]) -> bool:
+    """An empty mapping or list on one side (`env = {}`) where the other side has entries under it: those
+    entries are the change, the empty container is not."""
+    empty = a.get(key, b.get(key)) if key not in a or key not in b else None
+    return empty in ("{}", "[]") and any(k.startswith((f"{key}.", f"{key}[")) for k in keys)
 
 
 def render(a_name: str, b_name: str, diff: dict[str, Any], markdown: bool) -> str:

@@ -52,6 +52,8 @@ def _diagnostic(sourced: Sourced, err: Any) -> Diagnostic:
         hint = did_you_mean(value, expected) if isinstance(value, str) else ""
         return sourced.diagnostic(loc, _sentence(err["msg"]) + f", got {value!r}" + hint)
     message = err["msg"].removeprefix("Value error, ")
+    if loc and loc[-1] == "[key]":  # pydantic's mark of a mapping's key (not its value) that is wrong
+        return sourced.diagnostic(loc[:-1], _sentence(message), at_key=True)
     if kind.endswith("_type") and "input" in err:
         message += f", got {type(err['input']).__name__ if err['input'] is not None else 'null'}"
         value = err["input"]

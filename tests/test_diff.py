@@ -30,6 +30,16 @@ def test_changes_are_grouped_and_marked(tmp_path: Path) -> None:
     assert "| ~ | `actor_rollout_ref.actor.optim.lr` | `1e-06` | `2e-06` |" in markdown
 
 
+def test_the_first_entry_of_an_empty_mapping_is_the_change_not_the_mapping(tmp_path: Path) -> None:
+    """#40 item 16: a spec without env against one with an env var printed `- env = {}` beside `+ env.A = 1`."""
+    plain = REPO / "specs" / "quickstart-gsm8k-1node.yaml"
+    with_env = tmp_path / "b.yaml"
+    with_env.write_text(plain.read_text() + "env: {A: '1'}\n")
+    for a, b, mark in ((plain, with_env, "+"), (with_env, plain, "-")):
+        result = run_verlc("diff", a, b)
+        assert result.returncode == 1 and result.stdout.endswith(f"environment:\n  {mark} env.A = 1\n"), result.stdout
+
+
 def test_every_spec_field_has_a_group() -> None:
     """Complete by construction: a new spec field must be given a group (or shown through the overrides)."""
     from verlc.compiler.diff import SECTION_GROUPS

@@ -138,3 +138,17 @@ def test_variants_that_would_share_a_checkpoint_folder_are_refused(tmp_path: Pat
     assert isinstance(problems, list)
     assert any("sweep.matrix.verl.trainer.default_local_dir: variants 0 and 1 would both checkpoint in /ckpt/a" in p
                for p in problems), problems
+
+
+def test_a_sweep_key_without_its_verl_prefix_is_named_at_the_key(tmp_path: Path) -> None:
+    """#40 item 16: the message pointed at the key's values (and named the path with pydantic's `.[key]`)."""
+    from conftest import REPO, run_verlc
+
+    line = "sweep: {matrix: {actor_rollout_ref.actor.optim.lr: [1.0e-6, 2.0e-6]}}"
+    text = (REPO / "specs" / "quickstart-gsm8k-1node.yaml").read_text() + line + "\n"
+    (tmp_path / "spec.yaml").write_text(text)
+    result = run_verlc("validate", "spec.yaml", cwd=tmp_path)
+    row = text.count("\n")
+    assert result.returncode == 2, result.stderr
+    assert f"spec.yaml:{row}:{line.index('actor') + 1}: sweep.matrix.actor_rollout_ref.actor.optim.lr: " \
+           f"'actor_rollout_ref.actor.optim.lr' is not a verl setting such as verl.actor_rollout_ref" in result.stderr
