@@ -68,7 +68,7 @@ def text(path: Path) -> str:
 
 def placed(output: str) -> list[str]:
     """The job's nodes, head first, as the job's own log names them (its latest attempt's)."""
-    found = re.findall(r"verlc: job \d+ on (.+?); head ", output)
+    found = re.findall(r"verlc: job [\d_]+ on (.+?); head ", output)
     return found[-1].split() if found else []
 
 

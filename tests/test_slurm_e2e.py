@@ -310,6 +310,9 @@ def test_bring_up_and_preflight_take_the_same_job_steps_on_any_node_count(slurm:
     assert f"cluster ready: {nodes} nodes, {8 * nodes} GPUs" in output
     assert f"preflight passed: {nodes} nodes, {8 * nodes} GPUs, 2 data files" in output
     assert f", all-reduce over {nodes} ranks on {nodes} nodes\n" in output  # gloo: no GPU here
+    # the cleanup stopped each Ray: said as such, not as a failure (#40 item 15)
+    assert "exited (code" not in output, output
+    assert len(re.findall(r"Ray on n\d+ stopped \(the job is ending\)", output)) == nodes, output
     assert "stage train: skipped (VERLC_STOP_AFTER=preflight)" in output
     assert steps_per_stage(job, output) == STEPS, output
     assert no_ray_left() == []
@@ -654,6 +657,8 @@ def test_a_sweep_with_one_checkpoint_folder_runs_each_variant_in_its_own(slurm: 
     assert sorted(p.name for p in ckpt.iterdir()) == [f"{name}-v000", f"{name}-v001"]
     outputs = [p.read_text() for p in tmp_path.glob("slurm-*.out")]
     assert len(outputs) == 2 and all("preflight passed" in o for o in outputs), outputs
+    # each task's log names it as its run does (ARRAY_JOB_TASK), not by the task's own job id (#40 item 15)
+    assert sorted(re.search(r"verlc: job (\S+) on ", o)[1] for o in outputs) == [f"{job}_0", f"{job}_1"], outputs
 
 
 PREPARE_WITH_THE_RELEASES_PARSER = """\

@@ -176,7 +176,11 @@ ray_node() {
     sleep 0.5
   done
   wait "$ray_pid" || rc=$?
-  log "Ray on $SLURMD_NODENAME exited (code $rc)"
+  if [[ -n $stop_at ]]; then
+    log "Ray on $SLURMD_NODENAME stopped (the job is ending)"
+  else
+    log "Ray on $SLURMD_NODENAME exited (code $rc)"
+  fi
   "${exec_prefix[@]}" python3 - ray-logs --temp-dir "$ray_tmp" --limit-mib 50 <"$run_dir/$runtime_file" \
     | tar -x -C "$logs" || log "could not keep Ray's logs of $SLURMD_NODENAME"
   # Stopped on purpose (the cleanup, scancel): 0, or --kill-on-bad-exit would end the step's other nodes
@@ -296,7 +300,7 @@ main() {
     die "Slurm gives $SLURM_GPUS_ON_NODE GPUs per node, the spec asks for $gpus_per_node"
   fi
   readonly head_node=${nodes[0]}
-  log "job $SLURM_JOB_ID on ${nodes[*]}; head $head_node; SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}"
+  log "job $this_job on ${nodes[*]}; head $head_node; SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}"
   if ((${SLURM_RESTART_COUNT:-0} > max_requeues)); then  # Slurm requeues a job itself on a node's failure
     requeue=0
     die "this job was requeued ${SLURM_RESTART_COUNT} times, more than cluster.slurm.max_requeues ($max_requeues)"
