@@ -125,10 +125,12 @@ def find(runs: dict[str, Run], key: str) -> Run:
 
 
 def matching(runs: dict[str, Run], key: str) -> list[Run]:
-    """Every run a key names: its id, the runs whose ids start with it (a sweep's variants), or a job id."""
+    """Every run a key names: its id, the runs whose ids start with it (a sweep's variants), a job id, or a Slurm
+    array's job id (its tasks' ids are ARRAY_TASK)."""
     if key in runs:
         return [runs[key]]
-    found = [r for r in runs.values() if r.run.startswith(key) or str(r.submitted.get("job_id")) == key]
+    found = [r for r in runs.values() if r.run.startswith(key) or key in (str(r.submitted.get("job_id")),
+                                                                           str(r.submitted.get("job_id")).split("_")[0])]
     if not found:
         raise LedgerError(f"no run '{key}' in the ledger")
     return found

@@ -231,6 +231,32 @@ def test_a_run_stopped_by_verlc_stop_after_shows_where_it_stopped(tmp_path: Path
     assert [shown_state(runs[r]) for r in ("a-1", "a-2", "a-3")] == ["stopped after preflight", "completed", "failed"]
 
 
+def test_cancel_of_a_sweeps_prefix_or_array_job_id_cancels_each_unfinished_variant(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """#40 item 8: the README says RUN may be the job id; a sweep's array job id (or the prefix of its runs)
+    names every variant, and was refused as ambiguous."""
+    from verlc.commands import runs as commands
+    from verlc.lifecycle import runs
+    from verlc.lifecycle.scheduler import Observed
+
+    (tmp_path / ".git").mkdir()
+    book = tmp_path / ledger.FILE
+    for i in range(3):
+        ledger.append(book, {"event": "submitted", "run": f"s-7_{i}", "job_id": f"7_{i}", "target": "slurm"})
+    ledger.append(book, {"event": "finished", "run": "s-7_2", "state": "COMPLETED", "restarts": 0, "exit_code": 0})
+    ledger.append(book, {"event": "submitted", "run": "other-8", "job_id": "8", "target": "slurm"})
+    sent: list[str] = []
+    monkeypatch.setattr(runs, "cancel", lambda _book, run: sent.append(run.run) or Observed(
+        state="CANCELLED", restarts=0, source="test"))
+    monkeypatch.chdir(tmp_path)
+    for key in ("s-7", "7"):
+        sent.clear()
+        assert commands.cancel(key) == 0
+        assert sent == ["s-7_0", "s-7_1"], sent  # the ended variant is left alone, other runs too
+    assert commands.cancel("s-7_2") == 0 and sent[-1] == "s-7_2"  # named alone: cancelled as asked
+    assert "s-7_0: cancel sent; now cancelled" in capsys.readouterr().out
+
+
 def test_logs_written_to_a_file_or_a_pipe_carry_no_colour_codes() -> None:
     """Ray colours its workers' prefixes; `verlc logs` strips the codes unless it writes to a terminal."""
     from verlc.lifecycle import progress

@@ -216,13 +216,15 @@ def test_results_and_plot_of_a_slurm_sweep_are_what_its_logs_printed(slurm: None
     on_end = 'printf "%s %s %s\\n" "$VERLC_RUN" "$VERLC_STATE" "$VERLC_EXIT_CODE" >> ended.txt'
     mails = Path(SLURM_CONF).parent / "mail.log"
     before = mails.read_text() if mails.exists() else ""
-    done = verlc(tmp_path, "submit", "spec.yaml", "--target", "slurm", "--out", "out", "--wait", "--on-end", on_end,
-                 stop_after="train", env={"FAKE_METRICS": "1"})
+    done = verlc(tmp_path, "submit", "spec.yaml", "--target", "slurm", "--out", "out", "--follow", "--on-end",
+                 on_end, stop_after="train", env={"FAKE_METRICS": "1"})
     assert done.returncode == 0, done.stdout + done.stderr
     runs = list(runs_of(tmp_path).values())
     job = runs[0].job_id.split("_")[0]
     assert [r.run for r in runs] == [f"{runs[0].name}-{job}_{i}" for i in range(3)]
-    assert (tmp_path / "ended.txt").read_text().splitlines() == [f"{r.run} COMPLETED 0" for r in runs]
+    # followed side by side, each line named by its run (#40 item 8); --on-end as each one ended
+    assert all(f"{r.run}: step 3" in done.stdout and f"{r.run}: completed" in done.stdout for r in runs), done.stdout
+    assert sorted((tmp_path / "ended.txt").read_text().splitlines()) == [f"{r.run} COMPLETED 0" for r in runs]
     sent = lambda: mails.read_text().removeprefix(before).splitlines()  # noqa: E731 - this job's mails
     wait_for(lambda: all(any(f"Job_id={job}_{i} " in m for m in sent()) for i in range(3)), 60,
              "Slurm's mail of each array task's end")

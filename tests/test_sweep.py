@@ -50,6 +50,19 @@ def test_a_100_variant_sweep_is_one_job_array_whose_variants_all_compose(tmp_pat
         assert cfg.trainer.experiment_name == f"e-v{variant.index:03d}"
 
 
+def test_the_array_can_be_throttled(tmp_path: Path) -> None:
+    """#40 item 8: cluster.slurm.array_parallel N runs at most N variants at once (Slurm's --array=...%N)."""
+    spec = sweep_spec()
+    spec["cluster"] = copy.deepcopy(spec["cluster"])
+    spec["cluster"]["slurm"] = {**spec["cluster"]["slurm"], "array_parallel": 4}
+    _, bundles = build(tmp_path, spec)
+    script = next(f.text for b in bundles if b.target == "slurm" for f in b.files if f.path == "sbatch.sh")
+    assert script.count("#SBATCH --array=0-99%4\n") == 1
+    spec["cluster"]["slurm"]["array_parallel"] = 0
+    problems = build(tmp_path, spec)
+    assert any("cluster.slurm.array_parallel: " in p for p in problems), problems
+
+
 def test_an_array_task_runs_its_own_variant(tmp_path: Path, fake_bin: Path) -> None:  # noqa: F811
     ir, bundles = build(tmp_path, sweep_spec())
     folder = write(next(b for b in bundles if b.target == "slurm"), tmp_path / "out")

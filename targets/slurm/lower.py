@@ -17,6 +17,7 @@ class SlurmIR:
     requeue: bool  # on USR1: clean up, then `scontrol requeue`
     requeue_grace: int  # seconds before the time limit that USR1 comes
     max_requeues: int
+    array_parallel: int | None  # a sweep's array tasks at once (--array=...%N)
 
 
 def log_dirs(spec: Spec) -> tuple[str, ...]:
@@ -74,4 +75,5 @@ def lower(spec: Spec, ir: JobIR) -> SlurmIR:
         requeue=s.requeue_grace is not None,
         requeue_grace=s.requeue_grace or 0,
         max_requeues=s.max_requeues,
+        array_parallel=s.array_parallel,
     )

@@ -41,6 +41,9 @@ class Slurm(Model):
         300, description="Ask Slurm for USR1 this long before preemption or the time limit; the job then "
                          "stops cleanly and requeues itself, and verl resumes from its checkpoints; so does a job "
                          "that lost a node. null: never requeued (--no-requeue), also not by Slurm on a node failure.")
+    array_parallel: Int | None = Field(None, ge=1, description="A sweep: at most this many of its array tasks "
+                                                               "run at once (#SBATCH --array=...%N); default: "
+                                                               "as many as Slurm schedules.")
     max_requeues: Int = Field(3, ge=0, description="How often the job may be requeued (time limit, preemption, a "
                                                    "lost node) before it fails instead; a requeue after a time "
                                                    "limit that the last attempt reached without saving a new "

@@ -207,7 +207,8 @@ def slurm_view(ir: JobIR) -> SlurmView:
                      "reference": full["reference"], "train_overrides": [o.arg for o in ir.variant_overrides(v)]}
             assert [*job["train"], *patch["train_overrides"]] == full["train"]
             variants.append(VariantView(v.index, json.dumps(patch, ensure_ascii=False)))
-    array = (f"--array=0-{len(ir.variants) - 1}",) if ir.variants else ()
+    throttle = f"%{slurm.array_parallel}" if slurm.array_parallel else ""
+    array = (f"--array=0-{len(ir.variants) - 1}{throttle}",) if ir.variants else ()
     return SlurmView(
         header=header_lines(ir),
         log_dirs=slurm.log_dirs,

@@ -86,34 +86,40 @@ def submit(spec: Path, target: str, out: Path, wait: bool, follow: bool, metrics
         print("verlc: --resume continues one run; this spec is a sweep (resubmit its variant's spec)", file=sys.stderr)
         return EXIT_SPEC
     folder, written = runs.prepare_bundle(ir, target, out.resolve())
-    print(f"{'wrote' if written else 'up to date:'} {out / ir.name / target}/")
+    print(f"{'wrote' if written else 'up to date:'} {out / folder.parent.name / folder.name}/")
     book = ledger.location(spec)
     submitted = runs.submit(ir, spec, target, folder, Path.cwd(), env, book)
     for run in submitted:
         print(f"submitted {run.run} (job {run.job_id} on {run.where}); ledger: {book}")
     if not (wait or follow):
         return 0
-    outcomes = [_until_done(book, run, follow, metrics, on_end) for run in submitted]
+    outcomes = _until_done(book, submitted, follow, metrics, on_end)
     return 0 if all(o.status is State.SUCCEEDED for o in outcomes) else EXIT_FAILED
 
 
-def _until_done(book: Path, run, follow: bool, metrics: list[str], on_end: str | None):  # noqa: ANN001, ANN202
+def _until_done(book: Path, submitted: list, follow: bool, metrics: list[str], on_end: str | None) -> list:
+    """Wait for every run (a sweep's side by side), printing their progress with --follow; --on-end's command
+    as each one ends. Their final states, in the order given."""
     import io
     import subprocess
 
-    from ..lifecycle import runs
+    from ..lifecycle import ledger, runs
 
-    seen = runs.follow(book, run, metrics, sys.stdout if follow else io.StringIO(), tty=sys.stdout.isatty())
-    if not follow:  # --follow has printed every state already
-        print(f"{run.run}: {seen.state.lower()}" + (f" (exit code {seen.exit_code})" if seen.exit_code else ""))
-    if on_end is not None:  # the run's outcome stays the exit code; the command's failure is only reported
-        sys.stdout.flush()
-        told = {"VERLC_RUN": run.run, "VERLC_STATE": seen.state,
-                "VERLC_EXIT_CODE": "" if seen.exit_code is None else str(seen.exit_code)}
-        code = subprocess.call(["sh", "-c", on_end], env={**os.environ, **told})
-        if code:
-            print(f"verlc: --on-end exited with code {code} for {run.run}", file=sys.stderr)
-    return seen
+    def ended(run: ledger.Run, seen: runs.Observed) -> None:
+        if not follow:  # --follow has printed every state already
+            print(f"{run.run}: {seen.state.lower()}" + (f" (exit code {seen.exit_code})" if seen.exit_code else ""))
+        if on_end is not None:  # the run's outcome stays the exit code; the command's failure is only reported
+            sys.stdout.flush()
+            told = {"VERLC_RUN": run.run, "VERLC_STATE": seen.state,
+                    "VERLC_EXIT_CODE": "" if seen.exit_code is None else str(seen.exit_code)}
+            code = subprocess.call(["sh", "-c", on_end], env={**os.environ, **told})
+            if code:
+                print(f"verlc: --on-end exited with code {code} for {run.run}", file=sys.stderr)
+
+    chosen = [ledger.fold(book)[r.run] for r in submitted]
+    finals = runs.follow(book, chosen, metrics, sys.stdout if follow else io.StringIO(), tty=sys.stdout.isatty(),
+                         ended=ended)
+    return [finals[r.run] for r in submitted]
 
 
 @one_line_errors
@@ -142,7 +148,7 @@ def logs(key: str, follow: bool, stage: str | None, metrics: list[str], ray: boo
         sys.stdout.write(runs.ray_logs(run, node))
         return 0
     if follow:
-        runs.follow(book, run, metrics, sys.stdout, tty=sys.stdout.isatty())
+        runs.follow(book, [run], metrics, sys.stdout, tty=sys.stdout.isatty())
         return 0
     text = runs.log_text(run)
     if stage:
@@ -156,9 +162,13 @@ def cancel(key: str) -> int:
     from ..lifecycle import ledger, runs
 
     book, known = _book()
-    run = ledger.find(known, key)
-    seen = runs.cancel(book, run)
-    print(f"{run.run}: cancel sent; now {seen.state.lower()}")
+    named = ledger.matching(known, key)  # a sweep's prefix or its array job id: each of its variants
+    going = [r for r in named if not r.final] if len(named) > 1 else named  # one run: cancelled even if ended
+    for run in going:  # (Compose's `down` of an ended run removes its containers)
+        seen = runs.cancel(book, run)
+        print(f"{run.run}: cancel sent; now {seen.state.lower()}")
+    if not going:
+        print(f"verlc: the {len(named)} runs '{key}' names have ended: {', '.join(r.run for r in named)}")
     return 0
 
 
