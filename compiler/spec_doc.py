@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import typing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -13,21 +13,33 @@ from .spec import Seconds, Spec
 from .verl.editor import verl_schema
 from .verl.release import snapshot
 
+if TYPE_CHECKING:
+    from .verl.program import Program
+
 
 SCHEMA_DIR = "schema"  # schema/verl-<release>.json, committed: what a spec's modeline points at
 
 
-def json_schema(version: str | None = None) -> str:
+def json_schema(version: str | None = None, program: Program | None = None) -> str:
     """JSON Schema of a spec file for one verl release (yaml-language-server's `$schema=` modeline):
-    the spec's own sections, and `verl:` with every key of that release (compiler/verl/editor.py).
+    the spec's own sections, and `verl:` with every key of that release (compiler/verl/editor.py); with
+    `program`, its keys: a recipe's own config (its own keys too) composed over its release or commit.
     One file per release, not one schema switching on verl_version: editors complete and hover from a
     plain schema, while conditional (if/then) branches are where their completion gives out."""
     default = Spec.model_fields["verl_version"].default
-    version = version or default
+    release = program.release if program is not None else snapshot(version or default)
+    version = release.version
     schema = Spec.model_json_schema()
-    schema["title"] = f"verlc spec for verl {version}"
     props = schema["properties"]
-    props["verl"] = {**verl_schema(snapshot(version)), "description": props["verl"]["description"]}
+    props["verl"] = {**verl_schema(release), "description": props["verl"]["description"]}
+    if program is not None:
+        schema["title"] = f"verlc spec for {program.module} ({program.config_name}) at {release.label}"
+        props["program"] = {**props["program"], "enum": [program.module]}
+        if release.commit is not None:
+            props["verl_commit"] = {**props["verl_commit"], "enum": [release.commit]}
+            schema["required"] = sorted({*schema.get("required", []), "verl_commit"})
+        return json.dumps(schema, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    schema["title"] = f"verlc spec for verl {version}"
     props["verl_version"] = {**props["verl_version"], "enum": [version]}
     if version != default:  # a spec for another release must say so
         props["verl_version"].pop("default", None)

@@ -220,3 +220,20 @@ def test_the_editor_flags_a_mistyped_key_on_its_line(language_server: LanguageSe
     where = position(spec, "ppo_mini_batch_sise")
     assert [(d["range"]["start"]["line"], d["message"]) for d in found] == [
         (where["line"], "Property ppo_mini_batch_sise is not allowed.")], found
+
+
+def test_a_recipe_specs_schema_takes_the_recipes_own_keys(recipes: list[Path]) -> None:
+    """#40 item 18: a spec running a recipe program got red marks on the recipe's own keys (DAPO's
+    reward.reward_kwargs, SPPO's sppo_eta) from the release schema; `verlc schema --spec` composes the program's
+    config at its commit, which takes them, and still refuses a mistyped key."""
+    for spec in recipes:
+        result = run_verlc("schema", "--spec", spec)
+        assert result.returncode == 0, result.stderr
+        assert f"$schema={spec.stem}.schema.json" in result.stderr
+        validator = jsonschema.Draft202012Validator(json.loads(result.stdout))
+        data = YAML(typ="safe", pure=True).load(spec.read_text())
+        assert [e.message for e in validator.iter_errors(data)] == [], spec.name
+        data["verl"]["trainer"]["total_epochz"] = 1
+        assert any("total_epochz" in e.message for e in validator.iter_errors(data)), spec.name
+    dapo = YAML(typ="safe", pure=True).load((REPO / "specs" / "recipes" / "dapo-qwen2.5-32b.yaml").read_text())
+    assert any("reward_kwargs" in e for e in errors("0.9.1", dapo))  # what the release schema said

@@ -203,6 +203,9 @@ def _parser() -> argparse.ArgumentParser:
     schema.add_argument("--format", choices=["json", "markdown"], default="json")
     schema.add_argument("--verl-version", metavar="VERSION",
                         help="the verl release whose keys `verl:` completes (default: verl_version's default)")
+    schema.add_argument("--spec", type=Path, metavar="SPEC",
+                        help="the schema of SPEC's program (a recipe's own config and keys) at its release or "
+                             "commit, for the modeline of specs that run it")
     return parser
 
 
@@ -232,7 +235,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "migrate": lambda a: _group("verl").migrate(a.spec, a.to, a.write, a.write_bases, a.format == "markdown"),
     "import": lambda a: _group("verl").import_script(a.script, a.args, a.verl_version, a.verl_commit, a.output,
                                                      a.timeout, a.set, a.accelerator),
-    "schema": lambda a: _group("verl").schema(a.format, a.verl_version),
+    "schema": lambda a: _group("verl").schema(a.format, a.verl_version, a.spec),
     "stage-in": lambda a: _group("verl").stage_in(a.spec),
 }
 

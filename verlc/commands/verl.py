@@ -58,15 +58,43 @@ def migrate(spec: Path, target: str, write: bool, write_bases: bool, markdown: b
     return EXIT_FAILED if plan.decisions else 0
 
 
-def schema(fmt: str, version: str | None) -> int:
-    """The spec's JSON Schema (for a verl release's keys under `verl:`), or its Markdown reference."""
+def schema(fmt: str, version: str | None, spec: Path | None = None) -> int:
+    """The spec's JSON Schema (for a verl release's keys under `verl:`, or for SPEC's program at its release or
+    commit), or its Markdown reference."""
     from ..compiler import spec_doc
     from ..compiler.verl.release import RELEASES
 
+    if spec is not None:
+        if version is not None or fmt != "json":
+            print("verlc: --spec gives the JSON Schema of SPEC's program at its own release or commit: leave out "
+                  "--verl-version and --format", file=sys.stderr)
+            return EXIT_SPEC
+        return _program_schema(spec)
     if version is not None and version not in RELEASES:
         print(f"verlc: no schema for verl {version}; known: {', '.join(RELEASES)}", file=sys.stderr)
         return EXIT_SPEC
     sys.stdout.write(spec_doc.json_schema(version) if fmt == "json" else spec_doc.markdown())
+    return 0
+
+
+def _program_schema(path: Path) -> int:
+    from ..compiler import spec_doc
+    from ..compiler.diagnostics import SpecError
+    from ..compiler.load import load
+    from ..compiler.pipeline import program_for, verl_release_for
+    from ..compiler.validate import validate
+
+    try:
+        sourced = load(path, str(path))
+        spec = validate(sourced)
+        _, program, _ = program_for(spec, sourced, verl_release_for(spec, sourced, "snapshot", path), path)
+    except SpecError as exc:
+        for d in exc.diagnostics:
+            print(d, file=sys.stderr)
+        return EXIT_SPEC
+    sys.stdout.write(spec_doc.json_schema(program=program))
+    print(f"verlc: save it beside the spec (e.g. {path.stem}.schema.json) and make the spec's first line "
+          f"`# yaml-language-server: $schema={path.stem}.schema.json`", file=sys.stderr)
     return 0
 
 
