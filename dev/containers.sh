@@ -110,7 +110,8 @@ build_image() {
 
 start_service() {
   stop_service
-  podman system service --time=0 "unix://$state/podman.sock" >"$state/service.log" 2>&1 &
+  # 9>&-: the service outlives this script and must not hold its lock
+  podman system service --time=0 "unix://$state/podman.sock" >"$state/service.log" 2>&1 9>&- &
   echo $! >"$state/service.pid"
   local deadline=$((SECONDS + 30))
   until [[ -S $state/podman.sock ]]; do
