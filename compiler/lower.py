@@ -71,6 +71,7 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
         pins=tuple(sorted({"verl": spec.verl_version, **spec.pins}.items())),
         rollout_package=ROLLOUT_PACKAGES.get(str(config.get("actor_rollout_ref.rollout.name"))),
         startup=startup_needs(spec, release, config),
+        expiry_variable=(release.startup.get("expiry_save") or {}).get("variable"),
         image=parse_word(getattr(spec.container, "image", None) or "none"),
         trainer_module=spec.program,
         config_name=chosen.config,

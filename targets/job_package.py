@@ -25,9 +25,10 @@ def variant_label(ir: JobIR, variant: VariantIR) -> str:
 
 
 def job_description(ir: JobIR, *, record: Word | None, variant: VariantIR | None = None,
-                    image: str | None = None) -> dict[str, Any]:
+                    image: str | None = None, expiry: dict[str, Any] | None = None) -> dict[str, Any]:
     """What the runtime's `job` runs: wait, data, preflight, train (targets/runtime.py), in the cluster the job
-    runs in (RAY_ADDRESS)."""
+    runs in (RAY_ADDRESS). `expiry`: where a target that knows the job's end time puts it, for verl's save
+    ahead of it ({"variable", "lead" seconds, "end_file" with the end in epoch seconds})."""
     checkpoints = variant.checkpoint_dir if variant else ir.checkpoint_dir
     return {
         "generated_from": ir.spec_file,
@@ -56,6 +57,7 @@ def job_description(ir: JobIR, *, record: Word | None, variant: VariantIR | None
         "reference": Word((*checkpoints.parts, f"/{REFERENCE}")).as_json() if ir.reproducible else None,
         "train": list(ir.trainer_argv_for(variant)),
         "stall_timeout": ir.stall_timeout,
+        "expiry": expiry,
     }
 
 

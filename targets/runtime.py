@@ -942,6 +942,33 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
 STEP_LINE = re.compile(r"(?:^|[\s)])step:(\d+)((?: - [^\s:]+:\S+)*)\s*$")
 
 
+RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # Ray's: the job-level runtime env its driver's ray.init() merges
+
+
+def with_deadline(env: dict, expiry: dict | None) -> dict:
+    """The trainer's environment with verl's deadline (expiry["variable"], epoch seconds): the job's end as the
+    target last saw it (expiry["end_file"]) less the lead the target needs to stop cleanly. verl's trainer reads
+    it in its own Ray actor, so it goes into the job's runtime env as well (Ray merges that with the one verl's
+    ray.init() passes), which every actor and worker of the job gets; read at each start (a requeue too)."""
+    if not expiry:
+        return env
+    try:
+        with open(expand(expiry["end_file"]), encoding="utf-8") as fh:
+            end = int(fh.read().strip())
+    except (OSError, ValueError):
+        say("the job's end time is not known here: verl saves checkpoints at trainer.save_freq only")
+        return env
+    deadline, name = end - expiry["lead"], expiry["variable"]
+    shown = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(deadline))
+    say(f"{name}={deadline}: verl saves a checkpoint once a step and a save no longer fit before {shown} (the "
+        f"job's end, less {expiry['lead']}s to stop cleanly)")
+    job = json.loads(env.get(RAY_JOB_CONFIG) or "{}")
+    runtime_env = job.get("runtime_env") or {}
+    runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), name: str(deadline)}
+    job["runtime_env"] = runtime_env
+    return {**env, name: str(deadline), RAY_JOB_CONFIG: json.dumps(job)}
+
+
 def saved_step(checkpoint_dir: str) -> int | None:
     """The step of verl's latest checkpoint in the folder (its latest_checkpointed_iteration.txt), or None."""
     try:
@@ -1132,7 +1159,8 @@ def job(spec: dict, begun: str | None = None) -> int:
                 say(f"ERROR: {repeated}")
                 return 1
             say("training: " + " ".join(spec["train"]))
-            rc = train(spec["train"], {**os.environ, "RAY_ADDRESS": address}, spec.get("stall_timeout"), address)
+            env = with_deadline({**os.environ, "RAY_ADDRESS": address}, spec.get("expiry"))
+            rc = train(spec["train"], env, spec.get("stall_timeout"), address)
             say(f"training exited with code {rc}")
         if rc != 0:
             return rc

@@ -557,6 +557,76 @@ def test_requeues_are_capped_and_a_time_limit_reached_without_a_new_checkpoint_i
     assert no_ray_left(60) == []
 
 
+# A stand-in for verl's trainer that keeps verl's own deadline logic: a Ray driver whose actor runs the steps (as
+# verl's TaskRunner does), resumes from the checkpoint folder's latest_checkpointed_iteration.txt, and after
+# each one-second step asks verl's should_save_ckpt_esi (the installed verl's, not a copy) whether to save.
+ESI_TRAINER = """\
+import os, sys, time
+import ray
+args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+folder = args["trainer.default_local_dir"]
+redundant = float(args.get("trainer.esi_redundant_time", 0))
+ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true"}})  # as verl's main_ppo: merged by Ray
+
+@ray.remote(num_cpus=0)
+def fit(folder, redundant, attempt):
+    from verl.utils.checkpoint.checkpoint_manager import should_save_ckpt_esi
+    latest = os.path.join(folder, "latest_checkpointed_iteration.txt")
+    step = int(open(latest).read()) if os.path.exists(latest) else 0
+    print(f"STAND-IN resumed at step {step}; deadline {os.environ.get('MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP')}",
+          flush=True)
+    for _ in range(3 if attempt else 100000):
+        time.sleep(1)
+        step += 1
+        print(f"step:{step} - critic/score/mean:0.5", flush=True)
+        if should_save_ckpt_esi(max_steps_duration=1.0, redundant_time=redundant):
+            os.makedirs(folder, exist_ok=True)
+            open(latest, "w").write(str(step))
+            print(f"Force saving checkpoint: ESI instance expiration approaching. step {step} at {time.time():.0f}",
+                  flush=True)
+    return step
+
+print("STAND-IN done at step", ray.get(fit.remote(folder, redundant, int(os.environ.get("SLURM_RESTART_COUNT") or 0))))
+"""
+
+
+def test_verl_saves_ahead_of_the_time_limit_and_the_requeued_job_resumes_from_that_save(slurm: None,
+                                                                                          tmp_path: Path) -> None:
+    """#42 items 1-2: the job's end (Slurm's, kept in the run folder) less requeue_grace reaches verl's deadline
+    variable in the trainer's Ray actor; verl's should_save_ckpt_esi saves each step once a step and a save no
+    longer fit (a negative trainer.esi_redundant_time narrows verl's 61 s window, to keep the test short); USR1
+    requeues the job, and the next attempt resumes from the last of those saves."""
+    write_fixtures(tmp_path)
+    venv = fake_venv(tmp_path)
+    (tmp_path / "esi_trainer.py").write_text(ESI_TRAINER)
+    python = venv / "bin" / "python3"
+    python.write_text(python.read_text().replace(
+        'if [[ ${1:-} == -m && ${2:-} == verl.trainer.main_ppo ]]; then',
+        f'if [[ ${{1:-}} == -m && ${{2:-}} == verl.trainer.main_ppo ]]; then\n  shift 2\n'
+        f'  exec {sys.executable} {tmp_path}/esi_trainer.py "$@"'))
+    ckpt = tmp_path / "ckpt"
+    script = build(tmp_path, venv=venv, grace="30s", slurm=", time: '00:02:00'")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(spec.read_text().replace(
+        "verl: {", f"verl: {{trainer: {{default_local_dir: {ckpt}, save_freq: 1000, esi_redundant_time: -45}}, ", 1))
+    assert run_verlc("build", spec, "--target", "slurm", "--out", tmp_path / "out", "--force").returncode == 0
+    job, output, state = sbatch(script, tmp_path, "train")
+    assert state == "COMPLETED", output
+    first, _, second = output.partition("SLURM_RESTART_COUNT=1")
+    assert second, output
+    deadline = int(re.search(r"MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP=(\d+): verl saves", first)[1])
+    assert f"STAND-IN resumed at step 0; deadline {deadline}" in first, first  # in the actor, by Ray's job env
+    saves = [(int(s), int(t)) for s, t in re.findall(r"Force saving checkpoint: ESI instance expiration "
+                                                     r"approaching. step (\d+) at (\d+)", first)]
+    last_step = max(int(s) for s in re.findall(r"step:(\d+) - ", first))
+    assert saves and all(t <= deadline for _, t in saves), (saves, deadline)
+    resumed = int(re.search(r"STAND-IN resumed at step (\d+)", second)[1])
+    assert resumed == saves[-1][0], second
+    print({"saved_before_deadline_s": deadline - saves[-1][1], "steps_lost": last_step - resumed,
+           "steps_lost_without": last_step})  # for the record (pytest -s)
+    assert last_step - resumed < last_step and "STAND-IN done at step" in second
+
+
 def wait_ended(job: str) -> str:
     wait_for(lambda: job_state(job, settle=False) in FINAL, 300, f"job {job} to end")
     return job

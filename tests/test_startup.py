@@ -54,6 +54,9 @@ def test_every_fact_points_at_a_line_of_the_release_that_states_it(version: str)
         generate, repeat = (line_of(package, w) for w in facts["hf_repeats_n"])
         assert "num_return_sequences" in generate and "config.n" in generate, generate
         assert "gen_batch = gen_batch.repeat" in repeat and "rollout.n" in repeat, repeat
+    if facts["expiry_save"]:
+        assert "def should_save_ckpt_esi(" in line_of(package, facts["expiry_save"]["check"])
+        assert "should_save_ckpt_esi(" in line_of(package, facts["expiry_save"]["called"])
 
 
 def test_the_facts_the_gpu_run_met_are_read_where_they_hold() -> None:
@@ -180,3 +183,26 @@ def test_the_preflight_imports_each_need_in_a_fresh_python_and_names_what_fails(
     record = runtime.startup_record({"abcdef0123": found}, wanted)
     assert record["needs"][1]["nodes"][found["host"]]["ok"] is False
     assert "unknown" in runtime.startup_record({}, None)
+
+
+def test_the_deadline_reaches_the_jobs_ray_env_merged_with_what_is_there(tmp_path: Path) -> None:
+    """#42: verl reads its deadline in its own Ray actor: the runtime puts it into the job-level runtime env that
+    Ray's ray.init() merges (keeping a `ray job submit` runtime env's own entries), read from the target's file."""
+    from verlc.compiler.verl.workers import read
+    from verlc.targets import runtime
+
+    end = tmp_path / "end-time"
+    end.write_text("2000000000\n")
+    expiry = {"variable": "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP", "lead": 300, "end_file": [str(end)]}
+    submitted = {"RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"runtime_env": {"env_vars": {"A": "1"},
+                                                                            "working_dir": "w"}, "metadata": {}})}
+    env = runtime.with_deadline(submitted, expiry)
+    job = json.loads(env["RAY_JOB_CONFIG_JSON_ENV_VAR"])
+    assert job["runtime_env"] == {"env_vars": {"A": "1", expiry["variable"]: "1999999700"}, "working_dir": "w"}
+    assert env[expiry["variable"]] == "1999999700" and job["metadata"] == {}
+    end.unlink()  # no end time known: the environment as it was
+    assert runtime.with_deadline(submitted, expiry) == submitted
+    # the variable is the one each release's should_save_ckpt_esi reads (0.5.0 on), none before
+    for version, has in (("0.4.1", False), ("0.5.0", True), ("0.9.1", True)):
+        fact = read(release_package(version)).get("expiry_save")
+        assert (fact or {}).get("variable") == (expiry["variable"] if has else None), version

@@ -55,6 +55,7 @@ def read(package: Path) -> dict[str, Any]:
         "flags": list(code.flags()),
         "rollouts": code.rollouts(),
         "hf_repeats_n": code.hf_repeats_n(),
+        "expiry_save": code.expiry_save(),
     }
 
 
@@ -223,6 +224,31 @@ class _Code:
         if generates is None or repeats is None:
             return []
         return [self.where(rollout, generates), self.where(trainer, repeats)]
+
+
+    # --- the save before the capacity's expiry -------------------------------------------------------
+
+    def expiry_save(self) -> dict[str, Any] | None:
+        """Where verl's trainer saves a checkpoint ahead of a capacity block's expiry (0.5.0 on): the environment
+        variable should_save_ckpt_esi reads first (epoch seconds), where that function is defined, and where
+        ray_trainer.py calls it; None where the release has no such save."""
+        manager = self.file("verl.utils.checkpoint.checkpoint_manager")
+        trainer = self.file("verl.trainer.ppo.ray_trainer")
+        if manager is None or trainer is None:
+            return None
+        check = next((f for f in ast.walk(self.tree(manager))
+                      if isinstance(f, ast.FunctionDef) and f.name == "should_save_ckpt_esi"), None)
+        call = next((c for c in ast.walk(self.tree(trainer)) if isinstance(c, ast.Call)
+                     and ast.unparse(c.func).split(".")[-1] == "should_save_ckpt_esi"), None)
+        if check is None or call is None:
+            return None
+        variable = next((c.args[0].value for c in ast.walk(check) if isinstance(c, ast.Call)
+                         and ast.unparse(c.func) in ("os.getenv", "os.environ.get") and c.args
+                         and isinstance(c.args[0], ast.Constant)), None)
+        if variable is None:
+            return None
+        return {"variable": variable, "check": self.where(manager, check.lineno),
+                "called": self.where(trainer, call.lineno)}
 
 
 def _parents(module: str) -> list[str]:

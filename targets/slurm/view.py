@@ -61,6 +61,7 @@ class SlurmView:
     venv: Word | None
     image_check: Line | None  # succeeds when the node has the image
     image_build: Line | None
+    end_file: Word | None  # where the script keeps the job's end time for the runtime (verl's save ahead of it)
     image_file: Word | None  # an image file pinned by its sha256 (image_sha256), checked on every node
     image_sha256: str | None
     container_run: tuple[Line, ...] | None  # runs the container in the foreground, removed when it stops
@@ -103,6 +104,7 @@ def job_env(ir: JobIR) -> tuple[EnvVar, ...]:
 
 
 RUNTIME_FILE = "verlc-runtime.py"
+END_FILE = "end-time"  # the job's end (epoch seconds), as Slurm has it now: the script keeps it fresh
 
 
 def slurm_view(ir: JobIR) -> SlurmView:
@@ -196,13 +198,18 @@ def slurm_view(ir: JobIR) -> SlurmView:
     )
     run_dir = _word(Var("SLURM_SUBMIT_DIR"), f"/verlc-runs/{ir.name}-", *job_key(ir))
     record = Word((*run_dir.parts, "/run-record.json"))
-    job = job_description(ir, record=record)
+    # verl (0.5.0 on) saves a checkpoint ahead of the deadline in expiry_variable: the job's end time, which the
+    # script keeps in the run folder as Slurm has it (scontrol update moves it), less the USR1 lead before it
+    end_file = Word((*run_dir.parts, f"/{END_FILE}"))
+    expiry = {"variable": ir.expiry_variable, "lead": slurm.requeue_grace, "end_file": end_file.as_json()} \
+        if ir.expiry_variable else None
+    job = job_description(ir, record=record, expiry=expiry)
     variants = []
     if ir.variants:  # the base job without the varied keys; each array task adds its own values back
         varied = set(ir.varied_keys)
         job["train"] = [*ir.trainer_argv[:3], *(o.arg for o in ir.overrides if o.key not in varied)]
         for v in ir.variants:
-            full = job_description(ir, record=record, variant=v)
+            full = job_description(ir, record=record, variant=v, expiry=expiry)
             patch = {"variant": full["variant"], "checkpoint_dir": full["checkpoint_dir"],
                      "reference": full["reference"], "train_overrides": [o.arg for o in ir.variant_overrides(v)]}
             assert [*job["train"], *patch["train_overrides"]] == full["train"]
@@ -232,6 +239,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
         venv=c.venv,
         image_check=image_check,
         image_build=image_build,
+        end_file=end_file if expiry else None,
         image_file=c.image if c.image_sha256 else None,
         image_sha256=c.image_sha256,
         container_run=container_run,

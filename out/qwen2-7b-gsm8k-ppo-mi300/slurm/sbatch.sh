@@ -404,6 +404,19 @@ trap 'exit 130' INT
 # the restarted job resumes from the run's checkpoints (trainer.resume_mode=auto).
 trap on_usr1 USR1
 
+# keep_end_time: the job's end (epoch seconds) in the run folder, as Slurm has it now (`scontrol update` moves
+# it): verlc's runtime reads it when the trainer starts, and verl saves a checkpoint ahead of it
+keep_end_time() {
+  local file="${SLURM_SUBMIT_DIR}"/verlc-runs/qwen2-7b-gsm8k-ppo-mi300-"${SLURM_JOB_ID}"/end-time end
+  while :; do
+    end=$(squeue --noheader --jobs="$SLURM_JOB_ID" --format=%e 2>/dev/null | head -n 1)
+    if [[ $end =~ ^[0-9]{4}-[0-9]{2}-[0-9]{2}T ]] && end=$(date -d "$end" +%s 2>/dev/null); then
+      printf '%s\n' "$end" >"$file.tmp" && mv -f "$file.tmp" "$file"
+    fi
+    sleep 30
+  done
+}
+
 main() {
   # ---- allocation: one Ray node per Slurm node (verl #548: one array element per host) -------------
   mapfile -t nodes < <(scontrol show hostnames "${SLURM_JOB_NODELIST:?not inside a Slurm job}")
@@ -422,6 +435,7 @@ main() {
   fi
   mkdir -p "$run_dir"
   runtime_source >"$run_dir/$runtime_file"  # verlc's runtime, below the banner at the end of this script
+  keep_end_time &
   # For `verlc attach`: where the job's commands run on the head node, NUL-separated: the node, the
   # number of srun arguments, those arguments, then the command prefix (the container's exec, if any).
   in_container "$head_node"
@@ -624,13 +638,14 @@ job_description() {
     "trainer.save_freq=20",
     "trainer.total_epochs=15"
   ],
-  "stall_timeout": null
+  "stall_timeout": null,
+  "expiry": {"variable": "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP", "lead": 300, "end_file": [{"env": "SLURM_SUBMIT_DIR"}, "/verlc-runs/qwen2-7b-gsm8k-ppo-mi300-", {"env": "SLURM_JOB_ID"}, "/end-time"]}
 }
 VERLC_JOB
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/runtime.py of verlc 0.1.0, sha256 48ad5548153d1f1d1dfac1951a2ba807938e6aae5373c014c1ec469b20486c34:
+# targets/runtime.py of verlc 0.1.0, sha256 e57f3f7ec61469cb3702b7d26e0e4c88fc4d0936906377e91878f1521a653518:
 # the file every verlc bundle runs on the cluster (the others ship it as verlc_job/__init__.py,
 # after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -1580,6 +1595,33 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
 STEP_LINE = re.compile(r"(?:^|[\s)])step:(\d+)((?: - [^\s:]+:\S+)*)\s*$")
 
 
+RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # Ray's: the job-level runtime env its driver's ray.init() merges
+
+
+def with_deadline(env: dict, expiry: dict | None) -> dict:
+    """The trainer's environment with verl's deadline (expiry["variable"], epoch seconds): the job's end as the
+    target last saw it (expiry["end_file"]) less the lead the target needs to stop cleanly. verl's trainer reads
+    it in its own Ray actor, so it goes into the job's runtime env as well (Ray merges that with the one verl's
+    ray.init() passes), which every actor and worker of the job gets; read at each start (a requeue too)."""
+    if not expiry:
+        return env
+    try:
+        with open(expand(expiry["end_file"]), encoding="utf-8") as fh:
+            end = int(fh.read().strip())
+    except (OSError, ValueError):
+        say("the job's end time is not known here: verl saves checkpoints at trainer.save_freq only")
+        return env
+    deadline, name = end - expiry["lead"], expiry["variable"]
+    shown = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(deadline))
+    say(f"{name}={deadline}: verl saves a checkpoint once a step and a save no longer fit before {shown} (the "
+        f"job's end, less {expiry['lead']}s to stop cleanly)")
+    job = json.loads(env.get(RAY_JOB_CONFIG) or "{}")
+    runtime_env = job.get("runtime_env") or {}
+    runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), name: str(deadline)}
+    job["runtime_env"] = runtime_env
+    return {**env, name: str(deadline), RAY_JOB_CONFIG: json.dumps(job)}
+
+
 def saved_step(checkpoint_dir: str) -> int | None:
     """The step of verl's latest checkpoint in the folder (its latest_checkpointed_iteration.txt), or None."""
     try:
@@ -1770,7 +1812,8 @@ def job(spec: dict, begun: str | None = None) -> int:
                 say(f"ERROR: {repeated}")
                 return 1
             say("training: " + " ".join(spec["train"]))
-            rc = train(spec["train"], {**os.environ, "RAY_ADDRESS": address}, spec.get("stall_timeout"), address)
+            env = with_deadline({**os.environ, "RAY_ADDRESS": address}, spec.get("expiry"))
+            rc = train(spec["train"], env, spec.get("stall_timeout"), address)
             say(f"training exited with code {rc}")
         if rc != 0:
             return rc
