@@ -23,7 +23,7 @@ verl:
     rollout: {name: vllm, n: 4, log_prob_micro_batch_size_per_gpu: 8}
     actor: {ppo_micro_batch_size_per_gpu: 4}
     ref: {log_prob_micro_batch_size_per_gpu: 8}
-  trainer: {logger: [console]}
+  trainer: {logger: [console], save_freq: 100}
 cluster: {nodes: 2, gpus_per_node: 8, slurm: {time: "12:00:00"}}
 """
 LAB_A = {"cluster": {"slurm": {"partition": "gpu-a100", "account": "rl-lab", "cpus_per_task": 64,

@@ -340,7 +340,9 @@ def _value(s: Setting, chosen: Selection, spec_keys: frozenset[str], config: Con
         why = (f"{place.owner.name} describes it as {' | '.join(describe(k) for k in place.kinds)}, but verl hands "
                f"the mapping on as it is" if _typed(s) else
                f"no dataclass types this key; its default is {shown(place.default)}")
-        yield f"{NOTE}{release.label}: {why}; verl will read {shown(value)} as it comes"
+        truthy = " (a non-empty string reads as true, even 'false')" if isinstance(place.default, bool) \
+            and isinstance(value, str) else ""
+        yield f"{NOTE}{release.label}: {why}; verl will read {shown(value)} as it comes{truthy}"
         return
     if problem:
         yield f"{problem} ({release.label}: {_declared(s)})"
@@ -360,12 +362,12 @@ def _value(s: Setting, chosen: Selection, spec_keys: frozenset[str], config: Con
 
 
 def _misread(default: Any, value: Any) -> str | None:
-    """Why verl's code cannot use `value` where no dataclass types the key but its default is a number or a
-    bool: Hydra passes the value on as it is, and verl's trainer then counts, compares or tests with it."""
+    """Why verl's code cannot use `value` where no dataclass types the key but its default is a number: Hydra
+    passes the value on as it is, and verl's trainer then counts and compares with it. (A string where the
+    default is true or false stays a note: verl tests it as it comes, and a non-empty one reads as true; its
+    own check, Hydra with validate_config, accepts it.)"""
     if isinstance(value, str | list | dict) and isinstance(default, int | float) and not isinstance(default, bool):
         return "verl's trainer uses it as a number, which fails (TypeError) once training starts"
-    if isinstance(value, str | list | dict) and isinstance(default, bool):
-        return "verl's trainer tests it as true or false, and every non-empty value reads as true, even 'false'"
     return None
 
 
