@@ -521,12 +521,13 @@ def test_a_training_run_without_new_steps_is_ended_by_the_stall_timeout(slurm: N
     assert "cleaning up (exit code 124)" in output and no_ray_left(60) == []  # the runtime's watchdog: 124
 
 
-def test_requeues_are_capped_and_a_time_limit_reached_without_a_new_checkpoint_is_not_trained_again(
+def test_requeues_are_capped_a_limit_reached_without_a_new_checkpoint_is_not_trained_again_and_verl_saves_ahead(
         slurm: None, tmp_path: Path) -> None:
     """#40 item 14. `limit`: its trainer steps but never saves; once it runs, its time limit is moved (scontrol
     update, as an operator would) to 3 minutes away, inside requeue_grace, and USR1 comes as Slurm sends it
     there: the job requeues, and the next attempt refuses to train, since it would repeat the same steps.
     `cap`: max_requeues 0, USR1 far from its limit (a preemption ahead): not requeued."""
+    esi = esi_job(tmp_path / "esi")  # beside them (#42): verl saves ahead of the limit, and the job resumes there
     scripts = {}
     for name, grace, slurm_extra in (("limit", "240s", ", time: '00:30:00'"), ("cap", "60s", ", max_requeues: 0")):
         root = tmp_path / name
@@ -554,6 +555,7 @@ def test_requeues_are_capped_and_a_time_limit_reached_without_a_new_checkpoint_i
     assert limit.count("TRAINER restart=") == 1 and limit_state == "FAILED", limit
     assert "not requeued: this job was requeued 0 time(s) already (cluster.slurm.max_requeues: 0)" in cap, cap
     assert "requeueing job" not in cap and "SLURM_RESTART_COUNT=1" not in cap and cap_state == "FAILED", cap
+    check_esi_job(tmp_path / "esi", esi)
     assert no_ray_left(60) == []
 
 
@@ -590,27 +592,32 @@ print("STAND-IN done at step", ray.get(fit.remote(folder, redundant, int(os.envi
 """
 
 
-def test_verl_saves_ahead_of_the_time_limit_and_the_requeued_job_resumes_from_that_save(slurm: None,
-                                                                                          tmp_path: Path) -> None:
-    """#42 items 1-2: the job's end (Slurm's, kept in the run folder) less requeue_grace reaches verl's deadline
-    variable in the trainer's Ray actor; verl's should_save_ckpt_esi saves each step once a step and a save no
-    longer fit (a negative trainer.esi_redundant_time narrows verl's 61 s window, to keep the test short); USR1
-    requeues the job, and the next attempt resumes from the last of those saves."""
-    write_fixtures(tmp_path)
-    venv = fake_venv(tmp_path)
-    (tmp_path / "esi_trainer.py").write_text(ESI_TRAINER)
+def esi_job(root: Path) -> str:
+    """#42 items 1-2: a job whose trainer is ESI_TRAINER, with a 2-minute limit and USR1 30 s before it,
+    submitted: its id. A negative trainer.esi_redundant_time narrows verl's 61 s window, to keep it short."""
+    root.mkdir()
+    write_fixtures(root)
+    venv = fake_venv(root)
+    (root / "esi_trainer.py").write_text(ESI_TRAINER)
     python = venv / "bin" / "python3"
     python.write_text(python.read_text().replace(
         'if [[ ${1:-} == -m && ${2:-} == verl.trainer.main_ppo ]]; then',
         f'if [[ ${{1:-}} == -m && ${{2:-}} == verl.trainer.main_ppo ]]; then\n  shift 2\n'
-        f'  exec {sys.executable} {tmp_path}/esi_trainer.py "$@"'))
-    ckpt = tmp_path / "ckpt"
-    script = build(tmp_path, venv=venv, grace="30s", slurm=", time: '00:02:00'")
-    spec = tmp_path / "spec.yaml"
+        f'  exec {sys.executable} {root}/esi_trainer.py "$@"'))
+    script = build(root, venv=venv, grace="30s", slurm=", time: '00:02:00'")
+    spec = root / "spec.yaml"
     spec.write_text(spec.read_text().replace(
-        "verl: {", f"verl: {{trainer: {{default_local_dir: {ckpt}, save_freq: 1000, esi_redundant_time: -45}}, ", 1))
-    assert run_verlc("build", spec, "--target", "slurm", "--out", tmp_path / "out", "--force").returncode == 0
-    job, output, state = sbatch(script, tmp_path, "train")
+        "verl: {", f"verl: {{trainer: {{default_local_dir: {root}/ckpt, save_freq: 1000, esi_redundant_time: -45}}, ",
+        1))
+    assert run_verlc("build", spec, "--target", "slurm", "--out", root / "out", "--force").returncode == 0
+    return submit(script, root, "train")
+
+
+def check_esi_job(root: Path, job: str) -> None:
+    """The deadline (the job's end less requeue_grace) reached verl's should_save_ckpt_esi in the trainer's
+    Ray actor, which saved ahead of it; USR1 requeued the job, and the next attempt resumed from that save."""
+    state = job_state(wait_ended(job))
+    output = (root / f"slurm-{job}.out").read_text()
     assert state == "COMPLETED", output
     first, _, second = output.partition("SLURM_RESTART_COUNT=1")
     assert second, output
