@@ -103,44 +103,42 @@ def log_text(run: ledger.Run) -> str:
 def follow(ledger_file: Path, chosen: Sequence[ledger.Run], keys: Sequence[str], out: TextIO, *, tty: bool,
            ended: Callable[[ledger.Run, Observed], None] | None = None, poll: float = 2.0,
            sleep: Callable[[float], None] = time.sleep) -> dict[str, Observed]:
-    """Print one line per stage and per training step of each run (a sweep's variants side by side, every step
-    line named by its run) until every run has ended; `ended` is called as each one ends. Each run's final
-    state is returned by its id."""
-    one = len(chosen) == 1
-    printed = {r.run: 0 for r in chosen}
-    total: dict[str, int | None] = {r.run: None for r in chosen}
-    last: dict[str, tuple[str, int] | None] = {r.run: None for r in chosen}
+    """Print one line per stage and per training step of each run, one run after the other (a sweep's variants:
+    every step line named by its run), until each has ended; `ended` is called as each one ends. Each run's
+    final state is returned by its id."""
     finals: dict[str, Observed] = {}
-    while True:
-        for name in [r.run for r in chosen if r.run not in finals]:
-            run = ledger.fold(ledger_file)[name]
+    for first in chosen:
+        one = len(chosen) == 1
+        printed, total, last_state = 0, None, None
+        while True:
+            run = ledger.fold(ledger_file)[first.run]
             seen = observe(ledger_file, run)
-            if (seen.state, seen.restarts) != last[name]:
-                last[name] = (seen.state, seen.restarts)
-                out.write(f"{name}: {seen.state.lower()}" + (f" (restart {seen.restarts})" if seen.restarts else "")
-                          + "\n")
+            if (seen.state, seen.restarts) != last_state:
+                last_state = (seen.state, seen.restarts)
+                out.write(f"{run.run}: {seen.state.lower()}"
+                          + (f" (restart {seen.restarts})" if seen.restarts else "") + "\n")
             lines = log_text(run).splitlines()
-            if len(lines) < printed[name]:  # a requeued job's log starts over when not appended to
-                printed[name] = 0
-            for event in progress.events(lines[printed[name]:]):
+            if len(lines) < printed:  # a requeued job's log starts over when not appended to
+                printed = 0
+            for event in progress.events(lines[printed:]):
                 if event.kind == "total":
-                    total[name] = event.total
+                    total = event.total
                 elif event.kind == "step" and event.step:
-                    shown = progress.step_line(event.step, total[name], keys, tty and one)
-                    out.write(shown + "\r" if tty and one else f"{'' if one else f'{name}: '}{shown}\n")
+                    shown = progress.step_line(event.step, total, keys, tty and one)
+                    out.write(shown + "\r" if tty and one else f"{'' if one else f'{run.run}: '}{shown}\n")
                 else:
-                    out.write(f"{name}: {event.text}\n")
-            printed[name] = len(lines)
+                    out.write(f"{run.run}: {event.text}\n")
+            printed = len(lines)
+            out.flush()
             if seen.final:
-                finals[name] = seen
                 if tty and one:
                     out.write("\n")
+                finals[run.run] = seen
                 if ended is not None:
                     ended(run, seen)
-        out.flush()
-        if len(finals) == len(chosen):
-            return finals
-        sleep(poll)
+                break
+            sleep(poll)
+    return finals
 
 
 def seconds(run: ledger.Run) -> int:

@@ -222,7 +222,7 @@ def test_results_and_plot_of_a_slurm_sweep_are_what_its_logs_printed(slurm: None
     runs = list(runs_of(tmp_path).values())
     job = runs[0].job_id.split("_")[0]
     assert [r.run for r in runs] == [f"{runs[0].name}-{job}_{i}" for i in range(3)]
-    # followed side by side, each line named by its run (#40 item 8); --on-end as each one ended
+    # followed one after another, each line named by its run (#40 item 8); --on-end as each one ended
     assert all(f"{r.run}: step 3" in done.stdout and f"{r.run}: completed" in done.stdout for r in runs), done.stdout
     assert sorted((tmp_path / "ended.txt").read_text().splitlines()) == [f"{r.run} COMPLETED 0" for r in runs]
     sent = lambda: mails.read_text().removeprefix(before).splitlines()  # noqa: E731 - this job's mails

@@ -98,8 +98,8 @@ def submit(spec: Path, target: str, out: Path, wait: bool, follow: bool, metrics
 
 
 def _until_done(book: Path, submitted: list, follow: bool, metrics: list[str], on_end: str | None) -> list:
-    """Wait for every run (a sweep's side by side), printing their progress with --follow; --on-end's command
-    as each one ends. Their final states, in the order given."""
+    """Wait for every run (a sweep's one after another), printing their progress with --follow; --on-end's
+    command as each one ends. Their final states, in the order given."""
     import io
     import subprocess
 
