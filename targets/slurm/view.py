@@ -105,6 +105,7 @@ def job_env(ir: JobIR) -> tuple[EnvVar, ...]:
 
 RUNTIME_FILE = "verlc-runtime.py"
 END_FILE = "end-time"  # the job's end (epoch seconds), as Slurm has it now: the script keeps it fresh
+USR1_EARLY = 60  # how much earlier than asked Slurm may send --signal (event handling's resolution, sbatch(1))
 
 
 def slurm_view(ir: JobIR) -> SlurmView:
@@ -201,8 +202,9 @@ def slurm_view(ir: JobIR) -> SlurmView:
     # verl (0.5.0 on) saves a checkpoint ahead of the deadline in expiry_variable: the job's end time, which the
     # script keeps in the run folder as Slurm has it (scontrol update moves it), less the USR1 lead before it
     end_file = Word((*run_dir.parts, f"/{END_FILE}"))
-    expiry = {"variable": ir.expiry_variable, "lead": slurm.requeue_grace, "end_file": end_file.as_json()} \
-        if ir.expiry_variable else None
+    # Slurm may send the --signal up to 60 s before the time it was asked for (sbatch(1)): the lead covers that
+    expiry = {"variable": ir.expiry_variable, "lead": slurm.requeue_grace + USR1_EARLY if slurm.requeue_grace else 0,
+              "end_file": end_file.as_json()} if ir.expiry_variable else None
     job = job_description(ir, record=record, expiry=expiry)
     variants = []
     if ir.variants:  # the base job without the varied keys; each array task adds its own values back

@@ -549,7 +549,7 @@ job_description() {
     "trainer.val_before_train=true"
   ],
   "stall_timeout": null,
-  "expiry": {"variable": "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP", "lead": 300, "end_file": [{"env": "SLURM_SUBMIT_DIR"}, "/verlc-runs/fully-async-dapo-qwen2.5-7b-", {"env": "SLURM_JOB_ID"}, "/end-time"]}
+  "expiry": {"variable": "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP", "lead": 360, "end_file": [{"env": "SLURM_SUBMIT_DIR"}, "/verlc-runs/fully-async-dapo-qwen2.5-7b-", {"env": "SLURM_JOB_ID"}, "/end-time"]}
 }
 VERLC_JOB
 }

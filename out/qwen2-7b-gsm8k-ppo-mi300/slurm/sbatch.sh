@@ -639,7 +639,7 @@ job_description() {
     "trainer.total_epochs=15"
   ],
   "stall_timeout": null,
-  "expiry": {"variable": "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP", "lead": 300, "end_file": [{"env": "SLURM_SUBMIT_DIR"}, "/verlc-runs/qwen2-7b-gsm8k-ppo-mi300-", {"env": "SLURM_JOB_ID"}, "/end-time"]}
+  "expiry": {"variable": "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP", "lead": 360, "end_file": [{"env": "SLURM_SUBMIT_DIR"}, "/verlc-runs/qwen2-7b-gsm8k-ppo-mi300-", {"env": "SLURM_JOB_ID"}, "/end-time"]}
 }
 VERLC_JOB
 }

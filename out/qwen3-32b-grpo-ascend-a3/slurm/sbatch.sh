@@ -614,7 +614,7 @@ job_description() {
     "trainer.total_epochs=50"
   ],
   "stall_timeout": null,
-  "expiry": {"variable": "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP", "lead": 300, "end_file": [{"env": "SLURM_SUBMIT_DIR"}, "/verlc-runs/qwen3-32b-grpo-ascend-a3-", {"env": "SLURM_JOB_ID"}, "/end-time"]}
+  "expiry": {"variable": "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP", "lead": 360, "end_file": [{"env": "SLURM_SUBMIT_DIR"}, "/verlc-runs/qwen3-32b-grpo-ascend-a3-", {"env": "SLURM_JOB_ID"}, "/end-time"]}
 }
 VERLC_JOB
 }
