@@ -43,11 +43,11 @@ def rollout_engine_site() -> Path:
     return site
 
 
-def run_verlc(*args: str | Path, cwd: Path = REPO, env: dict[str, str] | None = None,
+def run_verlc(*args: str | Path, cwd: Path = REPO, env: dict[str, str] | None = None, timeout: float = 120,
               ) -> subprocess.CompletedProcess[str]:
     """The installed CLI in a new process, exactly as a user runs it."""
     return subprocess.run([sys.executable, "-m", "verlc", *map(str, args)], cwd=cwd, text=True,
-                          capture_output=True, env={**os.environ, **(env or {})}, timeout=120)
+                          capture_output=True, env={**os.environ, **(env or {})}, timeout=timeout)
 
 
 def slurm_job(script: str) -> dict:

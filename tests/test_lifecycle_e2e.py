@@ -20,11 +20,11 @@ from test_slurm_e2e import SLURM_CONF, SUBMIT_ENV, build, fake_venv, slurm, wait
 from verlc.lifecycle import ledger
 
 
-def verlc(root: Path, *args: str, stop_after: str = "preflight", env: dict[str, str] | None = None
-          ) -> subprocess.CompletedProcess[str]:
+def verlc(root: Path, *args: str, stop_after: str = "preflight", env: dict[str, str] | None = None,
+          timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """verlc as the user runs it from the run folder (the submit dir), in the submitting shell's env."""
     return run_verlc(*args, cwd=root, env={**SUBMIT_ENV, **(env or {}), "HOME": str(root),
-                                           "VERLC_STOP_AFTER": stop_after})
+                                           "VERLC_STOP_AFTER": stop_after}, timeout=timeout)
 
 
 def runs_of(root: Path) -> dict[str, ledger.Run]:
@@ -217,7 +217,7 @@ def test_results_and_plot_of_a_slurm_sweep_are_what_its_logs_printed(slurm: None
     mails = Path(SLURM_CONF).parent / "mail.log"
     before = mails.read_text() if mails.exists() else ""
     done = verlc(tmp_path, "submit", "spec.yaml", "--target", "slurm", "--out", "out", "--follow", "--on-end",
-                 on_end, stop_after="train", env={"FAKE_METRICS": "1"})
+                 on_end, stop_after="train", env={"FAKE_METRICS": "1"}, timeout=600)  # 3 jobs: >120 s under load
     assert done.returncode == 0, done.stdout + done.stderr
     runs = list(runs_of(tmp_path).values())
     job = runs[0].job_id.split("_")[0]
