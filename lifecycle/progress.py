@@ -12,10 +12,9 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+from ..targets.protocol import parse_event
 from ..targets.runtime import STEP_LINE
 
-STAGE = re.compile(r"verlc: stage (\w+)(: skipped)?")
-NODE = re.compile(r"verlc: node registered: .*\((\d+)/(\d+)\)")
 TOTAL = re.compile(r"Total training steps: (\d+)")
 STEP = STEP_LINE  # verl's console logger line, parsed as the runtime's stall watchdog parses it
 NUMBER = re.compile(r"^(?:np\.\w+\((.*)\)|(.*))$")
@@ -61,10 +60,11 @@ class Event:
 
 def events(lines: Iterable[str]) -> Iterator[Event]:
     for line in lines:
-        if (m := STAGE.search(line)) and not m[2]:
-            yield Event("stage", m[1])
-        elif m := NODE.search(line):
-            yield Event("nodes", f"ray {m[1]}/{m[2]} nodes")
+        event = parse_event(line)
+        if event and event.stage:
+            yield Event("stage", event.stage)
+        elif event and event.node_count:
+            yield Event("nodes", "ray {}/{} nodes".format(*event.node_count))
         elif m := TOTAL.search(line):
             yield Event("total", m[0], total=int(m[1]))
         elif step := parse_step(line):
@@ -85,7 +85,8 @@ def stage_lines(lines: Iterable[str], stage: str) -> Iterator[str]:
     """The lines a log holds between the start of `stage` and the next stage (every attempt's, on requeue)."""
     inside = False
     for line in lines:
-        if m := STAGE.search(line):
-            inside = m[1] == stage and not m[2]
+        event = parse_event(line)
+        if event and (event.stage or event.skipped):
+            inside = event.stage == stage
         if inside:
             yield line

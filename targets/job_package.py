@@ -6,15 +6,14 @@ py_modules, compose mounts it): the job's argv stays JSON end to end, no shell p
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from typing import Any
 
 from ..compiler.ir import JobIR, VariantIR, Word
 from .bundle import File, header_lines
+from .protocol import REFERENCE, Job
 
 PACKAGE = "verlc_job"
-REFERENCE = "verlc-first-run.json"  # a reproducible job's first run record, next to its checkpoints
 COMMAND = ("python3", "-m", PACKAGE, "job")
 
 
@@ -24,68 +23,67 @@ def variant_label(ir: JobIR, variant: VariantIR) -> str:
     return f"variant {variant.index}: {settings}"
 
 
-def job_description(ir: JobIR, *, record: Word | None, variant: VariantIR | None = None,
-                    image: str | None = None, expiry: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What the runtime's `job` runs: wait, data, preflight, train (targets/runtime.py), in the cluster the job
-    runs in (RAY_ADDRESS). `expiry`: where a target that knows the job's end time puts it, for verl's save
-    ahead of it ({"variable", "lead" seconds, "end_file" with the end in epoch seconds})."""
+def job_of(ir: JobIR, *, record: Word | None, variant: VariantIR | None = None, image: str | None = None,
+           expiry: dict[str, Any] | None = None) -> Job:
+    """What the runtime's `job` runs (targets/protocol.py), in the cluster the job runs in (RAY_ADDRESS).
+    `expiry`: where a target that knows the job's end time puts it, for verl's save ahead of it."""
     checkpoints = variant.checkpoint_dir if variant else ir.checkpoint_dir
-    return {
-        "generated_from": ir.spec_file,
-        "spec_sha256": ir.spec_sha256,
-        "name": ir.name,
-        "variant": variant_label(ir, variant) if variant else None,
-        "nodes": ir.nodes,
-        "gpus": ir.total_gpus,
-        "device": ir.device,  # Ray's resource name of the accelerators: GPU, or NPU on Ascend
-        "wait_seconds": ir.ray.wait_seconds,
-        "data_prep": [{"out_dir": p.out_dir, "argv": list(p.argv)} for p in ir.data_prep],
-        "model_fetch": {"repo": ir.model_fetch.repo, "revision": ir.model_fetch.revision,
-                        "folder": ir.model_fetch.folder.as_json()} if ir.model_fetch else None,
-        # Paths as parts: text, and {"env": NAME} that the helper expands on the node.
-        "model": ir.model.as_json(),
-        "checkpoint_dir": checkpoints.as_json(),
-        "data_files": [f.as_json() for f in ir.data_files],
-        "require_env": list(ir.node_env),
-        "pins": [f"{name}={version}" for name, version in ir.pins],
-        "verl_commit": ir.verl_commit,
-        "code": ir.code.as_json() if ir.code else None,
-        "rollout_package": ir.rollout_package,
-        "startup": [n.as_json() for n in ir.startup] if ir.startup is not None else None,
-        "image": image or ir.image.display,  # the run record names it (a target's own image, if it has one)
-        "record": record.as_json() if record else None,
-        "reference": Word((*checkpoints.parts, f"/{REFERENCE}")).as_json() if ir.reproducible else None,
-        "train": list(ir.trainer_argv_for(variant)),
-        "stall_timeout": ir.stall_timeout,
-        "expiry": expiry,
-    }
+    return Job(
+        generated_from=ir.spec_file,
+        spec_sha256=ir.spec_sha256,
+        name=ir.name,
+        variant=variant_label(ir, variant) if variant else None,
+        nodes=ir.nodes,
+        total_gpus=ir.total_gpus,
+        device=ir.device,
+        wait_seconds=ir.ray.wait_seconds,
+        data_prep=[{"out_dir": p.out_dir, "argv": list(p.argv)} for p in ir.data_prep],
+        model_fetch={"repo": ir.model_fetch.repo, "revision": ir.model_fetch.revision,
+                     "folder": ir.model_fetch.folder.as_json()} if ir.model_fetch else None,
+        model=ir.model.as_json(),
+        checkpoint_dir=checkpoints.as_json(),
+        data_files=[f.as_json() for f in ir.data_files],
+        require_env=list(ir.node_env),
+        pins=[f"{name}={version}" for name, version in ir.pins],
+        verl_commit=ir.verl_commit,
+        code=ir.code.as_json() if ir.code else None,
+        rollout_package=ir.rollout_package,
+        startup=[n.as_json() for n in ir.startup] if ir.startup is not None else None,
+        image=image or ir.image.display,  # the run record names it (a target's own image, if it has one)
+        record=record.as_json() if record else None,
+        reference=Word((*checkpoints.parts, f"/{REFERENCE}")).as_json() if ir.reproducible else None,
+        train=list(ir.trainer_argv_for(variant)),
+        stall_timeout=ir.stall_timeout,
+        expiry=expiry,
+    )
 
 
-def job_json(description: dict[str, Any]) -> str:
-    """The job as JSON for review: one key per line, and a long list (the trainer's argv) one item per line."""
-    def item(value: object) -> str:
-        return json.dumps(value, ensure_ascii=False)
+def runtime_sources() -> dict[str, str]:
+    """The files that run on the cluster, as verlc ships them: the protocol and the runtime."""
+    here = resources.files("verlc.targets")
+    return {name: here.joinpath(name).read_text() for name in ("protocol.py", "runtime.py")}
 
-    lines = []
-    for key, value in description.items():
-        text = item(value)
-        if isinstance(value, list) and value and len(text) > 100:
-            text = "[\n" + ",\n".join(f"    {item(v)}" for v in value) + "\n  ]"
-        lines.append(f"  {item(key)}: {text}")
-    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+def one_program() -> str:
+    """The protocol and the runtime as one program for `python3 -` (the Slurm script feeds it on stdin, so that
+    it reaches a container as it is): the protocol first, then the runtime without its __future__ import,
+    which Python takes only at the start of a file (the protocol's, the same, stands for it)."""
+    sources = runtime_sources()
+    future = "from __future__ import annotations\n"
+    assert future in sources["protocol.py"] and future in sources["runtime.py"]
+    return sources["protocol.py"] + "\n\n" + sources["runtime.py"].replace(future, "", 1)
 
 
 def job_package(ir: JobIR, *, record: Word | None, image: str | None = None) -> list[File]:
-    """verlc_job/: the runtime, its entry point, and the job (one per sweep variant) as JSON."""
+    """verlc_job/: the runtime, the protocol beside it, its entry point, and the job (one per sweep variant)."""
     header = "".join(f"# {line}\n" for line in header_lines(ir))
-    source = resources.files("verlc.targets").joinpath("runtime.py").read_text()
+    sources = runtime_sources()
     main = "import sys\n\nfrom . import main\n\nsys.exit(main(sys.argv[1:]))\n"
-    jobs = {"job.json": job_description(ir, record=record, image=image)} if not ir.variants else {
-        f"jobs/{v.index}.json": job_description(ir, record=record, variant=v, image=image)
-        for v in ir.variants}
+    jobs = {"job.json": job_of(ir, record=record, image=image)} if not ir.variants else {
+        f"jobs/{v.index}.json": job_of(ir, record=record, variant=v, image=image) for v in ir.variants}
     return [
-        File(f"{PACKAGE}/__init__.py", header + source),
+        File(f"{PACKAGE}/__init__.py", header + sources["runtime.py"]),
         File(f"{PACKAGE}/__main__.py", header + main),
-        *(File(f"{PACKAGE}/{name}", job_json(job))
-          for name, job in jobs.items()),
+        File(f"{PACKAGE}/protocol.py", header + sources["protocol.py"]),
+        *(File(f"{PACKAGE}/{name}", job.to_json()) for name, job in jobs.items()),
     ]

@@ -63,8 +63,8 @@ def test_services_as_compose_resolves_them(bundle: Path) -> None:
         gpus += sum(len(d["device_ids"]) for d in reservations)
         if not reservations:  # ROCm: device files instead of a reservation
             assert {d["source"] for d in service["devices"]} >= {"/dev/kfd", "/dev/dri"}
-            gpus += spec["gpus"] // spec["nodes"]
-    assert gpus == spec["gpus"]
+            gpus += spec["total_gpus"] // spec["nodes"]
+    assert gpus == spec["total_gpus"]
     assert "healthcheck" in services["ray-head"]
     # the dashboard is published on the host port the spec names (Compose's default otherwise), loopback only
     from ruamel.yaml import YAML

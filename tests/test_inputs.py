@@ -14,6 +14,7 @@ import pytest
 from conftest import run_verlc
 
 from verlc.targets import runtime as incluster
+from verlc.targets.job_package import one_program
 
 COMMIT = "0123456789abcdef" * 2 + "01234567"
 
@@ -38,7 +39,7 @@ def hub_cache(home: Path, repo: str = "org/tiny", commit: str = COMMIT) -> dict[
 def materialize(home: Path, folder: Path, revision: str = COMMIT) -> subprocess.CompletedProcess[str]:
     """The helper as a bundle runs it, with the hub offline: only the local cache can answer."""
     return subprocess.run([sys.executable, "-", "materialize", "--repo", "org/tiny", "--revision", revision,
-                           "--folder", str(folder)], input=Path(incluster.__file__).read_text(), text=True,
+                           "--folder", str(folder)], input=one_program(), text=True,
                           capture_output=True, timeout=120,
                           env={**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1"})
 

@@ -191,7 +191,7 @@ def test_the_example_rayjob(tmp_path: Path) -> None:
     mounts = {m["name"]: m["mountPath"] for m in head["containers"][0]["volumeMounts"]}
     assert {mounts[n]: c for n, c in claims.items()} == {"/data": "verl-data", "/checkpoints": "verl-checkpoints"}
     job_json = json.loads(configmap["data"]["job.json"])  # the same job package as the other targets
-    assert job_json["nodes"] == 2 and job_json["gpus"] == 16 and job_json["image"] == "verlai/verl:vllm024.latest"
+    assert job_json["nodes"] == 2 and job_json["total_gpus"] == 16 and job_json["image"] == "verlai/verl:vllm024.latest"
     assert job_json["train"][:3] == ["python3", "-m", "verl.trainer.main_ppo"]
     assert configmap["data"]["__init__.py"].endswith((REPO / "targets" / "runtime.py").read_text())
 

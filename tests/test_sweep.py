@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_verlc
-from verlc.targets.runtime import with_variant
+from verlc.targets.protocol import Job, Variant
 from test_hostile import BASE, fake_bin, run_script, write  # noqa: F401 - fake_bin is a fixture
 from test_hostile import build as build_for_targets
 from test_verl_differential import PARSER, composed, hydra_loader
@@ -71,10 +71,11 @@ def test_an_array_task_runs_its_own_variant(tmp_path: Path, fake_bin: Path) -> N
                                    f"exec bash {folder / 'sbatch.sh'}\n")
     calls = run_script(folder, "run.sh", fake_bin, tmp_path)
     argv = [c for c in calls if "--json" in c][-1]  # the runtime's job step: the job and this task's variant
-    job = with_variant(json.loads(argv[argv.index("--json") + 1]), json.loads(argv[argv.index("--variant-json") + 1]))
-    assert job["train"] == list(ir.trainer_argv_for(ir.variants[37]))
-    assert job["variant"].startswith("variant 37: ")
-    assert job["checkpoint_dir"] == ir.variants[37].checkpoint_dir.as_json()
+    job = Job.from_json(argv[argv.index("--json") + 1]).with_variant(
+        Variant.from_json(argv[argv.index("--variant-json") + 1]))
+    assert job.train == list(ir.trainer_argv_for(ir.variants[37]))
+    assert job.variant.startswith("variant 37: ")
+    assert job.checkpoint_dir == ir.variants[37].checkpoint_dir.as_json()
     # the script holds the job once and a line per variant: well under Slurm's 4 MB batch script limit
     assert len((folder / "sbatch.sh").read_bytes()) < 200_000
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from ...compiler.ir import JobIR
 from ...lifecycle.scheduler import LaunchError, Observed, State, Submission, observed, require_secrets, tool, utc
 from ...lifecycle.scheduler import run as command
+from ..protocol import ATTACH, RECORD, RUNS, parse_event, run_id
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY",
          "BOOT_FAIL", "DEADLINE"}
@@ -39,12 +40,13 @@ def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Subm
     shown = _show(job) or {}
     where = cluster or shown.get("ClusterName") or _cluster()
     if not ir.variants:
-        return [Submission(run=f"{ir.name}-{job}", job_id=job, where=where, log=shown.get("StdOut"),
-                           record=str(cwd / "verlc-runs" / f"{ir.name}-{job}" / "run-record.json"))]
+        run = run_id(ir.name, job)
+        return [Submission(run=run, job_id=job, where=where, log=shown.get("StdOut"),
+                           record=str(cwd / RUNS / run / RECORD))]
     # a sweep: one run per array task (<job>_<task>, as Slurm names it); each task's log is known once it starts
-    return [Submission(run=f"{ir.name}-{job}_{v.index}", job_id=f"{job}_{v.index}", where=where, log=None,
-                       record=str(cwd / "verlc-runs" / f"{ir.name}-{job}_{v.index}" / "run-record.json"),
-                       variant=v.index) for v in ir.variants]
+    return [Submission(run=run_id(ir.name, job, v.index), job_id=f"{job}_{v.index}", where=where, log=None,
+                       record=str(cwd / RUNS / run_id(ir.name, job, v.index) / RECORD), variant=v.index)
+            for v in ir.variants]
 
 
 def _cluster() -> str:
@@ -112,8 +114,8 @@ def _last_exit(log: str | None) -> int | None:
         text = Path(log).read_text(errors="replace") if log else ""
     except OSError:
         return None
-    found = re.findall(r"\] verlc: exit code (\d+)$", text, re.M)
-    return int(found[-1]) if found else None
+    codes = [e.exit_code for e in map(parse_event, text.splitlines()) if e and e.exit_code is not None]
+    return codes[-1] if codes else None
 
 
 def logs(run: dict) -> str:
@@ -134,9 +136,9 @@ def attach(run: dict, argv: list[str]) -> list[str]:
     """The srun command that runs ARGV (default: a shell) on the head node of a running job, where its
     commands run (inside its container), from the `attach.argv` the batch script wrote."""
     try:
-        words = (Path(run["record"]).parent / "attach.argv").read_bytes().split(b"\0")[:-1]
+        words = (Path(run["record"]).parent / ATTACH).read_bytes().split(b"\0")[:-1]
     except (OSError, TypeError):
-        raise LaunchError(f"{run['run']} has not started yet (no attach.argv in its run folder)") from None
+        raise LaunchError(f"{run['run']} has not started yet (no {ATTACH} in its run folder)") from None
     node, count, rest = words[0].decode(), int(words[1]), [w.decode() for w in words[2:]]
     step_args, prefix = rest[:count], rest[count:]
     interactive = not argv

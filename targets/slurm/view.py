@@ -7,14 +7,14 @@ container name); argv here refers to them as `Var`s so they are quoted like ever
 from __future__ import annotations
 
 import hashlib
-import json
-from dataclasses import dataclass
-from importlib import resources
+from dataclasses import dataclass, replace
 
 from ...compiler.derive import HCCL_PORTS, tracker_env
 from ...compiler.ir import Arg, EnvVar, JobIR, Var, Word
 from ..bundle import header_lines
-from ..job_package import job_description, job_json
+from ..job_package import job_of, one_program
+from .. import protocol
+from ..protocol import END_TIME, RECORD, RUNS, Variant
 from .lower import SlurmIR
 
 # Shell variables the template sets before it uses the argv below.
@@ -29,10 +29,24 @@ Line = tuple[Arg, ...]
 
 @dataclass(frozen=True)
 class VariantView:
-    """What one array task of a sweep changes in the job, as one line of JSON (runtime.with_variant)."""
+    """What one array task of a sweep changes in the job, as one line of JSON (protocol.Variant)."""
 
     index: int
     json: str
+
+
+@dataclass(frozen=True)
+class ProtocolView:
+    """What the script shares with the runtime and the lifecycle (targets/protocol.py): the stages, the exit
+    code of a lost node, and the run folder's files (under the script's `run_dir`)."""
+
+    stages: tuple[str, ...] = protocol.STAGES
+    node_lost: int = protocol.NODE_LOST
+    job_log: Word = Word((Var("run_dir"), f"/{protocol.JOB_LOG}"))
+    ray_logs: Word = Word((Var("run_dir"), f"/{protocol.RAY_LOGS}"))
+    truncated: str = protocol.TRUNCATED
+    attach: Word = Word((Var("run_dir"), f"/{protocol.ATTACH}"))
+    time_limit_reached: Word = Word((Var("run_dir"), f"/{protocol.TIME_LIMIT_REACHED}"))
 
 
 @dataclass(frozen=True)
@@ -76,6 +90,7 @@ class SlurmView:
     runtime_file: str  # the runtime's file in the run folder
     runtime_source: str  # targets/runtime.py, embedded after the job's logic
     runtime_banner: tuple[str, ...]
+    protocol: ProtocolView = ProtocolView()
 
 
 def _word(*parts: str | Var) -> Word:
@@ -104,12 +119,11 @@ def job_env(ir: JobIR) -> tuple[EnvVar, ...]:
 
 
 RUNTIME_FILE = "verlc-runtime.py"
-END_FILE = "end-time"  # the job's end (epoch seconds), as Slurm has it now: the script keeps it fresh
 USR1_EARLY = 60  # how much earlier than asked Slurm may send --signal (event handling's resolution, sbatch(1))
 
 
 def slurm_view(ir: JobIR) -> SlurmView:
-    runtime = resources.files("verlc.targets").joinpath("runtime.py").read_text()
+    runtime = one_program()
     slurm: SlurmIR = ir.part("slurm")
     c = ir.container
     # HCCL's ports come from the job's block of ports (the template exports them once it has the block)
@@ -197,25 +211,25 @@ def slurm_view(ir: JobIR) -> SlurmView:
         (_word("--node-ip-address=", NODE_IP),),
         *ray_common,
     )
-    run_dir = _word(Var("SLURM_SUBMIT_DIR"), f"/verlc-runs/{ir.name}-", *job_key(ir))
-    record = Word((*run_dir.parts, "/run-record.json"))
+    run_dir = _word(Var("SLURM_SUBMIT_DIR"), f"/{RUNS}/{ir.name}-", *job_key(ir))
+    record = Word((*run_dir.parts, f"/{RECORD}"))
     # verl (0.5.0 on) saves a checkpoint ahead of the deadline in expiry_variable: the job's end time, which the
     # script keeps in the run folder as Slurm has it (scontrol update moves it), less the USR1 lead before it
-    end_file = Word((*run_dir.parts, f"/{END_FILE}"))
+    end_file = Word((*run_dir.parts, f"/{END_TIME}"))
     # Slurm may send the --signal up to 60 s before the time it was asked for (sbatch(1)): the lead covers that
     expiry = {"variable": ir.expiry_variable, "lead": slurm.requeue_grace + USR1_EARLY if slurm.requeue_grace else 0,
               "end_file": end_file.as_json()} if ir.expiry_variable else None
-    job = job_description(ir, record=record, expiry=expiry)
+    job = job_of(ir, record=record, expiry=expiry)
     variants = []
     if ir.variants:  # the base job without the varied keys; each array task adds its own values back
         varied = set(ir.varied_keys)
-        job["train"] = [*ir.trainer_argv[:3], *(o.arg for o in ir.overrides if o.key not in varied)]
+        job = replace(job, train=[*ir.trainer_argv[:3], *(o.arg for o in ir.overrides if o.key not in varied)])
         for v in ir.variants:
-            full = job_description(ir, record=record, variant=v, expiry=expiry)
-            patch = {"variant": full["variant"], "checkpoint_dir": full["checkpoint_dir"],
-                     "reference": full["reference"], "train_overrides": [o.arg for o in ir.variant_overrides(v)]}
-            assert [*job["train"], *patch["train_overrides"]] == full["train"]
-            variants.append(VariantView(v.index, json.dumps(patch, ensure_ascii=False)))
+            full = job_of(ir, record=record, variant=v, expiry=expiry)
+            patch = Variant(label=full.variant, checkpoint_dir=full.checkpoint_dir, reference=full.reference,
+                            train_overrides=[o.arg for o in ir.variant_overrides(v)])
+            assert job.with_variant(patch) == full
+            variants.append(VariantView(v.index, patch.to_json()))
     throttle = f"%{slurm.array_parallel}" if slurm.array_parallel else ""
     array = (f"--array=0-{len(ir.variants) - 1}{throttle}",) if ir.variants else ()
     return SlurmView(
@@ -251,12 +265,13 @@ def slurm_view(ir: JobIR) -> SlurmView:
         exec_prefix=exec_prefix,
         ray_head=ray_head,
         ray_worker=ray_worker,
-        job=job_json(job),
+        job=job.to_json(),
         variants=tuple(variants),
         runtime_file=RUNTIME_FILE,
         runtime_source=runtime,
-        runtime_banner=(f"targets/runtime.py of verlc {ir.verlc_version}, sha256 {hashlib.sha256(runtime.encode()).hexdigest()}:",
-                        "the file every verlc bundle runs on the cluster (the others ship it as verlc_job/__init__.py,",
-                        "after their header). Nothing below is specific to this job."),
+        runtime_banner=(f"targets/protocol.py and targets/runtime.py of verlc {ir.verlc_version}, as one program, sha256 "
+                        f"{hashlib.sha256(runtime.encode()).hexdigest()}:",
+                        "what every verlc bundle runs on the cluster (the others ship them as verlc_job/protocol.py and",
+                        "verlc_job/__init__.py, after their header). Nothing below is specific to this job."),
     )
 

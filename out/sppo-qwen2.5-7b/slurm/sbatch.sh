@@ -22,16 +22,14 @@ readonly expected_nodes=1
 readonly gpus_per_node=4
 readonly run_dir="${SLURM_SUBMIT_DIR}"/verlc-runs/sppo-qwen2.5-7b-"${SLURM_JOB_ID}"
 readonly runtime_file=verlc-runtime.py
-readonly stop_after=${VERLC_STOP_AFTER:-train}
+readonly stages=(containers ray data preflight train)
+readonly stop_after=${VERLC_STOP_AFTER:-${stages[-1]}}
 readonly this_job=$SLURM_JOB_ID
 
 log() { printf '[%s] verlc: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)" "$*"; }
 die() { log "ERROR: $*" >&2; exit 1; }
 
-case $stop_after in
-  containers | ray | data | preflight | train) ;;
-  *) die "VERLC_STOP_AFTER=$stop_after: expected containers, ray, data, preflight or train" ;;
-esac
+[[ " ${stages[*]} " == *" $stop_after "* ]] || die "VERLC_STOP_AFTER=$stop_after: expected one of: ${stages[*]}"
 
 # pause_at POINT: for tests of cancellation, wait here (until signalled) when VERLC_PAUSE_AT names POINT:
 # a stage's name (its start), "addresses" (before the nodes are asked) or "ray-wait" (the waiter started).
@@ -162,7 +160,7 @@ ray_node() {
       --disable-usage-stats
     )
   fi
-  local logs=$run_dir/ray-logs/$SLURMD_NODENAME  # created now: the container waits for it before going
+  local logs="${run_dir}"/ray-logs/$SLURMD_NODENAME  # created now: the container waits for it before going
   mkdir -p "$logs"
   log "starting Ray on $SLURMD_NODENAME ($node_ip)"
   # In a process group of its own: when Slurm signals the step, every Ray process of the node gets TERM,
@@ -181,8 +179,12 @@ ray_node() {
   else
     log "Ray on $SLURMD_NODENAME exited (code $rc)"
   fi
-  "${exec_prefix[@]}" python3 - ray-logs --temp-dir "$ray_tmp" --limit-mib 50 <"$run_dir/$runtime_file" \
-    | tar -x -C "$logs" || log "could not keep Ray's logs of $SLURMD_NODENAME"
+  if "${exec_prefix[@]}" python3 - ray-logs --temp-dir "$ray_tmp" --limit-mib 50 <"$run_dir/$runtime_file" \
+      | tar -x -C "$logs"; then
+    log "kept Ray's logs of $SLURMD_NODENAME"
+  else
+    log "could not keep Ray's logs of $SLURMD_NODENAME"
+  fi
   # Stopped on purpose (the cleanup, scancel): 0, or --kill-on-bad-exit would end the step's other nodes
   # while they keep their logs. Stopped on its own: never 0, so that the step (and bring-up) ends at once.
   [[ -z $stop_at ]] || exit 0
@@ -258,7 +260,7 @@ on_usr1() {
   log "USR1: preemption or time limit ahead; stopping and requeueing"
   requeue=1
   if (($(seconds_left) <= requeue_grace + 60)); then
-    printf '%s\n' "${SLURM_RESTART_COUNT:-0}" >"$run_dir/time-limit-reached"
+    printf '%s\n' "${SLURM_RESTART_COUNT:-0}" >"${run_dir}"/time-limit-reached
   fi
   exit 143
 }
@@ -324,7 +326,7 @@ main() {
   # For `verlc attach`: where the job's commands run on the head node, NUL-separated: the node, the
   # number of srun arguments, those arguments, then the command prefix (the container's exec, if any).
   in_container "$head_node"
-  printf '%s\0' "$head_node" "${#step_args[@]}" "${step_args[@]}" "${exec_prefix[@]}" >"$run_dir/attach.argv"
+  printf '%s\0' "$head_node" "${#step_args[@]}" "${step_args[@]}" "${exec_prefix[@]}" >"${run_dir}"/attach.argv
   # ---- environment: exported before any container or Ray process starts (verl #158) ---------------
   export PYTHONUNBUFFERED=1  # verlc: stream trainer logs
   export WANDB_RUN_ID=sppo-qwen2.5-7b-"${SLURM_JOB_ID}"  # verlc: requeues resume the W&B run
@@ -393,10 +395,10 @@ main() {
       "VERLC_STOP_AFTER=$stop_after" "VERLC_PAUSE_AT=${VERLC_PAUSE_AT:-}" "VERLC_ACCEPT_CHANGES=${VERLC_ACCEPT_CHANGES:-}"
       "VERLC_NODE_NAMES=${nodes[*]}" "SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}"
     )
-    log "the job's log: $run_dir/job.log"
+    log "the job's log:" "${run_dir}"/job.log
     step_for "$head_node" env "${runtime_env[@]}" python3 - job --begun ray --json "$(job_description)"
     # In the background so that TERM/INT reach the traps at once instead of after training.
-    "${step[@]}" <"$run_dir/$runtime_file" > >(tee -a "$run_dir/job.log") 2>&1 &
+    "${step[@]}" <"$run_dir/$runtime_file" > >(tee -a "${run_dir}"/job.log) 2>&1 &
     job_step=$!
     pause_at ray-wait
     # Fail fast when a node's Ray stops while the job runs.
@@ -412,7 +414,7 @@ main() {
     else
       rc=$?
       log "the job's stages exited with code $rc"
-      if ((rc == 75)); then  # Ray declared a node dead (the runtime's NODE_LOST)
+      if ((rc == 75)); then  # Ray declared a node dead (the protocol's NODE_LOST)
         await_node_failure
       fi
       exit "$rc"
@@ -433,7 +435,7 @@ job_description() {
   "name": "sppo-qwen2.5-7b",
   "variant": null,
   "nodes": 1,
-  "gpus": 4,
+  "total_gpus": 4,
   "device": "GPU",
   "wait_seconds": 600,
   "data_prep": [],
@@ -508,12 +510,213 @@ VERLC_JOB
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/runtime.py of verlc 0.1.0, sha256 e57f3f7ec61469cb3702b7d26e0e4c88fc4d0936906377e91878f1521a653518:
-# the file every verlc bundle runs on the cluster (the others ship it as verlc_job/__init__.py,
-# after their header). Nothing below is specific to this job.
+# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 481a42d2daede9a668948d8be0ba62ce215adc46e139146d1c5808da2cd6ccac:
+# what every verlc bundle runs on the cluster (the others ship them as verlc_job/protocol.py and
+# verlc_job/__init__.py, after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
 runtime_source() {
   cat <<'VERLC_RUNTIME'
+"""The job protocol: what the build hands the cluster, and what the cluster hands back, written once.
+
+Three parties share it. The build (targets/*/view.py) decides a `Job` and writes it into the bundle; the
+runtime (targets/runtime.py) loads that `Job` on the cluster, runs its stages and prints event lines; the
+lifecycle (lifecycle/, each target's launch.py) reads those lines and the run folder's files back. Each of
+them takes the names below from here, and the bash templates get them from their views, so a rename is one
+edit here.
+
+Standard library only: every bundle ships this file beside the runtime (the package verlc_job/; the Slurm
+script embeds both, this one first).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+# ---- the stages ------------------------------------------------------------------------------------------
+# Every stage a run goes through, in order. "containers" is the Slurm script's own (it starts the job's
+# containers before Ray); the runtime's stage runner runs the others.
+STAGES = ("containers", "ray", "data", "preflight", "train")
+RUNNER_STAGES = STAGES[1:]
+STOP_AFTER = "VERLC_STOP_AFTER"  # run the stages up to this one, skip the rest (default: every stage)
+PAUSE_AT = "VERLC_PAUSE_AT"  # wait (until signalled) at the start of this stage, or at a named point inside one
+
+
+def stop_after_problem(value: str, stages: tuple[str, ...] = RUNNER_STAGES) -> str | None:
+    """Why VERLC_STOP_AFTER=value names no stage of `stages`, or None."""
+    if value in stages:
+        return None
+    return f"{STOP_AFTER}={value}: expected {', '.join(stages[:-1])} or {stages[-1]}"
+
+
+# ---- exit codes ------------------------------------------------------------------------------------------
+USAGE = 2  # a bad VERLC_* setting
+NODE_LOST = 75  # Ray declared a node dead during the run (EX_TEMPFAIL: worth a retry on other nodes)
+SIGNALLED = 143  # ended by TERM (scancel, the time limit): 128 + 15
+
+
+# ---- event lines -----------------------------------------------------------------------------------------
+# Everything the bundles and the runtime report is one line `[<UTC time>] verlc: <message>`; a log may put its
+# own prefix ahead of it (Compose: the service's name).
+EVENT = re.compile(r"\[(?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)\] verlc: (?P<message>.*?)\s*$")
+EVENT_TIME = "%Y-%m-%dT%H:%M:%S"  # and milliseconds, then Z (bash: date -u +%Y-%m-%dT%H:%M:%S.%3NZ)
+
+
+def stamp(now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    return time.strftime(EVENT_TIME, time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+
+
+def event_line(message: str, now: float | None = None) -> str:
+    return f"[{stamp(now)}] verlc: {message}"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event line, read back: when, what, and (for the messages below) what it means."""
+    time: str
+    message: str
+
+    @property
+    def stage(self) -> str | None:
+        """The stage that started here ("stage NAME"; a skipped stage starts nothing)."""
+        m = re.fullmatch(r"stage (\w+)", self.message)
+        return m[1] if m else None
+
+    @property
+    def skipped(self) -> str | None:
+        m = re.match(r"stage (\w+): skipped\b", self.message)
+        return m[1] if m else None
+
+    @property
+    def node_count(self) -> tuple[int, int] | None:
+        """(registered, expected) from "node registered: NAME (ADDRESS) GPUs=N (i/n)"."""
+        m = re.fullmatch(r"node registered: .*\((\d+)/(\d+)\)", self.message)
+        return (int(m[1]), int(m[2])) if m else None
+
+    @property
+    def exit_code(self) -> int | None:
+        """The job's exit code, from its last line "exit code N"."""
+        m = re.fullmatch(r"exit code (\d+)", self.message)
+        return int(m[1]) if m else None
+
+
+def parse_event(line: str) -> Event | None:
+    m = EVENT.search(line)
+    return Event(m["time"], m["message"]) if m else None
+
+
+def stage_message(stage: str) -> str:
+    return f"stage {stage}"
+
+
+def skipped_message(stage: str, stop_after: str) -> str:
+    return f"stage {stage}: skipped ({STOP_AFTER}={stop_after})"
+
+
+def node_message(label: str, device: str, count: float, seen: int, expected: int) -> str:
+    return f"node registered: {label} {device}s={count:g} ({seen}/{expected})"
+
+
+def exit_message(code: int) -> str:
+    return f"exit code {code}"
+
+
+# ---- the run folder --------------------------------------------------------------------------------------
+RUNS = "verlc-runs"  # a Slurm run's folder is <submit dir>/verlc-runs/<run id>/
+RECORD = "run-record.json"  # the preflight's record: inputs, versions, verl config, resources
+JOB_LOG = "job.log"  # the runtime's output on the head node
+RAY_LOGS = "ray-logs"  # <node>/: each node's Ray session logs, bounded, with TRUNCATED.txt
+TRUNCATED = "TRUNCATED.txt"  # in each node's ray-logs: what the bound cut
+ATTACH = "attach.argv"  # how `verlc attach` enters the head node: NUL-separated node, count, step args, prefix
+END_TIME = "end-time"  # the job's end in epoch seconds, as the scheduler has it now
+TRAIN_STARTS = "train-start.json"  # per attempt: the latest checkpoint's step when training began
+TIME_LIMIT_REACHED = "time-limit-reached"  # the attempt (SLURM_RESTART_COUNT) that the time limit stopped
+REFERENCE = "verlc-first-run.json"  # a reproducible job's first run record, beside its checkpoints
+
+
+# ---- run ids ---------------------------------------------------------------------------------------------
+def run_id(name: str, job_id: str, task: int | str | None = None) -> str:
+    """A run's id: <spec name>-<scheduler's job id>, and _<task> for a sweep's array task. Requeues keep it;
+    it names the run folder and is the experiment tracker's run id, so a requeued run continues its W&B run."""
+    return f"{name}-{job_id}" + (f"_{task}" if task is not None else "")
+
+
+# ---- the job ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Job:
+    """What the runtime runs: wait for the cluster, data, preflight, train. Paths are words: lists of text
+    and {"env": NAME} parts that the runtime expands on the node."""
+    generated_from: str
+    spec_sha256: str
+    name: str
+    variant: str | None  # a sweep variant's label, logged first
+    nodes: int
+    total_gpus: int  # over every node
+    device: str  # Ray's resource name of the accelerators: GPU, or NPU on Ascend
+    wait_seconds: int
+    data_prep: list[dict[str, Any]]  # {"out_dir", "argv"}
+    model_fetch: dict[str, Any] | None  # {"repo", "revision", "folder"}
+    model: list
+    checkpoint_dir: list
+    data_files: list[list]
+    require_env: list[str]
+    pins: list[str]  # "package=version"
+    verl_commit: str | None
+    code: dict[str, Any] | None
+    rollout_package: str | None
+    startup: list[dict[str, Any]] | None  # what verl's workers import and refuse at start-up
+    image: str
+    record: list | None  # where the preflight writes the run record
+    reference: list | None  # a reproducible job's first run record
+    train: list[str]  # the trainer's argv
+    stall_timeout: int | None
+    expiry: dict[str, Any] | None = None  # {"variable", "lead", "end_file"}: verl's save ahead of the job's end
+
+    def to_json(self) -> str:
+        """For review: one key per line, and a long list (the trainer's argv) one item per line."""
+        lines = []
+        for key, value in asdict(self).items():
+            text = json.dumps(value, ensure_ascii=False)
+            if isinstance(value, list) and value and len(text) > 100:
+                text = "[\n" + ",\n".join(f"    {json.dumps(v, ensure_ascii=False)}" for v in value) + "\n  ]"
+            lines.append(f"  {json.dumps(key)}: {text}")
+        return "{\n" + ",\n".join(lines) + "\n}\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Job:
+        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"not a job of this runtime: unknown keys {', '.join(unknown)}")
+        return cls(**data)
+
+    def with_variant(self, variant: Variant) -> Job:
+        """A sweep's job for one variant: the base job's trainer overrides, then the variant's."""
+        return replace(self, variant=variant.label, checkpoint_dir=variant.checkpoint_dir,
+                       reference=variant.reference, train=[*self.train, *variant.train_overrides])
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What one array task of a sweep changes in its job (the Slurm script passes it beside the job)."""
+    label: str
+    checkpoint_dir: list
+    reference: list | None
+    train_overrides: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> Variant:
+        return cls(**json.loads(text))
+
+
 """verlc's in-cluster runtime: what runs on the cluster, on the head node (and each node's Ray logs), inside
 the job's container, next to verl.
 
@@ -535,7 +738,6 @@ checkpoint folder, and writes the run record; `train` runs verl's program. The s
 logger is parsed here only (STEP_LINE).
 """
 
-from __future__ import annotations
 
 import argparse
 import glob
@@ -548,19 +750,19 @@ import subprocess
 import sys
 import time
 
+if __package__:  # verlc_job/ (verlc.targets while developing): the protocol is the module beside this one
+    from .protocol import (NODE_LOST, PAUSE_AT, RUNNER_STAGES, STOP_AFTER, TIME_LIMIT_REACHED, TRAIN_STARTS, USAGE,
+                           Job, Variant, event_line, node_message, skipped_message, stage_message, stamp,
+                           stop_after_problem)
+# else: run as `python3 -` by the Slurm script, which feeds protocol.py's text ahead of this file's
+
 VERL_COLUMNS = ("prompt", "data_source", "reward_model")
 PACKAGES = ("verl", "ray", "torch", "transformers", "vllm", "sglang", "tensorrt_llm")
 MIN_RAY = (2, 40)  # older Ray is incompatible with verl
-STAGES = ("ray", "data", "preflight", "train")
-
-
-def stamp() -> str:
-    now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
 
 
 def say(message: str) -> None:
-    print(f"[{stamp()}] verlc: {message}", flush=True)
+    print(event_line(message), flush=True)
 
 
 def connect(address: str):  # noqa: ANN201 - ray is imported lazily: `prepare` must work without it
@@ -574,7 +776,6 @@ def alive_nodes(ray) -> list[dict]:  # noqa: ANN001
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
-NODE_LOST = 75  # the exit code of a run ended because Ray declared a node dead (EX_TEMPFAIL: worth a retry)
 LOST_SETTLE = 5  # seconds to wait, once a node is lost, for others lost with it (one message names them all)
 
 
@@ -616,8 +817,7 @@ def wait(address: str, nodes: int, gpus: int, timeout: int, device: str = "GPU")
         for n in alive:
             if n["NodeID"] not in seen:
                 seen.add(n["NodeID"])
-                say(f"node registered: {node_label(n)} {device}s={n.get('Resources', {}).get(device, 0):g} "
-                    f"({len(seen)}/{nodes})")
+                say(node_message(node_label(n), device, n.get("Resources", {}).get(device, 0), len(seen), nodes))
         have = sum(n.get("Resources", {}).get(device, 0) for n in alive)
         if len(alive) >= nodes and have >= gpus:
             say(f"cluster ready: {len(alive)} nodes, {have:g} {device}s")
@@ -1500,14 +1700,14 @@ def repeats_last_attempt(checkpoint_dir: str, run_folder: str) -> str | None:
     stopped at the time limit (time-limit-reached). If the last attempt reached the limit and saved no newer
     checkpoint, this one would repeat the same steps and reach the limit again, requeue after requeue."""
     attempt = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-    starts_file = os.path.join(run_folder, "train-start.json")
+    starts_file = os.path.join(run_folder, TRAIN_STARTS)
     try:
         with open(starts_file, encoding="utf-8") as fh:
             starts = json.load(fh)
     except (OSError, ValueError):
         starts = {}
     try:
-        with open(os.path.join(run_folder, "time-limit-reached"), encoding="utf-8") as fh:
+        with open(os.path.join(run_folder, TIME_LIMIT_REACHED), encoding="utf-8") as fh:
             at_limit = int(fh.read().strip())
     except (OSError, ValueError):
         at_limit = None
@@ -1608,80 +1808,74 @@ def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | 
 def pause_at(point: str) -> None:
     """A debugging aid (and the tests' hook for cancellation): wait here, until signalled, when VERLC_PAUSE_AT
     names this point (a stage's start)."""
-    if os.environ.get("VERLC_PAUSE_AT") == point:
-        say(f"paused at {point} (VERLC_PAUSE_AT)")
+    if os.environ.get(PAUSE_AT) == point:
+        say(f"paused at {point} ({PAUSE_AT})")
         while True:
             time.sleep(1)
 
 
-def load_job(variant: str | None) -> dict:
+def load_job(variant: str | None) -> Job:
     """The job.json next to this module (jobs/VARIANT.json for a sweep's variant): how the bundles that ship
     the runtime as the package verlc_job give it its job."""
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.path.join(here, "jobs", f"{int(variant)}.json") if variant else os.path.join(here, "job.json")
     with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+        return Job.from_json(fh.read())
 
 
-def with_variant(spec: dict, variant: dict) -> dict:
-    """A sweep's job for one variant: its label, checkpoint folder and first-run record, and the values of the
-    swept keys after the base job's trainer overrides (the Slurm script's array tasks)."""
-    changed = {k: v for k, v in variant.items() if k != "train_overrides"}
-    return {**spec, **changed, "train": [*spec["train"], *variant["train_overrides"]]}
-
-
-def job(spec: dict, begun: str | None = None) -> int:
+def job(spec: Job, begun: str | None = None) -> int:
     """The one stage runner of every bundle: wait for the cluster, data, preflight, train, stopping after the
     stage VERLC_STOP_AFTER names. `begun`: the stage the caller already began and announced (the Slurm script
     starts Ray itself); it goes on here without a second line. No shell ever parses the job's argv."""
-    stop_after = os.environ.get("VERLC_STOP_AFTER") or "train"
-    if stop_after not in STAGES:
-        say(f"ERROR: VERLC_STOP_AFTER={stop_after}: expected one of {', '.join(STAGES)}")
-        return 2
-    if spec.get("variant"):
-        say(spec["variant"])
+    stop_after = os.environ.get(STOP_AFTER) or RUNNER_STAGES[-1]
+    problem = stop_after_problem(stop_after)
+    if problem:
+        say(f"ERROR: {problem}")
+        return USAGE
+    if spec.variant:
+        say(spec.variant)
     address = os.environ.get("RAY_ADDRESS") or "auto"  # the cluster this job runs in
     stopped = False
-    for stage in STAGES:
+    for stage in RUNNER_STAGES:
         if stopped:
-            say(f"stage {stage}: skipped (VERLC_STOP_AFTER={stop_after})")
+            say(skipped_message(stage, stop_after))
             continue
         if stage != begun:
             pause_at(stage)
-            say(f"stage {stage}")
+            say(stage_message(stage))
         if stage == "ray":
-            rc = wait(address, spec["nodes"], spec["gpus"], spec["wait_seconds"], spec["device"])
+            rc = wait(address, spec.nodes, spec.total_gpus, spec.wait_seconds, spec.device)
         elif stage == "data":
-            fetch = spec.get("model_fetch")
+            fetch = spec.model_fetch
             rc = materialize(fetch["repo"], fetch["revision"], expand(fetch["folder"])) if fetch else 0
-            for step in spec["data_prep"]:
+            for step in spec.data_prep:
                 rc = rc or prepare(step["out_dir"], step["argv"])
-            if not fetch and not spec["data_prep"]:
+            if not fetch and not spec.data_prep:
                 say("no data preparation in the spec")
         elif stage == "preflight":
             rc = preflight(
-                address=address, nodes=spec["nodes"], gpus=spec["gpus"], model=expand(spec["model"]),
-                checkpoint_dir=expand(spec["checkpoint_dir"]), data=[expand(f) for f in spec["data_files"]],
-                pins=spec["pins"], rollout_package=spec.get("rollout_package"),
-                record=expand(spec["record"]) if spec.get("record") else None, image=spec["image"],
-                require_env=spec["require_env"], reference=expand(spec["reference"]) if spec.get("reference") else None,
-                train=spec["train"], verl_commit=spec.get("verl_commit"), code=spec.get("code"),
-                device=spec["device"], startup=spec.get("startup"),
-                paths={"model": spec["model"], "checkpoint_dir": spec["checkpoint_dir"], "data": spec["data_files"]})
+                address=address, nodes=spec.nodes, gpus=spec.total_gpus, model=expand(spec.model),
+                checkpoint_dir=expand(spec.checkpoint_dir), data=[expand(f) for f in spec.data_files],
+                pins=spec.pins, rollout_package=spec.rollout_package,
+                record=expand(spec.record) if spec.record else None, image=spec.image,
+                require_env=spec.require_env, reference=expand(spec.reference) if spec.reference else None,
+                train=spec.train, verl_commit=spec.verl_commit, code=spec.code,
+                device=spec.device, startup=spec.startup,
+                paths={"model": spec.model, "checkpoint_dir": spec.checkpoint_dir, "data": spec.data_files})
         else:
-            repeated = repeats_last_attempt(expand(spec["checkpoint_dir"]), os.path.dirname(expand(spec["record"]))) \
-                if spec.get("record") else None
+            repeated = repeats_last_attempt(expand(spec.checkpoint_dir), os.path.dirname(expand(spec.record))) \
+                if spec.record else None
             if repeated:
                 say(f"ERROR: {repeated}")
                 return 1
-            say("training: " + " ".join(spec["train"]))
-            env = with_deadline({**os.environ, "RAY_ADDRESS": address}, spec.get("expiry"))
-            rc = train(spec["train"], env, spec.get("stall_timeout"), address)
+            say("training: " + " ".join(spec.train))
+            env = with_deadline({**os.environ, "RAY_ADDRESS": address}, spec.expiry)
+            rc = train(spec.train, env, spec.stall_timeout, address)
             say(f"training exited with code {rc}")
         if rc != 0:
             return rc
-        if stage == stop_after and stage != STAGES[-1]:
-            say(f"stopping after stage {stage} (VERLC_STOP_AFTER)")
+        if stage == stop_after and stage != RUNNER_STAGES[-1]:
+            say(f"stopping after stage {stage} ({STOP_AFTER})")
             stopped = True
     return 0
 
@@ -1735,15 +1929,15 @@ def main(argv: list[str]) -> int:
     p = sub.add_parser("job")
     p.add_argument("variant", nargs="?", help="a sweep's variant index (jobs/<index>.json); default: job.json")
     p.add_argument("--json", help="the job itself, instead of the package's job.json (the Slurm script passes it)")
-    p.add_argument("--begun", choices=STAGES, help="the stage the caller began (the Slurm script starts Ray)")
+    p.add_argument("--begun", choices=RUNNER_STAGES, help="the stage the caller began (the Slurm script starts Ray)")
     p.add_argument("--variant-json", help="a sweep's array task: what its variant changes in --json")
     a = parser.parse_args(argv)
     if a.command == "materialize":
         return materialize(a.repo, a.revision, a.folder)
     if a.command == "ray-logs":
         return ray_logs(a.temp_dir, a.limit_mib)
-    spec = json.loads(a.json) if a.json else load_job(a.variant)
-    return job(with_variant(spec, json.loads(a.variant_json)) if a.variant_json else spec, a.begun)
+    spec = Job.from_json(a.json) if a.json else load_job(a.variant)
+    return job(spec.with_variant(Variant.from_json(a.variant_json)) if a.variant_json else spec, a.begun)
 
 
 if __name__ == "__main__":

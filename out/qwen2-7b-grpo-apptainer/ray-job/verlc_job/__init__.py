@@ -34,19 +34,19 @@ import subprocess
 import sys
 import time
 
+if __package__:  # verlc_job/ (verlc.targets while developing): the protocol is the module beside this one
+    from .protocol import (NODE_LOST, PAUSE_AT, RUNNER_STAGES, STOP_AFTER, TIME_LIMIT_REACHED, TRAIN_STARTS, USAGE,
+                           Job, Variant, event_line, node_message, skipped_message, stage_message, stamp,
+                           stop_after_problem)
+# else: run as `python3 -` by the Slurm script, which feeds protocol.py's text ahead of this file's
+
 VERL_COLUMNS = ("prompt", "data_source", "reward_model")
 PACKAGES = ("verl", "ray", "torch", "transformers", "vllm", "sglang", "tensorrt_llm")
 MIN_RAY = (2, 40)  # older Ray is incompatible with verl
-STAGES = ("ray", "data", "preflight", "train")
-
-
-def stamp() -> str:
-    now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
 
 
 def say(message: str) -> None:
-    print(f"[{stamp()}] verlc: {message}", flush=True)
+    print(event_line(message), flush=True)
 
 
 def connect(address: str):  # noqa: ANN201 - ray is imported lazily: `prepare` must work without it
@@ -60,7 +60,6 @@ def alive_nodes(ray) -> list[dict]:  # noqa: ANN001
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
-NODE_LOST = 75  # the exit code of a run ended because Ray declared a node dead (EX_TEMPFAIL: worth a retry)
 LOST_SETTLE = 5  # seconds to wait, once a node is lost, for others lost with it (one message names them all)
 
 
@@ -102,8 +101,7 @@ def wait(address: str, nodes: int, gpus: int, timeout: int, device: str = "GPU")
         for n in alive:
             if n["NodeID"] not in seen:
                 seen.add(n["NodeID"])
-                say(f"node registered: {node_label(n)} {device}s={n.get('Resources', {}).get(device, 0):g} "
-                    f"({len(seen)}/{nodes})")
+                say(node_message(node_label(n), device, n.get("Resources", {}).get(device, 0), len(seen), nodes))
         have = sum(n.get("Resources", {}).get(device, 0) for n in alive)
         if len(alive) >= nodes and have >= gpus:
             say(f"cluster ready: {len(alive)} nodes, {have:g} {device}s")
@@ -986,14 +984,14 @@ def repeats_last_attempt(checkpoint_dir: str, run_folder: str) -> str | None:
     stopped at the time limit (time-limit-reached). If the last attempt reached the limit and saved no newer
     checkpoint, this one would repeat the same steps and reach the limit again, requeue after requeue."""
     attempt = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-    starts_file = os.path.join(run_folder, "train-start.json")
+    starts_file = os.path.join(run_folder, TRAIN_STARTS)
     try:
         with open(starts_file, encoding="utf-8") as fh:
             starts = json.load(fh)
     except (OSError, ValueError):
         starts = {}
     try:
-        with open(os.path.join(run_folder, "time-limit-reached"), encoding="utf-8") as fh:
+        with open(os.path.join(run_folder, TIME_LIMIT_REACHED), encoding="utf-8") as fh:
             at_limit = int(fh.read().strip())
     except (OSError, ValueError):
         at_limit = None
@@ -1094,80 +1092,74 @@ def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | 
 def pause_at(point: str) -> None:
     """A debugging aid (and the tests' hook for cancellation): wait here, until signalled, when VERLC_PAUSE_AT
     names this point (a stage's start)."""
-    if os.environ.get("VERLC_PAUSE_AT") == point:
-        say(f"paused at {point} (VERLC_PAUSE_AT)")
+    if os.environ.get(PAUSE_AT) == point:
+        say(f"paused at {point} ({PAUSE_AT})")
         while True:
             time.sleep(1)
 
 
-def load_job(variant: str | None) -> dict:
+def load_job(variant: str | None) -> Job:
     """The job.json next to this module (jobs/VARIANT.json for a sweep's variant): how the bundles that ship
     the runtime as the package verlc_job give it its job."""
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.path.join(here, "jobs", f"{int(variant)}.json") if variant else os.path.join(here, "job.json")
     with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+        return Job.from_json(fh.read())
 
 
-def with_variant(spec: dict, variant: dict) -> dict:
-    """A sweep's job for one variant: its label, checkpoint folder and first-run record, and the values of the
-    swept keys after the base job's trainer overrides (the Slurm script's array tasks)."""
-    changed = {k: v for k, v in variant.items() if k != "train_overrides"}
-    return {**spec, **changed, "train": [*spec["train"], *variant["train_overrides"]]}
-
-
-def job(spec: dict, begun: str | None = None) -> int:
+def job(spec: Job, begun: str | None = None) -> int:
     """The one stage runner of every bundle: wait for the cluster, data, preflight, train, stopping after the
     stage VERLC_STOP_AFTER names. `begun`: the stage the caller already began and announced (the Slurm script
     starts Ray itself); it goes on here without a second line. No shell ever parses the job's argv."""
-    stop_after = os.environ.get("VERLC_STOP_AFTER") or "train"
-    if stop_after not in STAGES:
-        say(f"ERROR: VERLC_STOP_AFTER={stop_after}: expected one of {', '.join(STAGES)}")
-        return 2
-    if spec.get("variant"):
-        say(spec["variant"])
+    stop_after = os.environ.get(STOP_AFTER) or RUNNER_STAGES[-1]
+    problem = stop_after_problem(stop_after)
+    if problem:
+        say(f"ERROR: {problem}")
+        return USAGE
+    if spec.variant:
+        say(spec.variant)
     address = os.environ.get("RAY_ADDRESS") or "auto"  # the cluster this job runs in
     stopped = False
-    for stage in STAGES:
+    for stage in RUNNER_STAGES:
         if stopped:
-            say(f"stage {stage}: skipped (VERLC_STOP_AFTER={stop_after})")
+            say(skipped_message(stage, stop_after))
             continue
         if stage != begun:
             pause_at(stage)
-            say(f"stage {stage}")
+            say(stage_message(stage))
         if stage == "ray":
-            rc = wait(address, spec["nodes"], spec["gpus"], spec["wait_seconds"], spec["device"])
+            rc = wait(address, spec.nodes, spec.total_gpus, spec.wait_seconds, spec.device)
         elif stage == "data":
-            fetch = spec.get("model_fetch")
+            fetch = spec.model_fetch
             rc = materialize(fetch["repo"], fetch["revision"], expand(fetch["folder"])) if fetch else 0
-            for step in spec["data_prep"]:
+            for step in spec.data_prep:
                 rc = rc or prepare(step["out_dir"], step["argv"])
-            if not fetch and not spec["data_prep"]:
+            if not fetch and not spec.data_prep:
                 say("no data preparation in the spec")
         elif stage == "preflight":
             rc = preflight(
-                address=address, nodes=spec["nodes"], gpus=spec["gpus"], model=expand(spec["model"]),
-                checkpoint_dir=expand(spec["checkpoint_dir"]), data=[expand(f) for f in spec["data_files"]],
-                pins=spec["pins"], rollout_package=spec.get("rollout_package"),
-                record=expand(spec["record"]) if spec.get("record") else None, image=spec["image"],
-                require_env=spec["require_env"], reference=expand(spec["reference"]) if spec.get("reference") else None,
-                train=spec["train"], verl_commit=spec.get("verl_commit"), code=spec.get("code"),
-                device=spec["device"], startup=spec.get("startup"),
-                paths={"model": spec["model"], "checkpoint_dir": spec["checkpoint_dir"], "data": spec["data_files"]})
+                address=address, nodes=spec.nodes, gpus=spec.total_gpus, model=expand(spec.model),
+                checkpoint_dir=expand(spec.checkpoint_dir), data=[expand(f) for f in spec.data_files],
+                pins=spec.pins, rollout_package=spec.rollout_package,
+                record=expand(spec.record) if spec.record else None, image=spec.image,
+                require_env=spec.require_env, reference=expand(spec.reference) if spec.reference else None,
+                train=spec.train, verl_commit=spec.verl_commit, code=spec.code,
+                device=spec.device, startup=spec.startup,
+                paths={"model": spec.model, "checkpoint_dir": spec.checkpoint_dir, "data": spec.data_files})
         else:
-            repeated = repeats_last_attempt(expand(spec["checkpoint_dir"]), os.path.dirname(expand(spec["record"]))) \
-                if spec.get("record") else None
+            repeated = repeats_last_attempt(expand(spec.checkpoint_dir), os.path.dirname(expand(spec.record))) \
+                if spec.record else None
             if repeated:
                 say(f"ERROR: {repeated}")
                 return 1
-            say("training: " + " ".join(spec["train"]))
-            env = with_deadline({**os.environ, "RAY_ADDRESS": address}, spec.get("expiry"))
-            rc = train(spec["train"], env, spec.get("stall_timeout"), address)
+            say("training: " + " ".join(spec.train))
+            env = with_deadline({**os.environ, "RAY_ADDRESS": address}, spec.expiry)
+            rc = train(spec.train, env, spec.stall_timeout, address)
             say(f"training exited with code {rc}")
         if rc != 0:
             return rc
-        if stage == stop_after and stage != STAGES[-1]:
-            say(f"stopping after stage {stage} (VERLC_STOP_AFTER)")
+        if stage == stop_after and stage != RUNNER_STAGES[-1]:
+            say(f"stopping after stage {stage} ({STOP_AFTER})")
             stopped = True
     return 0
 
@@ -1221,15 +1213,15 @@ def main(argv: list[str]) -> int:
     p = sub.add_parser("job")
     p.add_argument("variant", nargs="?", help="a sweep's variant index (jobs/<index>.json); default: job.json")
     p.add_argument("--json", help="the job itself, instead of the package's job.json (the Slurm script passes it)")
-    p.add_argument("--begun", choices=STAGES, help="the stage the caller began (the Slurm script starts Ray)")
+    p.add_argument("--begun", choices=RUNNER_STAGES, help="the stage the caller began (the Slurm script starts Ray)")
     p.add_argument("--variant-json", help="a sweep's array task: what its variant changes in --json")
     a = parser.parse_args(argv)
     if a.command == "materialize":
         return materialize(a.repo, a.revision, a.folder)
     if a.command == "ray-logs":
         return ray_logs(a.temp_dir, a.limit_mib)
-    spec = json.loads(a.json) if a.json else load_job(a.variant)
-    return job(with_variant(spec, json.loads(a.variant_json)) if a.variant_json else spec, a.begun)
+    spec = Job.from_json(a.json) if a.json else load_job(a.variant)
+    return job(spec.with_variant(Variant.from_json(a.variant_json)) if a.variant_json else spec, a.begun)
 
 
 if __name__ == "__main__":
