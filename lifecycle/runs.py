@@ -13,6 +13,7 @@ from typing import TextIO
 from ..compiler.ir import JobIR
 from ..targets import launcher, render
 from ..targets.bundle import MANIFEST, differences, write
+from ..targets.protocol import RAY_LOGS
 from . import ledger, progress
 from . import results as results_of
 from .scheduler import RESUMES, TRACKER_RUN, Observed
@@ -220,10 +221,10 @@ def _label(run: ledger.Run) -> str:
 
 
 def ray_logs(run: ledger.Run, node: str | None) -> str:
-    """The Ray logs each node kept in the run folder (`ray-logs/<node>/`), as `==> file <==` sections."""
+    """The Ray logs each node kept in the run folder (protocol.RAY_LOGS/<node>/), as `==> file <==` sections."""
     from .scheduler import LaunchError
 
-    folder = Path(run.record).parent / "ray-logs" if run.record else None
+    folder = Path(run.record).parent / RAY_LOGS if run.record else None
     if folder is None or not folder.is_dir():
         raise LaunchError(f"{run.run} kept no Ray logs (the slurm target keeps them in the run folder when "
                           f"Ray stops)")

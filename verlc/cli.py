@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 from . import __version__
+from .targets.protocol import STAGES
 
 # Exit codes: 0 ok; 1 a run ended unsuccessfully, a check found stale files, migrate left decisions; 2 bad
 # input (nothing written); 3 the scheduler or the ledger could not answer; 4 a target's tool is not on PATH;
@@ -105,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     logs = sub.add_parser("logs", help="a run's log (the job's own, with the trainer's lines)")
     logs.add_argument("run", metavar="RUN")
     logs.add_argument("--follow", action="store_true", help="stages and training steps until the run ends")
-    logs.add_argument("--stage", choices=["containers", "ray", "data", "preflight", "train"],
+    logs.add_argument("--stage", choices=STAGES,
                       help="only the lines of one stage")
     logs.add_argument("--metric", action="append", default=[], metavar="KEY", help="with --follow: metrics to show")
     logs.add_argument("--ray", action="store_true",

@@ -12,6 +12,7 @@ from ...compiler.derive import tracker_env
 from ...compiler.ir import JobIR
 from ...lifecycle.scheduler import TRACKER_RUN, LaunchError, Observed, State, Submission, observed, require_secrets
 from ...lifecycle.scheduler import run as command
+from ..protocol import RECORD
 from .view import HEAD, RUN_LABEL
 
 # The head container's state (`compose ps`), or how it ended, as verlc's
@@ -50,7 +51,7 @@ def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Subm
     command([*compose(), "up", "--detach"], cwd=bundle, env={**env, **tracker, "VERLC_RUN": run}, timeout=1800)
     where = env.get("DOCKER_HOST") or "local docker"
     return [Submission(run=run, job_id=ir.name, where=f"{where} ({bundle})", log=None,
-                       record=str(bundle / "runs" / "run-record.json"))]
+                       record=str(bundle / "runs" / RECORD))]
 
 
 def _bundle(run: dict) -> Path:

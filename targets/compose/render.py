@@ -6,9 +6,10 @@ from ...compiler.ir import JobIR, Word
 from ...compiler import yaml_text
 from ..bundle import Bundle, File, finish, header_lines
 from ..job_package import job_package
+from ..protocol import RECORD
 from .view import HEAD, compose_file, run_time_folders
 
-RECORD = "/verlc/runs/run-record.json"  # ./runs/ on the host
+RECORD_IN_CONTAINER = f"/verlc/runs/{RECORD}"  # ./runs/ on the host
 
 
 def render(ir: JobIR) -> Bundle:
@@ -17,6 +18,6 @@ def render(ir: JobIR) -> Bundle:
              "#       VERLC_STOP_AFTER=preflight docker compose up ...   (stages: ray, data, preflight, train)\n")
     files = [
         File("compose.yaml", header + usage + yaml_text.dump(compose_file(ir))),
-        *job_package(ir, record=Word((RECORD,))),  # the job runs on the head
+        *job_package(ir, record=Word((RECORD_IN_CONTAINER,))),  # the job runs on the head
     ]
     return finish(ir, "compose", files, run_time_folders(ir))

@@ -14,6 +14,7 @@ from typing import Any
 from ...compiler.ir import JobIR
 from ..bundle import header_lines
 from ..job_package import COMMAND, PACKAGE
+from ..protocol import RUNNER_STAGES, RUNS
 
 UPLOAD_CHECK = "upload_size.py"  # targets/ray_job/upload_size.py, shipped beside submit.sh
 # verl's own runtime_env.yaml sets these for `ray job submit`; the spec's env wins.
@@ -31,6 +32,7 @@ class RayJobView:
     entrypoint: tuple[str, ...]
     upload_check: str  # the bundle's script that measures the upload before submitting
     variants: tuple[str, ...]  # a sweep's variant indexes; each is one submission
+    stages: tuple[str, ...] = RUNNER_STAGES  # what VERLC_STOP_AFTER may name
 
 
 def ray_job_view(ir: JobIR) -> RayJobView:
@@ -42,7 +44,7 @@ def ray_job_view(ir: JobIR) -> RayJobView:
 # (read from shared storage), virtual environments, tracker and Hydra output, verlc's own run folders.
 UPLOAD_EXCLUDES = ("/.git/", "checkpoints/", "*.parquet", "*.arrow", "*.safetensors", "*.bin", "*.pt", "*.pth",
                    "*.ckpt", ".venv/", "venv/", "__pycache__/", "wandb/", "mlruns/", "tensorboard_log/", "outputs/",
-                   "verlc-runs/")
+                   f"{RUNS}/")
 
 
 def upload_excludes(ir: JobIR) -> list[str]:

@@ -14,6 +14,7 @@ from ...compiler.derive import tracker_env
 from ...compiler.ir import JobIR
 from ..bundle import header_lines
 from ..job_package import PACKAGE
+from ..protocol import RUNNER_STAGES
 from .lower import SkyIR
 
 HELPER_DIR = "/opt/verlc"  # ./verlc_job is mounted at HELPER_DIR/verlc_job on every node
@@ -38,6 +39,7 @@ class SkyView:
     secrets: tuple[str, ...]
     variants: tuple[str, ...]
     tracker: tuple[tuple[str, str | None], ...]  # W&B's run: (name, value; None: the managed job's name)
+    stages: tuple[str, ...] = RUNNER_STAGES  # what VERLC_STOP_AFTER may name
 
 
 def sky_view(ir: JobIR) -> SkyView:

@@ -5,15 +5,16 @@
 # Launch as a SkyPilot managed job (job_recovery: preempted nodes are replaced and the run resumes from
 # its checkpoints), from any folder:
 #   bash launch.sh
-#   VERLC_STOP_AFTER=preflight bash launch.sh         # stages: ray, data, preflight, train
+#   VERLC_STOP_AFTER=preflight bash launch.sh         # stages: ray data preflight train
 # On a cluster you keep (no recovery): cd into this folder, then `sky launch -c NAME task.yaml`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"  # task.yaml's file_mounts name ./verlc_job
-readonly stop_after=${VERLC_STOP_AFTER:-train}
-case $stop_after in
-  ray | data | preflight | train) ;;
-  *) echo "launch.sh: VERLC_STOP_AFTER=$stop_after: expected ray, data, preflight or train" >&2; exit 2 ;;
-esac
+readonly stages=(ray data preflight train)
+readonly stop_after=${VERLC_STOP_AFTER:-${stages[-1]}}
+if [[ " ${stages[*]} " != *" $stop_after "* ]]; then
+  echo "launch.sh: VERLC_STOP_AFTER=$stop_after: expected one of: ${stages[*]}" >&2
+  exit 2
+fi
 
 # Secrets come from this shell (sky --secret NAME reads them); their values are never written down.
 secrets=(WANDB_API_KEY)

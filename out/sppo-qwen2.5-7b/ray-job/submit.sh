@@ -4,17 +4,18 @@
 #
 # Submit to an existing Ray cluster (its dashboard address, e.g. http://head:8265):
 #   bash submit.sh                                   # address from the spec, or RAY_ADDRESS
-#   VERLC_STOP_AFTER=preflight bash submit.sh        # stages: ray, data, preflight, train
+#   VERLC_STOP_AFTER=preflight bash submit.sh        # stages: ray data preflight train
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 readonly here
 readonly address=${RAY_ADDRESS:-http://localhost:8265}
-readonly stop_after=${VERLC_STOP_AFTER:-train}
-case $stop_after in
-  ray | data | preflight | train) ;;
-  *) echo "submit.sh: VERLC_STOP_AFTER=$stop_after: expected ray, data, preflight or train" >&2; exit 2 ;;
-esac
+readonly stages=(ray data preflight train)
+readonly stop_after=${VERLC_STOP_AFTER:-${stages[-1]}}
+if [[ " ${stages[*]} " != *" $stop_after "* ]]; then
+  echo "submit.sh: VERLC_STOP_AFTER=$stop_after: expected one of: ${stages[*]}" >&2
+  exit 2
+fi
 
 # Secrets come from this shell; their values are never written to the bundle.
 secrets=(WANDB_API_KEY)
