@@ -15,6 +15,7 @@ from verlc.compiler.pipeline import compile_spec
 from verlc.compiler.spec import TARGET_NAMES
 from verlc.targets import NAMES, render
 from verlc.targets.bundle import Bundle
+from verlc.targets.slurm.ports import EPHEMERAL, PLAN, RAY_WORKER_PORTS
 
 # out/ is the reviewed output and the goldens' folder: `verlc build specs/*.yaml --target all --out out`
 # (or this file's tests with --snapshot-update) rewrites it.
@@ -128,27 +129,38 @@ def test_header_names_spec_and_hash(example_spec: Path) -> None:
     assert os.sep not in bundles(example_spec)[0].name
 
 
-def test_derived_ray_ports_stay_below_the_ephemeral_range() -> None:
-    """Every port the script derives (the job's block of 100, per-node agent ports for any node count, HCCL's
-    ranges on Ascend) lies in 20000-32767: above Ray's worker ports, below Linux's ephemeral range; and no two
-    uses of the block overlap."""
+@pytest.mark.parametrize("job_id", [0, 1, 126, 127, 4095, 10**6 + 125, 2**31 - 1])
+def test_every_port_of_a_job_lies_in_its_block_between_rays_worker_ports_and_the_ephemeral_range(job_id: int) -> None:
+    """The port plan as values: for any job id and node count, every port lies in 20000-32767, above Ray's
+    worker ports and below Linux's ephemeral range, inside the job's block, and no two uses of the block
+    share a port."""
+    offsets = PLAN.offsets()
+    assert sum(map(len, offsets.values())) == len(set().union(*offsets.values())), offsets
+    assert max(map(max, offsets.values())) < PLAN.size
+    base = PLAN.base(job_id)
+    assert (PLAN.first + (PLAN.blocks - 1) * PLAN.size + PLAN.size - 1) < EPHEMERAL.start
+    assert PLAN.first > RAY_WORKER_PORTS[-1]
+    for node in (0, 1, 89, 90, 4095):
+        ports = PLAN.ports(job_id, node)
+        for value in ports.values():
+            for port in value if isinstance(value, range) else (value,):
+                assert base <= port < base + PLAN.size and RAY_WORKER_PORTS[-1] < port < EPHEMERAL.start
+
+
+def test_the_slurm_script_computes_the_port_plans_values() -> None:
+    """The script's arithmetic, run by bash for several job ids, gives the plan's ports."""
     script = (REPO / "out" / "qwen3-32b-grpo-ascend-a3" / "slurm" / "sbatch.sh").read_text()
-    base = re.search(r"port_base=\$\(\((.*)\)\)\n", script)[1]
-    agent = re.search(r"agent_port=\$\(\((port_base \+ (\d+) \+ i % (\d+))\)\)", script)
-    hccl = [range(int(a), int(b) + 1) for a, b in
-            re.findall(r"_PORT_RANGE=\"\$\(\(port_base \+ (\d+)\)\)-\$\(\(port_base \+ (\d+)\)\)\"", script)]
-    ray = {0, 1, 2}  # GCS, dashboard, client server
-    agents = range(int(agent[2]), int(agent[2]) + int(agent[3]))
-    uses = [ray, set(agents), *map(set, hccl)]
-    assert len(hccl) == 2 and sum(map(len, uses)) == len(set().union(*uses)) and max(map(max, uses)) <= 99, uses
-    agent = agent[1]
-    offsets = [int(o) for o in re.findall(r"\$\(\(port_base \+ (\d+)\)\)", script)]
-    program = "".join(f"SLURM_JOB_ID={job}; port_base=$(({base})); i={i}; echo $((port_base)) $(({agent}))\n"
-                      for job in (0, 1, 126, 127, 4095, 10**6 + 125, 2**31 - 1) for i in (1, 89, 90, 4095))
-    values = [int(v) for v in subprocess.run(["bash", "-c", program], capture_output=True, text=True,
-                                             check=True).stdout.split()]
-    ports = values + [v + o for v in values[::2] for o in offsets]
-    assert offsets and min(ports) >= 20000 and max(ports) <= 32767, (min(ports), max(ports))
+    block = script.split("  # ---- Ray addresses:", 1)[1].split("  # One job step asks", 1)[0]
+    agent = re.search(r"local agent_port=(\$\(\(.*?\)\))", script)[1]
+    hccl = [name for name, *_ in PLAN.hccl]
+    for job_id in (0, 1, 126, 127, 10**6 + 125):
+        for node in (0, 1, 90):
+            program = (f"SLURM_JOB_ID={job_id}; i={node}\n{block}\necho $ray_port $dashboard_port $client_port "
+                       f"$(({agent[3:-2]})) " + " ".join(f"${n}" for n in hccl))
+            out = subprocess.run(["bash", "-c", program], capture_output=True, text=True, check=True).stdout.split()
+            want = PLAN.ports(job_id, node)
+            ranges = [f"{want[n][0]}-{want[n][-1]}" for n in hccl]
+            assert out == [str(want["gcs"]), str(want["dashboard"]), str(want["client"]), str(want["agent"]), *ranges]
 
 
 def test_each_recipe_example_says_how_to_get_its_code(tmp_path: Path) -> None:

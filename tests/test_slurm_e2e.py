@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import IN_CI, REPO, rollout_engine_site, run_verlc, slurm_job
+from verlc.targets.slurm.ports import PLAN
 
 
 # dev/slurm.sh keeps the test cluster in its own state folder; every Slurm command finds it via SLURM_CONF.
@@ -806,7 +807,7 @@ def test_ascend_npus_bring_up_to_the_preflight_with_hccl_set_on_every_node(slurm
     record = json.loads(next((root / "verlc-runs").glob(f"*-{job}/run-record.json")).read_text())
     assert [n["npus"]["npu_smi"] for n in record["nodes"]] == [8, 8]
     assert record["nodes"][0]["npus"]["chips"] == ["Ascend910_9391"] and "torch_npu" in record["versions"]
-    base = 20000 + int(job) % 127 * 100
+    base = PLAN.base(int(job))
     nodes = sorted(p.stem.removeprefix("env-") for p in root.glob("env-*.json"))
     assert len(nodes) == 2, nodes
     for node in nodes:

@@ -9,13 +9,14 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, replace
 
-from ...compiler.derive import HCCL_PORTS, tracker_env
+from ...compiler.derive import tracker_env
 from ...compiler.ir import Arg, EnvVar, JobIR, Var, Word
 from ..bundle import header_lines
 from ..job_package import job_of, one_program
 from .. import protocol
 from ..protocol import END_TIME, RECORD, RUNS, Variant
 from .lower import SlurmIR
+from .ports import PLAN, PortPlan
 
 # Shell variables the template sets before it uses the argv below.
 HEAD_IP, NODE_IP, RAY_PORT, DASHBOARD_PORT = Var("head_ip"), Var("node_ip"), Var("ray_port"), Var("dashboard_port")
@@ -65,6 +66,7 @@ class SlurmView:
     nodes: int
     gpus_per_node: int
     hccl_ports: tuple[tuple[str, int, int], ...]  # (name, first, last): Ascend's HCCL ports in the job's block
+    ports: PortPlan  # the job's block of ports (ports.py)
     ray_port: int | None
     dashboard_port: int | None
     expose_dashboard: bool
@@ -127,7 +129,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
     slurm: SlurmIR = ir.part("slurm")
     c = ir.container
     # HCCL's ports come from the job's block of ports (the template exports them once it has the block)
-    hccl_ports = tuple((name, first, last) for name, (first, last) in HCCL_PORTS.items() if ir.device == "NPU")
+    hccl_ports = PLAN.hccl if ir.device == "NPU" else ()
     ports = tuple(name for name, *_ in hccl_ports)
     env = tuple(e for e in (*ir.env, *job_env(ir)) if e.name not in ports)
     env_names = (*(e.name for e in env), *ports, *ir.secrets, *ir.node_env)
@@ -245,6 +247,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
         nodes=ir.nodes,
         gpus_per_node=ir.gpus_per_node,
         hccl_ports=hccl_ports,
+        ports=PLAN,
         ray_port=ir.ray.port,
         dashboard_port=ir.ray.dashboard_port,
         expose_dashboard=ir.ray.expose_dashboard,

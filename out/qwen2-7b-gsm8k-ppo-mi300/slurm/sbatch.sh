@@ -237,7 +237,7 @@ remove_container() {
 ray_node() {
   local i=$(($1 + SLURM_PROCID))
   local node_ip=${node_ips[$SLURMD_NODENAME]} node_dev=${node_devs[$SLURMD_NODENAME]} ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-$i
-  local agent_port=$((port_base + 3 + i % 7))  # stays in the job's block, however many nodes
+  local agent_port=$((port_base + 3 + i % 7))  # in the job's block, however many nodes
   in_container "$SLURMD_NODENAME"
   local ray=()
   if ((i == 0)); then
@@ -474,11 +474,10 @@ main() {
   [[ -n ${WANDB_API_KEY:-} ]] || die "WANDB_API_KEY is not set: export it before sbatch"
 
   # ---- Ray addresses: per-job ports so two jobs sharing a node do not collide ----------------------
-  # Each job owns the 100 ports from port_base: 127 blocks between Ray's worker ports (10002-19999) and
-  # Linux's ephemeral range (32768-60999). Two jobs on one node collide only when their ids differ by a
-  # multiple of 127; ray.port and ray.dashboard_port pin the ports instead. In the block: Ray's GCS,
-  # dashboard and client server (+0-2), the nodes' dashboard agents (+3-9), HCCL's on Ascend (+10-99).
-  port_base=$((20000 + (SLURM_JOB_ID % 127) * 100))
+  # Each job owns a block of ports (targets/slurm/ports.py): between Ray's worker ports (10002-19999) and
+  # Linux's ephemeral range (32768-60999), by job id; ray.port and ray.dashboard_port pin the ports instead.
+  # In the block: Ray's GCS, dashboard and client server, the nodes' dashboard agents, HCCL's on Ascend.
+  port_base=$((20000 + SLURM_JOB_ID % 127 * 100))
   readonly ray_port=6379
   readonly dashboard_port=8266
   readonly client_port=$((port_base + 2))

@@ -218,7 +218,7 @@ remove_container() {
 ray_node() {
   local i=$(($1 + SLURM_PROCID))
   local node_ip=${node_ips[$SLURMD_NODENAME]} node_dev=${node_devs[$SLURMD_NODENAME]} ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-$i
-  local agent_port=$((port_base + 3 + i % 7))  # stays in the job's block, however many nodes
+  local agent_port=$((port_base + 3 + i % 7))  # in the job's block, however many nodes
   in_container "$SLURMD_NODENAME"
   local ray=()
   if ((i == 0)); then
@@ -439,12 +439,11 @@ main() {
   export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0  # verlc: Ray stops within KillWait
 
   # ---- Ray addresses: per-job ports so two jobs sharing a node do not collide ----------------------
-  # Each job owns the 100 ports from port_base: 127 blocks between Ray's worker ports (10002-19999) and
-  # Linux's ephemeral range (32768-60999). Two jobs on one node collide only when their ids differ by a
-  # multiple of 127; ray.port and ray.dashboard_port pin the ports instead. In the block: Ray's GCS,
-  # dashboard and client server (+0-2), the nodes' dashboard agents (+3-9), HCCL's on Ascend (+10-99).
-  port_base=$((20000 + (SLURM_JOB_ID % 127) * 100))
-  readonly ray_port=$port_base
+  # Each job owns a block of ports (targets/slurm/ports.py): between Ray's worker ports (10002-19999) and
+  # Linux's ephemeral range (32768-60999), by job id; ray.port and ray.dashboard_port pin the ports instead.
+  # In the block: Ray's GCS, dashboard and client server, the nodes' dashboard agents, HCCL's on Ascend.
+  port_base=$((20000 + SLURM_JOB_ID % 127 * 100))
+  readonly ray_port=$((port_base + 0))
   readonly dashboard_port=$((port_base + 1))
   readonly client_port=$((port_base + 2))
   export HCCL_HOST_SOCKET_PORT_RANGE="$((port_base + 10))-$((port_base + 54))"
