@@ -185,3 +185,12 @@ def test_each_recipe_example_says_how_to_get_its_code(tmp_path: Path) -> None:
     result = run_verlc("build", moved / recipes[0].name, "--target", "slurm", "--out", tmp_path / "out")
     assert result.returncode == 2 and "code: no folder " in result.stderr, result.stderr
     assert "the run's code must be checked out there first (the spec's comments may say how)" in result.stderr
+
+
+def test_a_slurm_job_stops_inside_slurms_kill_wait() -> None:
+    """The stop's timing as values: Ray stops with time left to keep its logs before its container is removed,
+    and the container is gone before Slurm's KillWait (30 s by default) runs out."""
+    from verlc.targets.slurm.view import Stopping
+
+    assert Stopping().fits()
+    assert not Stopping(logs_wait=25).fits() and not Stopping(ray_stop_grace=16).fits()  # ray stop's own default

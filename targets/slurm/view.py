@@ -51,6 +51,29 @@ class ProtocolView:
 
 
 @dataclass(frozen=True)
+class Stopping:
+    """How a job stops inside Slurm's KillWait (30 s by default), in seconds: after the signal, each node's Ray
+    gets TERM, KILL `ray_kill_after` later; in a container `ray stop` waits `ray_stop_grace` more before it kills,
+    then the node keeps Ray's logs; the container's own step waits up to `logs_wait` for those logs, then takes
+    up to `removal` to remove the container. The batch script's cleanup waits KillWait less `cleanup_margin`
+    for the steps, at most `cleanup_cap`."""
+
+    ray_kill_after: int = 5
+    ray_stop_grace: int = 5
+    logs_wait: int = 20
+    removal: int = 8
+    cleanup_margin: int = 2
+    cleanup_cap: int = 30
+    kill_wait: int = 30  # Slurm's default KillWait, which all of the above must fit
+
+    def fits(self) -> bool:
+        """Ray is stopped with time left to keep its logs before the container goes, and the container is
+        removed before Slurm's KillWait runs out."""
+        return (self.ray_kill_after + self.ray_stop_grace < self.logs_wait
+                and self.logs_wait + self.removal < self.kill_wait and self.cleanup_cap <= self.kill_wait)
+
+
+@dataclass(frozen=True)
 class SlurmView:
     """Everything `sbatch.sh.j2` prints, already resolved; built by `slurm_view`."""
 
@@ -67,6 +90,7 @@ class SlurmView:
     gpus_per_node: int
     hccl_ports: tuple[tuple[str, int, int], ...]  # (name, first, last): Ascend's HCCL ports in the job's block
     ports: PortPlan  # the job's block of ports (ports.py)
+    stopping: Stopping  # how long each part of a stop may take
     ray_port: int | None
     dashboard_port: int | None
     expose_dashboard: bool
@@ -248,6 +272,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
         gpus_per_node=ir.gpus_per_node,
         hccl_ports=hccl_ports,
         ports=PLAN,
+        stopping=Stopping(),
         ray_port=ir.ray.port,
         dashboard_port=ir.ray.dashboard_port,
         expose_dashboard=ir.ray.expose_dashboard,

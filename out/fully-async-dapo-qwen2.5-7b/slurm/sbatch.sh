@@ -169,7 +169,7 @@ ray_node() {
   local ray_pid=$! rc=0 stop_at=''
   trap 'stop_at=${stop_at:-$SECONDS}; kill -TERM -- "-$ray_pid" 2>/dev/null' TERM INT
   wait "$ray_pid" || true
-  while kill -0 "$ray_pid" 2>/dev/null; do  # a signal ended `wait`, not Ray: Ray has 5 s, then KILL
+  while kill -0 "$ray_pid" 2>/dev/null; do  # a signal ended `wait`, not Ray: Ray has a few seconds, then KILL
     ((SECONDS - ${stop_at:-$SECONDS} < 5)) || kill -KILL -- "-$ray_pid" 2>/dev/null
     sleep 0.5
   done

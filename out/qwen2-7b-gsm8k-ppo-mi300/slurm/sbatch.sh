@@ -276,7 +276,7 @@ ray_node() {
   local ray_pid=$! rc=0 stop_at=''
   trap 'stop_at=${stop_at:-$SECONDS}; kill -TERM -- "-$ray_pid" 2>/dev/null' TERM INT
   wait "$ray_pid" || true
-  while kill -0 "$ray_pid" 2>/dev/null; do  # a signal ended `wait`, not Ray: Ray has 5 s, then KILL
+  while kill -0 "$ray_pid" 2>/dev/null; do  # a signal ended `wait`, not Ray: Ray has a few seconds, then KILL
     ((SECONDS - ${stop_at:-$SECONDS} < 5)) || kill -KILL -- "-$ray_pid" 2>/dev/null
     sleep 0.5
   done
@@ -286,8 +286,8 @@ ray_node() {
   else
     log "Ray on $SLURMD_NODENAME exited (code $rc)"
   fi
-  # The signal stopped `docker exec`, not Ray in the container. Ray gets 5 s (not ray stop's 16): the
-  # container's own step removes it once these logs are kept, or 20 s after the signal (await_ray_logs).
+  # The signal stopped `docker exec`, not Ray in the container. Ray gets a few seconds (not ray stop's 16):
+  # the container's own step removes it once these logs are kept, or at the latest when await_ray_logs gives up.
   "${exec_prefix[@]}" ray stop --grace-period 5 >/dev/null 2>&1
   if "${exec_prefix[@]}" python3 - ray-logs --temp-dir "$ray_tmp" --limit-mib 50 <"$run_dir/$runtime_file" \
       | tar -x -C "$logs"; then
