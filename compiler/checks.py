@@ -51,11 +51,10 @@ def check(spec: Spec, sourced: Sourced, release: Release, targets: Iterable[str]
         *_device(spec, sourced, chosen),
         *_stall_timeout(spec, sourced, chosen),
         *_tracker(spec, sourced, chosen),
-        *_expiry(spec, sourced, chosen),
         *(p for t in TARGETS for p in t.check_section(spec, sourced)),
         *(_container_paths(spec, sourced) if any(get(t).runs_container for t in targets or spec.targets or NAMES)
           else ()),
-        *(p for t in dict.fromkeys(targets) for p in get(t).check_build(spec, sourced)),
+        *(p for t in dict.fromkeys(targets) for p in get(t).check_build(spec, sourced, chosen)),
     ]
     notes += [p for p in problems if p.message.startswith(NOTE)]
     problems = [p for p in problems if not p.message.startswith(NOTE)]
@@ -226,17 +225,6 @@ def _device(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[D
         yield sourced.diagnostic(("cluster", "accelerator"), (
             f"{NOTE}verl {chosen.release.version} predates Ascend NPU support (its config has no trainer.device): "
             f"its workers ask Ray for GPUs, which NPU nodes do not have; Ascend runs need verl 0.4 or later"))
-
-
-def _expiry(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
-    """A Slurm time limit that requeues the job, on a release whose trainer cannot save ahead of a deadline."""
-    slurm = spec.cluster.slurm
-    if (isinstance(chosen, Selection) and slurm is not None and slurm.time is not None
-            and slurm.requeue_grace is not None and not chosen.release.startup.get("expiry_save")):
-        yield sourced.diagnostic(("cluster", "slurm", "time"), (
-            f"{NOTE}{chosen.release.label}'s trainer cannot save a checkpoint ahead of the time limit (verl's "
-            f"should_save_ckpt_esi came with 0.5.0): the steps since its last trainer.save_freq checkpoint are "
-            f"lost at each requeue"))
 
 
 def _reproducible(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:

@@ -4,7 +4,8 @@
       __init__.py   TARGET = Target(name, __name__, section)   (the registry in targets/__init__.py lists it)
       section.py    its spec section, a pydantic model (the Spec has one line for it), and optionally
                     node_words(spec): the section's words that expand on the nodes
-      checks.py     check_build(spec, sourced): what this target cannot run (only when it is built), and
+      checks.py     check_build(spec, sourced, chosen): what this target cannot run of the spec and its verl
+                    release or commit (`chosen`; only when it is built), and
                     check_section(spec, sourced) where the section has problems pydantic cannot see
       lower.py      lower(spec, ir) -> its part of the IR, built only when the target is built
       render.py     render(ir) -> Bundle
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from ..compiler.ir import JobIR
     from ..compiler.load import Sourced
     from ..compiler.spec import Spec
+    from ..compiler.verl.check import Selection
     from ..lifecycle.scheduler import Launcher
     from .bundle import Bundle
 
@@ -44,6 +46,9 @@ class Target:
     package: str  # the folder's module, verlc.targets.<folder>
     section: Section | None = None
     runs_container: bool = False  # runs the spec's docker/podman `container:` on its nodes
+    # a new submission may continue an earlier run (`verlc submit --resume RUN`): where the target does not
+    # continue a run by itself (Slurm requeues, RayJob retries and SkyPilot recoveries keep a run's id)
+    resumable: bool = False
 
     def has_section(self, spec: Spec) -> bool:
         """Whether the spec writes this target's section."""
@@ -65,9 +70,9 @@ class Target:
         own = getattr(self._module("checks"), "check_section", None)
         return own(spec, sourced) if own else iter(())
 
-    def check_build(self, spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
-        """What this target cannot run of the spec (checked when it is built)."""
-        return self._module("checks").check_build(spec, sourced)
+    def check_build(self, spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
+        """What this target cannot run of the spec and its verl release or commit (checked when it is built)."""
+        return self._module("checks").check_build(spec, sourced, chosen)
 
     def lower(self, spec: Spec, ir: JobIR) -> Any:
         """This target's part of the IR (`ir.part(name)` in its render and launcher)."""

@@ -206,3 +206,26 @@ def test_the_deadline_reaches_the_jobs_ray_env_merged_with_what_is_there(tmp_pat
     for version, has in (("0.4.1", False), ("0.5.0", True), ("0.9.1", True)):
         fact = read(release_package(version)).get("expiry_save")
         assert (fact or {}).get("variable") == (expiry["variable"] if has else None), version
+
+
+@pytest.mark.parametrize(("version", "target", "noted"), [
+    ("0.4.1", "slurm", True), ("0.5.0", "slurm", False), ("0.4.1", "ray-job", False)])
+def test_a_release_without_verls_save_ahead_of_the_deadline_is_a_note_where_slurm_requeues_at_its_limit(
+        tmp_path: Path, version: str, target: str, noted: bool) -> None:
+    """#42: on releases before 0.5.0 (no should_save_ckpt_esi, read from their code) a Slurm job requeued at its
+    time limit loses the steps since its last checkpoint: the Slurm build says so; a target without the limit
+    does not."""
+    from conftest import run_verlc
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps({
+        "name": "deadline", "project": "p", "model": "/models/m", "verl_version": version, "targets": [target],
+        "data": {"train_files": ["/d/t.parquet"], "val_files": ["/d/v.parquet"]},
+        "cluster": {"nodes": 1, "gpus_per_node": 1,
+                    "slurm": {"cpus_per_task": 8, "time": "04:00:00", "requeue_grace": 300}},
+        "container": {"runtime": "none"},
+        "verl": {"algorithm": {"adv_estimator": "grpo"}, "data": {"train_batch_size": 16},
+                 "trainer": {"logger": ["console"], "save_freq": 10}, **rollout(name="vllm")}}))
+    done = run_verlc("build", spec, "--target", target, "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    assert ("cannot save a checkpoint ahead of the time limit" in done.stderr) == noted, done.stderr

@@ -2,4 +2,4 @@
 
 from ..target import Section, Target
 
-TARGET = Target("compose", __name__, Section(("compose",), "container"), runs_container=True)
+TARGET = Target("compose", __name__, Section(("compose",), "container"), runs_container=True, resumable=True)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from ...compiler.diagnostics import Diagnostic
 from ...compiler.ir import parse_word
 from ...compiler.load import Sourced
+from ...compiler.verl.check import Selection
 from ...compiler.code import has_code
 from ...compiler.spec import Engine, Spec
 from ...compiler.verl.check import NOTE
@@ -29,7 +30,7 @@ def check_section(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
             yield sourced.diagnostic(("compose", "mounts", i), "a mount is SRC:DST[:OPTIONS]")
 
 
-def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+def check_build(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:  # noqa: ARG001
     if has_code(spec):
         yield sourced.diagnostic(("code",) if spec.code else ("program",), (
             f"{NOTE}the compose job runs in the image's workdir: it must hold the run's code (mount it there); "

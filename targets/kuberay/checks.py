@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from ...compiler.diagnostics import Diagnostic
 from ...compiler.load import Sourced
+from ...compiler.verl.check import Selection
 from ...compiler.code import has_code
 from ...compiler.spec import Spec
 from ...compiler.verl.check import NOTE
@@ -22,7 +23,7 @@ _PRODUCT_LABEL = {"cuda": re.compile(r"(NVIDIA|Tesla|Quadro)-.+"), "rocm": re.co
 _EXAMPLE = {"cuda": "NVIDIA-A100-SXM4-80GB", "rocm": "AMD_Instinct_MI300X_OAM", "npu": "huawei-Ascend910"}
 
 
-def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+def check_build(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:  # noqa: ARG001
     if has_code(spec):
         k_workdir = node_workdir(spec, (spec.kubernetes or Kubernetes()).workdir)
         claim = next((v.claim for v in (spec.kubernetes or Kubernetes()).volumes

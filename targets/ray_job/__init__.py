@@ -2,4 +2,4 @@
 
 from ..target import Target
 
-TARGET = Target("ray-job", __name__)
+TARGET = Target("ray-job", __name__, resumable=True)

@@ -7,12 +7,13 @@ from collections.abc import Iterator
 
 from ...compiler.diagnostics import Diagnostic
 from ...compiler.load import Sourced
+from ...compiler.verl.check import Selection
 from ...compiler.code import has_code
 from ...compiler.spec import Spec
 from ...compiler.verl.check import NOTE
 
 
-def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+def check_build(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:  # noqa: ARG001
     if has_code(spec) and "working_dir" in spec.ray.model_fields_set:
         yield sourced.diagnostic(("ray", "working_dir"), "the job's working_dir is the run's code (code:); "
                                                          "drop ray.working_dir", at_key=True)

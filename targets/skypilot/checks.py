@@ -7,12 +7,13 @@ from collections.abc import Iterator
 
 from ...compiler.diagnostics import Diagnostic
 from ...compiler.load import Sourced
+from ...compiler.verl.check import Selection
 from ...compiler.spec import Spec
 from ..shared import image_problems, kept, literal_env, node_image, node_workdir
 from .section import Skypilot
 
 
-def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+def check_build(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:  # noqa: ARG001
     k = spec.skypilot or Skypilot()
     image, workdir = node_image(spec, k.image), node_workdir(spec, k.workdir)
     yield from image_problems(spec, sourced, "skypilot", "skypilot", image, workdir,

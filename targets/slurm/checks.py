@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from ...compiler.diagnostics import Diagnostic
 from ...compiler.load import Sourced
+from ...compiler.verl.check import Selection
 from ...compiler.code import has_code
 from ...compiler.spec import NoContainer, Spec
 from ...compiler.verl.check import NOTE
@@ -16,7 +17,7 @@ from .lower import log_dirs
 LOG_FOLDER_NOTE = "Slurm does not create the folder"  # `verlc submit` creates it, and leaves this note out
 
 
-def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+def check_build(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
     if spec.cluster.slurm is None:
         yield sourced.diagnostic(("cluster",), "the slurm target needs cluster.slurm (at least cpus_per_task)")
     if spec.network.head_interface == "lo" and spec.cluster.nodes > 1:
@@ -41,6 +42,12 @@ def check_build(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
             f"{NOTE}trainer.save_freq is {save_freq}{default}: verl saves no "
             f"checkpoint, so a job requeued at the time limit (or after a preemption or a lost node) starts "
             f"training over, and one that reaches the limit again is not requeued; set trainer.save_freq"))
+    if (isinstance(chosen, Selection) and slurm is not None and slurm.time is not None
+            and slurm.requeue_grace is not None and not chosen.release.startup.get("expiry_save")):
+        yield sourced.diagnostic(("cluster", "slurm", "time"), (
+            f"{NOTE}{chosen.release.label}'s trainer cannot save a checkpoint ahead of the time limit (verl's "
+            f"should_save_ckpt_esi came with 0.5.0): the steps since its last trainer.save_freq checkpoint are "
+            f"lost at each requeue"))
     for folder in log_dirs(spec):
         if "%" not in folder and not os.path.isdir(folder):  # relative to where sbatch is run
             field = "output" if spec.cluster.slurm and folder == os.path.dirname(spec.cluster.slurm.output) \

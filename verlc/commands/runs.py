@@ -55,9 +55,6 @@ def _book() -> tuple[Path, dict]:
     return book, ledger.fold(book)
 
 
-RESUMABLE = ("ray-job", "compose")  # where a new submission can continue a run (the others keep their own)
-
-
 @one_line_errors
 def submit(spec: Path, target: str, out: Path, wait: bool, follow: bool, metrics: list[str],
            on_end: str | None, profile: str | None = None, resume: str | None = None) -> int:
@@ -69,8 +66,11 @@ def submit(spec: Path, target: str, out: Path, wait: bool, follow: bool, metrics
         return EXIT_SPEC
     env = dict(os.environ)
     if resume is not None:
-        if target not in RESUMABLE:
-            print(f"verlc: --resume is for {' and '.join(RESUMABLE)}: a {target} run continues by itself "
+        from ..targets import TARGETS
+
+        resumable = [t.name for t in TARGETS if t.resumable]
+        if target not in resumable:
+            print(f"verlc: --resume is for {' and '.join(resumable)}: a {target} run continues by itself "
                   "(Slurm requeues, RayJob retries and SkyPilot recoveries keep its id)", file=sys.stderr)
             return EXIT_SPEC
         earlier = ledger.find(ledger.fold(ledger.location(spec)), resume)
