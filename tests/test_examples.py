@@ -193,4 +193,4 @@ def test_a_slurm_job_stops_inside_slurms_kill_wait() -> None:
     from verlc.targets.slurm.view import Stopping
 
     assert Stopping().fits()
-    assert not Stopping(logs_wait=25).fits() and not Stopping(ray_stop_grace=16).fits()  # ray stop's own default
+    assert not Stopping(logs_wait=25).fits() and not Stopping(ray_kill_after=10).fits()

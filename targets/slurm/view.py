@@ -53,13 +53,12 @@ class ProtocolView:
 @dataclass(frozen=True)
 class Stopping:
     """How a job stops inside Slurm's KillWait (30 s by default), in seconds: after the signal, each node's Ray
-    gets TERM, KILL `ray_kill_after` later; in a container `ray stop` waits `ray_stop_grace` more before it kills,
-    then the node keeps Ray's logs; the container's own step waits up to `logs_wait` for those logs, then takes
-    up to `removal` to remove the container. The batch script's cleanup waits KillWait less `cleanup_margin`
-    for the steps, at most `cleanup_cap`."""
+    gets TERM, KILL `ray_kill_after` later (in a container: the `docker exec` that runs it), then the node keeps
+    Ray's logs; the container's own step waits up to `logs_wait` for those logs, then takes up to `removal` to
+    remove the container (which ends Ray there). The batch script's cleanup waits KillWait less
+    `cleanup_margin` for the steps, at most `cleanup_cap`."""
 
     ray_kill_after: int = 5
-    ray_stop_grace: int = 5
     logs_wait: int = 20
     removal: int = 8
     cleanup_margin: int = 2
@@ -69,7 +68,7 @@ class Stopping:
     def fits(self) -> bool:
         """Ray is stopped with time left to keep its logs before the container goes, and the container is
         removed before Slurm's KillWait runs out."""
-        return (self.ray_kill_after + self.ray_stop_grace < self.logs_wait
+        return (self.ray_kill_after < self.logs_wait // 2
                 and self.logs_wait + self.removal < self.kill_wait and self.cleanup_cap <= self.kill_wait)
 
 

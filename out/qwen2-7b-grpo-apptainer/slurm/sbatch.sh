@@ -168,6 +168,8 @@ ray_node() {
   else
     log "Ray on $SLURMD_NODENAME exited (code $rc)"
   fi
+  # In a container, the signal stopped `docker exec`, not Ray: the logs are kept at once (a `ray stop` first
+  # took longer than the container waits, under load), and the container's removal then ends Ray there.
   if "${exec_prefix[@]}" python3 - ray-logs --temp-dir "$ray_tmp" --limit-mib 50 <"$run_dir/$runtime_file" \
       | tar -x -C "$logs"; then
     log "kept Ray's logs of $SLURMD_NODENAME"

@@ -267,9 +267,8 @@ ray_node() {
   else
     log "Ray on $SLURMD_NODENAME exited (code $rc)"
   fi
-  # The signal stopped `docker exec`, not Ray in the container. Ray gets a few seconds (not ray stop's 16):
-  # the container's own step removes it once these logs are kept, or at the latest when await_ray_logs gives up.
-  "${exec_prefix[@]}" ray stop --grace-period 5 >/dev/null 2>&1
+  # In a container, the signal stopped `docker exec`, not Ray: the logs are kept at once (a `ray stop` first
+  # took longer than the container waits, under load), and the container's removal then ends Ray there.
   if "${exec_prefix[@]}" python3 - ray-logs --temp-dir "$ray_tmp" --limit-mib 50 <"$run_dir/$runtime_file" \
       | tar -x -C "$logs"; then
     log "kept Ray's logs of $SLURMD_NODENAME"
