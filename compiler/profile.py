@@ -27,10 +27,12 @@ from ruamel.yaml.comments import CommentedMap
 
 from .diagnostics import Diagnostic, SpecError
 from .load import Sourced, merge, plain, read_yaml
+from .spec import TARGET_SECTIONS
 
 FILE = "verlc-profiles.yaml"
 # what differs between clusters: scheduler, containers and registry, storage and mounts, network, environment
-SITE_KEYS = ("cluster", "container", "compose", "kubernetes", "skypilot", "network", "env", "secrets", "ray")
+# (and each target's own top-level section: the target registry's)
+SITE_KEYS = ("cluster", "container", *TARGET_SECTIONS, "network", "env", "secrets", "ray")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Discriminator, Field, Strict, Tag
 
 from ..targets import NAMES as TARGET_NAMES
+from ..targets import TARGETS
 from ..targets.compose.section import Compose
 from ..targets.kuberay.section import Kubernetes
 from ..targets.skypilot.section import Skypilot
@@ -19,6 +20,9 @@ from ..targets.slurm.section import Slurm
 from .fields import (
     Bool, Directive, EnvName, EnvValue, Int, Model, Name, Number, Package, Seconds, Size, Str, Text, Version, matching,
 )
+
+# the targets' own top-level sections (compose:, kubernetes:, skypilot:); the others live under cluster:
+TARGET_SECTIONS = tuple(t.section.at[0] for t in TARGETS if t.section and len(t.section.at) == 1)
 
 # --- model -----------------------------------------------------------------------------------------
 

@@ -57,6 +57,42 @@ def submit(ir: JobIR, spec: Path, target: str, folder: Path, cwd: Path, env: dic
     return [runs[s.run] for s in submissions]
 
 
+VERL_SAVE_ALLOWANCE = 60  # seconds verl's should_save_ckpt_esi allows for a save (its save_ckpt_duration default)
+SAVE_TIMING = "timing_s/save_checkpoint"  # verl's metric of a step that saved a checkpoint
+
+
+def slow_save_note(ir: JobIR, target: str, earlier: Sequence[ledger.Run]) -> str | None:
+    """Where verl saves ahead of the job's end (ir.expiry_variable, on the slurm target), a note when an earlier
+    run of the same spec logged a checkpoint save longer than verl allows for one (60 s plus
+    trainer.esi_redundant_time): the save ahead of the time limit would not finish before it."""
+    if target != "slurm" or not ir.expiry_variable:
+        return None
+    given = next((o.value for o in ir.overrides if o.key == "trainer.esi_redundant_time"), "0")
+    try:
+        redundant = float(given)
+    except ValueError:
+        return None
+    allowance = VERL_SAVE_ALLOWANCE + redundant
+    slowest: tuple[float, str] | None = None
+    for run in earlier:
+        if run.target != target or run.name != ir.name:
+            continue
+        try:
+            logged = results_of.read(log_text(run).splitlines())
+        except Exception:  # noqa: BLE001 - an earlier run's log that cannot be read says nothing
+            continue
+        for _, seconds in results_of.points(logged, SAVE_TIMING):
+            if slowest is None or seconds > slowest[0]:
+                slowest = (seconds, run.run)
+    if slowest is None or slowest[0] <= allowance:
+        return None
+    needed = int(slowest[0] - VERL_SAVE_ALLOWANCE) + 30
+    return (f"note: run {slowest[1]} of this spec saved a checkpoint in {slowest[0]:.0f}s; verl allows "
+            f"{allowance:.0f}s for the save it makes ahead of the time limit ({VERL_SAVE_ALLOWANCE}s + "
+            f"trainer.esi_redundant_time {given}), so that save would not finish in time: set "
+            f"verl.trainer.esi_redundant_time to {needed} or more")
+
+
 def _shown(path: Path, root: Path) -> str:
     try:
         return path.resolve().relative_to(root.resolve()).as_posix()

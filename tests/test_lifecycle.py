@@ -264,3 +264,37 @@ def test_logs_written_to_a_file_or_a_pipe_carry_no_colour_codes() -> None:
     line = "\x1b[36m(TaskRunner pid=7)\x1b[0m step:1 - critic/score/mean:0.5\n"
     assert progress.plain(line) == "(TaskRunner pid=7) step:1 - critic/score/mean:0.5\n"
     assert progress.parse_step(progress.plain(line)).metrics == {"critic/score/mean": 0.5}
+
+
+def test_a_save_slower_than_verls_allowance_in_an_earlier_run_is_noted_at_submit(tmp_path: Path) -> None:
+    """#42: verl saves ahead of the time limit allowing 60 s plus trainer.esi_redundant_time for the save; an
+    earlier run of the same spec whose log shows a slower save (timing_s/save_checkpoint) gets a note at submit
+    naming the run and the setting, and none once the setting covers it."""
+    (tmp_path / ".git").mkdir()
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text("#!/bin/sh\necho 7\n")
+    (fake / "scontrol").write_text("#!/bin/sh\nexit 1\n")
+    for tool in ("sbatch", "scontrol"):
+        (fake / tool).chmod(0o755)
+    earlier = tmp_path / "slurm-6.out"
+    earlier.write_text("(TaskRunner pid=1) step:10 - timing_s/step:300.0 - timing_s/save_checkpoint:151.5\n"
+                       "(TaskRunner pid=1) step:11 - timing_s/step:290.0\n")
+    book = tmp_path / ledger.FILE
+    ledger.append(book, {"event": "submitted", "run": "quickstart-gsm8k-1node-6", "job_id": "6", "target": "slurm",
+                         "name": "quickstart-gsm8k-1node", "log": str(earlier)})
+
+    def submit(extra: str) -> str:
+        spec = tmp_path / "spec.yaml"
+        text = (REPO / "specs" / "quickstart-gsm8k-1node.yaml").read_text()
+        spec.write_text(text.replace("save_freq: 100}", "save_freq: 100" + extra + "}"))
+        done = subprocess.run([sys.executable, "-m", "verlc", "submit", str(spec), "--target", "slurm", "--out",
+                               str(tmp_path / "out")], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
+        assert "Traceback" not in done.stderr, done.stderr
+        return done.stderr
+
+    noted = submit("")
+    assert ("note: run quickstart-gsm8k-1node-6 of this spec saved a checkpoint in 152s; verl allows 60s" in noted
+            and "set verl.trainer.esi_redundant_time to 121 or more" in noted), noted
+    assert "saved a checkpoint in" not in submit(", esi_redundant_time: 121")

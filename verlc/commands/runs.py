@@ -85,6 +85,9 @@ def submit(spec: Path, target: str, out: Path, wait: bool, follow: bool, metrics
     if resume is not None and ir.variants:
         print("verlc: --resume continues one run; this spec is a sweep (resubmit its variant's spec)", file=sys.stderr)
         return EXIT_SPEC
+    note = runs.slow_save_note(ir, target, list(ledger.fold(ledger.location(spec)).values()))
+    if note:
+        print(note, file=sys.stderr)
     folder, written = runs.prepare_bundle(ir, target, out.resolve())
     print(f"{'wrote' if written else 'up to date:'} {out / folder.parent.name / folder.name}/")
     book = ledger.location(spec)
