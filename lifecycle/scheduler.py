@@ -120,10 +120,11 @@ def tool(name: str, why: str) -> str:
 
 
 def run(argv: Sequence[str], *, cwd: Path | None = None, env: dict[str, str] | None = None,
-        timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        timeout: float = 120, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     """Run a scheduler command; a failure becomes one LaunchError line with the tool's own message."""
     try:
-        result = subprocess.run(list(argv), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(list(argv), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                                input=stdin)
     except subprocess.TimeoutExpired:
         raise LaunchError(f"{Path(argv[0]).name} did not answer within {timeout:g}s") from None
     if result.returncode != 0:

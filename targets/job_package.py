@@ -74,13 +74,14 @@ def one_program() -> str:
     return sources["protocol.py"] + "\n\n" + sources["runtime.py"].replace(future, "", 1)
 
 
-def job_package(ir: JobIR, *, record: Word | None, image: str | None = None) -> list[File]:
+def job_package(ir: JobIR, *, record: Word | None, image: str | None = None,
+                expiry: dict[str, Any] | None = None) -> list[File]:
     """verlc_job/: the runtime, the protocol beside it, its entry point, and the job (one per sweep variant)."""
     header = "".join(f"# {line}\n" for line in header_lines(ir))
     sources = runtime_sources()
     main = "import sys\n\nfrom . import main\n\nsys.exit(main(sys.argv[1:]))\n"
-    jobs = {"job.json": job_of(ir, record=record, image=image)} if not ir.variants else {
-        f"jobs/{v.index}.json": job_of(ir, record=record, variant=v, image=image) for v in ir.variants}
+    jobs = {"job.json": job_of(ir, record=record, image=image, expiry=expiry)} if not ir.variants else {
+        f"jobs/{v.index}.json": job_of(ir, record=record, variant=v, image=image, expiry=expiry) for v in ir.variants}
     return [
         File(f"{PACKAGE}/__init__.py", header + sources["runtime.py"]),
         File(f"{PACKAGE}/__main__.py", header + main),

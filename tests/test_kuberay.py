@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shlex
+import time
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +260,8 @@ with open(os.environ["VERLC_RECORD"], "a") as fh:
     fh.write(json.dumps(sys.argv[1:]) + "\n")
 args = sys.argv[1:]
 if args[:1] == ["create"]:
+    with open(os.environ["VERLC_RECORD"] + ".created", "w") as fh:
+        fh.write(sys.stdin.read())
     print("rayjob.ray.io/qwen2-7b-grpo-k8s-cloud")
 elif args[:2] == ["get", "rayjob"]:
     print(json.dumps({"status": json.loads(os.environ["VERLC_RAYJOB_STATUS"])}))
@@ -289,8 +292,17 @@ def test_lifecycle_runs_kubectl(tmp_path: Path) -> None:
     def verlc(*args: str, **extra: str) -> Any:
         return run_verlc(*args, cwd=work, env={**env, **extra})
 
+    before = time.time()
     submitted = verlc("submit", EXAMPLE.name, "--target", "kuberay")
     assert submitted.returncode == 0, submitted.stderr
+    # the RayJob as created: the bundle's, with its deadline's end in the head's environment (#42)
+    [created] = yaml.safe_load_all((tmp_path / "record.jsonl.created").read_text())
+    head = created["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    end = int(next(e["value"] for e in head["env"] if e["name"] == "VERLC_JOB_END"))
+    assert before + 72 * 3600 - 1 <= end <= time.time() + 72 * 3600
+    [bundled] = yaml.safe_load_all((work / "out" / "qwen2-7b-grpo-k8s-cloud" / "kuberay" / "rayjob.yaml").read_text())
+    head["env"] = [e for e in head["env"] if e["name"] != "VERLC_JOB_END"]
+    assert created == bundled
     bundle = work / "out" / "qwen2-7b-grpo-k8s-cloud" / "kuberay"
     status_out = verlc("status", "qwen2-7b-grpo-k8s-cloud")
     assert status_out.stdout == ("qwen2-7b-grpo-k8s-cloud: running, 1 restart(s) (job qwen2-7b-grpo-k8s-cloud on "
@@ -303,8 +315,7 @@ def test_lifecycle_runs_kubectl(tmp_path: Path) -> None:
     assert final.stdout.startswith("qwen2-7b-grpo-k8s-cloud: succeeded"), final.stdout + final.stderr
     calls = [json.loads(line) for line in record.read_text().splitlines()]
     assert calls[0] == ["apply", "--namespace", "ml-research", "--filename", str(bundle / "configmap.yaml")]
-    assert calls[1] == ["create", "--namespace", "ml-research", "--filename", str(bundle / "rayjob.yaml"),
-                        "--output", "name"]
+    assert calls[1] == ["create", "--namespace", "ml-research", "--filename", "-", "--output", "name"]
     get = ["get", "rayjob", "qwen2-7b-grpo-k8s-cloud", "--namespace", "ml-research", "--output", "json"]
     assert calls[2] == get
     assert calls[3] == ["logs", "--namespace", "ml-research", "job/qwen2-7b-grpo-k8s-cloud"]
@@ -318,3 +329,31 @@ def test_lifecycle_runs_kubectl(tmp_path: Path) -> None:
     assert cancelled.returncode == 0, cancelled.stderr
     assert json.loads(record.read_text().splitlines()[-1]) == [
         "delete", "rayjob", "qwen2-7b-grpo-k8s-cloud", "--namespace", "ml-research", "--wait=false"]
+
+
+def test_verl_saves_ahead_of_the_rayjobs_deadline(tmp_path: Path) -> None:
+    """#42 on KubeRay: the job says where its end comes from (JOB_END, which `verlc submit` sets in the head's
+    environment) and the runtime turns it into verl's deadline, 60 s ahead; without it, a line says verl saves at
+    save_freq only. A release before verl's save ahead of a deadline (0.4.1) gets no expiry."""
+    from verlc.targets import runtime
+    from verlc.targets.protocol import Job
+
+    def job(version: str) -> Job:
+        spec = tmp_path / f"{version}.yaml"
+        spec.write_text(EXAMPLE.read_text() + f"verl_version: {version}\n")
+        built = run_verlc("build", spec, "--target", "kuberay", "--out", tmp_path / version)
+        assert built.returncode == 0, built.stderr
+        assert ("cannot save a checkpoint ahead of the deadline" in built.stderr) == (version == "0.4.1"), built.stderr
+        configmap = yaml.safe_load((tmp_path / version / "qwen2-7b-grpo-k8s-cloud" / "kuberay" / "configmap.yaml")
+                                   .read_text())
+        return Job.from_json(configmap["data"]["job.json"])
+
+    expiry = job("0.9.1").expiry
+    assert expiry == {"variable": "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP", "lead": 60,
+                      "end_env": "VERLC_JOB_END"}
+    env = runtime.with_deadline({"VERLC_JOB_END": "2000000000"}, expiry)
+    assert env["MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"] == "1999999940"
+    assert json.loads(env["RAY_JOB_CONFIG_JSON_ENV_VAR"])["runtime_env"]["env_vars"] == {
+        "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP": "1999999940"}
+    assert runtime.with_deadline({}, expiry) == {}  # applied by hand: no end known
+    assert job("0.4.1").expiry is None

@@ -23,7 +23,7 @@ _PRODUCT_LABEL = {"cuda": re.compile(r"(NVIDIA|Tesla|Quadro)-.+"), "rocm": re.co
 _EXAMPLE = {"cuda": "NVIDIA-A100-SXM4-80GB", "rocm": "AMD_Instinct_MI300X_OAM", "npu": "huawei-Ascend910"}
 
 
-def check_build(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:  # noqa: ARG001
+def check_build(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
     if has_code(spec):
         k_workdir = node_workdir(spec, (spec.kubernetes or Kubernetes()).workdir)
         claim = next((v.claim for v in (spec.kubernetes or Kubernetes()).volumes
@@ -49,6 +49,11 @@ def check_build(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterat
             f"holding {', '.join(spec.secrets)} (one key per name)"))
     yield from literal_env(spec, sourced, "kuberay")
     yield from _gpu_label(spec, sourced, k)
+    if k.deadline and isinstance(chosen, Selection) and not chosen.release.startup.get("expiry_save"):
+        yield sourced.diagnostic(("kubernetes", "deadline"), (
+            f"{NOTE}{chosen.release.label}'s trainer cannot save a checkpoint ahead of the deadline (verl's "
+            f"should_save_ckpt_esi came with 0.5.0): the steps since its last trainer.save_freq checkpoint are "
+            f"lost when it ends the run"))
     mounts = [v.mount for v in k.volumes]
     yield from kept(spec, sourced, workdir, mounts, "a kubernetes.volumes claim",
                     "kubernetes.retries recreates the pods" if k.retries else None)

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
+from ruamel.yaml import YAML
+
+from ...compiler import yaml_text
 from ...compiler.ir import JobIR
 from ...lifecycle.scheduler import LaunchError, Observed, State, Submission, observed, tool, variants_of
 from ...lifecycle.scheduler import run as command
 from .lower import KubeIR
+from .view import with_end
 
 # KubeRay's jobDeploymentStatus values after which nothing more happens to the RayJob
 FINAL = {"Complete", "Failed"}
@@ -30,9 +35,11 @@ def kubectl() -> str:
 def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Submission]:
     k: KubeIR = ir.part("kuberay")
     command([kubectl(), "apply", "--namespace", k.namespace, "--filename", str(bundle / "configmap.yaml")], env=env)
-    # create, not apply: a RayJob of the same name is another run's, and applying would rewrite it
-    out = command([kubectl(), "create", "--namespace", k.namespace, "--filename", str(bundle / "rayjob.yaml"),
-                   "--output", "name"], env=env).stdout
+    # create, not apply: a RayJob of the same name is another run's, and applying would rewrite it. With its
+    # deadline's end in the head's environment (view.with_end), for verl's save ahead of it.
+    docs = [with_end(doc, time.time()) for doc in YAML(typ="safe").load_all((bundle / "rayjob.yaml").read_text())]
+    out = command([kubectl(), "create", "--namespace", k.namespace, "--filename", "-", "--output", "name"],
+                  env=env, stdin="---\n".join(yaml_text.dump(doc) for doc in docs)).stdout
     names = re.findall(r"^rayjob\.ray\.io/(\S+)$", out, re.M)
     if not names:
         raise LaunchError(f"kubectl created no RayJob: {out.strip()[-300:]}")

@@ -7,16 +7,23 @@ from ...compiler import yaml_text
 from ...compiler.ir import JobIR
 from ..bundle import Bundle, File, finish, header_lines
 from ..job_package import job_package
+from ..protocol import JOB_END
 from .lower import KubeIR
-from .view import SUBMISSION_WHY, configmap, rayjobs
+from .view import DEADLINE_LEAD, SUBMISSION_WHY, configmap, rayjobs
 
 
 def render(ir: JobIR) -> Bundle:
     k: KubeIR = ir.part("kuberay")
     header = "".join(f"# {line}\n" for line in header_lines(ir))
-    package = job_package(ir, record=None, image=k.image)  # the run record goes to the job log
+    # verl (0.5.0 on) saves ahead of the RayJob's deadline: `verlc submit` sets its end in the head's environment
+    expiry = {"variable": ir.expiry_variable, "lead": DEADLINE_LEAD, "end_env": JOB_END} \
+        if k.deadline and ir.expiry_variable else None
+    package = job_package(ir, record=None, image=k.image, expiry=expiry)  # the run record goes to the job log
     usage = (f"# Run:  kubectl apply --namespace {k.namespace} -f configmap.yaml -f rayjob.yaml   (or: verlc submit)\n"
-             + "".join(f"# {line}\n" for line in SUBMISSION_WHY))
+             + "".join(f"# {line}\n" for line in SUBMISSION_WHY)
+             + (f"# activeDeadlineSeconds: `verlc submit` also sets {JOB_END} (the deadline in epoch seconds) in the\n"
+                f"# head's environment, for verl's save ahead of it; without it verl saves at trainer.save_freq only.\n"
+                if expiry else ""))
     docs = "---\n".join(yaml_text.dump(doc) for doc in rayjobs(ir, package))
     return finish(ir, "kuberay", [
         File("rayjob.yaml", header + usage + docs),

@@ -7,6 +7,7 @@ train: targets/runtime.py), and deletes the cluster when the job has finished.
 
 from __future__ import annotations
 
+import copy
 import shlex
 from typing import Any
 
@@ -14,6 +15,7 @@ from ...compiler.derive import tracker_env
 from ...compiler.ir import JobIR
 from ..bundle import File
 from ..job_package import COMMAND, PACKAGE
+from ..protocol import JOB_END
 from .lower import KubeIR
 
 HELPER_DIR = "/opt/verlc"  # the ConfigMap is mounted at HELPER_DIR/verlc_job, on PYTHONPATH, in every pod
@@ -96,6 +98,23 @@ def _pod(ir: JobIR, k: KubeIR, role: str, files: list[File], run: str) -> dict[s
     if k.priority_class:
         spec["priorityClassName"] = k.priority_class
     return {"metadata": {"labels": labels(ir)}, "spec": spec}
+
+
+# verl's save ahead of activeDeadlineSeconds ends this long before it: KubeRay then deletes the cluster, whose
+# pods get Kubernetes' 30 s termination grace
+DEADLINE_LEAD = 60
+
+
+def with_end(rayjob: dict[str, Any], now: float) -> dict[str, Any]:
+    """The RayJob as `verlc submit` creates it: where it has activeDeadlineSeconds, its head gets the end in
+    JOB_END (now + the deadline: KubeRay counts it from the RayJob's start, which is no earlier than now)."""
+    deadline = rayjob["spec"].get("activeDeadlineSeconds")
+    if not deadline:
+        return rayjob
+    out = copy.deepcopy(rayjob)
+    head = out["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    head["env"] = [*head.get("env", []), {"name": JOB_END, "value": str(int(now) + int(deadline))}]
+    return out
 
 
 def rayjobs(ir: JobIR, files: list[File]) -> list[dict[str, Any]]:

@@ -558,7 +558,7 @@ VERLC_JOB
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 481a42d2daede9a668948d8be0ba62ce215adc46e139146d1c5808da2cd6ccac:
+# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 d1fb9e9c0c02dbe36d56eff21b4fd811b239bd369ccdc67539a5fb035dfedb8d:
 # what every verlc bundle runs on the cluster (the others ship them as verlc_job/protocol.py and
 # verlc_job/__init__.py, after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -684,6 +684,7 @@ END_TIME = "end-time"  # the job's end in epoch seconds, as the scheduler has it
 TRAIN_STARTS = "train-start.json"  # per attempt: the latest checkpoint's step when training began
 TIME_LIMIT_REACHED = "time-limit-reached"  # the attempt (SLURM_RESTART_COUNT) that the time limit stopped
 REFERENCE = "verlc-first-run.json"  # a reproducible job's first run record, beside its checkpoints
+JOB_END = "VERLC_JOB_END"  # the job's end (epoch seconds) where a launcher sets it at submission (kuberay)
 
 
 # ---- run ids ---------------------------------------------------------------------------------------------
@@ -722,7 +723,9 @@ class Job:
     reference: list | None  # a reproducible job's first run record
     train: list[str]  # the trainer's argv
     stall_timeout: int | None
-    expiry: dict[str, Any] | None = None  # {"variable", "lead", "end_file"}: verl's save ahead of the job's end
+    # verl's save ahead of the job's end: {"variable": where verl reads its deadline, "lead": seconds before the
+    # end, and where the end (epoch seconds) is: "end_file" (a word) or "end_env" (a variable, e.g. JOB_END)}
+    expiry: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         """For review: one key per line, and a long list (the trainer's argv) one item per line."""
@@ -1711,15 +1714,19 @@ RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # Ray's: the job-level runtime e
 
 def with_deadline(env: dict, expiry: dict | None) -> dict:
     """The trainer's environment with verl's deadline (expiry["variable"], epoch seconds): the job's end as the
-    target last saw it (expiry["end_file"]) less the lead the target needs to stop cleanly. verl's trainer reads
-    it in its own Ray actor, so it goes into the job's runtime env as well (Ray merges that with the one verl's
-    ray.init() passes), which every actor and worker of the job gets; read at each start (a requeue too)."""
+    target last saw it (in the file expiry["end_file"], or the variable expiry["end_env"]) less the lead the
+    target needs to stop cleanly. verl's trainer reads it in its own Ray actor, so it goes into the job's
+    runtime env as well (Ray merges that with the one verl's ray.init() passes), which every actor and worker of
+    the job gets; read at each start (a requeue too)."""
     if not expiry:
         return env
     try:
-        with open(expand(expiry["end_file"]), encoding="utf-8") as fh:
-            end = int(fh.read().strip())
-    except (OSError, ValueError):
+        if expiry.get("end_env"):
+            end = int(env[expiry["end_env"]])
+        else:
+            with open(expand(expiry["end_file"]), encoding="utf-8") as fh:
+                end = int(fh.read().strip())
+    except (KeyError, OSError, ValueError):
         say("the job's end time is not known here: verl saves checkpoints at trainer.save_freq only")
         return env
     deadline, name = end - expiry["lead"], expiry["variable"]

@@ -120,6 +120,7 @@ END_TIME = "end-time"  # the job's end in epoch seconds, as the scheduler has it
 TRAIN_STARTS = "train-start.json"  # per attempt: the latest checkpoint's step when training began
 TIME_LIMIT_REACHED = "time-limit-reached"  # the attempt (SLURM_RESTART_COUNT) that the time limit stopped
 REFERENCE = "verlc-first-run.json"  # a reproducible job's first run record, beside its checkpoints
+JOB_END = "VERLC_JOB_END"  # the job's end (epoch seconds) where a launcher sets it at submission (kuberay)
 
 
 # ---- run ids ---------------------------------------------------------------------------------------------
@@ -158,7 +159,9 @@ class Job:
     reference: list | None  # a reproducible job's first run record
     train: list[str]  # the trainer's argv
     stall_timeout: int | None
-    expiry: dict[str, Any] | None = None  # {"variable", "lead", "end_file"}: verl's save ahead of the job's end
+    # verl's save ahead of the job's end: {"variable": where verl reads its deadline, "lead": seconds before the
+    # end, and where the end (epoch seconds) is: "end_file" (a word) or "end_env" (a variable, e.g. JOB_END)}
+    expiry: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         """For review: one key per line, and a long list (the trainer's argv) one item per line."""

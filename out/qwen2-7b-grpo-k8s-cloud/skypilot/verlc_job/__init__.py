@@ -947,15 +947,19 @@ RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # Ray's: the job-level runtime e
 
 def with_deadline(env: dict, expiry: dict | None) -> dict:
     """The trainer's environment with verl's deadline (expiry["variable"], epoch seconds): the job's end as the
-    target last saw it (expiry["end_file"]) less the lead the target needs to stop cleanly. verl's trainer reads
-    it in its own Ray actor, so it goes into the job's runtime env as well (Ray merges that with the one verl's
-    ray.init() passes), which every actor and worker of the job gets; read at each start (a requeue too)."""
+    target last saw it (in the file expiry["end_file"], or the variable expiry["end_env"]) less the lead the
+    target needs to stop cleanly. verl's trainer reads it in its own Ray actor, so it goes into the job's
+    runtime env as well (Ray merges that with the one verl's ray.init() passes), which every actor and worker of
+    the job gets; read at each start (a requeue too)."""
     if not expiry:
         return env
     try:
-        with open(expand(expiry["end_file"]), encoding="utf-8") as fh:
-            end = int(fh.read().strip())
-    except (OSError, ValueError):
+        if expiry.get("end_env"):
+            end = int(env[expiry["end_env"]])
+        else:
+            with open(expand(expiry["end_file"]), encoding="utf-8") as fh:
+                end = int(fh.read().strip())
+    except (KeyError, OSError, ValueError):
         say("the job's end time is not known here: verl saves checkpoints at trainer.save_freq only")
         return env
     deadline, name = end - expiry["lead"], expiry["variable"]
