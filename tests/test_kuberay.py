@@ -357,3 +357,8 @@ def test_verl_saves_ahead_of_the_rayjobs_deadline(tmp_path: Path) -> None:
         "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP": "1999999940"}
     assert runtime.with_deadline({}, expiry) == {}  # applied by hand: no end known
     assert job("0.4.1").expiry is None
+    spec = tmp_path / "no-saves.yaml"
+    spec.write_text(EXAMPLE.read_text().replace("save_freq: 20", "save_freq: -1"))
+    built = run_verlc("build", spec, "--target", "kuberay", "--out", tmp_path / "no-saves")
+    assert "trainer.save_freq is -1: verl saves no checkpoint, not even ahead of the deadline" in built.stderr, \
+        built.stderr

@@ -54,6 +54,13 @@ def check_build(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterat
             f"{NOTE}{chosen.release.label}'s trainer cannot save a checkpoint ahead of the deadline (verl's "
             f"should_save_ckpt_esi came with 0.5.0): the steps since its last trainer.save_freq checkpoint are "
             f"lost when it ends the run"))
+    trainer = spec.verl.get("trainer")
+    save_freq = trainer.get("save_freq", -1) if isinstance(trainer, dict) else -1  # verl's default: never
+    if k.deadline and spec.program == "verl.trainer.main_ppo" and isinstance(save_freq, int) and save_freq <= 0:
+        yield sourced.diagnostic(("kubernetes", "deadline"), (
+            f"{NOTE}trainer.save_freq is {save_freq}: verl saves no checkpoint, not even ahead of the deadline "
+            f"(its save there needs a positive save_freq), so a run the deadline ends has nothing to resume from; "
+            f"set trainer.save_freq"))
     mounts = [v.mount for v in k.volumes]
     yield from kept(spec, sourced, workdir, mounts, "a kubernetes.volumes claim",
                     "kubernetes.retries recreates the pods" if k.retries else None)
