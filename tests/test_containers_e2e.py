@@ -373,7 +373,7 @@ def test_every_example_compose_bundle_comes_up_to_the_ray_stage(
     log = up.stdout + up.stderr
     assert up.returncode == 0, log[-6000:]
     job = json.loads((bundle / "verlc_job" / "job.json").read_text())
-    assert f"verlc: cluster ready: {job['nodes']} nodes, {job['gpus']} GPUs" in log
+    assert f"verlc: cluster ready: {job['nodes']} nodes, {job['total_gpus']} GPUs" in log
     assert "verlc: stopping after stage ray (VERLC_STOP_AFTER)" in log
     assert len(started) == job["nodes"]
     assert down.returncode == 0, down.stderr

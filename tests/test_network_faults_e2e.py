@@ -145,6 +145,7 @@ def black_hole_during_all_reduce(root: Path) -> dict:
     wait_for((root / "rank-started").exists, 600, "the all-reduce's first rank")
     worker = placed(text(log))[1]
     with faulty("drop", worker):
+        (root / "fault-on").touch()  # the ranks go on once the fault is in place (however long `drop` took)
         state, took = ended(job, 150)
     return {"job": job, "worker": worker, "state": state, "took": took, "output": text(log)}
 

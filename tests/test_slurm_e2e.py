@@ -124,7 +124,8 @@ def fake_venv(root: Path, *, ray_fails_on: str | None = None, no_interface_on: s
     """This venv, except that `ray start` fails on one node, or its Ray (and so every process Ray starts
     there) is told to use a network interface that does not exist (as a wrong NCCL_SOCKET_IFNAME would), or
     (npus) each node has an `npu-smi` (NPU_SMI) and its Ray workers record their env (RECORD_ENV), or
-    (slow_ranks) the preflight's all-reduce ranks touch `root/rank-started`, then wait 5 s, and
+    (slow_ranks) the preflight's all-reduce ranks touch `root/rank-started`, then wait (up to 120 s) until the
+    test has put its fault in place and touched `root/fault-on`, and
     `python3 -m verl.trainer.main_ppo` only prints its argv (there is no GPU to train on): the first run
     prints FAKE_STEPS steps, one a second, or waits to be preempted; a restarted run
     (SLURM_RESTART_COUNT > 0) exits 0 at once. Everything else is the real thing."""
@@ -140,8 +141,11 @@ def fake_venv(root: Path, *, ray_fails_on: str | None = None, no_interface_on: s
         fail += f'[[ ${{SLURMD_NODENAME:-}} != {no_interface_on} ]] || export GLOO_SOCKET_IFNAME=verlc-no-such-nic\n'
     site = ""  # a sitecustomize that every Python Ray starts reads
     if slow_ranks:
-        site += ("import sys, time\nif 'init_process_group' in ' '.join(sys.orig_argv):\n"
-                 f"    open({str(root / 'rank-started')!r}, 'w').close()\n    time.sleep(5)\n")
+        site += ("import os, sys, time\nif 'init_process_group' in ' '.join(sys.orig_argv):\n"
+                 f"    open({str(root / 'rank-started')!r}, 'w').close()\n"
+                 f"    for _ in range(600):\n"
+                 f"        if os.path.exists({str(root / 'fault-on')!r}):\n            break\n"
+                 f"        time.sleep(0.2)\n")
     if npus:
         site += RECORD_ENV.replace("{root!r}", repr(str(root)))
         (venv / "bin" / "npu-smi").write_text(NPU_SMI)

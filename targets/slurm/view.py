@@ -54,13 +54,15 @@ class ProtocolView:
 class Stopping:
     """How a job stops inside Slurm's KillWait (30 s by default), in seconds: after the signal, each node's Ray
     gets TERM, KILL `ray_kill_after` later (in a container: the `docker exec` that runs it), then the node keeps
-    Ray's logs; the container's own step waits up to `logs_wait` for those logs, then takes up to `removal` to
-    remove the container (which ends Ray there). The batch script's cleanup waits KillWait less
-    `cleanup_margin` for the steps, at most `cleanup_cap`."""
+    Ray's logs; the container's own step waits up to `logs_wait` for those logs, then removes the container
+    (which ends Ray there) over and over while its run command lives, until `removal_until` after the signal:
+    a container still being created when the signal came (podman under load: many seconds) is removed once it
+    exists. The batch script's cleanup waits KillWait less `cleanup_margin` for the steps, at most
+    `cleanup_cap`."""
 
     ray_kill_after: int = 5
     logs_wait: int = 20
-    removal: int = 8
+    removal_until: int = 26
     cleanup_margin: int = 2
     cleanup_cap: int = 30
     kill_wait: int = 30  # Slurm's default KillWait, which all of the above must fit
@@ -68,8 +70,8 @@ class Stopping:
     def fits(self) -> bool:
         """Ray is stopped with time left to keep its logs before the container goes, and the container is
         removed before Slurm's KillWait runs out."""
-        return (self.ray_kill_after < self.logs_wait // 2
-                and self.logs_wait + self.removal < self.kill_wait and self.cleanup_cap <= self.kill_wait)
+        return (self.ray_kill_after < self.logs_wait // 2 and self.logs_wait + 5 <= self.removal_until
+                and self.removal_until + 3 <= self.kill_wait and self.cleanup_cap <= self.kill_wait)
 
 
 @dataclass(frozen=True)

@@ -180,8 +180,8 @@ run_container() {
     --privileged
     verl.rocm sleep infinity
   )
-  local run_pid=''
-  trap 'await_ray_logs; remove_container_of "$run_pid"; exit 143' TERM INT
+  local run_pid='' signalled=0
+  trap 'signalled=$SECONDS; await_ray_logs; remove_container_of "$run_pid" "$signalled"; exit 143' TERM INT
   log "starting container $container on $SLURMD_NODENAME"
   "${container_run[@]}" >/dev/null &
   run_pid=$!
@@ -210,12 +210,13 @@ await_ray_logs() {
   done
 }
 
-# remove_container_of PID: remove this job's container here, over and over until PID (the command that runs it)
+# remove_container_of PID SIGNALLED: remove this job's container here, over and over until PID (the command that runs it)
 # has exited, then once more. A signal that comes while that command is still creating the container finds
 # nothing to remove, and the container would start afterwards outside the step (its monitor is not the step's
-# process), holding the node's GPUs with no job to show for it. Bounded: 8 s, well inside Slurm's KillWait.
+# process), holding the node's GPUs with no job to show for it. Bounded: until 26 s after the signal
+# came (SIGNALLED, bash's SECONDS then), inside Slurm's KillWait.
 remove_container_of() {
-  local pid=$1 until=$((SECONDS + 8))
+  local pid=$1 until=$(($2 + 26))
   while [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null && ((SECONDS < until)); do
     docker rm --force "${container}" >/dev/null 2>&1
     sleep 0.5
