@@ -483,7 +483,7 @@ VERLC_JOB
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 d1fb9e9c0c02dbe36d56eff21b4fd811b239bd369ccdc67539a5fb035dfedb8d:
+# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 ef46e1e6b0b8cd06b058dcdbd46121378ed9324e21e8422a12a8a124978a11dd:
 # what every verlc bundle runs on the cluster (the others ship them as verlc_job/protocol.py and
 # verlc_job/__init__.py, after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -528,7 +528,6 @@ def stop_after_problem(value: str, stages: tuple[str, ...] = RUNNER_STAGES) -> s
 # ---- exit codes ------------------------------------------------------------------------------------------
 USAGE = 2  # a bad VERLC_* setting
 NODE_LOST = 75  # Ray declared a node dead during the run (EX_TEMPFAIL: worth a retry on other nodes)
-SIGNALLED = 143  # ended by TERM (scancel, the time limit): 128 + 15
 
 
 # ---- event lines -----------------------------------------------------------------------------------------

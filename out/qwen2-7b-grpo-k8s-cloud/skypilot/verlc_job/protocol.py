@@ -39,7 +39,6 @@ def stop_after_problem(value: str, stages: tuple[str, ...] = RUNNER_STAGES) -> s
 # ---- exit codes ------------------------------------------------------------------------------------------
 USAGE = 2  # a bad VERLC_* setting
 NODE_LOST = 75  # Ray declared a node dead during the run (EX_TEMPFAIL: worth a retry on other nodes)
-SIGNALLED = 143  # ended by TERM (scancel, the time limit): 128 + 15
 
 
 # ---- event lines -----------------------------------------------------------------------------------------
