@@ -181,6 +181,62 @@ def test_scancel_after_bring_up_removes_the_containers_and_keeps_rays_logs(slurm
     assert all((kept / node / "TRUNCATED.txt").exists() for node in ("n1", "n2")), log.read_text()
 
 
+# `podman run` (behind `docker` too) as a signal finds it still creating the container: the engine's monitor
+# (conmon) has already left the step's processes and starts the container a moment later, whatever happens to
+# the step. Here a detached `podman run` starts 35 s after the shim marked that moment (creating-NODE), when
+# Slurm's KillWait (30 s) has ended the whole step, and writes its exit code to created-NODE when it returns.
+PODMAN_CREATING = PODMAN_WITHOUT_GPUS.replace('exec /usr/bin/podman "${args[@]}"', """\
+if [[ ${args[0]:-} == run ]]; then
+  trap '' TERM INT
+  (setsid bash -c 'sleep 35; /usr/bin/podman "${@:2}"; echo $? >"$1"' run-later \\
+    "$RACE_DIR/created-$SLURMD_NODENAME" "${args[@]}" </dev/null >/dev/null 2>&1 &)
+  touch "$RACE_DIR/creating-$SLURMD_NODENAME"
+  sleep infinity
+fi
+exec /usr/bin/podman "${args[@]}"
+""")
+
+
+def test_a_cancel_while_the_containers_are_being_created_leaves_no_container(
+        slurm: None, engine: dict[str, str], tmp_path: Path) -> None:
+    """#42: scancel lands while `docker run` / `podman run` still creates each node's container, so the step's
+    trap finds nothing to remove, and the container starts once the step is gone. It must end by itself then
+    (its main process waits for the step's lock). The shim holds every node's run in that moment when the
+    cancel comes, and starts the containers only once the step is gone, so the race is met every time: one job
+    per engine, side by side. (Before the lock, the step's trap removed the container over and over for 26 s:
+    a container that took longer to start, as it does under load, was left running.)"""
+    jobs = {}
+    for runtime in ("docker", "podman"):
+        root = tmp_path / runtime
+        root.mkdir()
+        write_fixtures(root)
+        script = build(root, container=container_spec(root, runtime, engine))
+        (root / "shim").mkdir()
+        (root / "shim" / "podman").write_text(PODMAN_CREATING)
+        (root / "shim" / "podman").chmod(0o755)
+        env = {**engine, "PATH": f"{root / 'shim'}:{engine['PATH']}", "RACE_DIR": str(root)}
+        jobs[runtime] = (root, script, submit(script, root, "preflight", env))
+    try:
+        for runtime, (root, script, job) in jobs.items():
+            wait_for(lambda: len(list(root.glob("creating-n*"))) == 2, 180, f"{runtime}: both nodes creating")
+            subprocess.run(["scancel", job], check=True)
+        for runtime, (root, script, job) in jobs.items():
+            log = root / f"slurm-{job}.out"
+            wait_for(lambda: "exit code 143" in log.read_text(), 120, f"{runtime}: the cleanup trap to finish")
+            # each delayed run created its container after the step had gone, and returned once it ended
+            wait_for(lambda: len(list(root.glob("created-n*"))) == 2, 240,
+                     f"{runtime}: the containers started after the step had gone to end by themselves")
+            codes = {p.name: p.read_text().strip() for p in root.glob("created-n*")}
+            assert containers(engine, script, job) == [], (codes, log.read_text())
+            assert set(codes.values()) == {"0"}, codes  # the containers did start, and ended on their own
+    finally:
+        for runtime, (root, script, job) in jobs.items():
+            for name in containers(engine, script, job):  # only where the test failed
+                subprocess.run(["podman", "rm", "--force", name], env={**os.environ, **engine}, capture_output=True)
+            for node in (p.name.removeprefix("creating-") for p in root.glob("creating-n*")):
+                Path(f"/tmp/verlc-step-{job}-{node}.lock").unlink(missing_ok=True)  # left for the late run
+
+
 def test_preemption_requeues_into_new_containers_resumes_and_shows_the_restart_in_status_and_runs(
         slurm: None, engine: dict[str, str], tmp_path: Path) -> None:
     from test_lifecycle_e2e import runs_of, until_final, verlc

@@ -21,6 +21,8 @@ from .ports import PLAN, PortPlan
 # Shell variables the template sets before it uses the argv below.
 HEAD_IP, NODE_IP, RAY_PORT, DASHBOARD_PORT = Var("head_ip"), Var("node_ip"), Var("ray_port"), Var("dashboard_port")
 CLIENT_PORT, AGENT_PORT, RAY_TMP, CONTAINER = Var("client_port"), Var("agent_port"), Var("ray_tmp"), Var("container")
+STEP_LOCK = Var("step_lock")  # the file whose lock the container's step holds on the node (sbatch.sh.j2)
+STEP_LOCK_IN_CONTAINER = "/run/verlc-step.lock"
 NODE_NAME, NODE_DEV = Var("SLURMD_NODENAME"), Var("node_dev")
 
 CONTAINER_WORD = Word((CONTAINER,))
@@ -55,14 +57,12 @@ class Stopping:
     """How a job stops inside Slurm's KillWait (30 s by default), in seconds: after the signal, each node's Ray
     gets TERM, KILL `ray_kill_after` later (in a container: the `docker exec` that runs it), then the node keeps
     Ray's logs; the container's own step waits up to `logs_wait` for those logs, then removes the container
-    (which ends Ray there) over and over while its run command lives, until `removal_until` after the signal:
-    a container still being created when the signal came (podman under load: many seconds) is removed once it
-    exists. The batch script's cleanup waits KillWait less `cleanup_margin` for the steps, at most
-    `cleanup_cap`."""
+    (which ends Ray there), in the `remove_within` left. The batch script's cleanup waits KillWait less
+    `cleanup_margin` for the steps, at most `cleanup_cap`."""
 
     ray_kill_after: int = 5
     logs_wait: int = 20
-    removal_until: int = 26
+    remove_within: int = 8
     cleanup_margin: int = 2
     cleanup_cap: int = 30
     kill_wait: int = 30  # Slurm's default KillWait, which all of the above must fit
@@ -70,8 +70,8 @@ class Stopping:
     def fits(self) -> bool:
         """Ray is stopped with time left to keep its logs before the container goes, and the container is
         removed before Slurm's KillWait runs out."""
-        return (self.ray_kill_after < self.logs_wait // 2 and self.logs_wait + 5 <= self.removal_until
-                and self.removal_until + 3 <= self.kill_wait and self.cleanup_cap <= self.kill_wait)
+        return (self.ray_kill_after < self.logs_wait // 2 and self.logs_wait + self.remove_within <= self.kill_wait
+                and self.cleanup_cap <= self.kill_wait)
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,9 @@ def slurm_view(ir: JobIR) -> SlurmView:
             # In the foreground of a job step, whose task removes the container when Slurm ends the step
             # (after the node's Ray has kept its logs: --sig-proxy=false keeps the engine from passing the
             # signal straight into the container). Its own /dev/shm of shm_size (no --ipc=host: podman
-            # refuses it beside --shm-size).
+            # refuses it beside --shm-size). Its main process waits for the lock the step's task holds, so
+            # the container ends (and --rm removes it) as soon as that task is gone, however it went: also a
+            # container the engine only started after the step had ended (a signal during its creation).
             (c.runtime, "run", "--rm", "--init", "--network=host", "--sig-proxy=false"),
             ("--name", CONTAINER_WORD),
             (f"--shm-size={c.shm_size}",),
@@ -187,8 +189,9 @@ def slurm_view(ir: JobIR) -> SlurmView:
             *(("--env", n) for n in env_names),
             *(("--volume", m) for m in c.mounts),
             ("--workdir", c.workdir),
+            ("--volume", Word((STEP_LOCK, f":{STEP_LOCK_IN_CONTAINER}"))),
             *((a,) for a in c.run_args),
-            (c.image, "sleep", "infinity"),
+            (c.image, "flock", STEP_LOCK_IN_CONTAINER, "true"),
         )
         container_remove = (c.runtime, "rm", "--force", CONTAINER_WORD)
         container_check = (c.runtime, "container", "inspect", CONTAINER_WORD)

@@ -104,7 +104,7 @@ fan_out() {
 }
 
 # Run by fan_out on each node (SLURMD_NODENAME and SLURM_PROCID are Slurm's, per task) -------------
-readonly node_functions=(log in_container node_address build_image run_container container_ready await_ray_logs remove_container_of remove_container ray_node)
+readonly node_functions=(log in_container node_address build_image run_container container_ready await_ray_logs drop_step_lock remove_container ray_node)
 
 # node_address: this node's name, the IPv4 address Ray uses on it, and that address's interface (where
 # gloo, and NCCL unless told, open their sockets).
@@ -138,9 +138,16 @@ build_image() {
 
 # run_container: this job's container on this node, for as long as the task runs. Slurm signals every
 # process of the step when it ends it (the cleanup, scancel, the time limit): the task then removes the
-# container itself, since after scancel no new job step could be started to remove it.
+# container itself, since after scancel no new job step could be started to remove it. The container lives
+# only while the task holds the lock on $step_lock (its main process waits for that lock): a signal that
+# comes while the engine is still creating it finds nothing to remove, and the engine starts it afterwards
+# outside the step, where it ends at once instead of holding the node's GPUs with no job to show for it.
 run_container() {
   in_container "$SLURMD_NODENAME"
+  local step_lock=/tmp/verlc-step-$SLURM_JOB_ID-$SLURMD_NODENAME.lock lock
+  if ! { : >"$step_lock" && exec {lock}<"$step_lock" && flock "$lock"; }; then
+    log "ERROR: could not lock $step_lock on $SLURMD_NODENAME"; exit 1
+  fi
   local container_run=(
     docker run --rm --init --network=host --sig-proxy=false
     --name "${container}"
@@ -175,18 +182,19 @@ run_container() {
     --volume "${HOME}":"${HOME}"
     --volume "${HOME}"/.ssh:/root/.ssh
     --workdir "${HOME}"/projects/verl_upstream
+    --volume "${step_lock}":/run/verlc-step.lock
     --cap-add=SYS_PTRACE
     --security-opt=seccomp=unconfined
     --privileged
-    verl.rocm sleep infinity
+    verl.rocm flock /run/verlc-step.lock true
   )
-  local run_pid='' signalled=0
-  trap 'signalled=$SECONDS; await_ray_logs; remove_container_of "$run_pid" "$signalled"; exit 143' TERM INT
+  local run_pid='' rc=0
+  trap 'await_ray_logs; remove_container; drop_step_lock "$run_pid" "$step_lock"; exit 143' TERM INT
   log "starting container $container on $SLURMD_NODENAME"
-  "${container_run[@]}" >/dev/null &
+  "${container_run[@]}" {lock}<&- >/dev/null &
   run_pid=$!
-  local rc=0
   wait "$run_pid" || rc=$?
+  rm -f "$step_lock"
   log "container $container on $SLURMD_NODENAME stopped (code $rc)"
   exit $((rc ? rc : 1))
 }
@@ -200,7 +208,7 @@ container_ready() {
 }
 
 # await_ray_logs: where Ray ran in this node's container, give it 20 s to stop and keep its logs (ray_node),
-# inside Slurm's KillWait (30 s by default) with time left to remove the container
+# inside Slurm's KillWait (30 s by default) with 8 s left to remove the container
 await_ray_logs() {
   local logs="${run_dir}"/ray-logs/$SLURMD_NODENAME
   [[ -d $logs ]] || return 0
@@ -210,18 +218,13 @@ await_ray_logs() {
   done
 }
 
-# remove_container_of PID SIGNALLED: remove this job's container here, over and over until PID (the command that runs it)
-# has exited, then once more. A signal that comes while that command is still creating the container finds
-# nothing to remove, and the container would start afterwards outside the step (its monitor is not the step's
-# process), holding the node's GPUs with no job to show for it. Bounded: until 26 s after the signal
-# came (SIGNALLED, bash's SECONDS then), inside Slurm's KillWait.
-remove_container_of() {
-  local pid=$1 until=$(($2 + 26))
-  while [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null && ((SECONDS < until)); do
-    docker rm --force "${container}" >/dev/null 2>&1
+# drop_step_lock PID FILE: remove the lock file once PID (the engine's run command) has exited, within 5 s;
+# while it lives on (still creating the container), the file stays for the container to find its lock free
+drop_step_lock() {
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    if [[ -z $1 ]] || ! kill -0 "$1" 2>/dev/null; then rm -f "$2"; return 0; fi
     sleep 0.5
   done
-  remove_container
 }
 
 # remove_container: remove this job's container on this node, unless it is gone already
