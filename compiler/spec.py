@@ -100,7 +100,9 @@ class ImageBuild(Model):
 
 
 class Engine(Model):
-    """A long-lived container per node under Docker or Podman (host network, --init)."""
+    """A long-lived container per node under Docker or Podman (host network, --init). On Slurm it lives while its
+    job step does: its main process is `flock` (util-linux, in every Debian, Ubuntu or RHEL-based image) waiting
+    for the step's lock."""
 
     runtime: Literal["docker", "podman"] = Field(description="The container engine on every node.")
     image: Text = Field(description="The image: verl, ray and verl's data-prep scripts at workdir.")

@@ -8,6 +8,7 @@ job itself printed and what Slurm recorded.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -16,8 +17,9 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -239,8 +241,9 @@ def job_state(job: str, settle: bool = True) -> str:
         time.sleep(0.5)
 
 
-def submit(script: Path, root: Path, stop_after: str = "train", env: dict[str, str] | None = None) -> str:
-    result = subprocess.run(["sbatch", "--parsable", str(script)], cwd=root, capture_output=True, text=True,
+def submit(script: Path, root: Path, stop_after: str = "train", env: dict[str, str] | None = None,
+           options: tuple[str, ...] = ()) -> str:
+    result = subprocess.run(["sbatch", "--parsable", *options, str(script)], cwd=root, capture_output=True, text=True,
                             timeout=60, env={**SUBMIT_ENV, "HOME": str(root), "VERLC_STOP_AFTER": stop_after,
                                              **(env or {})})
     job = result.stdout.strip().split(";")[0]
@@ -255,9 +258,10 @@ def wait_for(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
         time.sleep(1)
 
 
-def ray_processes() -> list[str]:
-    """Ray's processes on the test cluster's nodes (their network namespaces, where every job step runs): a
-    Ray of the other machine tests, on the host, is not the cluster's."""
+def ray_processes(job: str | None = None) -> list[str]:
+    """Ray's processes on the test cluster's nodes (their network namespaces, where every job step runs), or
+    only those of `job` (its Ray's temp dirs, /tmp/verlc-ray-JOB-*): a Ray of the other machine tests, on the
+    host, is not the cluster's."""
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     found = []
     for ns in (n for n in namespaces if re.fullmatch(r"verlc-n\d+", n)):
@@ -266,16 +270,92 @@ def ray_processes() -> list[str]:
                 line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue  # it ended
-            if re.search(r"raylet|gcs_server", line):
+            if re.search(r"raylet|gcs_server", line) and (job is None or f"verlc-ray-{job}-" in line):
                 found.append(f"{ns} {pid} {line.strip()}")
     return found
 
 
-def no_ray_left(deadline: float = 30) -> list[str]:
+def no_ray_left(deadline: float = 30, job: str | None = None) -> list[str]:
     end = time.monotonic() + deadline
-    while ray_processes() and time.monotonic() < end:
+    while ray_processes(job) and time.monotonic() < end:
         time.sleep(1)
-    return ray_processes()
+    return ray_processes(job)
+
+
+# ---- jobs side by side --------------------------------------------------------------------------------------
+# Most tests here run one short job and read what it printed. Their jobs are independent, and the cluster's 8
+# nodes hold four 2-node jobs at once: such a test says how its job is made (`@side_by_side(make)`), the first
+# of them to run submits the jobs of every one selected, and each test gets its own job once that has ended.
+# Where a test needs particular nodes (a fault on one of them), it names them (--nodelist), apart from the others.
+
+@dataclass(frozen=True)
+class Job:
+    """A job to submit: its script, the stage it stops after, sbatch's options, what it adds to the environment."""
+
+    script: Path
+    stop_after: str = "preflight"
+    options: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A side-by-side test's job once it ended: its id, what it printed, Slurm's state, and its folder."""
+
+    job: str
+    output: str
+    state: str
+    root: Path
+
+
+SIDE_BY_SIDE: dict[str, Callable[..., Job]] = {}  # test name -> make(root, **the test's parameters it takes)
+
+
+def side_by_side(make: Callable[..., Job]) -> Callable:
+    def register(test: Callable) -> Callable:
+        SIDE_BY_SIDE[test.__name__] = make
+        return test
+    return register
+
+
+@pytest.fixture(scope="module")
+def submitted(slurm: None, request: pytest.FixtureRequest,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[str, Path] | BaseException]]:
+    """The job of every selected side-by-side test, each submitted once it is built: test id -> (job, folder),
+    or what stopped its making (a skip, a failed assertion), for that test alone to raise."""
+    jobs: dict[str, tuple[str, Path] | BaseException] = {}
+    for item in request.session.items:
+        make = SIDE_BY_SIDE.get(getattr(item, "originalname", ""))
+        if make is None or item.module is not request.module:
+            continue
+        root = tmp_path_factory.mktemp(item.originalname.removeprefix("test_")[:30])
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        try:
+            write_fixtures(root)
+            job = make(root, **{k: v for k, v in params.items() if k in inspect.signature(make).parameters})
+            jobs[item.nodeid] = (submit(job.script, root, job.stop_after, job.env, job.options), root)
+        except (AssertionError, pytest.skip.Exception, pytest.fail.Exception) as stopped:
+            jobs[item.nodeid] = stopped
+    yield jobs
+    for submitted_job in jobs.values():  # any that a failed test did not wait for
+        if isinstance(submitted_job, tuple):
+            subprocess.run(["scancel", submitted_job[0]], capture_output=True)
+
+
+@pytest.fixture
+def ended(submitted: dict[str, tuple[str, Path] | BaseException], request: pytest.FixtureRequest) -> Ended:
+    made = submitted[request.node.nodeid]
+    if isinstance(made, BaseException):
+        raise made
+    job, root = made
+    wait_for(lambda: job_state(job, settle=False) in FINAL, 900, f"job {job} to end")
+    return Ended(job, (root / f"slurm-{job}.out").read_text(), job_state(job), root)
+
+
+def took(output: str) -> float:
+    """Seconds from the job's first log line to its last (its run, without its time in the queue)."""
+    stamps = [datetime.fromisoformat(m) for m in re.findall(r"^\[(\S+)Z\] ", output, re.M)]
+    return (stamps[-1] - stamps[0]).total_seconds()
 
 
 def steps_per_stage(job: str, output: str) -> dict[str, int]:
@@ -304,12 +384,11 @@ def steps_per_stage(job: str, output: str) -> dict[str, int]:
 STEPS = {"setup": 1, "ray": 3}
 
 
+@side_by_side(lambda root, nodes: Job(build(root, nodes=nodes)))
 @pytest.mark.parametrize("nodes", [2, NODES])
-def test_bring_up_and_preflight_take_the_same_job_steps_on_any_node_count(slurm: None, tmp_path: Path,
-                                                                          nodes: int) -> None:
-    write_fixtures(tmp_path)
-    job, output, state = sbatch(build(tmp_path, nodes=nodes), tmp_path)
-    assert state == "COMPLETED", output
+def test_bring_up_and_preflight_take_the_same_job_steps_on_any_node_count(ended: Ended, nodes: int) -> None:
+    job, output = ended.job, ended.output
+    assert ended.state == "COMPLETED", output
     registered = re.findall(rf"node registered: .* GPUs=8 \((\d)/{nodes}\)", output)
     assert registered == [str(i) for i in range(1, nodes + 1)], output
     assert f"cluster ready: {nodes} nodes, {8 * nodes} GPUs" in output
@@ -320,22 +399,27 @@ def test_bring_up_and_preflight_take_the_same_job_steps_on_any_node_count(slurm:
     assert len(re.findall(r"Ray on n\d+ stopped \(the job is ending\)", output)) == nodes, output
     assert "stage train: skipped (VERLC_STOP_AFTER=preflight)" in output
     assert steps_per_stage(job, output) == STEPS, output
-    assert no_ray_left() == []
-    # every node kept its Ray logs and removed Ray's temp dir, also where one step runs several nodes' Ray
-    kept = next((tmp_path / "verlc-runs").glob(f"*-{job}")) / "ray-logs"
-    assert sorted(p.parent.name for p in kept.glob("*/TRUNCATED.txt")) == [f"n{i}" for i in range(1, nodes + 1)]
+    assert no_ray_left(job=job) == []
+    # every node kept its Ray logs (the head's GCS too) and removed Ray's temp dir, also where one step runs
+    # several nodes' Ray
+    kept = next((ended.root / "verlc-runs").glob(f"*-{job}")) / "ray-logs"
+    placed = re.findall(r"node registered: (n\d+) ", output)
+    assert sorted(p.parent.name for p in kept.glob("*/TRUNCATED.txt")) == sorted(placed), output
+    for node in placed:
+        assert (kept / node / "raylet.out").stat().st_size > 0, sorted(p.name for p in (kept / node).iterdir())
+        assert (kept / node / "TRUNCATED.txt").read_text() == "nothing was cut\n"
+    assert len(list(kept.glob("*/gcs_server.out"))) == 1, output  # the head's
     assert not list(Path("/tmp").glob(f"verlc-ray-{job}-*"))
 
 
-def test_an_all_reduce_that_fails_on_one_node_fails_the_preflight_and_names_that_node(slurm: None,
-                                                                                    tmp_path: Path) -> None:
-    write_fixtures(tmp_path)
-    job, output, state = sbatch(build(tmp_path, venv=fake_venv(tmp_path, no_interface_on="n2")), tmp_path)
-    assert state == "FAILED", output
+@side_by_side(lambda root: Job(build(root, venv=fake_venv(root, no_interface_on="n4")), options=("--nodelist=n3,n4",)))
+def test_an_all_reduce_that_fails_on_one_node_fails_the_preflight_and_names_that_node(ended: Ended) -> None:
+    output = ended.output
+    assert ended.state == "FAILED", output
     failures = [line.split("PREFLIGHT FAILED: ", 1)[1] for line in output.splitlines() if "PREFLIGHT FAILED" in line]
-    assert len(failures) == 1 and failures[0].startswith("all-reduce: node n2 ("), output
+    assert len(failures) == 1 and failures[0].startswith("all-reduce: node n4 ("), output
     assert "Unable to find address for: verlc-no-such-nic" in failures[0]
-    assert "preflight passed" not in output and no_ray_left(60) == []
+    assert "preflight passed" not in output and no_ray_left(60, ended.job) == []
 
 
 def test_a_pinned_model_comes_from_the_hf_cache_offline_and_each_run_records_what_it_read(slurm: None,
@@ -373,38 +457,45 @@ def test_a_pinned_model_comes_from_the_hf_cache_offline_and_each_run_records_wha
     assert "  ~ data data/train.parquet sha256: " in diff.stdout, diff.stdout
 
 
-def test_the_job_runs_in_the_runs_code_and_records_the_files_it_was_built_with(slurm: None,
-                                                                                tmp_path: Path) -> None:
-    """Without a container the job's steps run in the code folder (relative to where sbatch runs): the run
-    record has the code's commit and the reward function's sha256 as the job found it, and a file edited
-    after the build fails the preflight, naming it and both hashes."""
+def code_job(root: Path) -> Job:
+    """A spec with a code folder (a git repository) and its reward function, built; the function is then
+    edited (after the build)."""
     from test_programs import code_repo
 
-    commit = code_repo(tmp_path / "code")
-    write_fixtures(tmp_path)
-    spec = tmp_path / "spec.yaml"
+    (root / "commit").write_text(code_repo(root / "code"))
+    spec = root / "spec.yaml"
     spec.write_text(f"""\
 name: e2e-code
 project: e2e
-model: {tmp_path}/model
+model: {root}/model
 code: code
-data: {{train_files: [{tmp_path}/data/train.parquet], val_files: [{tmp_path}/data/test.parquet]}}
+data: {{train_files: [{root}/data/train.parquet], val_files: [{root}/data/test.parquet]}}
 verl: {{actor_rollout_ref: {{rollout: {{name: vllm, log_prob_micro_batch_size_per_gpu: 4}},
                             actor: {{ppo_micro_batch_size_per_gpu: 4}}}},
        algorithm: {{adv_estimator: grpo}},
        custom_reward_function: {{path: rewards/math.py, name: compute_score}}}}
-cluster: {{nodes: 2, gpus_per_node: 8, slurm: {{cpus_per_task: 1, output: {tmp_path}/slurm-%j.out}}}}
+cluster: {{nodes: 2, gpus_per_node: 8, slurm: {{cpus_per_task: 1, output: {root}/slurm-%j.out}}}}
 container: {{runtime: none, venv: {Path(sys.prefix)}}}
 ray: {{wait_for_nodes: 120s}}
 """)
-    result = run_verlc("build", spec, "--target", "slurm", "--out", tmp_path / "out")
+    result = run_verlc("build", spec, "--target", "slurm", "--out", root / "out")
     assert result.returncode == 0, result.stderr
-    script = tmp_path / "out" / "e2e-code" / "slurm" / "sbatch.sh"
-    reward = tmp_path / "code" / "rewards" / "math.py"
-    built = hashlib.sha256(reward.read_bytes()).hexdigest()
+    reward = root / "code" / "rewards" / "math.py"
+    (root / "built.sha256").write_text(hashlib.sha256(reward.read_bytes()).hexdigest())
     reward.write_text(reward.read_text() + "# edited after the build\n")
-    job, output, state = sbatch(script, tmp_path)
-    assert state == "FAILED", output
+    return Job(root / "out" / "e2e-code" / "slurm" / "sbatch.sh")
+
+
+@side_by_side(code_job)
+def test_the_job_runs_in_the_runs_code_and_records_the_files_it_was_built_with(ended: Ended) -> None:
+    """Without a container the job's steps run in the code folder (relative to where sbatch runs): the run
+    record has the code's commit and the reward function's sha256 as the job found it, and a file edited
+    after the build fails the preflight, naming it and both hashes."""
+    tmp_path, job, output = ended.root, ended.job, ended.output
+    reward = tmp_path / "code" / "rewards" / "math.py"
+    built = (tmp_path / "built.sha256").read_text()
+    commit = (tmp_path / "commit").read_text()
+    assert ended.state == "FAILED", output
     assert (f"PREFLIGHT FAILED: rewards/math.py here is not the file the bundle was built with (sha256 "
             f"{hashlib.sha256(reward.read_bytes()).hexdigest()[:12]}, built {built[:12]})") in output
     record = json.loads((next((tmp_path / "verlc-runs").glob(f"*-{job}")) / "run-record.json").read_text())
@@ -412,61 +503,69 @@ ray: {{wait_for_nodes: 120s}}
     assert record["inputs"]["code"]["files"] == {"rewards/math.py": hashlib.sha256(reward.read_bytes()).hexdigest()}
 
 
-def test_missing_data_file_fails_preflight(slurm: None, tmp_path: Path) -> None:
-    write_fixtures(tmp_path)
-    job, output, state = sbatch(build(tmp_path, val_file="data/missing.parquet"), tmp_path)
-    assert state == "FAILED", output
-    assert "PREFLIGHT FAILED: data file data/missing.parquet does not exist" in output
-    assert no_ray_left() == []
+@side_by_side(lambda root: Job(build(root, val_file="data/missing.parquet")))
+def test_missing_data_file_fails_preflight(ended: Ended) -> None:
+    assert ended.state == "FAILED", ended.output
+    assert "PREFLIGHT FAILED: data file data/missing.parquet does not exist" in ended.output
+    assert no_ray_left(job=ended.job) == []
 
 
-def test_a_model_folder_one_node_cannot_see_fails_the_preflight_naming_that_node(slurm: None, tmp_path: Path) -> None:
+def model_on_n1_only(root: Path) -> Job:
+    (root / "models").mkdir()
+    shutil.copytree(root / "model", root / "models" / "n1")
+    return Job(build(root, model=f"{root}/models/${{env:SLURMD_NODENAME}}"), options=("--nodelist=n1,n2",))
+
+
+@side_by_side(model_on_n1_only)
+def test_a_model_folder_one_node_cannot_see_fails_the_preflight_naming_that_node(ended: Ended) -> None:
     """The model path names each node's own folder (${env:SLURMD_NODENAME}, as verl's workers resolve it on their
     node), and only the head's (n1) exists. Before, the preflight looked on the head only and passed."""
-    write_fixtures(tmp_path)
-    (tmp_path / "models").mkdir()
-    shutil.copytree(tmp_path / "model", tmp_path / "models" / "n1")
-    script = build(tmp_path, model=f"{tmp_path}/models/${{env:SLURMD_NODENAME}}")
-    job, output, state = sbatch(script, tmp_path, "preflight", "--nodelist=n1,n2")
-    assert state == "FAILED", output
-    assert re.search(rf"PREFLIGHT FAILED: node n2 \(\S+\): model path {tmp_path}/models/n2 does not exist",
+    output = ended.output
+    assert ended.state == "FAILED", output
+    assert re.search(rf"PREFLIGHT FAILED: node n2 \(\S+\): model path {ended.root}/models/n2 does not exist",
                      output), output
     assert "models/n1 does not exist" not in output
-    assert no_ray_left() == []
+    assert no_ray_left(job=ended.job) == []
 
 
-def test_an_image_file_pinned_by_its_sha256_is_checked_on_every_node(slurm: None, tmp_path: Path) -> None:
+IMAGE = b"verl image\n"
+
+
+def image_differing_on_n8(root: Path) -> Job:
+    (root / "images").mkdir()
+    (root / "images" / "n7.sif").write_bytes(IMAGE)
+    (root / "images" / "n8.sif").write_bytes(IMAGE.replace(b"\n", b"!\n"))
+    image = f"{root}/images/${{env:SLURMD_NODENAME}}.sif"
+    pin = hashlib.sha256(IMAGE).hexdigest()
+    container = f"{{runtime: apptainer, image: '{image}@sha256:{pin}', workdir: {root}}}"
+    return Job(build(root, container=container), "containers", ("--nodelist=n7,n8",))
+
+
+@side_by_side(image_differing_on_n8)
+def test_an_image_file_pinned_by_its_sha256_is_checked_on_every_node(ended: Ended) -> None:
     """An apptainer .sif pinned as FILE@sha256:... runs FILE (not a path with the pin in it), and the job checks
-    the file's sha256 on every node before any container runs: n2's copy differs by one byte and fails the job,
-    naming n2. The path names each node's own file (${env:SLURMD_NODENAME}), as a node-local copy would be."""
-    import hashlib
-    write_fixtures(tmp_path)
-    (tmp_path / "images").mkdir()
-    (tmp_path / "images" / "n1.sif").write_bytes(b"verl image\n")
-    (tmp_path / "images" / "n2.sif").write_bytes(b"verl image!\n")
-    pin = hashlib.sha256(b"verl image\n").hexdigest()
-    image = f"{tmp_path}/images/${{env:SLURMD_NODENAME}}.sif"
-    script = build(tmp_path, container=f"{{runtime: apptainer, image: '{image}@sha256:{pin}', workdir: {tmp_path}}}")
-    assert f'images/"${{SLURMD_NODENAME}}".sif --' not in script.read_text()  # the pin is not part of the path
-    assert "@sha256" not in script.read_text().split("exec_prefix=(")[1].split("\n")[0]
-    job, output, state = sbatch(script, tmp_path, "containers", "--nodelist=n1,n2")
-    assert state == "FAILED", output
-    assert f"checking the sha256 of {tmp_path}/images/n1.sif on n1" in output, output
-    assert re.search(rf"ERROR: the image {tmp_path}/images/n2.sif on n2 has sha256 [0-9a-f]{{64}}, not the pinned "
+    the file's sha256 on every node before any container runs: n8's copy differs by one byte and fails the job,
+    naming n8. The path names each node's own file (${env:SLURMD_NODENAME}), as a node-local copy would be."""
+    tmp_path, output, pin = ended.root, ended.output, hashlib.sha256(IMAGE).hexdigest()
+    script = next((tmp_path / "out").glob("*/slurm/sbatch.sh")).read_text()
+    assert 'images/"${SLURMD_NODENAME}".sif --' not in script  # the pin is not part of the path
+    assert "@sha256" not in script.split("exec_prefix=(")[1].split("\n")[0]
+    assert ended.state == "FAILED", output
+    assert f"checking the sha256 of {tmp_path}/images/n7.sif on n7" in output, output
+    assert re.search(rf"ERROR: the image {tmp_path}/images/n8.sif on n8 has sha256 [0-9a-f]{{64}}, not the pinned "
                      rf"{pin} ", output), output
-    assert "on n1 has sha256" not in output
+    assert "on n7 has sha256" not in output
 
 
-def test_worker_ray_failure_fails_fast_and_names_the_node(slurm: None, tmp_path: Path) -> None:
-    write_fixtures(tmp_path)
-    script = build(tmp_path, wait="300s", venv=fake_venv(tmp_path, ray_fails_on="n2"))
-    started = time.monotonic()
-    job, output, state = sbatch(script, tmp_path)
-    assert state == "FAILED", output
-    assert "Ray on n2 exited (code 1)" in output
+@side_by_side(lambda root: Job(build(root, wait="300s", venv=fake_venv(root, ray_fails_on="n6")),
+                               options=("--nodelist=n5,n6",)))
+def test_worker_ray_failure_fails_fast_and_names_the_node(ended: Ended) -> None:
+    output = ended.output
+    assert ended.state == "FAILED", output
+    assert "Ray on n6 exited (code 1)" in output
     assert "Ray on a worker (named above) exited during bring-up" in output
-    assert time.monotonic() - started < 120, "should fail well before the 300 s wait"
-    assert no_ray_left() == []
+    assert took(output) < 120, "should fail well before the 300 s wait"
+    assert no_ray_left(job=ended.job) == []
 
 
 # Where the script can be held for a cancel (VERLC_PAUSE_AT): the start of each stage, before the nodes are
@@ -499,31 +598,24 @@ def test_scancel_at_any_moment_of_bring_up_runs_the_cleanup_and_leaves_nothing(s
              "Ray's temp dirs to go")
 
 
-def test_each_node_keeps_its_ray_logs_in_the_run_folder_and_removes_rays_temp_dir(slurm: None,
-                                                                                  tmp_path: Path) -> None:
-    write_fixtures(tmp_path)
-    job, output, state = sbatch(build(tmp_path), tmp_path)
-    assert state == "COMPLETED", output
-    kept = next((tmp_path / "verlc-runs").glob(f"*-{job}")) / "ray-logs"
-    for node in ("n1", "n2"):
-        assert (kept / node / "raylet.out").stat().st_size > 0, sorted(p.name for p in (kept / node).iterdir())
-        assert (kept / node / "TRUNCATED.txt").read_text() == "nothing was cut\n"
-    assert (kept / "n1" / "gcs_server.out").exists() and not (kept / "n2" / "gcs_server.out").exists()
-    assert not list(Path("/tmp").glob(f"verlc-ray-{job}-*"))
+def stall_job(root: Path, steps: str | None = None) -> Job:
+    """A trainer that prints `steps` steps a second apart (or hangs before its first), under an 8 s stall_timeout."""
+    return Job(build(root, venv=fake_venv(root), extra="stall_timeout: 8s\n"), "train",
+               env={"FAKE_STEPS": steps} if steps else {})
 
 
-def test_a_training_run_without_new_steps_is_ended_by_the_stall_timeout(slurm: None, tmp_path: Path) -> None:
-    write_fixtures(tmp_path)
-    script = build(tmp_path, venv=fake_venv(tmp_path), extra="stall_timeout: 8s\n")
-    with ThreadPoolExecutor(2) as pool:  # two 2-node jobs at once
-        stepping = pool.submit(sbatch, script, tmp_path, "train", env={"FAKE_STEPS": "14"})  # a step a second
-        hanging = pool.submit(sbatch, script, tmp_path, "train")  # the trainer hangs before its first step
-        (_, stepped, stepped_state), (_, output, state) = stepping.result(), hanging.result()
-    assert stepped_state == "COMPLETED", stepped
-    assert "step:14 - critic/score/mean:0.5" in stepped and "stall_timeout" not in stepped
-    assert state == "FAILED", output
+@side_by_side(lambda root: stall_job(root, steps="14"))
+def test_a_training_run_that_steps_is_not_ended_by_the_stall_timeout(ended: Ended) -> None:
+    assert ended.state == "COMPLETED", ended.output
+    assert "step:14 - critic/score/mean:0.5" in ended.output and "stall_timeout" not in ended.output
+
+
+@side_by_side(stall_job)
+def test_a_training_run_without_new_steps_is_ended_by_the_stall_timeout(ended: Ended) -> None:
+    output = ended.output
+    assert ended.state == "FAILED", output
     assert "ERROR: no new training step for 8s (stall_timeout): stopping the run" in output
-    assert "cleaning up (exit code 124)" in output and no_ray_left(60) == []  # the runtime's watchdog: 124
+    assert "cleaning up (exit code 124)" in output and no_ray_left(60, ended.job) == []  # the runtime's watchdog: 124
 
 
 def test_requeues_are_capped_a_limit_reached_without_a_new_checkpoint_is_not_trained_again_and_verl_saves_ahead(
@@ -645,15 +737,14 @@ def wait_ended(job: str) -> str:
     return job
 
 
+@side_by_side(lambda root, option: Job(build(root), options=(option,)))
 @pytest.mark.parametrize(("option", "message"), [
-    ("--nodes=1", "allocation has 1 nodes (n1), the spec asks for 2"),
-    ("--gpus-per-node=4", "Slurm gives 4 GPUs per node, the spec asks for 8"),
-])
-def test_allocation_that_differs_from_the_spec_fails_with_both_numbers(slurm: None, tmp_path: Path, option: str,
+    ("--nodes=1", r"allocation has 1 nodes \(n\d\), the spec asks for 2"),
+    ("--gpus-per-node=4", r"Slurm gives 4 GPUs per node, the spec asks for 8"),
+], ids=["nodes", "gpus"])
+def test_allocation_that_differs_from_the_spec_fails_with_both_numbers(ended: Ended, option: str,
                                                                       message: str) -> None:
-    write_fixtures(tmp_path)
-    job, output, state = sbatch(build(tmp_path), tmp_path, "preflight", option)
-    assert state == "FAILED" and message in output, output
+    assert ended.state == "FAILED" and re.search(message, ended.output), ended.output
 
 
 PROBE = """\
@@ -693,15 +784,18 @@ for name in ("train.parquet", "test.parquet"):
 """
 
 
-def test_the_dashboard_answers_on_the_head_loopback_only(slurm: None, tmp_path: Path) -> None:
+def probe_job(root: Path) -> Job:
+    (root / "probe.py").write_text(PROBE)
+    prepare = f", prepare: [{{dataset: gsm8k, dir: probe, script: {root}/probe.py}}]"
+    return Job(build(root, prepare=prepare), "data", ("--nodelist=n1,n2",))  # the probe reaches out from n2
+
+
+@side_by_side(probe_job)
+def test_the_dashboard_answers_on_the_head_loopback_only(ended: Ended) -> None:
     """The Jobs API runs code as the job's user: by default nothing but the head node itself reaches it, while
     another node reaches the head's GCS (so that the probe's own reach is shown)."""
-    write_fixtures(tmp_path)
-    (tmp_path / "probe.py").write_text(PROBE)
-    script = build(tmp_path, prepare=f", prepare: [{{dataset: gsm8k, dir: probe, script: {tmp_path}/probe.py}}]")
-    job, output, state = sbatch(script, tmp_path, "data")
-    assert state == "COMPLETED", output
-    probe = json.loads((tmp_path / "probe" / "probe.json").read_text())
+    assert ended.state == "COMPLETED", ended.output
+    probe = json.loads((ended.root / "probe" / "probe.json").read_text())
     assert probe["listening"], f"no dashboard found listening: {probe}"
     assert all(ips == ["127.0.0.1"] for ips in probe["listening"].values()), probe
     assert probe["head"] in probe["others"] and "172.17.0.1" in probe["others"], probe  # the node's two addresses
@@ -710,12 +804,11 @@ def test_the_dashboard_answers_on_the_head_loopback_only(slurm: None, tmp_path: 
     assert probe["from_n2"] == {name: name == "gcs" for name in probe["from_n2"]}, probe
 
 
-def test_a_node_without_the_rollout_engine_fails_the_preflight_naming_engine_and_node(slurm: None,
-                                                                                     tmp_path: Path) -> None:
+@side_by_side(lambda root: Job(build(root), env={"PYTHONPATH": ""}))
+def test_a_node_without_the_rollout_engine_fails_the_preflight_naming_engine_and_node(ended: Ended) -> None:
     """rollout.name is vllm: a node whose Python has no vllm would fail only once verl's workers start."""
-    write_fixtures(tmp_path)
-    job, output, state = sbatch(build(tmp_path), tmp_path, "preflight", env={"PYTHONPATH": ""})
-    assert state == "FAILED", output
+    output = ended.output
+    assert ended.state == "FAILED", output
     failures = [line.split("PREFLIGHT FAILED: ", 1)[1] for line in output.splitlines() if "PREFLIGHT FAILED" in line]
     assert failures and all(re.fullmatch(r"node \S+ \(\w{8}\): the rollout engine vllm "
                                          r"\(actor_rollout_ref\.rollout\.name\) is not installed", f)
@@ -768,19 +861,25 @@ for name in ("train.parquet", "test.parquet"):
 """
 
 
-def test_the_data_stage_passes_the_releases_own_preprocessing_options(slurm: None, tmp_path: Path) -> None:
+EXAMPLES_071 = REPO.parent / "shared" / "verl-examples" / "verl-v0.7.1-examples.tar.gz"
+PREPARE_071 = ", prepare: [{{dataset: gsm8k, dir: prepared, script: {root}/prep.py}}]"
+
+
+def prepare_job(root: Path) -> Job:
+    if not EXAMPLES_071.exists():
+        message = f"{EXAMPLES_071} is missing (verl's example scripts, shared beside the repository)"
+        pytest.fail(message) if IN_CI else pytest.skip(message)
+    (root / "prep.py").write_text(PREPARE_WITH_THE_RELEASES_PARSER.format(version="0.7.1", archive=str(EXAMPLES_071)))
+    return Job(build(root, prepare=PREPARE_071.format(root=root), extra="verl_version: 0.7.1\n"), "data")
+
+
+@side_by_side(prepare_job)
+def test_the_data_stage_passes_the_releases_own_preprocessing_options(ended: Ended) -> None:
     """0.7.1's own gsm8k.py parses what the bundle passes (--local_save_dir); a 0.4.1 spec gets --local_dir,
     the only option that release's scripts have (its scripts are not in ../shared to run)."""
-    archive = REPO.parent / "shared" / "verl-examples" / "verl-v0.7.1-examples.tar.gz"
-    if not archive.exists():
-        message = f"{archive} is missing (verl's example scripts, shared beside the repository)"
-        pytest.fail(message) if IN_CI else pytest.skip(message)
-    write_fixtures(tmp_path)
-    (tmp_path / "prep.py").write_text(PREPARE_WITH_THE_RELEASES_PARSER.format(version="0.7.1", archive=str(archive)))
-    prepare = f", prepare: [{{dataset: gsm8k, dir: prepared, script: {tmp_path}/prep.py}}]"
-    script = build(tmp_path, prepare=prepare, extra="verl_version: 0.7.1\n")
-    job, output, state = sbatch(script, tmp_path, "data")
-    assert state == "COMPLETED", output
+    tmp_path, output = ended.root, ended.output
+    prepare = PREPARE_071.format(root=tmp_path)
+    assert ended.state == "COMPLETED", output
     assert "parsed by verl 0.7.1's gsm8k.py: ['--local_save_dir', 'prepared'] -> prepared" in output, output
     assert (tmp_path / "prepared" / "train.parquet").exists()
     old = build(tmp_path, prepare=prepare.replace("prepared", "prepared041"), extra="verl_version: 0.4.1\n")
