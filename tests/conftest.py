@@ -109,8 +109,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slurm)
     # A module's side-by-side tests (tests/test_slurm_e2e.py) go first in it: their jobs, submitted together,
     # then have the cluster to themselves, and are all over before the module's other tests begin.
-    first = {}
+    first: dict[object, int] = {}
     for index, item in enumerate(items):
         first.setdefault(getattr(item, "module", None), index)
-    items.sort(key=lambda item: (first[getattr(item, "module", None)], getattr(item, "originalname", "")
-                                 not in getattr(getattr(item, "module", None), "SIDE_BY_SIDE", {})))
+    items.sort(key=lambda item: (first[getattr(item, "module", None)], item.get_closest_marker("side_by_side") is None))

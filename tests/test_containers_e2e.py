@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLE_BUNDLES, IN_CI, REPO, rollout_engine_site, run_verlc
-from test_slurm_e2e import build, job_state, sbatch, slurm, submit, wait_for, write_fixtures  # noqa: F401
+from test_slurm_e2e import (Ended, Job, build, ended, job_state, sbatch, side_by_side, slurm, submit,  # noqa: F401
+                            submitted, wait_for, write_fixtures)
 
 STATE = Path(os.environ.get("VERLC_CONTAINER_STATE", "/tmp/verlc-containers"))
 
@@ -127,40 +128,42 @@ def container_spec(root: Path, runtime: str, env: dict[str, str], ray_fails_on_n
 REPRODUCIBLE = "reproducible: true\nverl_version: 0.9.1\n"
 
 
+@side_by_side(lambda root, runtime, engine: Job(build(root, container=container_spec(root, runtime, engine)),
+                                                env=job_env(engine, runtime, root)))
 @pytest.mark.parametrize("runtime", ["docker", "podman"])
 def test_bring_up_and_preflight_inside_containers_then_every_container_is_removed(
-        slurm: None, engine: dict[str, str], tmp_path: Path, runtime: str) -> None:
-    write_fixtures(tmp_path)
-    script = build(tmp_path, container=container_spec(tmp_path, runtime, engine))
+        ended: Ended, engine: dict[str, str], runtime: str) -> None:
+    job, output, script = ended.job, ended.output, ended.script
     text = script.read_text()
     assert f"{runtime} run --rm" in text and f"{runtime} exec --interactive" in text
-    job, output, state = sbatch(script, tmp_path, env=job_env(engine, runtime, tmp_path))
-    assert state == "COMPLETED", output
+    assert ended.state == "COMPLETED", output
     if runtime == "podman":
         assert output.count("test shim: dropped --device=nvidia.com/gpu=all") == 2, output
-    for node in ("n1", "n2"):
+    nodes = re.findall(r"node registered: (n\d+) ", output)
+    assert len(nodes) == 2, output
+    for node in nodes:
         assert f"starting container verlc-{script.parent.parent.name}-{job}-{node} on {node}" in output
     assert "cluster ready: 2 nodes, 16 GPUs" in output
     assert "preflight passed: 2 nodes, 16 GPUs, 2 data files" in output
     assert ", all-reduce over 2 ranks on 2 nodes\n" in output
-    run_dir = tmp_path / "verlc-runs" / f"{script.parent.parent.name}-{job}"
+    run_dir = ended.root / "verlc-runs" / f"{script.parent.parent.name}-{job}"
     record = json.loads((run_dir / "run-record.json").read_text())
     assert all(n["python"].startswith("3.11") and n["packages"]["verl"] == "0.9.1" for n in record["nodes"])
-    for node in ("n1", "n2"):  # Ray's logs left each container before it went
+    for node in nodes:  # Ray's logs left each container before it went
         assert (run_dir / "ray-logs" / node / "raylet.out").stat().st_size > 0, output
     assert containers(engine, script, job) == [], "the cleanup must remove every container"
 
 
+@side_by_side(lambda root, engine: Job(build(root, wait="300s", container=container_spec(
+    root, "docker", engine, ray_fails_on_node=1)), env=engine))
 def test_a_worker_whose_ray_fails_inside_its_container_fails_the_job_fast_and_is_named(
-        slurm: None, engine: dict[str, str], tmp_path: Path) -> None:
-    write_fixtures(tmp_path)
-    script = build(tmp_path, wait="300s", container=container_spec(tmp_path, "docker", engine, ray_fails_on_node=1))
-    job, output, state = sbatch(script, tmp_path, env=engine)
-    assert state == "FAILED", output
+        ended: Ended, engine: dict[str, str]) -> None:
+    output = ended.output
+    assert ended.state == "FAILED", output
     assert "test: ray start refused here" in output
-    assert "Ray on n2 exited (code 1)" in output
+    assert re.search(r"Ray on n\d+ exited \(code 1\)", output), output
     assert "cluster ready" not in output
-    assert containers(engine, script, job) == []
+    assert containers(engine, ended.script, ended.job) == []
 
 
 def test_scancel_after_bring_up_removes_the_containers_and_keeps_rays_logs(slurm: None, engine: dict[str, str], tmp_path: Path) -> None:

@@ -285,7 +285,8 @@ def no_ray_left(deadline: float = 30, job: str | None = None) -> list[str]:
 # ---- jobs side by side --------------------------------------------------------------------------------------
 # Most tests here run one short job and read what it printed. Their jobs are independent, and the cluster's 8
 # nodes hold four 2-node jobs at once: such a test says how its job is made (`@side_by_side(make)`), the first
-# of them to run submits the jobs of every one selected, and each test gets its own job once that has ended.
+# of them to run submits the jobs of every one selected in its module, and each test gets its own job once that
+# has ended. tests/conftest.py runs them first in their module, so that their jobs have the cluster to themselves.
 # Where a test needs particular nodes (a fault on one of them), it names them (--nodelist), apart from the others.
 
 @dataclass(frozen=True)
@@ -300,56 +301,56 @@ class Job:
 
 @dataclass(frozen=True)
 class Ended:
-    """A side-by-side test's job once it ended: its id, what it printed, Slurm's state, and its folder."""
+    """A side-by-side test's job once it ended: its id, what it printed, Slurm's state, its folder and script."""
 
     job: str
     output: str
     state: str
     root: Path
+    script: Path
 
 
-SIDE_BY_SIDE: dict[str, Callable[..., Job]] = {}  # test name -> make(root, **the test's parameters it takes)
-
-
-def side_by_side(make: Callable[..., Job]) -> Callable:
-    def register(test: Callable) -> Callable:
-        SIDE_BY_SIDE[test.__name__] = make
-        return test
-    return register
+def side_by_side(make: Callable[..., Job]) -> pytest.MarkDecorator:
+    """Marks a test whose job `make(root, ...)` makes: it gets that job from the `ended` fixture, once it ended."""
+    return pytest.mark.side_by_side.with_args(make)
 
 
 @pytest.fixture(scope="module")
 def submitted(slurm: None, request: pytest.FixtureRequest,
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[str, Path] | BaseException]]:
-    """The job of every selected side-by-side test, each submitted once it is built: test id -> (job, folder),
-    or what stopped its making (a skip, a failed assertion), for that test alone to raise."""
-    jobs: dict[str, tuple[str, Path] | BaseException] = {}
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[str, Path, Job] | BaseException]]:
+    """The job of every selected side-by-side test, each submitted once it is built: test id -> (job id, folder,
+    job), or what stopped its making (a skip, a failed assertion), for that test alone to raise. `make` gets the
+    folder, the test's parameters it names, and the module's fixtures it names (`engine`)."""
+    jobs: dict[str, tuple[str, Path, Job] | BaseException] = {}
     for item in request.session.items:
-        make = SIDE_BY_SIDE.get(getattr(item, "originalname", ""))
-        if make is None or item.module is not request.module:
+        mark = item.get_closest_marker("side_by_side")
+        if mark is None or item.module is not request.module:
             continue
+        make = mark.args[0]
         root = tmp_path_factory.mktemp(item.originalname.removeprefix("test_")[:30])
         params = item.callspec.params if hasattr(item, "callspec") else {}
         try:
             write_fixtures(root)
-            job = make(root, **{k: v for k, v in params.items() if k in inspect.signature(make).parameters})
-            jobs[item.nodeid] = (submit(job.script, root, job.stop_after, job.env, job.options), root)
+            named = list(inspect.signature(make).parameters)[1:]
+            job = make(root, **{name: params[name] if name in params else request.getfixturevalue(name)
+                                for name in named})
+            jobs[item.nodeid] = (submit(job.script, root, job.stop_after, job.env, job.options), root, job)
         except (AssertionError, pytest.skip.Exception, pytest.fail.Exception) as stopped:
             jobs[item.nodeid] = stopped
     yield jobs
-    for submitted_job in jobs.values():  # any that a failed test did not wait for
-        if isinstance(submitted_job, tuple):
-            subprocess.run(["scancel", submitted_job[0]], capture_output=True)
+    for made in jobs.values():  # any that a failed test did not wait for
+        if isinstance(made, tuple):
+            subprocess.run(["scancel", made[0]], capture_output=True)
 
 
 @pytest.fixture
-def ended(submitted: dict[str, tuple[str, Path] | BaseException], request: pytest.FixtureRequest) -> Ended:
+def ended(submitted: dict[str, tuple[str, Path, Job] | BaseException], request: pytest.FixtureRequest) -> Ended:
     made = submitted[request.node.nodeid]
     if isinstance(made, BaseException):
         raise made
-    job, root = made
+    job, root, submission = made
     wait_for(lambda: job_state(job, settle=False) in FINAL, 900, f"job {job} to end")
-    return Ended(job, (root / f"slurm-{job}.out").read_text(), job_state(job), root)
+    return Ended(job, (root / f"slurm-{job}.out").read_text(), job_state(job), root, submission.script)
 
 
 def took(output: str) -> float:
@@ -547,7 +548,7 @@ def test_an_image_file_pinned_by_its_sha256_is_checked_on_every_node(ended: Ende
     the file's sha256 on every node before any container runs: n8's copy differs by one byte and fails the job,
     naming n8. The path names each node's own file (${env:SLURMD_NODENAME}), as a node-local copy would be."""
     tmp_path, output, pin = ended.root, ended.output, hashlib.sha256(IMAGE).hexdigest()
-    script = next((tmp_path / "out").glob("*/slurm/sbatch.sh")).read_text()
+    script = ended.script.read_text()
     assert 'images/"${SLURMD_NODENAME}".sif --' not in script  # the pin is not part of the path
     assert "@sha256" not in script.split("exec_prefix=(")[1].split("\n")[0]
     assert ended.state == "FAILED", output
