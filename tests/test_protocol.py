@@ -4,6 +4,7 @@ the same functions on both sides."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from dataclasses import fields
@@ -108,3 +109,23 @@ def test_the_one_program_the_slurm_script_runs_starts_without_the_package(tmp_pa
     assert result.returncode == protocol.USAGE, result.stderr
     event = parse_event(result.stdout.strip())
     assert event and event.message == "ERROR: " + protocol.stop_after_problem("trian")
+
+
+def test_the_slurm_scripts_own_event_lines_are_read_back_by_the_protocol() -> None:
+    """The batch script writes its events in bash (`log`, `begin_stage`): run those functions as a rendered script
+    has them, over the stages of its view, and read what they print with the protocol's parser."""
+    spec = next(s for s in SPECS if s.name == "quickstart-gsm8k-1node.yaml")
+    ir = compile_spec(spec, display=str(spec), source=spec.name, targets=["slurm"])
+    script = next(f.text for f in render("slurm", ir).files if f.path.endswith("sbatch.sh"))
+    stages = re.search(r"^readonly stages=\(.*\)$", script, re.M)[0]
+    functions = script[script.index("log() {"):script.index("\n}\n", script.index("begin_stage() {")) + 3]
+    program = f'{stages}\nstop_after=data\n{functions}\nfor s in "${{stages[@]}}"; do begin_stage "$s" || :; done\n' \
+              f'log "exit code 143"\n'
+    printed = subprocess.run(["bash", "-c", program], capture_output=True, text=True, check=True).stdout
+    events = [parse_event(line) for line in printed.splitlines()]
+    assert all(events), printed
+    upto = protocol.STAGES.index("data") + 1
+    assert [e.stage for e in events[:upto]] == list(protocol.STAGES[:upto]), printed
+    assert [e.skipped for e in events[upto:-1]] == list(protocol.STAGES[upto:]), printed
+    assert events[upto].message == protocol.skipped_message(protocol.STAGES[upto], "data")
+    assert events[-1].exit_code == 143

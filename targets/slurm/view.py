@@ -121,13 +121,22 @@ class SlurmView:
 
 
 def _word(*parts: str | Var) -> Word:
-    return Word(tuple(parts))
+    """A Word of these parts, adjacent text joined."""
+    joined: list[str | Var] = []
+    for part in parts:
+        if isinstance(part, str) and joined and isinstance(joined[-1], str):
+            joined[-1] += part
+        else:
+            joined.append(part)
+    return Word(tuple(joined))
 
 
-def job_key(ir: JobIR) -> tuple[str | Var, ...]:
-    """The job's part of its run id <name>-<key>, as `verlc submit` records it (launch.py): the job id, and for
-    a sweep's array task <array job id>_<task>. Requeues keep it. It names the run folder and the W&B run."""
-    return (Var("SLURM_ARRAY_JOB_ID"), "_", Var("SLURM_ARRAY_TASK_ID")) if ir.variants else (Var("SLURM_JOB_ID"),)
+def run_id(ir: JobIR) -> tuple[str | Var, ...]:
+    """The run id (protocol.run_id), as `verlc submit` records it (launch.py), from Slurm's variables in the job:
+    its job id, and for a sweep's array task the array's job id and the task's index."""
+    if ir.variants:
+        return protocol.run_id_parts(ir.name, Var("SLURM_ARRAY_JOB_ID"), Var("SLURM_ARRAY_TASK_ID"))
+    return protocol.run_id_parts(ir.name, Var("SLURM_JOB_ID"))
 
 
 def job_env(ir: JobIR) -> tuple[EnvVar, ...]:
@@ -138,7 +147,7 @@ def job_env(ir: JobIR) -> tuple[EnvVar, ...]:
     30 s on SIGTERM before stopping it, longer than Slurm leaves a cancelled job (KillWait, 30 s by
     default) to clean up and keep its logs: nothing in a verl job needs draining."""
     own = {e.name for e in ir.env}
-    tracker = tracker_env(own, _word(f"{ir.name}-", *job_key(ir)))
+    tracker = tracker_env(own, _word(*run_id(ir)))
     derived = (*(EnvVar(k, v if isinstance(v, Word) else _word(v), "verlc: requeues resume the W&B run")
                  for k, v in tracker.items()),
                EnvVar("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", _word("0"), "verlc: Ray stops within KillWait"))
@@ -241,7 +250,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
         (_word("--node-ip-address=", NODE_IP),),
         *ray_common,
     )
-    run_dir = _word(Var("SLURM_SUBMIT_DIR"), f"/{RUNS}/{ir.name}-", *job_key(ir))
+    run_dir = _word(Var("SLURM_SUBMIT_DIR"), f"/{RUNS}/", *run_id(ir))
     record = Word((*run_dir.parts, f"/{RECORD}"))
     # verl (0.5.0 on) saves a checkpoint ahead of the deadline in expiry_variable: the job's end time, which the
     # script keeps in the run folder as Slurm has it (scontrol update moves it), less the USR1 lead before it

@@ -651,7 +651,7 @@ VERLC_JOB
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 ef46e1e6b0b8cd06b058dcdbd46121378ed9324e21e8422a12a8a124978a11dd:
+# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 2b6670c4ff7f6a337d612991beaed6052b369bbc97a17bb150865780c1cbd505:
 # what every verlc bundle runs on the cluster (the others ship them as verlc_job/protocol.py and
 # verlc_job/__init__.py, after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -783,7 +783,13 @@ JOB_END = "VERLC_JOB_END"  # the job's end (epoch seconds) where a launcher sets
 def run_id(name: str, job_id: str, task: int | str | None = None) -> str:
     """A run's id: <spec name>-<scheduler's job id>, and _<task> for a sweep's array task. Requeues keep it;
     it names the run folder and is the experiment tracker's run id, so a requeued run continues its W&B run."""
-    return f"{name}-{job_id}" + (f"_{task}" if task is not None else "")
+    return "".join(str(part) for part in run_id_parts(name, job_id, task))
+
+
+def run_id_parts(name: str, job_id: object, task: object = None) -> tuple[object, ...]:
+    """The parts of `run_id`, where the job id and task may be what stands for them until the job runs (the
+    Slurm script's shell variables)."""
+    return (f"{name}-", job_id, *(("_", task) if task is not None else ()))
 
 
 # ---- the job ---------------------------------------------------------------------------------------------

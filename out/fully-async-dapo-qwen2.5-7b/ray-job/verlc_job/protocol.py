@@ -126,7 +126,13 @@ JOB_END = "VERLC_JOB_END"  # the job's end (epoch seconds) where a launcher sets
 def run_id(name: str, job_id: str, task: int | str | None = None) -> str:
     """A run's id: <spec name>-<scheduler's job id>, and _<task> for a sweep's array task. Requeues keep it;
     it names the run folder and is the experiment tracker's run id, so a requeued run continues its W&B run."""
-    return f"{name}-{job_id}" + (f"_{task}" if task is not None else "")
+    return "".join(str(part) for part in run_id_parts(name, job_id, task))
+
+
+def run_id_parts(name: str, job_id: object, task: object = None) -> tuple[object, ...]:
+    """The parts of `run_id`, where the job id and task may be what stands for them until the job runs (the
+    Slurm script's shell variables)."""
+    return (f"{name}-", job_id, *(("_", task) if task is not None else ()))
 
 
 # ---- the job ---------------------------------------------------------------------------------------------
