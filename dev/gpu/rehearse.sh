@@ -27,6 +27,8 @@ pack() { tar -C "$out" -czf "$results/rehearsal.tar.gz" .; }
 fail() { echo "rehearse.sh: $*" >&2; mark failed "$*"; pack; exit 1; }
 
 # --- install: the wheels into folders of their own, verl's two releases apart ---------------------------------
+python3 dev/gpu/wheel_matches.py .whl/common/verlc-*.whl \
+  || fail "the verlc wheel in .whl/common is not this working tree's: run dev/gpu/wheels.sh here first"
 site=$work/site
 rm -rf "${site:?}" "${work:?}"/verl-* "${work:?}"/bin
 mkdir -p "$site" "$work"/bin
