@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLE_BUNDLES, IN_CI, REPO, rollout_engine_site, run_verlc
-from test_slurm_e2e import (Ended, Job, build, ended, job_state, sbatch, side_by_side, slurm, submit,  # noqa: F401
-                            submitted, wait_for, write_fixtures)
+from test_slurm_e2e import (Ended, Job, build, ended, job_state, no_ray_left, sbatch, side_by_side,  # noqa: F401
+                            slurm, submit, submitted, wait_for, write_fixtures)
 
 STATE = Path(os.environ.get("VERLC_CONTAINER_STATE", "/tmp/verlc-containers"))
 
@@ -76,6 +76,12 @@ def containers(env: dict[str, str], script: Path, job: str) -> list[str]:
     listed = subprocess.run(["podman", "ps", "--all", "--format", "{{.Names}}"], capture_output=True, text=True,
                             env={**os.environ, **env}, check=True).stdout
     return [name for name in listed.split() if name.startswith(f"verlc-{script.parent.parent.name}-{job}-")]
+
+
+def left_of(env: dict[str, str], script: Path, job: str) -> list[str]:
+    """What of the job is left on the cluster's nodes, in the end: its containers (running or not), and its Ray
+    processes (in a container, Ray runs in the node's network namespace, under the job's temp dir)."""
+    return containers(env, script, job) + no_ray_left(30, job)
 
 
 def fake_bin(root: Path, *, ray_fails_on_node: int | None = None) -> Path:
@@ -163,7 +169,7 @@ def test_a_worker_whose_ray_fails_inside_its_container_fails_the_job_fast_and_is
     assert "test: ray start refused here" in output
     assert re.search(r"Ray on n\d+ exited \(code 1\)", output), output
     assert "cluster ready" not in output
-    assert containers(engine, ended.script, ended.job) == []
+    assert left_of(engine, ended.script, ended.job) == []
 
 
 def test_scancel_after_bring_up_removes_the_containers_and_keeps_rays_logs(slurm: None, engine: dict[str, str], tmp_path: Path) -> None:
@@ -180,6 +186,7 @@ def test_scancel_after_bring_up_removes_the_containers_and_keeps_rays_logs(slurm
     wait_for(lambda: "exit code 143" in log.read_text(), 120, "the cleanup trap to finish")
     # No job step can be started after scancel: the containers stop with their own step.
     wait_for(lambda: containers(engine, script, job) == [], 60, "the containers to be removed")
+    assert left_of(engine, script, job) == []
     kept = tmp_path / "verlc-runs" / f"{script.parent.parent.name}-{job}" / "ray-logs"
     assert all((kept / node / "TRUNCATED.txt").exists() for node in ("n1", "n2")), log.read_text()
 
@@ -188,13 +195,16 @@ def test_scancel_after_bring_up_removes_the_containers_and_keeps_rays_logs(slurm
 # (conmon) has already left the step's processes and starts the container a moment later, whatever happens to
 # the step. Here a detached `podman run` starts 35 s after the shim marked that moment (creating-NODE), when
 # Slurm's KillWait (30 s) has ended the whole step, and writes its exit code to created-NODE when it returns.
+# The shim itself lives on through the signal, as the engine's command does while it creates, until the step's
+# task has gone (the test cluster's process tracking would not end it once its parent is gone).
 PODMAN_CREATING = PODMAN_WITHOUT_GPUS.replace('exec /usr/bin/podman "${args[@]}"', """\
 if [[ ${args[0]:-} == run ]]; then
   trap '' TERM INT
   (setsid bash -c 'sleep 35; /usr/bin/podman "${@:2}"; echo $? >"$1"' run-later \\
     "$RACE_DIR/created-$SLURMD_NODENAME" "${args[@]}" </dev/null >/dev/null 2>&1 &)
   touch "$RACE_DIR/creating-$SLURMD_NODENAME"
-  sleep infinity
+  while kill -0 "$PPID" 2>/dev/null; do sleep 0.5; done
+  exit 0
 fi
 exec /usr/bin/podman "${args[@]}"
 """)
@@ -230,7 +240,7 @@ def test_a_cancel_while_the_containers_are_being_created_leaves_no_container(
             wait_for(lambda: len(list(root.glob("created-n*"))) == 2, 240,
                      f"{runtime}: the containers started after the step had gone to end by themselves")
             codes = {p.name: p.read_text().strip() for p in root.glob("created-n*")}
-            assert containers(engine, script, job) == [], (codes, log.read_text())
+            assert left_of(engine, script, job) == [], (codes, log.read_text())
             assert set(codes.values()) == {"0"}, codes  # the containers did start, and ended on their own
     finally:
         for runtime, (root, script, job) in jobs.items():
@@ -272,7 +282,7 @@ def test_preemption_requeues_into_new_containers_resumes_and_shows_the_restart_i
     assert text.count("preflight passed: 2 nodes") == 2
     # each attempt ran in containers of its own, and none is left
     assert text.count(f"starting container verlc-{script.parent.parent.name}-{run.job_id}-n2 on n2") == 2
-    assert containers(engine, script, run.job_id) == []
+    assert left_of(engine, script, run.job_id) == []
 
 
 def test_a_reproducible_rerun_whose_data_changed_by_one_byte_stops_before_training_naming_the_file(
@@ -293,7 +303,7 @@ def test_a_reproducible_rerun_whose_data_changed_by_one_byte_stops_before_traini
     assert re.search(rf"PREFLIGHT FAILED: inputs: data data/train\.parquet sha256: {after}, but the first run "
                      rf"\(\S+/verlc-first-run\.json\) had {before}\n", output), output
     assert "stage train" not in output and "TRAINER" not in output
-    assert containers(engine, script, job) == []
+    assert left_of(engine, script, job) == []
 
 
 # ---- compose: the real Docker Compose binary against podman's Docker API ---------------------------

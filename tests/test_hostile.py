@@ -31,6 +31,7 @@ from verlc.compiler.ir import JobIR
 from verlc.compiler.pipeline import compile_spec
 from verlc.targets import render
 from verlc.targets.bundle import Bundle
+from verlc.targets.slurm.view import STEP_LOCK_IN_CONTAINER
 
 MARKER = Path("/tmp/verlc-hostile-marker")  # every payload tries to create this file
 PAYLOADS = [
@@ -236,8 +237,8 @@ def test_scripts_run_with_recorders_pass_exactly_the_intended_argv(tmp_path: Pat
     assert argv[argv.index("env") + 1].startswith("RAY_ADDRESS=10.0.0.5:")
     starts = [c for c in calls if c[:2] == ["docker", "run"]]
     assert len(starts) == 2  # one container per node
-    assert starts[0][-3:] == [ir.container.image.display if "$" not in ir.container.image.display
-                              else starts[0][-3], "sleep", "infinity"]
+    assert starts[0][-4:] == [ir.container.image.display if "$" not in ir.container.image.display
+                              else starts[0][-4], "flock", STEP_LOCK_IN_CONTAINER, "true"]
 
     calls = run_script(by_target["ray-job"], "submit.sh", fake_bin, tmp_path)
     submit = next(c for c in calls if c[:3] == ["ray", "job", "submit"])

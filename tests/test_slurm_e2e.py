@@ -322,25 +322,28 @@ def submitted(slurm: None, request: pytest.FixtureRequest,
     job), or what stopped its making (a skip, a failed assertion), for that test alone to raise. `make` gets the
     folder, the test's parameters it names, and the module's fixtures it names (`engine`)."""
     jobs: dict[str, tuple[str, Path, Job] | BaseException] = {}
-    for item in request.session.items:
-        mark = item.get_closest_marker("side_by_side")
-        if mark is None or item.module is not request.module:
-            continue
-        make = mark.args[0]
-        root = tmp_path_factory.mktemp(item.originalname.removeprefix("test_")[:30])
-        params = item.callspec.params if hasattr(item, "callspec") else {}
-        try:
-            write_fixtures(root)
-            named = list(inspect.signature(make).parameters)[1:]
-            job = make(root, **{name: params[name] if name in params else request.getfixturevalue(name)
-                                for name in named})
-            jobs[item.nodeid] = (submit(job.script, root, job.stop_after, job.env, job.options), root, job)
-        except (AssertionError, pytest.skip.Exception, pytest.fail.Exception) as stopped:
-            jobs[item.nodeid] = stopped
-    yield jobs
-    for made in jobs.values():  # any that a failed test did not wait for
-        if isinstance(made, tuple):
-            subprocess.run(["scancel", made[0]], capture_output=True)
+    try:
+        for item in request.session.items:
+            mark = item.get_closest_marker("side_by_side")
+            if mark is None or item.module is not request.module:
+                continue
+            make = mark.args[0]
+            root = tmp_path_factory.mktemp(item.originalname.removeprefix("test_")[:30])
+            params = item.callspec.params if hasattr(item, "callspec") else {}
+            named = [p.name for p in list(inspect.signature(make).parameters.values())[1:]
+                     if p.default is inspect.Parameter.empty]  # what make must be given
+            try:
+                write_fixtures(root)
+                job = make(root, **{name: params[name] if name in params else request.getfixturevalue(name)
+                                    for name in named})
+                jobs[item.nodeid] = (submit(job.script, root, job.stop_after, job.env, job.options), root, job)
+            except (AssertionError, pytest.skip.Exception, pytest.fail.Exception) as stopped:
+                jobs[item.nodeid] = stopped
+        yield jobs
+    finally:
+        for made in jobs.values():  # any that a failed test did not wait for
+            if isinstance(made, tuple):
+                subprocess.run(["scancel", made[0]], capture_output=True)
 
 
 @pytest.fixture

@@ -190,6 +190,7 @@ run_container() {
   )
   local run_pid='' rc=0
   trap 'await_ray_logs; remove_container; drop_step_lock "$run_pid" "$step_lock"; exit 143' TERM INT
+  remove_container  # one an earlier attempt of this job left (requeued), e.g. created but never started
   log "starting container $container on $SLURMD_NODENAME"
   "${container_run[@]}" {lock}<&- >/dev/null &
   run_pid=$!
