@@ -26,6 +26,7 @@ import pytest
 from conftest import EXAMPLE_BUNDLES, IN_CI, REPO, rollout_engine_site, run_verlc
 from test_slurm_e2e import (Ended, Job, build, ended, job_state, no_ray_left, sbatch, side_by_side,  # noqa: F401
                             slurm, submit, submitted, wait_for, write_fixtures)
+from verlc.targets.slurm.view import STEP_LOCK_FILE
 
 STATE = Path(os.environ.get("VERLC_CONTAINER_STATE", "/tmp/verlc-containers"))
 
@@ -246,8 +247,9 @@ def test_a_cancel_while_the_containers_are_being_created_leaves_no_container(
         for runtime, (root, script, job) in jobs.items():
             for name in containers(engine, script, job):  # only where the test failed
                 subprocess.run(["podman", "rm", "--force", name], env={**os.environ, **engine}, capture_output=True)
-            for node in (p.name.removeprefix("creating-") for p in root.glob("creating-n*")):
-                Path(f"/tmp/verlc-step-{job}-{node}.lock").unlink(missing_ok=True)  # left for the late run
+            for node in (p.name.removeprefix("creating-") for p in root.glob("creating-n*")):  # left for the late run
+                Path(STEP_LOCK_FILE.display.replace("${SLURM_JOB_ID}", job).replace("${SLURMD_NODENAME}", node)
+                     ).unlink(missing_ok=True)
 
 
 def test_preemption_requeues_into_new_containers_resumes_and_shows_the_restart_in_status_and_runs(

@@ -22,6 +22,7 @@ from .ports import PLAN, PortPlan
 HEAD_IP, NODE_IP, RAY_PORT, DASHBOARD_PORT = Var("head_ip"), Var("node_ip"), Var("ray_port"), Var("dashboard_port")
 CLIENT_PORT, AGENT_PORT, RAY_TMP, CONTAINER = Var("client_port"), Var("agent_port"), Var("ray_tmp"), Var("container")
 STEP_LOCK = Var("step_lock")  # the file whose lock the container's step holds on the node (sbatch.sh.j2)
+STEP_LOCK_FILE = Word(("/tmp/verlc-step-", Var("SLURM_JOB_ID"), "-", Var("SLURMD_NODENAME"), ".lock"))  # its value
 STEP_LOCK_IN_CONTAINER = "/run/verlc-step.lock"
 NODE_NAME, NODE_DEV = Var("SLURMD_NODENAME"), Var("node_dev")
 
@@ -57,12 +58,14 @@ class Stopping:
     """How a job stops inside Slurm's KillWait (30 s by default), in seconds: after the signal, each node's Ray
     gets TERM, KILL `ray_kill_after` later (in a container: the `docker exec` that runs it), then the node keeps
     Ray's logs; the container's own step waits up to `logs_wait` for those logs, then removes the container
-    (which ends Ray there), in the `remove_within` left. The batch script's cleanup waits KillWait less
+    (which ends Ray there), in the `remove_within` left, of which it waits up to `lock_wait` for the engine's
+    run command to exit before it removes the lock file. The batch script's cleanup waits KillWait less
     `cleanup_margin` for the steps, at most `cleanup_cap`."""
 
     ray_kill_after: int = 5
     logs_wait: int = 20
     remove_within: int = 8
+    lock_wait: int = 5
     cleanup_margin: int = 2
     cleanup_cap: int = 30
     kill_wait: int = 30  # Slurm's default KillWait, which all of the above must fit
@@ -71,7 +74,7 @@ class Stopping:
         """Ray is stopped with time left to keep its logs before the container goes, and the container is
         removed before Slurm's KillWait runs out."""
         return (self.ray_kill_after < self.logs_wait // 2 and self.logs_wait + self.remove_within <= self.kill_wait
-                and self.cleanup_cap <= self.kill_wait)
+                and self.lock_wait < self.remove_within and self.cleanup_cap <= self.kill_wait)
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,7 @@ class SlurmView:
     container_run: tuple[Line, ...] | None  # runs the container in the foreground, removed when it stops
     container_remove: Line | None
     container_check: Line | None  # succeeds while the container exists
+    step_lock: Word  # the file whose lock the container's step holds (docker/podman)
     step_args: Line
     exec_prefix: Line
     ray_head: tuple[Line, ...]
@@ -131,7 +135,7 @@ def _word(*parts: str | Var) -> Word:
     return Word(tuple(joined))
 
 
-def run_id(ir: JobIR) -> tuple[str | Var, ...]:
+def run_id_words(ir: JobIR) -> tuple[str | Var, ...]:
     """The run id (protocol.run_id), as `verlc submit` records it (launch.py), from Slurm's variables in the job:
     its job id, and for a sweep's array task the array's job id and the task's index."""
     if ir.variants:
@@ -147,7 +151,7 @@ def job_env(ir: JobIR) -> tuple[EnvVar, ...]:
     30 s on SIGTERM before stopping it, longer than Slurm leaves a cancelled job (KillWait, 30 s by
     default) to clean up and keep its logs: nothing in a verl job needs draining."""
     own = {e.name for e in ir.env}
-    tracker = tracker_env(own, _word(*run_id(ir)))
+    tracker = tracker_env(own, _word(*run_id_words(ir)))
     derived = (*(EnvVar(k, v if isinstance(v, Word) else _word(v), "verlc: requeues resume the W&B run")
                  for k, v in tracker.items()),
                EnvVar("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", _word("0"), "verlc: Ray stops within KillWait"))
@@ -250,7 +254,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
         (_word("--node-ip-address=", NODE_IP),),
         *ray_common,
     )
-    run_dir = _word(Var("SLURM_SUBMIT_DIR"), f"/{RUNS}/", *run_id(ir))
+    run_dir = _word(Var("SLURM_SUBMIT_DIR"), f"/{RUNS}/", *run_id_words(ir))
     record = Word((*run_dir.parts, f"/{RECORD}"))
     # verl (0.5.0 on) saves a checkpoint ahead of the deadline in expiry_variable: the job's end time, which the
     # script keeps in the run folder as Slurm has it (scontrol update moves it), less the USR1 lead before it
@@ -302,6 +306,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
         container_run=container_run,
         container_remove=container_remove,
         container_check=container_check,
+        step_lock=STEP_LOCK_FILE,
         step_args=step_args,
         exec_prefix=exec_prefix,
         ray_head=ray_head,

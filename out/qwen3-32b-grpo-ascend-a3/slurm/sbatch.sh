@@ -118,7 +118,7 @@ node_address() {
 # outside the step, where it ends at once instead of holding the node's GPUs with no job to show for it.
 run_container() {
   in_container "$SLURMD_NODENAME"
-  local step_lock=/tmp/verlc-step-$SLURM_JOB_ID-$SLURMD_NODENAME.lock lock
+  local step_lock=/tmp/verlc-step-"${SLURM_JOB_ID}"-"${SLURMD_NODENAME}".lock lock
   if ! { : >"$step_lock" && exec {lock}<"$step_lock" && flock "$lock"; }; then
     log "ERROR: could not lock $step_lock on $SLURMD_NODENAME"; exit 1
   fi
@@ -203,7 +203,7 @@ await_ray_logs() {
 # drop_step_lock PID FILE: remove the lock file once PID (the engine's run command) has exited, within 5 s;
 # while it lives on (still creating the container), the file stays for the container to find its lock free
 drop_step_lock() {
-  for _ in 1 2 3 4 5 6 7 8 9 10; do
+  for _ in $(seq 10); do
     if [[ -z $1 ]] || ! kill -0 "$1" 2>/dev/null; then rm -f "$2"; return 0; fi
     sleep 0.5
   done
