@@ -26,14 +26,16 @@ def in_tree(name: str) -> Path | None:
 
 def main(wheel: str) -> int:
     with zipfile.ZipFile(wheel) as archive:
-        packed = {in_tree(n): archive.read(n) for n in archive.namelist() if n.endswith(KINDS) and in_tree(n)}
+        named = {n: in_tree(n) for n in archive.namelist() if n.endswith(KINDS)}
+        packed = {path: archive.read(n) for n, path in named.items() if path}
     tree = {p for folder in set(FOLDERS.values()) for p in Path(folder).rglob("*") if p.suffix in KINDS
             and "__pycache__" not in p.parts}
-    differ = sorted(str(p) for p, data in packed.items() if not p.exists() or p.read_bytes() != data)
-    unpacked = sorted(str(p) for p in tree - set(packed))
-    for path in differ + unpacked:
-        print(f"{wheel}: {path} differs from this working tree's", file=sys.stderr)
-    return 1 if differ or unpacked else 0
+    problems = [f"{p} differs from this working tree's" for p, data in sorted(packed.items())
+                if not p.exists() or p.read_bytes() != data]
+    problems += [f"{p} is not in it" for p in sorted(tree - set(packed))]
+    for problem in problems:
+        print(f"{wheel}: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":
