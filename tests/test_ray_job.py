@@ -124,6 +124,12 @@ def build(root: Path, val_file: str = "data/test.parquet", checkpoints: str | No
     return root / "out" / "rayjob-e2e" / "ray-job" / "submit.sh"
 
 
+def failing_first(logs: str) -> str:
+    """An assertion's message: the job's failure lines first (CI shows a message's head), then its whole log."""
+    failing = [line for line in logs.splitlines() if "FAILED" in line or "ERROR" in line]
+    return "\n".join(failing + ["-" * 40, logs])
+
+
 def submit_and_wait(script: Path, address: str, stop_after: str = "preflight", accept_changes: bool = False,
                     cwd: Path | None = None) -> tuple[str, str]:
     """Run submit.sh (stop before training) from its folder or `cwd`, wait for the job; return (final status,
@@ -136,7 +142,7 @@ def submit_and_wait(script: Path, address: str, stop_after: str = "preflight", a
     job = re.search(r"^submitted (\S+) to ", result.stdout, re.M)
     assert job, result.stdout
     assert f"ray job logs --address {address} --follow {job[1]}" in result.stdout
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 480  # a loaded test machine: the preflight alone may take minutes
     status = ""
     while time.monotonic() < deadline:
         status = subprocess.run([str(BIN / "ray"), "job", "status", "--address", address, job[1]],
@@ -159,7 +165,7 @@ def test_job_runs_preflight_on_a_real_ray_cluster(ray_head: str, tmp_path: Path)
     script = build(tmp_path, model={"path": "org/tiny", "revision": COMMIT},
                    env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
     status, logs = submit_and_wait(script, ray_head)
-    assert status == "SUCCEEDED", logs
+    assert status == "SUCCEEDED", failing_first(logs)
     folder = f"models/org--tiny-{COMMIT[:12]}"
     assert f"fetching model org/tiny at {COMMIT} into {folder} from the local Hugging Face cache" in logs
     assert "cluster ready: 1 nodes, 8 GPUs" in logs
@@ -190,7 +196,7 @@ def test_env_vars_of_the_node_expand_there_and_are_required(ray_head: str, tmp_p
     named '${...}'), verl gets ${oc.env:NAME}; a variable the node lacks fails the preflight, named."""
     write_fixtures(tmp_path)
     status, logs = submit_and_wait(build(tmp_path, checkpoints=f"${{env:{NODE_VARIABLE}}}/ckpt"), ray_head)
-    assert status == "SUCCEEDED", logs
+    assert status == "SUCCEEDED", failing_first(logs)
     scratch = Path(NODE_ENV[NODE_VARIABLE])
     assert (scratch / "ckpt").is_dir()
     assert not list(tmp_path.rglob("*${*")), "a folder named after the unexpanded variable"
@@ -201,7 +207,7 @@ def test_env_vars_of_the_node_expand_there_and_are_required(ray_head: str, tmp_p
     missing.mkdir()
     write_fixtures(missing)
     status, logs = submit_and_wait(build(missing, checkpoints="${env:VERLC_TEST_NOT_ON_THE_NODE}/ckpt"), ray_head)
-    assert status == "FAILED", logs
+    assert status == "FAILED", failing_first(logs)
     assert "environment variable VERLC_TEST_NOT_ON_THE_NODE is not set (the spec reads " \
            "${env:VERLC_TEST_NOT_ON_THE_NODE})" in logs
 
@@ -209,7 +215,7 @@ def test_env_vars_of_the_node_expand_there_and_are_required(ray_head: str, tmp_p
 def test_missing_data_file_fails_the_job(ray_head: str, tmp_path: Path) -> None:
     write_fixtures(tmp_path)
     status, logs = submit_and_wait(build(tmp_path, val_file="data/nope.parquet"), ray_head)
-    assert status == "FAILED", logs
+    assert status == "FAILED", failing_first(logs)
     assert "PREFLIGHT FAILED: data file data/nope.parquet does not exist" in logs
 
 
@@ -225,7 +231,7 @@ def test_reproducible_reruns_must_match_the_first_run(ray_head: str, tmp_path: P
                    container={"runtime": "docker", "image": "verl@sha256:" + "0" * 64, "workdir": "/w"},
                    checkpoints=str(tmp_path / "ckpt"))
     status, logs = submit_and_wait(script, ray_head)
-    assert status == "SUCCEEDED", logs
+    assert status == "SUCCEEDED", failing_first(logs)
     # Ray runs the job in a copy of working_dir: a shared, absolute checkpoint folder outlives it.
     reference = tmp_path / "ckpt" / "verlc-first-run.json"
     assert "first run of a reproducible job" in logs and reference.exists()
@@ -237,7 +243,7 @@ def test_reproducible_reruns_must_match_the_first_run(ray_head: str, tmp_path: P
     assert first["inputs"]["model"]["files"]["config.json"] == hashlib.sha256(
         (tmp_path / "model" / "config.json").read_bytes()).hexdigest()
     status, logs = submit_and_wait(script, ray_head)
-    assert status == "SUCCEEDED" and "PREFLIGHT FAILED" not in logs, logs
+    assert status == "SUCCEEDED" and "PREFLIGHT FAILED" not in logs, failing_first(logs)
 
     content = train.read_bytes()
     train.write_bytes(content.replace(b"1+1", b"1+2", 1))  # one byte, the same size
@@ -245,7 +251,7 @@ def test_reproducible_reruns_must_match_the_first_run(ray_head: str, tmp_path: P
     first["versions"]["verl"] = "0.9.0"
     reference.write_text(json.dumps(first))
     status, logs = submit_and_wait(script, ray_head)
-    assert status == "FAILED", logs
+    assert status == "FAILED", failing_first(logs)
     new = hashlib.sha256(train.read_bytes()).hexdigest()
     assert (f"PREFLIGHT FAILED: inputs: data data/train.parquet sha256: {new}, but the first run ({reference}) "
             f"had {data['sha256']}") in logs
@@ -253,7 +259,7 @@ def test_reproducible_reruns_must_match_the_first_run(ray_head: str, tmp_path: P
     assert "stage train" not in logs
 
     status, logs = submit_and_wait(script, ray_head, accept_changes=True)
-    assert status == "SUCCEEDED", logs
+    assert status == "SUCCEEDED", failing_first(logs)
     assert f"accepted change (VERLC_ACCEPT_CHANGES=1): inputs: data data/train.parquet sha256: {new}" in logs
     accepted = json.loads(reference.read_text())  # later re-runs compare with what was accepted
     assert len(accepted["accepted_changes"]) == 2 and accepted["versions"]["verl"] == "0.9.1"
@@ -302,7 +308,7 @@ def test_the_runs_code_reaches_the_job_is_recorded_and_each_nodes_verl_commit_is
 
     other = "1" * 40
     status, logs = run(other)
-    assert status == "FAILED", logs
+    assert status == "FAILED", failing_first(logs)
     assert re.search(rf"PREFLIGHT FAILED: node \S+ \(\w+\): verl is commit {other}; the spec pins commit {ROLLING}",
                      logs), logs
     record = json.loads(re.search(r"run record: (\{.*\})", logs)[1])  # written before the preflight fails
@@ -321,7 +327,7 @@ def test_the_runs_code_reaches_the_job_is_recorded_and_each_nodes_verl_commit_is
     with pytest.raises(AssertionError, match="has uncommitted changes"):
         run(ROLLING, **pinned)
     status, logs = run(ROLLING, accept=True, **pinned)
-    assert status == "SUCCEEDED", logs
+    assert status == "SUCCEEDED", failing_first(logs)
     record = json.loads(re.search(r"run record: (\{.*\})", logs)[1])
     diff = (tmp_path / "out" / "own-code" / "ray-job" / "code.diff").read_bytes()
     assert record["inputs"]["code"] == {
@@ -393,7 +399,7 @@ def test_the_stall_timeout_ends_a_ray_job_whose_trainer_prints_no_step(ray_head:
     fake = fake_venv(tmp_path) / "bin"
     script = build(tmp_path, stall_timeout="6s", env={"PATH": f"{fake}:/usr/bin:/bin"})
     status, logs = submit_and_wait(script, ray_head, stop_after="train")
-    assert status == "FAILED", logs
+    assert status == "FAILED", failing_first(logs)
     assert "TRAINER restart=0" in logs
     assert "ERROR: no new training step for 6s (stall_timeout): stopping the run" in logs
     assert "training exited with code 124" in logs
