@@ -113,3 +113,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for index, item in enumerate(items):
         first.setdefault(getattr(item, "module", None), index)
     items.sort(key=lambda item: (first[getattr(item, "module", None)], item.get_closest_marker("side_by_side") is None))
+
+
+def failing_first(logs: str) -> str:
+    """An assertion's message: the job's failure lines first (CI shows a message's head), then its whole log."""
+    failing = [line for line in logs.splitlines() if "FAILED" in line or "ERROR" in line]
+    return "\n".join(failing + ["-" * 40, logs])

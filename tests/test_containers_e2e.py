@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLE_BUNDLES, IN_CI, REPO, rollout_engine_site, run_verlc
+from conftest import EXAMPLE_BUNDLES, IN_CI, REPO, failing_first, rollout_engine_site, run_verlc
 from test_slurm_e2e import (Ended, Job, build, ended, job_state, no_ray_left, sbatch, side_by_side,  # noqa: F401
                             slurm, submit, submitted, wait_for, write_fixtures)
 from verlc.targets.slurm.view import STEP_LOCK_FILE
@@ -265,7 +265,8 @@ def test_preemption_requeues_into_new_containers_resumes_and_shows_the_restart_i
     wait_for(lambda: "TRAINER restart=0" in verlc(tmp_path, "logs", run.run).stdout, 240, "training to start")
     # What Slurm does ahead of preemption or the time limit, as asked by --signal=B:USR1@...
     subprocess.run(["scancel", "--signal=USR1", "--batch", run.job_id], check=True)
-    wait_for(lambda: "TRAINER restart=1" in verlc(tmp_path, "logs", run.run).stdout, 400, "the requeued run")
+    wait_for(lambda: "TRAINER restart=1" in verlc(tmp_path, "logs", run.run).stdout, 600, "the requeued run",
+             seen=lambda: failing_first(verlc(tmp_path, "logs", run.run).stdout))
     until_final(tmp_path, run.run, env=engine)
     final = runs_of(tmp_path)[run.run]
     assert (final.state, final.restarts) == ("COMPLETED", 1)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, rollout_engine_site, run_verlc
+from conftest import IN_CI, failing_first, rollout_engine_site, run_verlc
 from test_slurm_e2e import write_fixtures
 
 BIN = Path(sys.executable).parent
@@ -122,12 +122,6 @@ def build(root: Path, val_file: str = "data/test.parquet", checkpoints: str | No
     result = run_verlc("build", spec, "--target", "ray-job", "--out", root / "out")
     assert result.returncode == 0, result.stderr
     return root / "out" / "rayjob-e2e" / "ray-job" / "submit.sh"
-
-
-def failing_first(logs: str) -> str:
-    """An assertion's message: the job's failure lines first (CI shows a message's head), then its whole log."""
-    failing = [line for line in logs.splitlines() if "FAILED" in line or "ERROR" in line]
-    return "\n".join(failing + ["-" * 40, logs])
 
 
 def submit_and_wait(script: Path, address: str, stop_after: str = "preflight", accept_changes: bool = False,

@@ -251,10 +251,12 @@ def submit(script: Path, root: Path, stop_after: str = "train", env: dict[str, s
     return job
 
 
-def wait_for(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
+def wait_for(predicate, timeout: float, what: str, seen=None) -> None:  # noqa: ANN001
+    """Wait for `predicate`; at the timeout fail naming `what`, and with `seen()` (e.g. the job's log) if given."""
     end = time.monotonic() + timeout
     while not predicate():
-        assert time.monotonic() < end, f"timed out after {timeout}s waiting for {what}"
+        assert time.monotonic() < end, f"timed out after {timeout}s waiting for {what}" + (
+            f"; seen:\n{seen()}" if seen else "")
         time.sleep(1)
 
 
