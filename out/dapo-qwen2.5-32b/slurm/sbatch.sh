@@ -547,7 +547,7 @@ VERLC_JOB
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 2b6670c4ff7f6a337d612991beaed6052b369bbc97a17bb150865780c1cbd505:
+# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 23ee434ec8ad98befaef88b25489c6961217580adb332ca16392e177541c89fd:
 # what every verlc bundle runs on the cluster (the others ship them as verlc_job/protocol.py and
 # verlc_job/__init__.py, after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -1506,7 +1506,8 @@ def allreduce_node(host: str, port: int, index: int, timeout: float) -> dict:
 
     from torch.distributed import TCPStore
 
-    store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout))
+    # the plan comes once every node has arrived: as late as the head waits for the slowest (STARTUP_TIMEOUT)
+    store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=STARTUP_TIMEOUT + timeout))
     count, backend = local_devices()
     ranks = count or 1
     store.set(f"ranks/{index}", str(ranks))
@@ -1550,7 +1551,10 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
         scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
     ).remote(host, store.port, i, timeout) for i, n in enumerate(nodes)]
     which = {ref.hex(): i for i, ref in enumerate(refs)}
-    deadline, problems, planned, ranks = time.monotonic() + timeout, [], False, []
+    # Reaching the rendezvous takes a fresh Ray worker that imports torch, as long as the start-up check's
+    # probe may take on a loaded node; the all-reduce itself then has `timeout`.
+    arrival = STARTUP_TIMEOUT
+    deadline, problems, planned, ranks = time.monotonic() + arrival, [], False, []
 
     def node_of(rank: int) -> str:
         return names[next(i for i in range(len(nodes)) if rank < sum(ranks[:i + 1]))]
@@ -1566,7 +1570,7 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
             ranks = [int(store.get(f"ranks/{i}")) for i in range(len(nodes))]
             for i in range(len(nodes)):
                 store.set(f"plan/{i}", f"{sum(ranks[:i])} {sum(ranks)}")
-            planned = True
+            planned, deadline = True, time.monotonic() + timeout
         done, pending = ray.wait(pending, timeout=0.5)
         for ref in done:
             try:
@@ -1580,7 +1584,7 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
         if not planned:
             missing = [names[i] for i in range(len(nodes)) if not store.check([f"ranks/{i}"])]
             problems.append(f"all-reduce: node(s) {', '.join(missing)} did not reach the rendezvous at "
-                            f"{host}:{store.port} within {timeout:g}s")
+                            f"{host}:{store.port} within {arrival:g}s")
         else:
             stuck = sorted({node_of(r) for r in range(sum(ranks)) if not store.check([f"joined/{r}"])}
                            or {node_of(r) for r in range(sum(ranks)) if not store.check([f"done/{r}"])})

@@ -745,7 +745,8 @@ def allreduce_node(host: str, port: int, index: int, timeout: float) -> dict:
 
     from torch.distributed import TCPStore
 
-    store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout))
+    # the plan comes once every node has arrived: as late as the head waits for the slowest (STARTUP_TIMEOUT)
+    store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=STARTUP_TIMEOUT + timeout))
     count, backend = local_devices()
     ranks = count or 1
     store.set(f"ranks/{index}", str(ranks))
@@ -789,7 +790,10 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
         scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
     ).remote(host, store.port, i, timeout) for i, n in enumerate(nodes)]
     which = {ref.hex(): i for i, ref in enumerate(refs)}
-    deadline, problems, planned, ranks = time.monotonic() + timeout, [], False, []
+    # Reaching the rendezvous takes a fresh Ray worker that imports torch, as long as the start-up check's
+    # probe may take on a loaded node; the all-reduce itself then has `timeout`.
+    arrival = STARTUP_TIMEOUT
+    deadline, problems, planned, ranks = time.monotonic() + arrival, [], False, []
 
     def node_of(rank: int) -> str:
         return names[next(i for i in range(len(nodes)) if rank < sum(ranks[:i + 1]))]
@@ -805,7 +809,7 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
             ranks = [int(store.get(f"ranks/{i}")) for i in range(len(nodes))]
             for i in range(len(nodes)):
                 store.set(f"plan/{i}", f"{sum(ranks[:i])} {sum(ranks)}")
-            planned = True
+            planned, deadline = True, time.monotonic() + timeout
         done, pending = ray.wait(pending, timeout=0.5)
         for ref in done:
             try:
@@ -819,7 +823,7 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
         if not planned:
             missing = [names[i] for i in range(len(nodes)) if not store.check([f"ranks/{i}"])]
             problems.append(f"all-reduce: node(s) {', '.join(missing)} did not reach the rendezvous at "
-                            f"{host}:{store.port} within {timeout:g}s")
+                            f"{host}:{store.port} within {arrival:g}s")
         else:
             stuck = sorted({node_of(r) for r in range(sum(ranks)) if not store.check([f"joined/{r}"])}
                            or {node_of(r) for r in range(sum(ranks)) if not store.check([f"done/{r}"])})
