@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +128,7 @@ def test_every_value_is_refused_cleanly_or_stays_data(tmp_path: Path, field: tup
 
 # ---- running the generated scripts against recorders -----------------------------------------
 
-RECORDER = r'''#!{python}
+RECORDER = r'''#!{python} -SE
 """Stands in for an external command: appends its argv to $VERLC_RECORD, then plays its part."""
 import json, os, sys, time
 name = os.path.basename(sys.argv[0])
@@ -183,11 +184,13 @@ def fake_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def run_script(bundle_dir: Path, script: str, fake_bin: Path, tmp: Path) -> list[list[str]]:
+def run_script(bundle_dir: Path, script: str, fake_bin: Path, tmp: Path, job: int = 4242) -> list[list[str]]:
+    """Run a bundle's script with every external command recorded; `job` is the Slurm job id it sees (a job's
+    own files, e.g. its step lock, are named by it)."""
     record = tmp / "record.jsonl"
     record.unlink(missing_ok=True)
     env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "HOME": str(tmp), "VERLC_RECORD": str(record),
-           "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2",
+           "SLURM_JOB_ID": str(job), "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2",
            "SLURM_SUBMIT_DIR": str(tmp), "WANDB_API_KEY": "k", "RAY_ADDRESS": "http://127.0.0.1:8265"}
     result = subprocess.run(["bash", str(bundle_dir / script)], cwd=tmp, env=env, capture_output=True,
                             text=True, timeout=120)
@@ -208,52 +211,92 @@ CASES = [(field, payload) for payload in PAYLOADS[:8] for field in
 CASES += [(field, f"$(touch {MARKER})") for field in FIELDS]
 
 
-@pytest.mark.parametrize(("field", "value"), CASES, ids=[f"{'.'.join(map(str, f))}={v[:12]!r}" for f, v in CASES])
-def test_scripts_run_with_recorders_pass_exactly_the_intended_argv(tmp_path: Path, fake_bin: Path,
-                                                                   field: tuple[str | int, ...], value: str) -> None:
-    MARKER.unlink(missing_ok=True)
-    result = build(tmp_path, with_value(field, value))
+def recorded_case(root: Path, fake_bin: Path, job: int, field: tuple[str | int, ...], value: str) -> dict[str, Any]:
+    """One case's build, and where it builds: each script's shellcheck, the recorders' argv of the Slurm and
+    ray-job scripts, and Compose's reading of its file."""
+    root.mkdir()
+    result = build(root, with_value(field, value))
     if isinstance(result, list):
-        assert_clean_refusal(result)
-        return
+        return {"refused": result}
     ir, bundles = result
     shellcheck = require_tool("shellcheck")
-    by_target = {b.target: write(b, tmp_path / "out") for b in bundles}
-    for folder in by_target.values():
-        for script in folder.glob("*.sh"):
-            # SC2016 ("$(...) does not expand in single quotes") and SC1003 ("want to escape a single
-            # quote?") guess at intent from literal text in single quotes; for a payload, literal is the
-            # point. The example bundles are checked with every rule (test_examples.py).
-            lint = subprocess.run([shellcheck, "--exclude=SC2016,SC1003", str(script)], capture_output=True,
-                                  text=True)
-            assert lint.returncode == 0, lint.stdout
+    by_target = {b.target: write(b, root / "out") for b in bundles}
+    # SC2016 ("$(...) does not expand in single quotes") and SC1003 ("want to escape a single quote?") guess
+    # at intent from literal text in single quotes; for a payload, literal is the point. The example bundles
+    # are checked with every rule (test_examples.py).
+    lint = [subprocess.run([shellcheck, "--exclude=SC2016,SC1003", str(script)], capture_output=True, text=True)
+            for folder in by_target.values() for script in folder.glob("*.sh")]
+    compose = subprocess.run([compose_binary(), "-f", "compose.yaml", "config", "--format", "json"],
+                             cwd=by_target["compose"], capture_output=True, text=True, env={**os.environ})
+    return {"ir": ir, "lint": lint, "compose": compose, "by_target": by_target,
+            "slurm": run_script(by_target["slurm"], "sbatch.sh", fake_bin, root, job),
+            "ray-job": run_script(by_target["ray-job"], "submit.sh", fake_bin, root)}
 
-    calls = run_script(by_target["slurm"], "sbatch.sh", fake_bin, tmp_path)
-    jobs = [c for c in calls if "--json" in c]  # the runtime's job step on the head node
+
+def case_id(field: tuple[str | int, ...], value: str) -> str:
+    return f"{'.'.join(map(str, field))}={value[:12]!r}"
+
+
+@pytest.fixture(scope="module")
+def recorded(fake_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple, dict[str, Any] | BaseException]:
+    """Every case, side by side: the scripts mostly wait (their polling, the cleanup's), so eight at a time.
+    A payload that ran leaves the marker; the cases are then run one at a time to name the one that did."""
+    MARKER.unlink(missing_ok=True)
+    root = tmp_path_factory.mktemp("recorded")
+
+    def one(n: int, field: tuple[str | int, ...], value: str, where: str) -> dict[str, Any] | BaseException:
+        try:
+            return recorded_case(root / f"{where}{n}", fake_bin, 4242 + n, field, value)
+        except (AssertionError, subprocess.TimeoutExpired, pytest.fail.Exception) as stopped:
+            return stopped
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda c: one(c[0], *c[1], "case"), enumerate(CASES)))
+    found = dict(zip(CASES, results))
+    if MARKER.exists():
+        for n, case in enumerate(CASES):
+            MARKER.unlink(missing_ok=True)
+            one(n, *case, "again")
+            if MARKER.exists():
+                found[case] = AssertionError("a payload was executed")
+    return found
+
+
+@pytest.mark.parametrize(("field", "value"), CASES, ids=[case_id(f, v) for f, v in CASES])
+def test_scripts_run_with_recorders_pass_exactly_the_intended_argv(recorded: dict[tuple, Any],
+                                                                   field: tuple[str | int, ...], value: str) -> None:
+    found = recorded[(field, value)]
+    if isinstance(found, BaseException):
+        raise found
+    if "refused" in found:
+        assert_clean_refusal(found["refused"])
+        return
+    ir, by_target = found["ir"], found["by_target"]
+    for lint in found["lint"]:
+        assert lint.returncode == 0, lint.stdout
+
+    jobs = [c for c in found["slurm"] if "--json" in c]  # the runtime's job step on the head node
     assert len(jobs) == 2  # srun's own argv, then the command it runs (docker exec ...)
     argv = jobs[-1]
     assert argv[argv.index("python3"):argv.index("--json")] == ["python3", "-", "job", "--begun", "ray"]
     assert json.loads(argv[argv.index("--json") + 1])["train"] == list(ir.trainer_argv)
     assert argv[argv.index("env") + 1].startswith("RAY_ADDRESS=10.0.0.5:")
-    starts = [c for c in calls if c[:2] == ["docker", "run"]]
+    starts = [c for c in found["slurm"] if c[:2] == ["docker", "run"]]
     assert len(starts) == 2  # one container per node
     assert starts[0][-4:] == [ir.container.image.display if "$" not in ir.container.image.display
                               else starts[0][-4], "flock", STEP_LOCK_IN_CONTAINER, "true"]
 
-    calls = run_script(by_target["ray-job"], "submit.sh", fake_bin, tmp_path)
-    submit = next(c for c in calls if c[:3] == ["ray", "job", "submit"])
+    submit = next(c for c in found["ray-job"] if c[:3] == ["ray", "job", "submit"])
     assert submit[submit.index("--") + 1:] == ["python3", "-m", "verlc_job", "job"]
     job = json.loads((by_target["ray-job"] / "verlc_job" / "job.json").read_text())
     assert job["train"] == list(ir.trainer_argv)
 
-    compose = subprocess.run([compose_binary(), "-f", "compose.yaml", "config", "--format", "json"],
-                             cwd=by_target["compose"], capture_output=True, text=True, env={**os.environ})
+    compose = found["compose"]
     assert compose.returncode == 0, compose.stderr
     trainer_env = json.loads(compose.stdout)["services"]["ray-head"]["environment"]
     for e in ir.env:
         expected = e.value.display.replace("${HOME}", os.environ["HOME"]).replace("${USER}", os.environ.get("USER", ""))
         assert trainer_env[e.name] == expected
-    assert not MARKER.exists(), "a payload was executed"
 
 
 def test_recorders_would_see_an_executed_payload(tmp_path: Path, fake_bin: Path) -> None:
