@@ -288,19 +288,24 @@ def test_preemption_requeues_into_new_containers_resumes_and_shows_the_restart_i
     assert left_of(engine, script, run.job_id) == []
 
 
-def test_a_reproducible_rerun_whose_data_changed_by_one_byte_stops_before_training_naming_the_file(
-        slurm: None, engine: dict[str, str], tmp_path: Path) -> None:
+def reproducible_first_run(root: Path, engine: dict[str, str]) -> Job:
+    """A reproducible job's first run (to its preflight), its training data uncompressed to edit in place."""
     import pyarrow.parquet as pq
 
-    write_fixtures(tmp_path)
-    train = tmp_path / "data" / "train.parquet"
-    pq.write_table(pq.read_table(train), train, compression="none")  # its text as bytes, to edit in place
-    script = build(tmp_path, container=container_spec(tmp_path, "docker", engine, pinned=True), extra=REPRODUCIBLE)
-    _, output, state = sbatch(script, tmp_path, "preflight", env=engine)
-    assert state == "COMPLETED" and "first run of a reproducible job" in output, output
+    train = root / "data" / "train.parquet"
+    pq.write_table(pq.read_table(train), train, compression="none")  # its text as bytes
+    return Job(build(root, container=container_spec(root, "docker", engine, pinned=True), extra=REPRODUCIBLE),
+               env=engine)
+
+
+@side_by_side(reproducible_first_run)
+def test_a_reproducible_rerun_whose_data_changed_by_one_byte_stops_before_training_naming_the_file(
+        ended: Ended, engine: dict[str, str]) -> None:
+    assert ended.state == "COMPLETED" and "first run of a reproducible job" in ended.output, ended.output
+    train, script = ended.root / "data" / "train.parquet", ended.script
     before = hashlib.sha256(train.read_bytes()).hexdigest()
     train.write_bytes(train.read_bytes().replace(b"1+1", b"1+2", 1))  # one byte, the same size
-    job, output, state = sbatch(script, tmp_path, "train", env=engine)
+    job, output, state = sbatch(script, ended.root, "train", env=engine)
     assert state == "FAILED", output
     after = hashlib.sha256(train.read_bytes()).hexdigest()
     assert re.search(rf"PREFLIGHT FAILED: inputs: data data/train\.parquet sha256: {after}, but the first run "
