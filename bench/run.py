@@ -249,8 +249,9 @@ def main() -> int:
         else:
             sys.path.insert(0, str(REPO))
             from verlc.compiler.pipeline import compile_spec
+            from verlc.targets import CATALOG
 
-            argv = compile_spec(SCENARIO_A, display="a", source="a").trainer_argv[3:]
+            argv = compile_spec(SCENARIO_A, CATALOG, display="a", source="a").trainer_argv[3:]
             overrides = [o.replace("gpu_memory_utilization", "gpu_memory_utilisation") for o in argv]
             verl = median_seconds(lambda: run(PY, "-m", "verl.trainer.main_ppo", *overrides, "--cfg", "job",
                                               cwd=tmp, check=False), min(runs, 3))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from typing import Any
-from ..targets import NAMES, TARGETS, get
+from typing import TYPE_CHECKING, Any
+
 from .diagnostics import Diagnostic, SpecError
 from .derive import (
     checkpoint_dir, critic_in_use, derived, derived_environment, own_checkpoint_dir, rollout_pool, strings_in,
@@ -20,13 +20,16 @@ from .verl.check import NOTE, Selection, Setting, check_groups, check_verl, sele
 from .verl.hydra import hydra_value, shown
 from .verl.release import Release
 
+if TYPE_CHECKING:
+    from .catalog import Catalog
+
 _SECRET_NAME = re.compile(r"(?i).*(_KEY|_TOKEN|_SECRET|PASSWORD|PASSWD).*")
 
 
-def check(spec: Spec, sourced: Sourced, release: Release, targets: Iterable[str] = (),
+def check(spec: Spec, sourced: Sourced, release: Release, catalog: Catalog, targets: Iterable[str] = (),
           max_variants: int = 1000) -> tuple[Diagnostic, ...]:
     """Raise SpecError with every problem found in `spec` (positions from `sourced`); return the notes
-    (what verlc could not check and why)."""
+    (what verlc could not check and why). `targets`: those built, whose own build checks run."""
     chosen = select(spec.verl, release, spec.hydra.config_name)
     group_errors, notes, unchecked = check_groups(dict(spec.hydra.groups), spec.hydra.searchpath, release, sourced)
     unchecked += release.unchecked
@@ -51,10 +54,10 @@ def check(spec: Spec, sourced: Sourced, release: Release, targets: Iterable[str]
         *_device(spec, sourced, chosen),
         *_stall_timeout(spec, sourced, chosen),
         *_tracker(spec, sourced, chosen),
-        *(p for t in TARGETS for p in t.check_section(spec, sourced)),
-        *(_container_paths(spec, sourced) if any(get(t).runs_container for t in targets or spec.targets or NAMES)
-          else ()),
-        *(p for t in dict.fromkeys(targets) for p in get(t).check_build(spec, sourced, chosen)),
+        *(p for t in catalog.targets for p in t.check_section(spec, sourced)),
+        *(_container_paths(spec, sourced) if any(catalog.get(t).runs_container
+                                                 for t in targets or spec.targets or catalog.names) else ()),
+        *(p for t in dict.fromkeys(targets) for p in catalog.get(t).check_build(spec, sourced, chosen)),
     ]
     notes += [p for p in problems if p.message.startswith(NOTE)]
     problems = [p for p in problems if not p.message.startswith(NOTE)]

@@ -4,16 +4,19 @@ resources, container, environment, stages. Text for terminals, Markdown for PR c
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ruamel.yaml import YAML
 
-from ..targets import TARGETS
 from .ir import JobIR
+
+if TYPE_CHECKING:
+    from .catalog import Catalog
 
 Facts = dict[str, dict[str, str]]
 
-# Every top-level section of a spec, and the group its leaves are shown in. `verl` leaves are shown as the
+# Every top-level section of a spec, and the group its leaves are shown in (the targets' own sections: in the
+# group their descriptor names, Catalog.top_sections). `verl` leaves are shown as the
 # overrides they become ("verl settings", which also holds what verlc derives). tests/test_diff.py fails
 # when a spec field is missing here, and a leaf of an unlisted section would still show, under "other".
 SECTION_GROUPS = {
@@ -23,23 +26,22 @@ SECTION_GROUPS = {
     "ray": "stages", "pins": "stages",
     "cluster": "resources", "targets": "run", "container": "container", "env": "environment",
     "secrets": "environment", "network": "environment",
-    # each target's own section, in the group its target names
-    **{t.section.at[0]: t.section.group for t in TARGETS if t.section and len(t.section.at) == 1},
 }
 
 
-def facts(ir: JobIR) -> Facts:
+def facts(ir: JobIR, catalog: Catalog) -> Facts:
     """What a run is, as group -> {item: value}: every leaf of the normalized spec, in the group of its
     section, plus the overrides verl gets and the environment verlc derives. Equal facts, equal runs."""
+    groups = {**SECTION_GROUPS, **catalog.top_sections}
     out: Facts = {"verl settings": {o.key: o.value for o in ir.overrides}}
-    for group in SECTION_GROUPS.values():
+    for group in groups.values():
         if group:
             out.setdefault(group, {})
     out["environment"].update({f"{e.name} (verlc, from {e.origin})": e.value.display for e in ir.env
                                if e.origin != "env"})
     for path, value in _leaves(YAML(typ="safe", pure=True).load(ir.normalized_spec)):
         section = path.split(".")[0].split("[")[0]
-        group = SECTION_GROUPS.get(section, "other")
+        group = groups.get(section, "other")
         if group:
             out.setdefault(group, {})[path] = value
     return out
@@ -53,9 +55,9 @@ def _leaves(tree: Any, path: str = "") -> list[tuple[str, str]]:
     return [(path, json.dumps(tree, ensure_ascii=False) if not isinstance(tree, str) else tree)]
 
 
-def changes(a: JobIR, b: JobIR) -> dict[str, list[tuple[str, str | None, str | None]]]:
+def changes(a: JobIR, b: JobIR, catalog: Catalog) -> dict[str, list[tuple[str, str | None, str | None]]]:
     """group -> [(item, before, after)] for every item added, removed or changed."""
-    fa, fb = facts(a), facts(b)
+    fa, fb = facts(a, catalog), facts(b, catalog)
     out: dict[str, list[tuple[str, str | None, str | None]]] = {}
     for group in [*fa, *(g for g in fb if g not in fa)]:
         fa.setdefault(group, {})

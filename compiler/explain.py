@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .derive import derived, resume_defaults
 from .diagnostics import Diagnostic, SpecError, did_you_mean
@@ -25,6 +25,9 @@ from .verl.place import KNOWN, Walker
 from .verl.release import DEFAULT_CONFIG, MISSING, RELEASES, Release, snapshot
 from .verl.rules import RULES
 
+if TYPE_CHECKING:
+    from .catalog import Catalog
+
 DEFAULT_VERSION = Spec.model_fields["verl_version"].default
 
 
@@ -38,7 +41,8 @@ class Origin:
     override: str  # the exact Hydra override the bundle passes ("" when none)
 
 
-def explain(key: str, version: str | None = None, spec_path: Path | None = None, profile: str | None = None) -> str:
+def explain(key: str, catalog: Catalog, version: str | None = None, spec_path: Path | None = None,
+            profile: str | None = None) -> str:
     """The text `verlc explain` prints; SpecError for a bad spec, an unknown release or key. `profile`: the site
     profile composed under the spec, as `verlc build --profile` does."""
     key = ".".join(part.lstrip("+") for part in key.removeprefix("verl.").split("."))
@@ -48,11 +52,11 @@ def explain(key: str, version: str | None = None, spec_path: Path | None = None,
         from .pipeline import compile_spec, program_for, verl_release_for
 
         # a spec verlc would build
-        compile_spec(spec_path, display=str(spec_path), source=str(spec_path), profile=profile)
+        compile_spec(spec_path, catalog, display=str(spec_path), source=str(spec_path), profile=profile)
         sourced = load(spec_path, str(spec_path))
         if profile is not None:
-            sourced = profiles.under(sourced, spec_path, profile)[0]
-        spec = validate(sourced)
+            sourced = profiles.under(sourced, spec_path, profile, catalog)[0]
+        spec = validate(sourced, catalog.spec)
         # the config the spec's program composes, over its release or commit
         spec, program, _ = program_for(spec, sourced, verl_release_for(spec, sourced, "snapshot", spec_path),
                                        spec_path)

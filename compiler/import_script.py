@@ -277,7 +277,8 @@ def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, 
         raise ImportFailed(problems) from None
 
     spec: dict[str, Any] = {"name": name}
-    spec["targets"] = ["ray-job"] if trainer.launcher == "ray job submit" else ["slurm", "ray-job"]
+    submitted = trainer.launcher == "ray job submit"  # to a running Ray cluster; else the script starts Ray itself
+    spec["targets"] = ["ray-job"] if submitted else ["slurm", "ray-job"]
     if verl_commit:
         spec["verl_commit"] = verl_commit
     else:
@@ -336,7 +337,7 @@ def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, 
     _derived_fields(spec, values, defaults, verl, base_env, imported, leave, problem)
     spec["verl"] = verl
     _cluster(spec, values, defaults, verl, problem, accelerator)
-    if "slurm" in spec["targets"]:
+    if not submitted:  # the script's own #SBATCH lines
         _slurm(spec, text, imported, leave)
     _environment(spec, trainer, base_env, imported, leave)
     _wrappers(spec, trainer, code, imported, leave)

@@ -141,7 +141,6 @@ class RayIR:
     expose_dashboard: bool  # False: the dashboard and Jobs API answer on the head's loopback only
     wait_seconds: int
     head_interface: str | None
-    num_cpus: int | None
     debugger_external: bool  # legacy `ray debug` needs the head to accept external debugger connections
 
 

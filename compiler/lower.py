@@ -8,8 +8,8 @@ from dataclasses import replace
 from verlc import __version__
 
 from .ir import CodeIR, ContainerIR, DataPrepIR, EnvVar, ImageBuildIR, JobIR, ModelFetchIR, RayIR, VariantIR, Var, Word, parse_word
-from ..targets import TARGETS, get
 from . import yaml_text
+from .catalog import Catalog
 from .derive import checkpoint_dir, critic_in_use, derived_environment, strings_in, variant_specs
 from .overrides import determinism_defaults, overrides, verl_values
 from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, image_file
@@ -24,11 +24,10 @@ from .verl.workers import Need, known, needs
 ROLLOUT_PACKAGES = {"vllm": "vllm", "sglang": "sglang", "sglang_async": "sglang", "trtllm": "tensorrt_llm"}
 
 
-def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, notes: tuple[str, ...] = (),
-          targets: tuple[str, ...] = (), built: tuple[str, ...] = (), code: CodeIR | None = None,
-          profile: tuple[str, str, str] | None = None) -> JobIR:
+def lower(spec: Spec, release: Release, catalog: Catalog, *, spec_file: str, spec_sha256: str,
+          notes: tuple[str, ...] = (), targets: tuple[str, ...] = (), built: tuple[str, ...] = (),
+          code: CodeIR | None = None, profile: tuple[str, str, str] | None = None) -> JobIR:
     """Resolve a checked spec into the IR every target renders from, with the parts of the `built` targets."""
-    slurm = spec.cluster.slurm
     chosen = select(spec.verl, release, spec.hydra.config_name)
     assert isinstance(chosen, Selection), "the checks refuse a spec whose verl config cannot be chosen"
     # verl's config as the trainer will see it: written into the bundle, and read for the rollout engine
@@ -58,7 +57,6 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
             expose_dashboard=spec.ray.expose_dashboard,
             wait_seconds=spec.ray.wait_for_nodes,
             head_interface=spec.network.head_interface,
-            num_cpus=slurm.cpus_per_task if slurm else None,
             debugger_external=spec.ray.debug == "legacy",
         ),
         data_prep=data_prep(spec),
@@ -67,7 +65,7 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
         if isinstance(spec.model, PinnedModel) else None,
         data_files=tuple(parse_word(f) for f in (*spec.data.train_files, *spec.data.val_files)),
         checkpoint_dir=checkpoint_word(spec, chosen),
-        node_env=node_env(spec, chosen),
+        node_env=node_env(spec, chosen, catalog),
         pins=tuple(sorted({"verl": spec.verl_version, **spec.pins}.items())),
         rollout_package=ROLLOUT_PACKAGES.get(str(config.get("actor_rollout_ref.rollout.name"))),
         startup=startup_needs(spec, release, config),
@@ -85,7 +83,7 @@ def lower(spec: Spec, release: Release, *, spec_file: str, spec_sha256: str, not
         verl_commit=spec.verl_commit,
         notes=notes,
     )
-    return replace(ir, parts=tuple((name, get(name).lower(spec, ir)) for name in built))
+    return replace(ir, parts=tuple((name, catalog.get(name).lower(spec, ir)) for name in built))
 
 
 def startup_needs(spec: Spec, release: Release, config: Config) -> tuple[Need, ...] | None:
@@ -136,7 +134,7 @@ def checkpoint_word(spec: Spec, chosen: Selection) -> Word:
     return Word(tuple(p for p in parts if p != ""))
 
 
-def node_env(spec: Spec, chosen: Selection) -> tuple[str, ...]:
+def node_env(spec: Spec, chosen: Selection, catalog: Catalog) -> tuple[str, ...]:
     """Every environment variable the spec reads on the nodes (`${env:NAME}` anywhere): the preflight
     requires each set and non-empty on every node, and containers get them from the host."""
     found: set[str] = set()
@@ -144,7 +142,7 @@ def node_env(spec: Spec, chosen: Selection) -> tuple[str, ...]:
              *(parse_word(f) for f in (*spec.data.train_files, *spec.data.val_files))]
     c = container(spec)
     words += [w for w in (c.image, c.workdir, c.venv, *c.mounts, *c.run_args) if w is not None]
-    words += [parse_word(text) for target in TARGETS for text in target.node_words(spec)]  # their sections'
+    words += [parse_word(text) for target in catalog.targets for text in target.node_words(spec)]  # their sections'
     for word in words:
         found.update(word.variables)
     for s in settings(spec.verl, chosen.walker):

@@ -17,7 +17,7 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .derive import critic_in_use
 from .diagnostics import Diagnostic, SpecError
@@ -34,6 +34,9 @@ from .verl.place import KNOWN
 from .verl.moves import carry, placeholder
 from .verl.release import DEFAULT_CONFIG, ENGINE_KEY, MISSING, RELEASES, Release, docs as release_docs, snapshot
 from .verl.rules import Config
+
+if TYPE_CHECKING:
+    from .catalog import Catalog
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ class Plan:
 # --- the plan ----------------------------------------------------------------------------------------
 
 
-def plan(path: Path, target: str, *, write_bases: bool = False) -> Plan:
+def plan(path: Path, target: str, catalog: Catalog, *, write_bases: bool = False) -> Plan:
     """What migrating the spec at `path` to verl `target` changes; raises SpecError on bad input."""
     from .pipeline import compile_spec
 
@@ -86,12 +89,12 @@ def plan(path: Path, target: str, *, write_bases: bool = False) -> Plan:
         raise SpecError([Diagnostic(display, 1, 1, "verl_version", f"--to {target}: verlc has no schema for verl "
                                                                     f"{target}; known: {', '.join(RELEASES)}")])
     try:  # where it starts must be right for its own release, but for the '+' it needs, which migrate writes
-        compile_spec(path, display=display, source=display)
+        compile_spec(path, catalog, display=display, source=display)
     except SpecError as exc:
         if not all(NEEDS_PLUS in d.message for d in exc.diagnostics):
             raise
     sourced = load(path, display)
-    spec = validate(sourced)
+    spec = validate(sourced, catalog.spec)
     source = spec.verl_version
     if spec.verl_commit or spec.program != MAIN_PPO:
         raise SpecError([sourced.diagnostic(("verl_commit",) if spec.verl_commit else ("program",),
@@ -112,7 +115,7 @@ def plan(path: Path, target: str, *, write_bases: bool = False) -> Plan:
             _carry_setting(s, sourced, chosen, chosen, docs, out)
         if out.changes:
             _finish(out, docs, write_bases)
-            problems = _problems(docs[0].path, out)
+            problems = _problems(docs[0].path, out, catalog)
             out.valid = not problems
             out.changes += [Change("decision", d.path.removeprefix("verl."), d.message, f"{d.file}:{d.line}:{d.col}")
                             for d in problems]
@@ -138,7 +141,7 @@ def plan(path: Path, target: str, *, write_bases: bool = False) -> Plan:
                        if c.kind in ("moved", "dropped") and c.where.rsplit(":", 2)[0] in bases else c
                        for c in out.changes]
     _finish(out, docs, write_bases)
-    _pin_defaults(out, spec, chosen, goal, docs, write_bases)
+    _pin_defaults(out, spec, chosen, goal, docs, write_bases, catalog)
     return out
 
 
@@ -295,11 +298,11 @@ def _values(spec: Spec, chosen: Selection) -> dict[str, Any]:
 
 
 def _pin_defaults(out: Plan, spec: Spec, chosen: Selection, goal: Selection, docs: list[Doc],
-                  write_bases: bool) -> None:
+                  write_bases: bool, catalog: Catalog) -> None:
     """Pin every default the spec relied on whose value the target changed; keep only pins the target takes."""
     top = docs[0]
     texts = {p.resolve(): after for p, (_, after) in out.files.items()}
-    moved = _load_spec(top.path, texts, out)
+    moved = _load_spec(top.path, texts, out, catalog)
     if moved is None:
         return
     set_before = _values(spec, chosen)
@@ -351,7 +354,7 @@ def _pin_defaults(out: Plan, spec: Spec, chosen: Selection, goal: Selection, doc
         top.put(("verl", *key.split(".")), was, f"verl {out.source}'s default; {out.target}'s is {shown(now)}")
     for _ in range(3):  # a pin the target refuses is a decision; taking it out may show the next one
         _finish(out, docs, write_bases)
-        problems = _problems(top.path, out)
+        problems = _problems(top.path, out, catalog)
         refused = {k for k in pins if any(d.path == f"verl.{k}" for d in problems)}
         for key in refused:
             was, now = pins.pop(key)
@@ -365,7 +368,7 @@ def _pin_defaults(out: Plan, spec: Spec, chosen: Selection, goal: Selection, doc
     _finish(out, docs, write_bases)
     for key, (was, now) in pins.items():
         out.changes.append(Change("pinned", key, f"{shown(was)} (verl {out.target}'s default: {shown(now)})"))
-    problems = _problems(top.path, out)
+    problems = _problems(top.path, out, catalog)
     out.valid = not problems
     for d in problems:
         out.changes.append(Change("decision", d.path.removeprefix("verl."), d.message, f"{d.file}:{d.line}:{d.col}"))
@@ -387,9 +390,9 @@ def _unnamed_value(key: str, was: Any, now: Any, target: str) -> str | None:
     return None
 
 
-def _load_spec(path: Path, texts: dict[Path, str], out: Plan) -> Spec | None:
+def _load_spec(path: Path, texts: dict[Path, str], out: Plan, catalog: Catalog) -> Spec | None:
     try:
-        return validate(load(path, str(path), texts=texts))
+        return validate(load(path, str(path), texts=texts), catalog.spec)
     except SpecError as exc:
         for d in exc.diagnostics:
             out.changes.append(Change("decision", d.path, d.message, f"{d.file}:{d.line}:{d.col}"))
@@ -397,13 +400,13 @@ def _load_spec(path: Path, texts: dict[Path, str], out: Plan) -> Spec | None:
         return None
 
 
-def _problems(path: Path, out: Plan) -> list[Diagnostic]:
+def _problems(path: Path, out: Plan, catalog: Catalog) -> list[Diagnostic]:
     """What the whole compiler says about the rewritten spec, against the target release (notes aside)."""
     from .pipeline import compile_spec
 
     texts = {p.resolve(): after for p, (_, after) in out.files.items()}
     try:
-        compile_spec(path, display=str(path), source=str(path), texts=texts)
+        compile_spec(path, catalog, display=str(path), source=str(path), texts=texts)
     except SpecError as exc:
         return [d for d in exc.diagnostics if not d.message.startswith(NOTE)]
     return []

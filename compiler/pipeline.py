@@ -17,7 +17,8 @@ from .ir import CodeIR, JobIR
 from . import profile as profiles
 from .load import Sourced, load
 from .lower import lower
-from .spec import TARGET_NAMES, Hydra, Spec
+from .catalog import Catalog
+from .spec import Hydra, Spec
 from .verl.check import check_verl_keys, select, settings
 from .validate import validate
 from .code import bundle_folder, has_code, inside, named_files, sha256 as file_sha256, state as code_state
@@ -28,7 +29,7 @@ from .verl.release import RELEASES, Release, live, snapshot
 VerlConfigSource = Literal["snapshot", "live"]
 
 
-def compile_spec(path: Path, *, display: str, source: str, targets: Iterable[str] = (),
+def compile_spec(path: Path, catalog: Catalog, *, display: str, source: str, targets: Iterable[str] = (),
                  verl_config: VerlConfigSource = "snapshot", max_variants: int = 1000,
                  texts: Mapping[Path, str] | None = None, accept_changes: bool = False,
                  profile: str | None = None) -> JobIR:
@@ -37,30 +38,31 @@ def compile_spec(path: Path, *, display: str, source: str, targets: Iterable[str
     `display` names the file in diagnostics; `source` names it in the generated files; `targets` are those
     whose checks run ("all": the spec's own `targets`); `texts` stands in for files by resolved path (load());
     `accept_changes`: a reproducible spec builds from code with uncommitted changes (they are recorded);
-    `profile`: the site profile composed under the spec (compiler/profile.py).
+    `profile`: the site profile composed under the spec (compiler/profile.py); `catalog`: the targets (the
+    composition root's, verlc/compile.py).
     """
     sourced = load(path, display, texts=texts)
     site, profile_notes = None, []
     if profile is not None:
-        sourced, site, profile_notes = profiles.under(sourced, path, profile, texts)
+        sourced, site, profile_notes = profiles.under(sourced, path, profile, catalog, texts)
     try:
-        spec = validate(sourced)
+        spec = validate(sourced, catalog.spec)
     except SpecError as exc:
         raise SpecError([*exc.diagnostics, *_verl_problems_anyway(sourced, exc.diagnostics)]) from None
     release = verl_release_for(spec, sourced, verl_config, path)
     spec, program, root = program_for(spec, sourced, release, path)
     release = program.release
-    meant = spec.targets or TARGET_NAMES
+    meant = spec.targets or catalog.names
     targets = [t for t in targets if t != "all"] + (list(meant) if "all" in targets else [])  # "all": the spec's
     notes = (*profile_notes, *(sourced.diagnostic(("program",), n) for n in program.notes),
-             *check(spec, sourced, release, targets, max_variants))
+             *check(spec, sourced, release, catalog, targets, max_variants))
     code = None
     if root is not None:
         code, code_notes = code_for(spec, sourced, program, root, path, accept_changes)
         notes = (*notes, *code_notes)
     else:
         notes = (*notes, *_unshipped(spec, sourced, program, path))
-    ir = lower(spec, release, spec_file=source, spec_sha256=sourced.sha256, notes=tuple(map(str, notes)),
+    ir = lower(spec, release, catalog, spec_file=source, spec_sha256=sourced.sha256, notes=tuple(map(str, notes)),
                targets=tuple(meant), built=tuple(dict.fromkeys(targets)), code=code,
                profile=(site.name, site.file, site.sha256) if site else None)
     if verl_config == "live":

@@ -10,7 +10,7 @@ $XDG_CONFIG_HOME/verlc/) names profiles of site settings:
 
 `verlc build SPEC --profile lab-a` composes the profile under the spec (the spec, with what it extends, on top):
 a value the profile sets is its default, a value both set is the spec's, and that overlap is reported. Messages
-about a profile's values point at the profile's own lines. A profile holds site sections only (SITE_KEYS).
+about a profile's values point at the profile's own lines. A profile holds site sections only (site_keys).
 """
 
 from __future__ import annotations
@@ -21,18 +21,23 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ruamel.yaml.comments import CommentedMap
 
 from .diagnostics import Diagnostic, SpecError
 from .load import Sourced, merge, plain, read_yaml
-from .spec import TARGET_SECTIONS
+
+if TYPE_CHECKING:
+    from .catalog import Catalog
 
 FILE = "verlc-profiles.yaml"
-# what differs between clusters: scheduler, containers and registry, storage and mounts, network, environment
-# (and each target's own top-level section: the target registry's)
-SITE_KEYS = ("cluster", "container", *TARGET_SECTIONS, "network", "env", "secrets", "ray")
+
+
+def site_keys(catalog: Catalog) -> tuple[str, ...]:
+    """What differs between clusters: scheduler, containers and registry, storage and mounts, network,
+    environment, and each target's own top-level section."""
+    return ("cluster", "container", *catalog.top_sections, "network", "env", "secrets", "ray")
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,7 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def under(sourced: Sourced, spec: Path, name: str, texts: Mapping[Path, str] | None = None,
+def under(sourced: Sourced, spec: Path, name: str, catalog: Catalog, texts: Mapping[Path, str] | None = None,
           ) -> tuple[Sourced, Profile, list[Diagnostic]]:
     """The spec composed on top of profile `name`, the profile, and a note for each value both set."""
     looked = []
@@ -74,12 +79,12 @@ def under(sourced: Sourced, spec: Path, name: str, texts: Mapping[Path, str] | N
         if name not in profiles:
             looked.append(f"{shown} has {', '.join(map(str, profiles)) or 'none'}")
             continue
-        return _compose(sourced, shown, label, profiles, name)
+        return _compose(sourced, shown, label, profiles, name, site_keys(catalog))
     where = "; ".join(looked) or "there is no {} at {} or {}".format(FILE, *(_shown(p) for p, _ in files(spec)))
     raise SpecError([Diagnostic(sourced.file, 1, 1, "<profile>", f"no profile {name!r}: {where}")])
 
 
-def _compose(sourced: Sourced, shown: str, label: str, profiles: CommentedMap, name: str,
+def _compose(sourced: Sourced, shown: str, label: str, profiles: CommentedMap, name: str, keys: tuple[str, ...],
              ) -> tuple[Sourced, Profile, list[Diagnostic]]:
     own = profiles[name]
     if not isinstance(own, CommentedMap):
@@ -87,8 +92,8 @@ def _compose(sourced: Sourced, shown: str, label: str, profiles: CommentedMap, n
                              "a profile is a mapping of site settings (cluster, container, network, env, ...)")])
     problems: list[Diagnostic] = []
     data = plain(own, (), shown, problems)
-    problems += [_at(shown, own, (key,), key, f"a profile holds site settings ({', '.join(SITE_KEYS)}); "
-                                               f"`{key}` belongs in the spec") for key in data if key not in SITE_KEYS]
+    problems += [_at(shown, own, (key,), key, f"a profile holds site settings ({', '.join(keys)}); "
+                                               f"`{key}` belongs in the spec") for key in data if key not in keys]
     if problems:
         raise SpecError(problems)
     composed = Sourced(sourced.file, merge(data, sourced.data), ((shown, own), *sourced.layers), sourced.sha256)

@@ -1,28 +1,25 @@
 """The spec: what a user writes, as frozen pydantic models (extra keys forbidden).
 
 verlc owns where and how a run happens (cluster, container, network, Ray); verl's own settings live
-under `verl:` in verl's own nesting and are checked against verl's config, not re-modelled here.
+under `verl:` in verl's own nesting and are checked against verl's config, not re-modelled here. Each
+target's own section (cluster.slurm, kubernetes:, ...) is its folder's; `with_sections` adds them, for the
+target registry's Catalog.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Union
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-from pydantic import Discriminator, Field, Strict, Tag
+from pydantic import Discriminator, Field, Strict, Tag, create_model
 
-from ..targets import NAMES as TARGET_NAMES
-from ..targets import TARGETS
-from ..targets.compose.section import Compose
-from ..targets.kuberay.section import Kubernetes
-from ..targets.skypilot.section import Skypilot
-from ..targets.slurm.section import Slurm
 from .fields import (
     Bool, Directive, EnvName, EnvValue, Int, Model, Name, Number, Package, Seconds, Size, Str, Text, Version, matching,
 )
 
-# the targets' own top-level sections (compose:, kubernetes:, skypilot:); the others live under cluster:
-TARGET_SECTIONS = tuple(t.section.at[0] for t in TARGETS if t.section and len(t.section.at) == 1)
+if TYPE_CHECKING:
+    from .catalog import Section
 
 # --- model -----------------------------------------------------------------------------------------
 
@@ -85,7 +82,6 @@ class Cluster(Model):
                           "GRES (--gpus-per-node=H100:8), and the Kubernetes node selector's value "
                           "(kubernetes.gpu_label) when it is a product name as node labels have it "
                           "(NVIDIA-H100-80GB-HBM3); else kuberay needs kubernetes.node_selector.")
-    slurm: Slurm | None = Field(None, description="sbatch directives; the slurm target needs them.")
     gpu_hour_price: Number | None = Field(None, ge=0, description="What one GPU-hour costs here (in any "
                                                                   "currency): `verlc plan` shows each run's cost.")
 
@@ -262,6 +258,9 @@ Commit = Annotated[str, Strict(), matching(r"[0-9a-f]{40}", "a full git commit (
 
 # --- the spec --------------------------------------------------------------------------------------
 
+TARGETS_MEANING = "The bundles this spec is meant for: what `--target all` builds and checks (default: every target)."
+
+
 class Spec(Model):
     """One verl run: what to train (model, data, verl settings) and where and how it runs."""
 
@@ -269,9 +268,7 @@ class Spec(Model):
         None, description="Base spec file(s), relative to this one: their settings first, this file's on top "
                           "(mappings merge, lists are replaced).")
     name: Name = Field(description="Names the bundle folder, the Slurm job, containers and Ray submissions.")
-    targets: tuple[Literal[TARGET_NAMES], ...] | None = Field(  # type: ignore[valid-type]
-        None, min_length=1, description="The bundles this spec is meant for: what `--target all` builds and checks "
-                                        "(default: every target).")
+    targets: tuple[Name, ...] | None = Field(None, min_length=1, description=TARGETS_MEANING)  # with_sections: names
     verl_version: Str = Field("0.9.1", description="The verl release whose config `verl:` is checked against; "
                                                    "the preflight requires the cluster to run it. With "
                                                    "verl_commit: the version that commit installs as (default).")
@@ -304,10 +301,6 @@ class Spec(Model):
     hydra: Hydra = Field(Hydra(), description="Which verl config Hydra composes: config name, groups, plugins.")
     cluster: Cluster = Field(description="Nodes, GPUs, accelerator, and the Slurm directives.")
     container: Container = Field(NoContainer(runtime="none"), description="Where verl runs on each node.")
-    compose: Compose | None = Field(None, description="The compose target's image when `container` has none.")
-    kubernetes: Kubernetes | None = Field(None, description="The kuberay target: namespace, pods, volumes, "
-                                                            "retries.")
-    skypilot: Skypilot | None = Field(None, description="The skypilot target: resources, storage, recovery.")
     network: Network = Field(Network(), description="Which NIC Ray uses; NCCL/RCCL settings.")
     env: dict[EnvName, EnvValue] = Field(default_factory=dict, description="Set on every node before Ray starts; "
                                          "${env:NAME} (and ${HOME}, ${USER}, a leading ~) expand on the node.")
@@ -331,3 +324,20 @@ class Spec(Model):
     def model_path(self) -> str:
         """The model as verl gets it: the text given, or the folder a pinned revision is put in."""
         return self.model if isinstance(self.model, str) else self.model.folder
+
+
+def with_sections(names: tuple[str, ...], sections: Iterable[Section]) -> type[Spec]:
+    """The Spec of these targets: `targets:` one of their names, and each target's own section where it says
+    (the top level, or inside `cluster:`), optional. The target registry's Catalog holds it."""
+    def optional(section: Section) -> Any:
+        return section.model | None, Field(None, description=section.description)
+
+    top = {s.at[0]: optional(s) for s in sections if len(s.at) == 1}
+    nested = {s.at[1]: optional(s) for s in sections if len(s.at) == 2}
+    assert all(len(s.at) == 1 or s.at[0] == "cluster" for s in sections), "a target's section nests only in cluster:"
+    cluster = create_model("Cluster", __base__=Cluster, __module__=__name__, __doc__=Cluster.__doc__, **nested)
+    field = Spec.model_fields["cluster"]
+    return create_model("Spec", __base__=Spec, __module__=__name__, __doc__=Spec.__doc__,
+                        targets=(tuple[Literal[names], ...] | None,  # type: ignore[valid-type]
+                                 Field(None, min_length=1, description=TARGETS_MEANING)),
+                        cluster=(cluster, Field(description=field.description)), **top)

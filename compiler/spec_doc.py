@@ -14,13 +14,14 @@ from .verl.editor import verl_schema
 from .verl.release import snapshot
 
 if TYPE_CHECKING:
+    from .catalog import Catalog
     from .verl.program import Program
 
 
 SCHEMA_DIR = "schema"  # schema/verl-<release>.json, committed: what a spec's modeline points at
 
 
-def json_schema(version: str | None = None, program: Program | None = None) -> str:
+def json_schema(catalog: Catalog, version: str | None = None, program: Program | None = None) -> str:
     """JSON Schema of a spec file for one verl release (yaml-language-server's `$schema=` modeline):
     the spec's own sections, and `verl:` with every key of that release (compiler/verl/editor.py); with
     `program`, its keys: a recipe's own config (its own keys too) composed over its release or commit.
@@ -29,7 +30,7 @@ def json_schema(version: str | None = None, program: Program | None = None) -> s
     default = Spec.model_fields["verl_version"].default
     release = program.release if program is not None else snapshot(version or default)
     version = release.version
-    schema = Spec.model_json_schema()
+    schema = catalog.spec.model_json_schema()
     props = schema["properties"]
     props["verl"] = {**verl_schema(release), "description": props["verl"]["description"]}
     if program is not None:
@@ -47,12 +48,12 @@ def json_schema(version: str | None = None, program: Program | None = None) -> s
     return json.dumps(schema, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def markdown() -> str:
+def markdown(catalog: Catalog) -> str:
     """docs/spec.md: every section and key, its type, default and meaning."""
     lines = ["# The verlc spec", "",
              "Generated from `compiler/spec.py` by `verlc schema --format markdown`; do not edit.", ""]
     seen: list[type[BaseModel]] = []
-    _collect(Spec, seen)
+    _collect(catalog.spec, seen)
     for model in seen:
         lines += [f"## {model.__name__}", ""]
         if model.__doc__:

@@ -15,26 +15,27 @@ from .load import Sourced
 from .spec import Spec
 
 
-def validate(sourced: Sourced) -> Spec:
-    """Validate a loaded spec; raise SpecError with one diagnostic per problem."""
+def validate(sourced: Sourced, model: type[Spec]) -> Spec:
+    """Validate a loaded spec against `model` (the catalog's Spec, with the targets' sections); raise SpecError
+    with one diagnostic per problem."""
     try:
-        return Spec.model_validate(sourced.data)
+        return model.model_validate(sourced.data)
     except ValidationError as exc:
-        raise SpecError(_diagnostic(sourced, err) for err in exc.errors(include_url=False)) from None
+        raise SpecError(_diagnostic(sourced, err, model) for err in exc.errors(include_url=False)) from None
 
 
-def _diagnostic(sourced: Sourced, err: Any) -> Diagnostic:
+def _diagnostic(sourced: Sourced, err: Any, root: type[Spec]) -> Diagnostic:
     kind = err["type"]
-    loc = _without_tags(tuple(err["loc"]))
+    loc = _without_tags(tuple(err["loc"]), root)
     ctx = err.get("ctx") or {}
     if kind == "extra_forbidden":
         key = str(loc[-1])
-        kinds = sorted({t for m in _members(_model_at(loc[:-1])) if key in m.model_fields and "runtime" in
+        kinds = sorted({t for m in _members(_model_at(loc[:-1], root)) if key in m.model_fields and "runtime" in
                         m.model_fields for t in typing.get_args(m.model_fields["runtime"].annotation)})
         if kinds:  # a key of another kind of this section (container: image under runtime none)
             return sourced.diagnostic(loc, f"'{key}' does not go with this runtime; it is a key of runtime "
                                            f"{', '.join(kinds)}", at_key=True)
-        return sourced.diagnostic(loc, f"unknown key '{key}'" + did_you_mean(key, _keys_at(loc[:-1])),
+        return sourced.diagnostic(loc, f"unknown key '{key}'" + did_you_mean(key, _keys_at(loc[:-1], root)),
                                   at_key=True)
     if kind == "missing":
         return sourced.diagnostic(loc[:-1], f"missing required key '{loc[-1]}'")
@@ -67,14 +68,14 @@ def _sentence(message: str) -> str:
     return message.replace("Input should be", "should be").replace("String should", "should")
 
 
-def _without_tags(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+def _without_tags(loc: tuple[str | int, ...], root: type[Spec]) -> tuple[str | int, ...]:
     """pydantic puts the chosen union member's tag into locations (container.docker.image)."""
     out: list[str | int] = []
     for part in loc:
-        if isinstance(part, str) and out and _keys_at(out) and part not in _keys_at(out) \
-                and any(_tag_matches(m, part) for m in _members(_model_at(out))):
+        if isinstance(part, str) and out and _keys_at(out, root) and part not in _keys_at(out, root) \
+                and any(_tag_matches(m, part) for m in _members(_model_at(out, root))):
             continue
-        if isinstance(part, str) and out and part in _union_tags(_model_at(out)):
+        if isinstance(part, str) and out and part in _union_tags(_model_at(out, root)):
             continue
         out.append(part)
     return tuple(out)
@@ -89,8 +90,8 @@ def _union_tags(tp: Any) -> set[str]:
             for m in typing.get_args(arg)[1:] if isinstance(m, Tag)}
 
 
-def _model_at(loc: Sequence[str | int]) -> Any:
-    model: Any = Spec
+def _model_at(loc: Sequence[str | int], root: type[Spec]) -> Any:
+    model: Any = root
     for part in loc:
         model = _unwrap(model)
         if isinstance(part, int):
@@ -104,9 +105,9 @@ def _model_at(loc: Sequence[str | int]) -> Any:
     return model
 
 
-def _keys_at(loc: Sequence[str | int]) -> list[str]:
+def _keys_at(loc: Sequence[str | int], root: type[Spec]) -> list[str]:
     """The keys the model at `loc` accepts, for 'did you mean'."""
-    return [k for m in _members(_model_at(loc)) for k in m.model_fields]
+    return [k for m in _members(_model_at(loc, root)) for k in m.model_fields]
 
 
 def _unwrap(tp: Any) -> Any:

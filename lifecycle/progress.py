@@ -12,8 +12,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from ..targets.protocol import parse_event
-from ..targets.runtime import STEP_LINE
+from ..targets.protocol import STEP_LINE, parse_event
 
 TOTAL = re.compile(r"Total training steps: (\d+)")
 STEP = STEP_LINE  # verl's console logger line, parsed as the runtime's stall watchdog parses it

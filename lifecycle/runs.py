@@ -11,30 +11,17 @@ from pathlib import Path
 from typing import TextIO
 
 from ..compiler.ir import JobIR
-from ..targets import launcher, render
-from ..targets.bundle import MANIFEST, differences, write
-from ..targets.protocol import RAY_LOGS
+from ..targets.protocol import MANIFEST, RAY_LOGS
 from . import ledger, progress
 from . import results as results_of
-from .scheduler import RESUMES, TRACKER_RUN, Observed
-
-
-def prepare_bundle(ir: JobIR, target: str, out: Path) -> tuple[Path, bool]:
-    """The bundle folder for `ir`: reused when it is what the spec generates (its manifest and files
-    match), written otherwise. Hand edits are never overwritten (EditedError). True when written."""
-    bundle = render(target, ir)
-    folder = out / bundle.folder
-    if folder.is_dir() and not differences(bundle, folder):
-        return folder, False
-    write([bundle], out)
-    return folder, True
+from .scheduler import RESUMES, TRACKER_RUN, Launchers, Observed
 
 
 def submit(ir: JobIR, spec: Path, target: str, folder: Path, cwd: Path, env: dict[str, str],
-           ledger_file: Path) -> list[ledger.Run]:
+           ledger_file: Path, launchers: Launchers) -> list[ledger.Run]:
     """Submit the bundle with the target's own tool and record each submission in the ledger."""
     manifest = (folder / MANIFEST).read_bytes()
-    submissions = launcher(target).submit(ir, folder, cwd, env)
+    submissions = launchers(target).submit(ir, folder, cwd, env)
     root = ledger_file.parent
     own = {e.name: e.value.display for e in ir.env}
     for s in submissions:
@@ -61,7 +48,7 @@ VERL_SAVE_ALLOWANCE = 60  # seconds verl's should_save_ckpt_esi allows for a sav
 SAVE_TIMING = "timing_s/save_checkpoint"  # verl's metric of a step that saved a checkpoint
 
 
-def slow_save_note(ir: JobIR, target: str, earlier: Sequence[ledger.Run]) -> str | None:
+def slow_save_note(ir: JobIR, target: str, earlier: Sequence[ledger.Run], launchers: Launchers) -> str | None:
     """Where verl saves ahead of the job's end (ir.expiry_variable, on the slurm target), a note when an earlier
     run of the same spec logged a checkpoint save longer than verl allows for one (60 s plus
     trainer.esi_redundant_time): the save ahead of the time limit would not finish before it."""
@@ -78,7 +65,7 @@ def slow_save_note(ir: JobIR, target: str, earlier: Sequence[ledger.Run]) -> str
         if run.target != target or run.name != ir.name:
             continue
         try:
-            logged = results_of.read(log_text(run).splitlines())
+            logged = results_of.read(log_text(run, launchers).splitlines())
         except Exception:  # noqa: BLE001 - an earlier run's log that cannot be read says nothing
             continue
         for _, seconds in results_of.points(logged, SAVE_TIMING):
@@ -100,9 +87,9 @@ def _shown(path: Path, root: Path) -> str:
         return str(path.resolve())
 
 
-def observe(ledger_file: Path, run: ledger.Run) -> Observed:
+def observe(ledger_file: Path, run: ledger.Run, launchers: Launchers) -> Observed:
     """Ask the scheduler; append a `state` event when something changed, `finished` once it ended."""
-    seen = launcher(run.target).state(run.submitted)
+    seen = launchers(run.target).state(run.submitted)
     facts = {k: v for k, v in (("started", seen.started), ("ended", seen.ended)) if v}  # the scheduler's own times
     if seen.log and not run.submitted.get("log"):  # named once the job started (a Slurm array task's)
         facts["log"] = seen.log
@@ -118,27 +105,27 @@ def observe(ledger_file: Path, run: ledger.Run) -> Observed:
     return seen
 
 
-def cancel(ledger_file: Path, run: ledger.Run) -> Observed:
+def cancel(ledger_file: Path, run: ledger.Run, launchers: Launchers) -> Observed:
     """Cancel with the target's tool. Where nothing is left to ask afterwards (Compose's `down`), the
     launcher reports the end itself; otherwise the scheduler is asked as for `status`."""
-    ended = launcher(run.target).cancel(run.submitted)
+    ended = launchers(run.target).cancel(run.submitted)
     if run.final:  # e.g. `down` after a compose run ended: its containers go, its record stays
-        return ended or observe(ledger_file, run)
+        return ended or observe(ledger_file, run, launchers)
     ledger.append(ledger_file, {"event": "state", "run": run.run, "state": "CANCEL_REQUESTED",
                                 "restarts": run.restarts, "source": "verlc cancel"})
     if ended is not None:
         ledger.append(ledger_file, {"event": "finished", "run": run.run, "state": ended.state,
                                     "restarts": run.restarts, "exit_code": None, "source": ended.source})
         return ended
-    return observe(ledger_file, ledger.fold(ledger_file)[run.run])
+    return observe(ledger_file, ledger.fold(ledger_file)[run.run], launchers)
 
 
-def log_text(run: ledger.Run) -> str:
-    return launcher(run.target).logs(run.submitted)
+def log_text(run: ledger.Run, launchers: Launchers) -> str:
+    return launchers(run.target).logs(run.submitted)
 
 
-def follow(ledger_file: Path, chosen: Sequence[ledger.Run], keys: Sequence[str], out: TextIO, *, tty: bool,
-           ended: Callable[[ledger.Run, Observed], None] | None = None, poll: float = 2.0,
+def follow(ledger_file: Path, chosen: Sequence[ledger.Run], keys: Sequence[str], out: TextIO, launchers: Launchers,
+           *, tty: bool, ended: Callable[[ledger.Run, Observed], None] | None = None, poll: float = 2.0,
            sleep: Callable[[float], None] = time.sleep) -> dict[str, Observed]:
     """Print one line per stage and per training step of each run, one run after the other (a sweep's variants:
     every step line named by its run), until each has ended; `ended` is called as each one ends. Each run's
@@ -149,12 +136,12 @@ def follow(ledger_file: Path, chosen: Sequence[ledger.Run], keys: Sequence[str],
         printed, total, last_state = 0, None, None
         while True:
             run = ledger.fold(ledger_file)[first.run]
-            seen = observe(ledger_file, run)
+            seen = observe(ledger_file, run, launchers)
             if (seen.state, seen.restarts) != last_state:
                 last_state = (seen.state, seen.restarts)
                 out.write(f"{run.run}: {seen.state.lower()}"
                           + (f" (restart {seen.restarts})" if seen.restarts else "") + "\n")
-            lines = log_text(run).splitlines()
+            lines = log_text(run, launchers).splitlines()
             if len(lines) < printed:  # a requeued job's log starts over when not appended to
                 printed = 0
             for event in progress.events(lines[printed:]):
@@ -213,15 +200,16 @@ def table(runs: Sequence[ledger.Run], fmt: str) -> str:
     return results_of.tabulate(COLUMNS, rows, fmt)
 
 
-def results(ledger_file: Path, chosen: Sequence[ledger.Run], asked: Sequence[str], fmt: str) -> str:
+def results(ledger_file: Path, chosen: Sequence[ledger.Run], asked: Sequence[str], fmt: str,
+            launchers: Launchers) -> str:
     """The results table of these runs: each run's state (asked of the scheduler while it runs), its steps,
     the last and best value of each metric its log printed, wall time, GPU-hours and last checkpoint."""
     metrics = [results_of.Metric.parse(m) for m in asked] or [results_of.Metric(m) for m in results_of.DEFAULT_METRICS]
     for run in chosen:
         if not run.final:
-            observe(ledger_file, run)  # a run still going: its state as the scheduler says it now
+            observe(ledger_file, run, launchers)  # a run still going: its state as the scheduler says it now
     folded = ledger.fold(ledger_file)  # with what observing recorded (the state, an array task's log path)
-    logs = [(folded[r.run], results_of.read(log_text(folded[r.run]).splitlines())) for r in chosen]
+    logs = [(folded[r.run], results_of.read(log_text(folded[r.run], launchers).splitlines())) for r in chosen]
     keys = results_of.chosen_keys([logged for _, logged in logs], metrics, asked=bool(asked))
     rows = [results_of.row(run.run, run.submitted.get("variant") or {}, run.submitted["spec_sha256"],
                            shown_state(run), logged, keys, metrics, seconds(run), duration(run),
@@ -230,14 +218,15 @@ def results(ledger_file: Path, chosen: Sequence[ledger.Run], asked: Sequence[str
     return results_of.render(rows, keys, fmt)
 
 
-def plot(ledger_file: Path, chosen: Sequence[ledger.Run], metric: str, output: Path) -> list[str]:
+def plot(ledger_file: Path, chosen: Sequence[ledger.Run], metric: str, output: Path, launchers: Launchers
+         ) -> list[str]:
     """Draw `metric` against step for each run into `output`; the lines' labels are returned. A run whose
     log has no such metric is an error that lists the metrics it did log."""
     from .plot import draw
 
     lines = []
     for run in chosen:
-        logged = results_of.read(log_text(run).splitlines())
+        logged = results_of.read(log_text(run, launchers).splitlines())
         points = results_of.points(logged, metric)
         if not points:
             raise results_of.ResultError(f"{run.run} logged no {metric!r}; it logged: "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from datetime import datetime, timezone
@@ -105,6 +105,11 @@ class Launcher(Protocol):
 
     def attach(self, run: dict, argv: list[str]) -> list[str]:
         """The argv that runs `argv` (a shell when empty) where the run's commands run on its head node."""
+
+
+# a target's name -> its Launcher: the lifecycle gets it from the composition root (verlc/), which has the
+# target registry's targets.launcher; lifecycle/ itself imports no target
+Launchers = Callable[[str], Launcher]
 
 
 def utc(moment: datetime | None) -> str | None:

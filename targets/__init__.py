@@ -1,6 +1,7 @@
 """The targets verlc renders. `TARGETS` is the one list of them: the spec's `targets:`, the CLI's choices and
-the docs come from it. Each is one folder of the shape targets/target.py describes; adding a target is
-adding a folder and a line here (and one line in the Spec for its section, if it has one).
+the docs come from it, and `CATALOG` is what the compiler gets of them (compiler/catalog.py: the Spec with
+each target's section, the checks and lowering it calls). Each is one folder of the shape targets/target.py
+describes; adding a target is adding a folder and a line here.
 
 Importing this registers each target's descriptor and spec section only; a target's checks, lowering,
 render and launcher are imported when it is first built or launched.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..compiler.catalog import Catalog
 from . import compose, kuberay, ray_job, skypilot, slurm
 from .target import Target
 
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
 
 TARGETS: tuple[Target, ...] = (slurm.TARGET, ray_job.TARGET, compose.TARGET, kuberay.TARGET, skypilot.TARGET)
 NAMES: tuple[str, ...] = tuple(t.name for t in TARGETS)
+CATALOG = Catalog.of(TARGETS)
 
 
 def get(name: str) -> Target:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..compiler.ir import CODE_DIFF, JobIR
+from .protocol import MANIFEST
 
-MANIFEST = "manifest.json"
 
 
 @dataclass(frozen=True)

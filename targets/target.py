@@ -1,8 +1,9 @@
 """What a target is: one folder under targets/ of a fixed shape, described by one `Target`.
 
     targets/<folder>/
-      __init__.py   TARGET = Target(name, __name__, section)   (the registry in targets/__init__.py lists it)
-      section.py    its spec section, a pydantic model (the Spec has one line for it), and optionally
+      __init__.py   TARGET = Target(name, __name__, Section(where, group, Model, description))
+                    (the registry in targets/__init__.py lists it)
+      section.py    its spec section, a pydantic model (Section names it; the Spec gets it from the registry), and optionally
                     node_words(spec): the section's words that expand on the nodes
       checks.py     check_build(spec, sourced, chosen): what this target cannot run of the spec and its verl
                     release or commit (`chosen`; only when it is built), and
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from ..compiler.catalog import Section
+
 if TYPE_CHECKING:
     from ..compiler.diagnostics import Diagnostic
     from ..compiler.ir import JobIR
@@ -33,15 +36,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Section:
-    """Where a target's settings live in a spec, and the group `verlc diff` shows them in."""
-
-    at: tuple[str, ...]  # e.g. ("kubernetes",) or ("cluster", "slurm")
-    group: str  # resources, container, ...
-
-
-@dataclass(frozen=True)
-class Target:
+class Target:  # compiler/catalog.py's Target: what the compiler asks of it
     name: str  # as users write it: `--target NAME`, a spec's `targets:`
     package: str  # the folder's module, verlc.targets.<folder>
     section: Section | None = None

@@ -21,9 +21,9 @@ def spec_targets(spec: Path) -> tuple[str, ...]:
     """The targets an example spec is meant for (`targets:`, default every one): what `--target all` builds."""
     from ruamel.yaml import YAML
 
-    from verlc.compiler.spec import TARGET_NAMES
+    from verlc.targets import NAMES
 
-    return tuple(YAML(typ="safe", pure=True).load(spec.read_text()).get("targets") or TARGET_NAMES)
+    return tuple(YAML(typ="safe", pure=True).load(spec.read_text()).get("targets") or NAMES)
 
 
 # (example spec, target) for every bundle the examples make

@@ -43,9 +43,8 @@ def test_the_first_entry_of_an_empty_mapping_is_the_change_not_the_mapping(tmp_p
 def test_every_spec_field_has_a_group() -> None:
     """Complete by construction: a new spec field must be given a group (or shown through the overrides)."""
     from verlc.compiler.diff import SECTION_GROUPS
-    from verlc.compiler.spec import Spec
 
-    assert set(SECTION_GROUPS) == set(Spec.model_fields) - {"extends"}
+    assert set(SECTION_GROUPS) | set(CATALOG.top_sections) == set(CATALOG.spec.model_fields) - {"extends"}
 
 
 def test_network_and_compose_changes_are_not_hidden(tmp_path: Path) -> None:
@@ -71,13 +70,14 @@ from verlc.compiler import yaml_text  # noqa: E402
 from verlc.compiler.diagnostics import SpecError  # noqa: E402
 from verlc.compiler.diff import changes  # noqa: E402
 from verlc.compiler.pipeline import compile_spec  # noqa: E402
+from verlc.targets import CATALOG
 from verlc.targets import render  # noqa: E402
 
 SPECS = sorted((REPO / "specs").glob("*.yaml"))
 
 
 def _normalized(spec: Path) -> dict:
-    return YAML(typ="safe", pure=True).load(compile_spec(spec, display="a", source="a.yaml").normalized_spec)
+    return YAML(typ="safe", pure=True).load(compile_spec(spec, CATALOG, display="a", source="a.yaml").normalized_spec)
 
 
 NORMALIZED = {p.stem: _normalized(p) for p in SPECS}
@@ -134,8 +134,8 @@ def test_diff_names_every_edit_that_changes_a_generated_file(tmp_path: Path, nam
     a.write_text(yaml_text.dump(base))
     b.write_text(yaml_text.dump(edited))
     try:
-        ir_a = compile_spec(a, display="a", source="a.yaml", targets=["all"])
-        ir_b = compile_spec(b, display="b", source="a.yaml", targets=["all"])
+        ir_a = compile_spec(a, CATALOG, display="a", source="a.yaml", targets=["all"])
+        ir_b = compile_spec(b, CATALOG, display="b", source="a.yaml", targets=["all"])
     except SpecError:
         event("the edit made an invalid spec")
         return
@@ -144,7 +144,7 @@ def test_diff_names_every_edit_that_changes_a_generated_file(tmp_path: Path, nam
         return
     event("a generated file changed")
     dotted = _dotted(path).replace(".+", ".")  # verl's key, without the `+` that appends it to verl's config
-    items = [item for rows in changes(ir_a, ir_b).values() for item, _, _ in rows]
+    items = [item for rows in changes(ir_a, ir_b, CATALOG).values() for item, _, _ in rows]
     # a verl leaf is named by the override it is part of (a list element: the list's key)
     assert any(item == dotted or (dotted.startswith("verl.") and (dotted == f"verl.{item}" or dotted.startswith(
         (f"verl.{item}.", f"verl.{item}[")))) for item in items), (dotted, items)

@@ -20,6 +20,7 @@ from test_verl_releases import leaves, nest
 from verlc.compiler import spec_doc
 from verlc.compiler.diagnostics import SpecError
 from verlc.compiler.pipeline import compile_spec
+from verlc.targets import CATALOG
 from verlc.compiler.verl.release import MISSING, RELEASES, snapshot
 
 SCHEMAS = REPO / "schema"
@@ -29,7 +30,7 @@ YLS = REPO / ".cache" / "yls" / "node_modules" / "yaml-language-server" / "bin" 
 @pytest.mark.parametrize("version", RELEASES)
 def test_each_release_schema_is_fresh(version: str) -> None:
     path = SCHEMAS / f"verl-{version}.json"
-    assert path.read_text() == spec_doc.json_schema(version), \
+    assert path.read_text() == spec_doc.json_schema(CATALOG, version), \
         f"{path.name} is stale: run verlc schema --verl-version {version} > schema/{path.name}"
 
 
@@ -74,7 +75,7 @@ def verlc_says(tmp: Path, spec: dict[str, Any]) -> list[str]:
     path = tmp / "spec.json"
     path.write_text(json.dumps(spec))
     try:
-        compile_spec(path, display="spec.json", source="spec.json")
+        compile_spec(path, CATALOG, display="spec.json", source="spec.json")
     except SpecError as exc:
         return [f"{d.path}: {d.message}" for d in exc.diagnostics]
     return []

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from conftest import REPO, run_verlc
 from verlc.compiler.pipeline import compile_spec
+from verlc.targets import CATALOG
 from verlc.compiler.verl import rules as rules_module
 from verlc.compiler.verl.rules import RULES
 
@@ -115,7 +116,7 @@ container: {runtime: none}
         "actor_rollout_ref.rollout.temperature": ("1.0, verl's default (the spec does not set it)",
                                                   "(none: verl uses its default)"),
     }
-    ir = compile_spec(tmp_path / "sweep.yaml", display="sweep.yaml", source="sweep.yaml")
+    ir = compile_spec(tmp_path / "sweep.yaml", CATALOG, display="sweep.yaml", source="sweep.yaml")
     passed = {o.key: o.arg for o in ir.overrides}
     for key, (origin, override) in cases.items():
         out = explain(key, "sweep.yaml", cwd=tmp_path).splitlines()

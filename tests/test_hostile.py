@@ -30,6 +30,7 @@ from test_compose import compose_binary
 from verlc.compiler.diagnostics import SpecError
 from verlc.compiler.ir import JobIR
 from verlc.compiler.pipeline import compile_spec
+from verlc.targets import CATALOG
 from verlc.targets import render
 from verlc.targets.bundle import Bundle
 from verlc.targets.slurm.view import STEP_LOCK_IN_CONTAINER
@@ -93,7 +94,7 @@ def build(tmp: Path, spec: dict[str, Any], targets: tuple[str, ...] = SCRIPT_TAR
     path = tmp / "spec.yaml"
     path.write_text(json.dumps(spec, ensure_ascii=False))  # JSON is YAML
     try:
-        ir = compile_spec(path, display="spec.yaml", source="spec.yaml", targets=targets)
+        ir = compile_spec(path, CATALOG, display="spec.yaml", source="spec.yaml", targets=targets)
     except SpecError as exc:
         return [str(d) for d in exc.diagnostics]
     return ir, [render(name, ir) for name in targets]

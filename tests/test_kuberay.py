@@ -19,6 +19,7 @@ import yaml
 from conftest import IN_CI, REPO, run_verlc
 from verlc.compiler.diagnostics import SpecError
 from verlc.compiler.pipeline import compile_spec
+from verlc.targets import CATALOG
 from verlc.targets import render
 
 CRD = REPO.parent / "shared" / "kuberay" / "ray.io_rayjobs.yaml"
@@ -78,7 +79,7 @@ def kuberay_docs(spec: Path | dict[str, Any], tmp: Path | None = None) -> tuple[
         path = tmp / "spec.yaml"
         path.write_text(json.dumps(spec))
         spec = path
-    ir = compile_spec(spec, display=spec.name, source=spec.name, targets=["kuberay"])
+    ir = compile_spec(spec, CATALOG, display=spec.name, source=spec.name, targets=["kuberay"])
     bundle = render("kuberay", ir)
     files = {f.path: f.text for f in bundle.files}
     return list(yaml.safe_load_all(files["rayjob.yaml"])), yaml.safe_load(files["configmap.yaml"]), ir
@@ -202,7 +203,7 @@ def problems(tmp: Path, spec: dict[str, Any], target: str = "kuberay") -> list[s
     path = tmp / "spec.yaml"
     path.write_text(json.dumps(spec))
     try:
-        compile_spec(path, display="spec.yaml", source="spec.yaml", targets=[target])
+        compile_spec(path, CATALOG, display="spec.yaml", source="spec.yaml", targets=[target])
     except SpecError as exc:
         return [f"{d.path}: {d.message}" for d in exc.diagnostics]
     return []

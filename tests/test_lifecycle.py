@@ -246,7 +246,7 @@ def test_cancel_of_a_sweeps_prefix_or_array_job_id_cancels_each_unfinished_varia
     ledger.append(book, {"event": "finished", "run": "s-7_2", "state": "COMPLETED", "restarts": 0, "exit_code": 0})
     ledger.append(book, {"event": "submitted", "run": "other-8", "job_id": "8", "target": "slurm"})
     sent: list[str] = []
-    monkeypatch.setattr(runs, "cancel", lambda _book, run: sent.append(run.run) or Observed(
+    monkeypatch.setattr(runs, "cancel", lambda _book, run, _launchers: sent.append(run.run) or Observed(
         state="CANCELLED", restarts=0, source="test"))
     monkeypatch.chdir(tmp_path)
     for key in ("s-7", "7"):

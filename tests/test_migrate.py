@@ -30,6 +30,7 @@ from verlc.compiler.verl import moves as verl_moves
 from verlc.compiler.diagnostics import SpecError
 from verlc.compiler.load import load
 from verlc.compiler.pipeline import compile_spec
+from verlc.targets import CATALOG
 from verlc.compiler.verl.check import select, settings
 from verlc.compiler.verl.place import KNOWN, Walker
 from verlc.compiler.verl.release import DEFAULT_CONFIG, MISSING, RELEASES, snapshot
@@ -222,7 +223,7 @@ def spec_text(verl: dict[str, Any], version: str) -> str:
 def resolved(path: Path) -> tuple[dict[str, Any], dict[str, Any], Any]:
     """The rewritten spec's `verl:` section, its settings (dotted key -> value) and its resolved verl config
     (the bundle's verl-config.yaml, resolved by OmegaConf rather than verlc)."""
-    ir = compile_spec(path, display=str(path), source=path.name)
+    ir = compile_spec(path, CATALOG, display=str(path), source=path.name)
     data = load(path).data
     chosen = select(data["verl"], snapshot(data.get("verl_version", "0.9.1")))
     assert not isinstance(chosen, str), chosen
@@ -259,7 +260,7 @@ def migrated(job: tuple[int, str, str, str, Path]) -> tuple[list[str], dict[str,
     else:
         spec.write_text(spec_text(written_for(source), source))
     _, wrote, before = resolved(spec)
-    p = migrate.plan(spec, target)
+    p = migrate.plan(spec, target, CATALOG)
     migrate.write(p)
     label = f"{kind} {source} -> {target}"
     try:
@@ -286,7 +287,7 @@ def migrated(job: tuple[int, str, str, str, Path]) -> tuple[list[str], dict[str,
     case = {"config": DEFAULT_CONFIG, "engine": chosen.engine, "label": label, "target": target,
             "overrides": [s.arg for s in found], "keys": [s.key for s in found],
             "values": {s.key: s.value for s in found}}
-    back = migrate.plan(spec, source)
+    back = migrate.plan(spec, source, CATALOG)
     if back.valid:
         migrate.write(back)
         _, again, _ = resolved(spec)
@@ -362,7 +363,7 @@ def test_a_grpo_spec_pins_nothing_of_the_critic_it_does_not_use(tmp_path: Path) 
     """GRPO runs no critic: pinning its defaults only made validation note 'critic settings given'."""
     spec = tmp_path / "grpo.yaml"
     spec.write_text(GRPO_041)
-    p = migrate.plan(spec, "0.9.1")
+    p = migrate.plan(spec, "0.9.1", CATALOG)
     assert not [c for c in p.changes if c.key.startswith("critic.")], [c for c in p.changes if "critic" in c.key]
     assert any("changed default(s) of the critic were not pinned" in line for line in migrate.report(p).splitlines())
     migrate.write(p)
@@ -374,7 +375,7 @@ def test_an_old_default_the_new_release_does_not_know_is_a_decision_not_a_pin(tm
     """0.4.1's rollout.load_format default dummy_dtensor names a loader 0.9.1 no longer has."""
     spec = tmp_path / "grpo.yaml"
     spec.write_text(GRPO_041)
-    p = migrate.plan(spec, "0.9.1")
+    p = migrate.plan(spec, "0.9.1", CATALOG)
     assert "actor_rollout_ref.rollout.load_format" not in {c.key for c in p.of("pinned")}
     decision = next(c for c in p.decisions if c.key == "actor_rollout_ref.rollout.load_format")
     assert "dummy_dtensor" in decision.text and "0.9.1's is dummy" in decision.text
@@ -384,7 +385,7 @@ def test_an_old_default_the_new_release_does_not_know_is_a_decision_not_a_pin(tm
 def test_the_report_says_what_reproducible_turns_on_in_each_release(tmp_path: Path) -> None:
     spec = tmp_path / "grpo.yaml"
     spec.write_text(GRPO_041)
-    report = migrate.report(migrate.plan(spec, "0.9.1"))
+    report = migrate.report(migrate.plan(spec, "0.9.1", CATALOG))
     assert ("reproducible: true: on verl 0.9.1, reproducible: true sets data.seed, actor_rollout_ref.rollout.seed, "
             "actor_rollout_ref.rollout.full_determinism") in report
     assert "verl 0.4.1 has none of verl's determinism settings" in report

@@ -25,6 +25,7 @@ from test_ray_job import BIN, free_port, ray_env, stop_by_pid
 from test_slurm_e2e import NPU_SMI
 from verlc.compiler.diagnostics import SpecError
 from verlc.compiler.pipeline import compile_spec
+from verlc.targets import CATALOG
 from verlc.targets import render
 
 EXAMPLE = REPO / "specs" / "qwen3-32b-grpo-ascend-a3.yaml"
@@ -54,7 +55,7 @@ def example(**changes: Any) -> dict[str, Any]:
 def files(spec: dict[str, Any], tmp_path: Path, target: str) -> tuple[dict[str, str], Any]:
     path = tmp_path / f"{target}.yaml"
     path.write_text(json.dumps(spec))
-    ir = compile_spec(path, display=path.name, source=path.name, targets=[target])
+    ir = compile_spec(path, CATALOG, display=path.name, source=path.name, targets=[target])
     return {f.path: f.text for f in render(target, ir).files}, ir
 
 

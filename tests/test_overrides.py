@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from conftest import SPECS
 from verlc.compiler.verl.hydra import hydra_value
 from verlc.compiler.pipeline import compile_spec
+from verlc.targets import CATALOG
 
 hydra = pytest.importorskip("hydra", reason="hydra-core comes with verl; the test command installs it")
 from hydra import compose, initialize_config_dir  # noqa: E402
@@ -81,7 +82,7 @@ def test_example_overrides_compose_in_installed_verl(spec: Path, monkeypatch: py
     """Each example's overrides compose in its release's Hydra config (the installed verl's, where it is that
     release), and the values verlc derives land where verl reads them."""
     monkeypatch.setenv("GPU_REHEARSAL", "/gpu-rehearsal")  # the GPU rehearsal's paths (its folder on that machine)
-    ir = compile_spec(spec, display=str(spec), source=spec.name)
+    ir = compile_spec(spec, CATALOG, display=str(spec), source=spec.name)
     with initialize_config_dir(config_dir=release_config_dir(ir.verl_version), version_base=None):
         cfg = compose("ppo_trainer", overrides=[o.arg for o in ir.overrides])
     assert cfg.trainer.nnodes == ir.nodes

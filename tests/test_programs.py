@@ -23,6 +23,7 @@ from conftest import REPO
 from test_verl_releases import leaves, nest, other_type, user_overrides
 from verlc.compiler.diagnostics import SpecError
 from verlc.compiler.pipeline import compile_spec
+from verlc.targets import CATALOG
 from verlc.compiler.verl.check import select, settings
 from verlc.compiler.verl.commit import _release, commit_release
 from verlc.compiler.verl.hydra import verl_value
@@ -165,7 +166,7 @@ def test_verlc_and_verl_agree_on_a_programs_keys(checkouts: Path, tmp_path: Path
                                     "data": {"train_files": ["t.parquet"], "val_files": ["v.parquet"]},
                                     "cluster": {"nodes": 1, "gpus_per_node": 8}}))
         try:
-            compile_spec(spec, display="spec.yaml", source="spec.yaml")
+            compile_spec(spec, CATALOG, display="spec.yaml", source="spec.yaml")
             problems: list[str] = []
         except SpecError as exc:
             problems = [f"{d.path}: {d.message}" for d in exc.diagnostics]
@@ -209,7 +210,7 @@ def test_a_config_of_ones_own_that_chooses_verls_model_engine_is_composed_with_i
                                     "data": {"train_files": ["/d/t.parquet"], "val_files": ["/d/v.parquet"]},
                                     "cluster": {"nodes": 1, "gpus_per_node": 8}, "verl": verl}))
         try:
-            ir = compile_spec(spec, display=spec.name, source=spec.name, targets=["ray-job"])
+            ir = compile_spec(spec, CATALOG, display=spec.name, source=spec.name, targets=["ray-job"])
             problems[engine] = []
             assert not [n for n in ir.notes if "left to Hydra" in n], ir.notes
         except SpecError as exc:

@@ -11,6 +11,7 @@ from dataclasses import fields
 
 from conftest import SPECS
 from verlc.compiler.pipeline import compile_spec
+from verlc.targets import CATALOG
 from verlc.lifecycle.progress import events, stage_lines
 from verlc.targets import protocol, render
 from verlc.targets.job_package import one_program
@@ -20,7 +21,7 @@ from verlc.targets.protocol import Event, Job, Variant, event_line, parse_event
 def example_jobs() -> list[Job]:
     out = []
     for spec in SPECS:
-        ir = compile_spec(spec, display=str(spec), source=spec.name, targets=["ray-job"])
+        ir = compile_spec(spec, CATALOG, display=str(spec), source=spec.name, targets=["ray-job"])
         bundle = render("ray-job", ir)
         out += [Job.from_json(f.text) for f in bundle.files if f.path.endswith(".json") and "verlc_job/" in f.path]
     return out
@@ -115,7 +116,7 @@ def test_the_slurm_scripts_own_event_lines_are_read_back_by_the_protocol() -> No
     """The batch script writes its events in bash (`log`, `begin_stage`): run those functions as a rendered script
     has them, over the stages of its view, and read what they print with the protocol's parser."""
     spec = next(s for s in SPECS if s.name == "quickstart-gsm8k-1node.yaml")
-    ir = compile_spec(spec, display=str(spec), source=spec.name, targets=["slurm"])
+    ir = compile_spec(spec, CATALOG, display=str(spec), source=spec.name, targets=["slurm"])
     script = next(f.text for f in render("slurm", ir).files if f.path.endswith("sbatch.sh"))
     stages = re.search(r"^readonly stages=\(.*\)$", script, re.M)[0]
     functions = script[script.index("log() {"):script.index("\n}\n", script.index("begin_stage() {")) + 3]

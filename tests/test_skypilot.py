@@ -20,6 +20,7 @@ from conftest import IN_CI, REPO, require_tool, run_verlc
 from test_kuberay import base as kube_base
 from test_kuberay import problems as kube_problems
 from verlc.compiler.pipeline import compile_spec
+from verlc.targets import CATALOG
 from verlc.lifecycle import ledger
 from verlc.targets import render
 
@@ -53,7 +54,7 @@ def bundle_files(spec: Path | dict[str, Any], tmp: Path) -> tuple[dict[str, str]
         path = tmp / "spec.yaml"
         path.write_text(json.dumps(spec))
         spec = path
-    ir = compile_spec(spec, display=spec.name, source=spec.name, targets=["skypilot"])
+    ir = compile_spec(spec, CATALOG, display=spec.name, source=spec.name, targets=["skypilot"])
     return {f.path: f.text for f in render("skypilot", ir).files}, ir
 
 
@@ -258,7 +259,7 @@ def test_the_gpu_model_is_used_by_every_target_that_can_use_it(tmp_path: Path) -
     def files() -> dict[str, str]:
         path = tmp_path / "spec.yaml"
         path.write_text(json.dumps(spec))
-        ir = compile_spec(path, display="spec.yaml", source="spec.yaml", targets=["all"])
+        ir = compile_spec(path, CATALOG, display="spec.yaml", source="spec.yaml", targets=["all"])
         return {f"{t}/{f.path}": f.text for t in ir.targets for f in render(t, ir).files}
 
     typed = files()

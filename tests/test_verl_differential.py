@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from verlc.compiler.diagnostics import SpecError
 from verlc.compiler.pipeline import compile_spec
+from verlc.targets import CATALOG
 from verlc.compiler.verl.hydra import hydra_value
 from verlc.compiler.verl.release import installed_package
 from verlc.compiler.verl.rules import WORKERS_NOTE
@@ -75,7 +76,7 @@ def verlc_problems(tmp: Path, verl: dict[str, Any], nodes: int = 1, gpus: int = 
         "data": {"train_files": ["t.parquet"], "val_files": ["v.parquet"]},
         "cluster": {"nodes": nodes, "gpus_per_node": gpus}}))
     try:
-        compile_spec(spec, display="spec.yaml", source="spec.yaml")
+        compile_spec(spec, CATALOG, display="spec.yaml", source="spec.yaml")
     except SpecError as exc:
         return [d.message for d in exc.diagnostics]
     return []

@@ -26,6 +26,7 @@ import pytest
 from conftest import REPO
 from verlc.compiler.diagnostics import SpecError
 from verlc.compiler.pipeline import compile_spec
+from verlc.targets import CATALOG
 from verlc.compiler.verl.check import select, settings
 from verlc.compiler.verl.hydra import hydra_value, verl_value
 from verlc.compiler.verl.place import Walker
@@ -296,7 +297,7 @@ def verlc_verdict(tmp: Path, version: str, case: dict[str, Any]) -> tuple[list[s
                                 "data": {"train_files": ["t.parquet"], "val_files": ["v.parquet"]},
                                 "cluster": {"nodes": 1, "gpus_per_node": 8}}))
     try:
-        compile_spec(spec, display="spec.yaml", source="spec.yaml")
+        compile_spec(spec, CATALOG, display="spec.yaml", source="spec.yaml")
         problems: list[str] = []
     except SpecError as exc:
         problems = [f"{d.path}: {d.message}" for d in exc.diagnostics]

@@ -103,10 +103,11 @@ def test_unknown_verl_version_names_the_known_ones(tmp_path: Path) -> None:
 def test_bundled_config_is_what_verl_prints_with_cfg_job(tmp_path: Path) -> None:
     """verl-config.yaml equals `python -m verl.trainer.main_ppo <overrides> --cfg job` for scenario A."""
     from verlc.compiler.pipeline import compile_spec
+    from verlc.targets import CATALOG
 
     spec = REPO / "specs" / "qwen2-7b-gsm8k-ppo-mi300.yaml"
     bundle = REPO / "out" / spec.stem / "slurm"
-    overrides = list(compile_spec(spec, display="a", source="a").trainer_argv[3:])
+    overrides = list(compile_spec(spec, CATALOG, display="a", source="a").trainer_argv[3:])
     assert slurm_job((bundle / "sbatch.sh").read_text())["train"][3:] == overrides
     printed = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *overrides, "--cfg", "job"],
                              capture_output=True, text=True, timeout=300, cwd=tmp_path)

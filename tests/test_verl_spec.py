@@ -16,6 +16,7 @@ from conftest import run_verlc
 from test_verl_releases import nest
 from verlc.compiler.diagnostics import SpecError
 from verlc.compiler.pipeline import compile_spec
+from verlc.targets import CATALOG
 from verlc.compiler.verl.place import Walker
 from verlc.compiler.verl.release import RELEASES, snapshot
 
@@ -153,7 +154,7 @@ def test_overrides_carry_the_prefix_the_spec_wrote(tmp_path: Path) -> None:
         "actor_rollout_ref": {"actor": {"optim": {"override_optimizer_config": {"offload_fraction": 1.0}}}},
         "distillation": {"teacher_models": {"math_teacher": {"+model_path": "/m/t"}}}},
         hydra={"searchpath": ["pkg://my_plugin.config"]}))
-    argv = compile_spec(path, display="s.yaml", source="s.yaml").trainer_argv
+    argv = compile_spec(path, CATALOG, display="s.yaml", source="s.yaml").trainer_argv
     assert argv[3] == "hydra.searchpath=['pkg://my_plugin.config']"
     for arg in ("+trainer.my_plugin_flag=true", "+algorithm.gdpo_reward_keys=[acc]",
                 "actor_rollout_ref.actor.optim.override_optimizer_config={offload_fraction:1.0}",
@@ -175,7 +176,7 @@ def test_a_plus_key_one_edit_from_a_known_key_gets_a_did_you_mean_note(tmp_path:
 def test_the_config_name_comes_first(tmp_path: Path) -> None:
     path = tmp_path / "m.yaml"
     path.write_text(spec_text({}, "0.6.1", hydra={"config_name": "ppo_megatron_trainer"}))
-    argv = compile_spec(path, display="m.yaml", source="m.yaml").trainer_argv
+    argv = compile_spec(path, CATALOG, display="m.yaml", source="m.yaml").trainer_argv
     assert argv[:4] == ("python3", "-m", "verl.trainer.main_ppo", "--config-name=ppo_megatron_trainer")
 
 
@@ -292,7 +293,7 @@ def test_no_verl_section_crashes_the_compiler(tmp_path: Path, case: tuple[str, d
     path = tmp_path / "s.yaml"
     path.write_text(spec_text(verl, version, **({"sweep": sweep} if sweep else {})))
     try:
-        compile_spec(path, display="s.yaml", source="s.yaml")
+        compile_spec(path, CATALOG, display="s.yaml", source="s.yaml")
     except SpecError as exc:
         assert all(d.line >= 1 and d.message for d in exc.diagnostics)
 
@@ -304,7 +305,7 @@ def test_every_release_builds_its_default_config(tmp_path: Path, version: str) -
     for config in release.configs:
         path = tmp_path / f"{config}.yaml"
         path.write_text(spec_text({}, version, hydra={"config_name": config}))
-        ir = compile_spec(path, display=path.name, source=path.name)
+        ir = compile_spec(path, CATALOG, display=path.name, source=path.name)
         assert ir.verl_schema == f"{version} (snapshot)"
         assert Walker(release, config, release.default_engine(config)).place(["trainer", "nnodes"]).in_yaml
 
@@ -357,7 +358,7 @@ def test_a_value_verls_dataclass_refuses_is_refused(tmp_path: Path, mode: str) -
     path = tmp_path / "s.yaml"
     path.write_text(spec_text({"actor_rollout_ref": {"rollout": {"mode": mode}}}))
     try:
-        compile_spec(path, display="s.yaml", source="s.yaml")
+        compile_spec(path, CATALOG, display="s.yaml", source="s.yaml")
         problems: list[str] = []
     except SpecError as exc:
         problems = [f"{d.path}: {d.message}" for d in exc.diagnostics]

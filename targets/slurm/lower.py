@@ -14,6 +14,7 @@ class SlurmIR:
     directives: tuple[tuple[str, str], ...]  # (option, value) in a fixed order
     log_dirs: tuple[str, ...]  # folders of --output/--error: Slurm opens the files before the script runs
     modules: tuple[str, ...]
+    ray_cpus: int  # Ray gets exactly the task's CPUs (ray start --num-cpus)
     requeue: bool  # on USR1: clean up, then `scontrol requeue`
     requeue_grace: int  # seconds before the time limit that USR1 comes
     max_requeues: int
@@ -72,6 +73,7 @@ def lower(spec: Spec, ir: JobIR) -> SlurmIR:
         directives=tuple((k, str(v)) for k, v in directives if v is not None),
         log_dirs=log_dirs(spec),
         modules=s.modules,
+        ray_cpus=s.cpus_per_task,
         requeue=s.requeue_grace is not None,
         requeue_grace=s.requeue_grace or 0,
         max_requeues=s.max_requeues,

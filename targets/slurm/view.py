@@ -225,7 +225,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
 
     ray_common: tuple[Line, ...] = (
         (ir.ray_resources,),
-        *(((f"--num-cpus={ir.ray.num_cpus}",),) if ir.ray.num_cpus else ()),
+        (f"--num-cpus={slurm.ray_cpus}",),
         (_word("--temp-dir=", RAY_TMP),),
         (_word("--dashboard-agent-listen-port=", AGENT_PORT),),
         (_word("--node-name=", NODE_NAME),),  # Ray's name for the node (dashboard, preflight) is Slurm's

@@ -26,11 +26,12 @@ def compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str,
                  profile: str | None = None) -> list | int:
     from ..compiler.diagnostics import SpecError
     from ..compiler.pipeline import compile_spec
+    from ..targets import CATALOG
 
     irs, problems = [], []
     for spec in specs:
         try:
-            irs.append(compile_spec(spec, display=str(spec), source=_source_name(spec), targets=targets,
+            irs.append(compile_spec(spec, CATALOG, display=str(spec), source=_source_name(spec), targets=targets,
                                     verl_config=verl_config, max_variants=max_variants,
                                     accept_changes=os.environ.get("VERLC_ACCEPT_CHANGES") == "1", profile=profile))
         except SpecError as exc:
@@ -178,6 +179,7 @@ def check(paths: Sequence[Path], out: Path, show_diff: bool) -> int:
 def diff(a: Path, b: Path, markdown: bool) -> int:
     """Exit 0 when A and B describe the same run, 1 when they differ, 2 on bad input."""
     from ..compiler import diff
+    from ..targets import CATALOG
 
     if a.suffix == ".json" or b.suffix == ".json":
         return _diff_records(a, b, markdown)
@@ -185,7 +187,7 @@ def diff(a: Path, b: Path, markdown: bool) -> int:
     result = compile_all(specs, (), "snapshot", max_variants=10**9)
     if isinstance(result, int):
         return result
-    changes = diff.changes(result[0], result[1])
+    changes = diff.changes(result[0], result[1], CATALOG)
     sys.stdout.write(diff.render(str(a), str(b), changes, markdown))
     return 1 if changes else 0
 

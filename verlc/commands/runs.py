@@ -48,6 +48,28 @@ def one_line_errors(command: Callable[..., int]) -> Callable[..., int]:
     return run
 
 
+def launcher(target: str) -> Any:
+    """The target's Launcher, from the target registry: what the lifecycle's functions are handed
+    (lifecycle/ imports no target)."""
+    from ..targets import launcher as of
+
+    return of(target)
+
+
+def _prepare_bundle(ir: Any, target: str, out: Path) -> tuple[Path, bool]:
+    """The bundle folder for `ir`: reused when it is what the spec generates (its manifest and files
+    match), written otherwise. Hand edits are never overwritten (EditedError). True when written."""
+    from ..targets import render
+    from ..targets.bundle import differences, write
+
+    bundle = render(target, ir)
+    folder = out / bundle.folder
+    if folder.is_dir() and not differences(bundle, folder):
+        return folder, False
+    write([bundle], out)
+    return folder, True
+
+
 def _book() -> tuple[Path, dict]:
     from ..lifecycle import ledger
 
@@ -85,13 +107,13 @@ def submit(spec: Path, target: str, out: Path, wait: bool, follow: bool, metrics
     if resume is not None and ir.variants:
         print("verlc: --resume continues one run; this spec is a sweep (resubmit its variant's spec)", file=sys.stderr)
         return EXIT_SPEC
-    note = runs.slow_save_note(ir, target, list(ledger.fold(ledger.location(spec)).values()))
+    note = runs.slow_save_note(ir, target, list(ledger.fold(ledger.location(spec)).values()), launcher)
     if note:
         print(note, file=sys.stderr)
-    folder, written = runs.prepare_bundle(ir, target, out.resolve())
+    folder, written = _prepare_bundle(ir, target, out.resolve())
     print(f"{'wrote' if written else 'up to date:'} {out / folder.parent.name / folder.name}/")
     book = ledger.location(spec)
-    submitted = runs.submit(ir, spec, target, folder, Path.cwd(), env, book)
+    submitted = runs.submit(ir, spec, target, folder, Path.cwd(), env, book, launcher)
     for run in submitted:
         print(f"submitted {run.run} (job {run.job_id} on {run.where}); ledger: {book}")
     if not (wait or follow):
@@ -120,8 +142,8 @@ def _until_done(book: Path, submitted: list, follow: bool, metrics: list[str], o
                 print(f"verlc: --on-end exited with code {code} for {run.run}", file=sys.stderr)
 
     chosen = [ledger.fold(book)[r.run] for r in submitted]
-    finals = runs.follow(book, chosen, metrics, sys.stdout if follow else io.StringIO(), tty=sys.stdout.isatty(),
-                         ended=ended)
+    finals = runs.follow(book, chosen, metrics, sys.stdout if follow else io.StringIO(), launcher,
+                         tty=sys.stdout.isatty(), ended=ended)
     return [finals[r.run] for r in submitted]
 
 
@@ -132,7 +154,7 @@ def status(key: str | None) -> int:
     book, known = _book()
     chosen = [ledger.find(known, key)] if key else [r for r in known.values() if not r.final]
     for run in chosen:
-        seen = runs.observe(book, run)
+        seen = runs.observe(book, run, launcher)
         print(f"{run.run}: {seen.state.lower()}" + (f", {seen.restarts} restart(s)" if seen.restarts else "")
               + (f", exit code {seen.exit_code}" if seen.exit_code is not None else "")
               + f" (job {run.job_id} on {run.where}, from {seen.source})")
@@ -151,9 +173,9 @@ def logs(key: str, follow: bool, stage: str | None, metrics: list[str], ray: boo
         sys.stdout.write(runs.ray_logs(run, node))
         return 0
     if follow:
-        runs.follow(book, [run], metrics, sys.stdout, tty=sys.stdout.isatty())
+        runs.follow(book, [run], metrics, sys.stdout, launcher, tty=sys.stdout.isatty())
         return 0
-    text = runs.log_text(run)
+    text = runs.log_text(run, launcher)
     if stage:
         text = "".join(progress.stage_lines(text.splitlines(True), stage))
     sys.stdout.write(text if sys.stdout.isatty() else progress.plain(text))  # colours only where they show
@@ -168,7 +190,7 @@ def cancel(key: str) -> int:
     named = ledger.matching(known, key)  # a sweep's prefix or its array job id: each of its variants
     going = [r for r in named if not r.final] if len(named) > 1 else named  # one run: cancelled even if ended
     for run in going:  # (Compose's `down` of an ended run removes its containers)
-        seen = runs.cancel(book, run)
+        seen = runs.cancel(book, run, launcher)
         print(f"{run.run}: cancel sent; now {seen.state.lower()}")
     if not going:
         print(f"verlc: the {len(named)} runs '{key}' names have ended: {', '.join(r.run for r in named)}")
@@ -180,7 +202,6 @@ def attach(key: str, cmd: list[str]) -> int:
     import subprocess
 
     from ..lifecycle import ledger
-    from ..targets import launcher
 
     _, known = _book()
     run = ledger.find(known, key)
@@ -203,7 +224,7 @@ def table(keys: list[str], results: bool, metrics: list[str], fmt: str) -> int:
     book, known = _book()
     chosen = _chosen(known, keys)
     if results:
-        sys.stdout.write(runs.results(book, chosen, metrics, fmt))
+        sys.stdout.write(runs.results(book, chosen, metrics, fmt, launcher))
     elif metrics:
         print("verlc: --metric goes with --results", file=sys.stderr)
         return EXIT_SPEC
@@ -218,6 +239,6 @@ def plot(keys: list[str], metric: str, output: Path | None) -> int:
 
     book, known = _book()
     output = output or Path(metric.replace("/", "_") + ".png")
-    lines = runs.plot(book, _chosen(known, keys), metric, output)
+    lines = runs.plot(book, _chosen(known, keys), metric, output, launcher)
     print(f"wrote {output}: {metric} of {', '.join(lines)}")
     return 0

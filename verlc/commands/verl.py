@@ -17,6 +17,7 @@ EXIT_FAILED = 1  # migrate: decisions are left; stage-in: a step failed
 def explain(key: str, version: str | None, spec: Path | None, profile: str | None = None) -> int:
     from ..compiler.diagnostics import SpecError
     from ..compiler.explain import explain
+    from ..targets import CATALOG
 
     if spec is not None and version is not None:
         print("verlc: give SPEC or --verl-version, not both: a spec names its release", file=sys.stderr)
@@ -25,7 +26,7 @@ def explain(key: str, version: str | None, spec: Path | None, profile: str | Non
         print("verlc: --profile composes a site profile under SPEC; give SPEC", file=sys.stderr)
         return EXIT_SPEC
     try:
-        sys.stdout.write(explain(key, version, spec, profile))
+        sys.stdout.write(explain(key, CATALOG, version, spec, profile))
     except SpecError as exc:
         for d in exc.diagnostics:
             print(d if d.file != "<command line>" else f"verlc: {d.message}", file=sys.stderr)
@@ -37,9 +38,10 @@ def migrate(spec: Path, target: str, write: bool, write_bases: bool, markdown: b
     """Exit 0 when the migrated spec validates against `target`, 1 when decisions are left, 2 on bad input."""
     from ..compiler import migrate
     from ..compiler.diagnostics import SpecError
+    from ..targets import CATALOG
 
     try:
-        plan = migrate.plan(spec, target, write_bases=write_bases)
+        plan = migrate.plan(spec, target, CATALOG, write_bases=write_bases)
     except SpecError as exc:
         for d in exc.diagnostics:
             print(d, file=sys.stderr)
@@ -63,6 +65,7 @@ def schema(fmt: str, version: str | None, spec: Path | None = None) -> int:
     commit), or its Markdown reference."""
     from ..compiler import spec_doc
     from ..compiler.verl.release import RELEASES
+    from ..targets import CATALOG
 
     if spec is not None:
         if version is not None or fmt != "json":
@@ -73,7 +76,7 @@ def schema(fmt: str, version: str | None, spec: Path | None = None) -> int:
     if version is not None and version not in RELEASES:
         print(f"verlc: no schema for verl {version}; known: {', '.join(RELEASES)}", file=sys.stderr)
         return EXIT_SPEC
-    sys.stdout.write(spec_doc.json_schema(version) if fmt == "json" else spec_doc.markdown())
+    sys.stdout.write(spec_doc.json_schema(CATALOG, version) if fmt == "json" else spec_doc.markdown(CATALOG))
     return 0
 
 
@@ -83,16 +86,17 @@ def _program_schema(path: Path) -> int:
     from ..compiler.load import load
     from ..compiler.pipeline import program_for, verl_release_for
     from ..compiler.validate import validate
+    from ..targets import CATALOG
 
     try:
         sourced = load(path, str(path))
-        spec = validate(sourced)
+        spec = validate(sourced, CATALOG.spec)
         _, program, _ = program_for(spec, sourced, verl_release_for(spec, sourced, "snapshot", path), path)
     except SpecError as exc:
         for d in exc.diagnostics:
             print(d, file=sys.stderr)
         return EXIT_SPEC
-    sys.stdout.write(spec_doc.json_schema(program=program))
+    sys.stdout.write(spec_doc.json_schema(CATALOG, program=program))
     print(f"verlc: save it beside the spec (e.g. {path.stem}.schema.json) and make the spec's first line "
           f"`# yaml-language-server: $schema={path.stem}.schema.json`", file=sys.stderr)
     return 0
@@ -191,6 +195,7 @@ def read_script(script: Path, args: tuple[str, ...], version: str | None, commit
         running = side.submit(sandbox.run, script, args, Path.cwd(), timeout, {**allocation, **variables},
                               accelerator)
         from ..compiler.pipeline import compile_spec
+        from ..targets import CATALOG
         from ..compiler.verl.release import RELEASES
         try:
             import_module("hydra.core.override_parser.overrides_parser")  # what parse() uses, loaded meanwhile
@@ -235,7 +240,7 @@ def read_script(script: Path, args: tuple[str, ...], version: str | None, commit
 
     display = "<imported spec>"
     try:
-        ir = compile_spec(spec_path, display=display, source=spec_path.name, targets=imported.spec["targets"],
+        ir = compile_spec(spec_path, CATALOG, display=display, source=spec_path.name, targets=imported.spec["targets"],
                           texts={spec_path: imported.text()})
     except SpecError as exc:
         raise ImportFailed([in_script(d.path, d.message) for d in exc.diagnostics]) from None

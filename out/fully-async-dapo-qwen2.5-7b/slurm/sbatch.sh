@@ -558,7 +558,7 @@ VERLC_JOB
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 23ee434ec8ad98befaef88b25489c6961217580adb332ca16392e177541c89fd:
+# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 9dbb6425e0f4badb2f3dbfbc6b833b2e1985d133292e9d1ca6764744c2b27fbf:
 # what every verlc bundle runs on the cluster (the others ship them as verlc_job/protocol.py and
 # verlc_job/__init__.py, after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -671,6 +671,14 @@ def node_message(label: str, device: str, count: float, seen: int, expected: int
 def exit_message(code: int) -> str:
     return f"exit code {code}"
 
+
+# One line of verl's console logger, `step:N - key:value - key:value ...` (behind Ray's `(TaskRunner pid=...)`
+# prefix): the one parser of it (the runtime's stall watchdog, `verlc logs --follow` in lifecycle/progress.py).
+STEP_LINE = re.compile(r"(?:^|[\s)])step:(\d+)((?: - [^\s:]+:\S+)*)\s*$")
+
+
+# ---- the bundle -------------------------------------------------------------------------------------------
+MANIFEST = "manifest.json"  # a bundle's files with their sha256 and modes, its spec and verlc's version
 
 # ---- the run folder --------------------------------------------------------------------------------------
 RUNS = "verlc-runs"  # a Slurm run's folder is <submit dir>/verlc-runs/<run id>/
@@ -790,8 +798,8 @@ Its command line (what bundles call):
 The stages, each a function below: `wait` blocks until the cluster has the expected nodes and GPUs (NPUs on
 Ascend), or fails at a deadline; `materialize` and `prepare` put the model and the data in place; `preflight`
 checks the cluster, package versions and what verl's workers import at start-up on every node, an all-reduce over every GPU, data files, model and
-checkpoint folder, and writes the run record; `train` runs verl's program. The step line of verl's console
-logger is parsed here only (STEP_LINE).
+checkpoint folder, and writes the run record; `train` runs verl's program, watching verl's step lines
+(protocol.STEP_LINE) for a stall.
 """
 
 
@@ -800,16 +808,15 @@ import glob
 import json
 import os
 import platform
-import re
 import signal
 import subprocess
 import sys
 import time
 
 if __package__:  # verlc_job/ (verlc.targets while developing): the protocol is the module beside this one
-    from .protocol import (NODE_LOST, PAUSE_AT, RUNNER_STAGES, STOP_AFTER, TIME_LIMIT_REACHED, TRAIN_STARTS, USAGE,
-                           Job, Variant, event_line, node_message, skipped_message, stage_message, stamp,
-                           stop_after_problem)
+    from .protocol import (NODE_LOST, PAUSE_AT, RUNNER_STAGES, STEP_LINE, STOP_AFTER, TIME_LIMIT_REACHED,
+                           TRAIN_STARTS, USAGE, Job, Variant, event_line, node_message, skipped_message, stage_message,
+                           stamp, stop_after_problem)
 # else: run as `python3 -` by the Slurm script, which feeds protocol.py's text ahead of this file's
 
 VERL_COLUMNS = ("prompt", "data_source", "reward_model")
@@ -1713,9 +1720,6 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
     return 0
 
 
-# One line of verl's console logger, `step:N - key:value - key:value ...` (behind Ray's `(TaskRunner pid=...)`
-# prefix): the one parser of it (the stall watchdog here, and `verlc logs --follow` in lifecycle/progress.py).
-STEP_LINE = re.compile(r"(?:^|[\s)])step:(\d+)((?: - [^\s:]+:\S+)*)\s*$")
 
 
 RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # Ray's: the job-level runtime env its driver's ray.init() merges

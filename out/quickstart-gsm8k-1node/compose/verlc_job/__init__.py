@@ -17,8 +17,8 @@ Its command line (what bundles call):
 The stages, each a function below: `wait` blocks until the cluster has the expected nodes and GPUs (NPUs on
 Ascend), or fails at a deadline; `materialize` and `prepare` put the model and the data in place; `preflight`
 checks the cluster, package versions and what verl's workers import at start-up on every node, an all-reduce over every GPU, data files, model and
-checkpoint folder, and writes the run record; `train` runs verl's program. The step line of verl's console
-logger is parsed here only (STEP_LINE).
+checkpoint folder, and writes the run record; `train` runs verl's program, watching verl's step lines
+(protocol.STEP_LINE) for a stall.
 """
 
 from __future__ import annotations
@@ -28,16 +28,15 @@ import glob
 import json
 import os
 import platform
-import re
 import signal
 import subprocess
 import sys
 import time
 
 if __package__:  # verlc_job/ (verlc.targets while developing): the protocol is the module beside this one
-    from .protocol import (NODE_LOST, PAUSE_AT, RUNNER_STAGES, STOP_AFTER, TIME_LIMIT_REACHED, TRAIN_STARTS, USAGE,
-                           Job, Variant, event_line, node_message, skipped_message, stage_message, stamp,
-                           stop_after_problem)
+    from .protocol import (NODE_LOST, PAUSE_AT, RUNNER_STAGES, STEP_LINE, STOP_AFTER, TIME_LIMIT_REACHED,
+                           TRAIN_STARTS, USAGE, Job, Variant, event_line, node_message, skipped_message, stage_message,
+                           stamp, stop_after_problem)
 # else: run as `python3 -` by the Slurm script, which feeds protocol.py's text ahead of this file's
 
 VERL_COLUMNS = ("prompt", "data_source", "reward_model")
@@ -941,9 +940,6 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
     return 0
 
 
-# One line of verl's console logger, `step:N - key:value - key:value ...` (behind Ray's `(TaskRunner pid=...)`
-# prefix): the one parser of it (the stall watchdog here, and `verlc logs --follow` in lifecycle/progress.py).
-STEP_LINE = re.compile(r"(?:^|[\s)])step:(\d+)((?: - [^\s:]+:\S+)*)\s*$")
 
 
 RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # Ray's: the job-level runtime env its driver's ray.init() merges

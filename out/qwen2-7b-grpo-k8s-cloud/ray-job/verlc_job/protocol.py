@@ -108,6 +108,14 @@ def exit_message(code: int) -> str:
     return f"exit code {code}"
 
 
+# One line of verl's console logger, `step:N - key:value - key:value ...` (behind Ray's `(TaskRunner pid=...)`
+# prefix): the one parser of it (the runtime's stall watchdog, `verlc logs --follow` in lifecycle/progress.py).
+STEP_LINE = re.compile(r"(?:^|[\s)])step:(\d+)((?: - [^\s:]+:\S+)*)\s*$")
+
+
+# ---- the bundle -------------------------------------------------------------------------------------------
+MANIFEST = "manifest.json"  # a bundle's files with their sha256 and modes, its spec and verlc's version
+
 # ---- the run folder --------------------------------------------------------------------------------------
 RUNS = "verlc-runs"  # a Slurm run's folder is <submit dir>/verlc-runs/<run id>/
 RECORD = "run-record.json"  # the preflight's record: inputs, versions, verl config, resources

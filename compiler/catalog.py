@@ -1,0 +1,76 @@
+"""What the compiler knows of the targets: handed to it, never imported.
+
+compiler/ does not import targets/ (tests/test_layering.py checks it). The target registry
+(targets/__init__.py) makes a `Catalog` of its targets, and the composition root (verlc/) hands it to the
+stages that need them: validation (each target's spec section), the checks, lowering (each built target's
+part of the IR), `verlc diff`'s groups and the site profile's keys. A target is described by the `Target`
+protocol below; targets/target.py implements it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from .diagnostics import Diagnostic
+    from .ir import JobIR
+    from .load import Sourced
+    from .spec import Spec
+    from .verl.check import Selection
+
+
+@dataclass(frozen=True)
+class Section:
+    """A target's own settings in a spec: where they go, their model, and the group `verlc diff` shows them in."""
+
+    at: tuple[str, ...]  # ("kubernetes",) at the top level, or ("cluster", "slurm") inside the cluster section
+    group: str  # resources, container, ...
+    model: type[BaseModel]
+    description: str
+
+
+class Target(Protocol):
+    """What the compiler asks of a target (targets/target.py's descriptor)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def section(self) -> Section | None: ...
+    @property
+    def runs_container(self) -> bool: ...
+
+    def check_section(self, spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]: ...
+    def check_build(self, spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]: ...
+    def lower(self, spec: Spec, ir: JobIR) -> Any: ...
+    def node_words(self, spec: Spec) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class Catalog:
+    targets: tuple[Target, ...]
+    spec: type[Spec]  # the Spec with every target's section (spec.with_sections)
+
+    @classmethod
+    def of(cls, targets: Iterable[Target]) -> Catalog:
+        from .spec import with_sections
+
+        targets = tuple(targets)
+        return cls(targets, with_sections(tuple(t.name for t in targets),
+                                          [t.section for t in targets if t.section is not None]))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.targets)
+
+    def get(self, name: str) -> Target:
+        """The target called `name` (one of names)."""
+        return next(t for t in self.targets if t.name == name)
+
+    @property
+    def top_sections(self) -> dict[str, str]:
+        """The targets' own top-level sections of a spec (compose:, kubernetes:, ...) and their diff groups."""
+        return {t.section.at[0]: t.section.group for t in self.targets if t.section and len(t.section.at) == 1}

@@ -1,0 +1,90 @@
+"""The layering docs/architecture.md states, read from the source with `ast`: every import (type-only ones
+too), resolved to the verlc package it names.
+
+    compiler/   imports nothing of targets/, lifecycle/ or the commands (verlc/): it gets the targets as a
+                Catalog (compiler/catalog.py) from the composition root
+    targets/    the compiler, the lifecycle's launcher interface (lifecycle/scheduler.py) and its own folder
+    lifecycle/  the compiler and, of targets/, the protocol only (targets/protocol.py); launchers are handed in
+    verlc/      the composition root: everything
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+FOLDERS = {"compiler": "verlc.compiler", "targets": "verlc.targets", "lifecycle": "verlc.lifecycle", "verlc": "verlc"}
+
+
+def module_of(path: Path) -> str:
+    folder, *rest = path.relative_to(REPO).with_suffix("").parts
+    parts = [FOLDERS[folder], *rest]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """The verlc modules `path` imports, absolute (`from ..targets import X` in compiler/ is verlc.targets.X)."""
+    package = module_of(path) if path.name == "__init__.py" else module_of(path).rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "verlc")
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            if module.split(".")[0] == "verlc":
+                found.update(f"{module}.{a.name}" for a in node.names)
+    return found
+
+
+def sources(folder: str) -> list[Path]:
+    return sorted(p for p in (REPO / folder).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def layer(module: str) -> str:
+    """verlc.compiler.x -> compiler; verlc.targets.protocol -> protocol (a layer of its own); verlc.cli -> verlc."""
+    parts = module.split(".")
+    if parts[1:3] == ["targets", "protocol"]:
+        return "protocol"
+    if parts[1:3] == ["lifecycle", "scheduler"]:
+        return "launcher interface"
+    return parts[1] if len(parts) > 1 and parts[1] in ("compiler", "targets", "lifecycle") else "verlc"
+
+
+ALLOWED = {
+    "compiler": {"compiler"},
+    "targets": {"compiler", "targets", "protocol", "launcher interface"},
+    "lifecycle": {"compiler", "lifecycle", "protocol", "launcher interface"},
+}
+
+
+@pytest.mark.parametrize("folder", sorted(ALLOWED))
+def test_imports_follow_the_layers(folder: str) -> None:
+    assert sources(folder), f"no sources under {folder}/"
+    wrong = [f"{p.relative_to(REPO)} imports {m}" for p in sources(folder) for m in sorted(imports(p))
+             if layer(m) not in ALLOWED[folder] and m != "verlc.__version__"]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_reader_sees_relative_imports_as_they_resolve(tmp_path: Path) -> None:
+    """The check's own reading: a relative import two levels up from a target's folder is the compiler."""
+    seen = imports(REPO / "targets" / "slurm" / "lower.py")
+    assert "verlc.compiler.ir.JobIR" in seen and all(m.startswith("verlc.") for m in seen)
+    assert layer("verlc.targets.slurm.view") == "targets" and layer("verlc.targets.protocol.Job") == "protocol"
+
+
+def test_no_target_is_named_outside_its_folder_in_the_compiler() -> None:
+    """A target is one folder: the compiler does not branch on a target's name (the registry's Catalog
+    tells it what it needs: sections, checks, lowering)."""
+    names = ("slurm", "ray-job", "ray_job", "compose", "kuberay", "skypilot")
+    found = []
+    for path in sources("compiler"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Compare) and any(isinstance(c, ast.Constant) and c.value in names
+                                                     for c in [*node.comparators, node.left]):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not found, found
