@@ -64,7 +64,7 @@ def check(spec: Spec, sourced: Sourced, release: Release, targets: Iterable[str]
 
 
 def _check_verl(spec: Spec, sourced: Sourced, chosen: Selection, unchecked: tuple[str, ...]) -> Iterator[Diagnostic]:
-    found = derived(spec)
+    found = derived(spec, chosen.tree)
     return check_verl(spec.verl, {d.key: d.value for d in found}, sourced, chosen,
                       {d.key: d.source for d in found}, critic_in_use(spec.verl, chosen.tree), unchecked)
 
@@ -101,7 +101,7 @@ def _verl_section(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iter
     yield from _unspellable(leaves, sourced)
     given = {s.key: s for s in leaves}
     yield from _rollout_pool(spec, sourced, chosen)
-    for d in derived(spec):
+    for d in derived(spec, chosen.tree):
         s = given.get(d.key)
         if s is not None and s.value != d.value:
             yield sourced.diagnostic(
@@ -321,7 +321,7 @@ def _sweep(spec: Spec, sourced: Sourced, chosen: Selection, max_variants: int,
     if count > max_variants:
         yield sourced.diagnostic(("sweep", "matrix"), f"{count} variants; more than --max-variants {max_variants}")
         return
-    fixed = {d.key for d in derived(spec)} | {"trainer.experiment_name"}
+    fixed = {d.key for d in derived(spec, chosen.tree)} | {"trainer.experiment_name"}
     given = {s.key for s in settings(spec.verl, chosen.walker)}
     bad = False
     for key in matrix:
