@@ -18,6 +18,7 @@ from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, imag
 from .verl import determinism, preprocess
 from .verl.check import NOTE, Selection, Setting, check_groups, check_verl, select, settings, without_prefixes
 from .verl.hydra import hydra_value, shown
+from .verl.program import MAIN_PPO
 from .verl.release import Release
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ def check(spec: Spec, sourced: Sourced, release: Release, catalog: Catalog, targ
         *(_container_paths(spec, sourced) if any(catalog.get(t).runs_container
                                                  for t in targets or spec.targets or catalog.names) else ()),
         *(p for t in dict.fromkeys(targets) for p in catalog.get(t).check_build(spec, sourced, chosen)),
+        *(_unbuilt_program(spec, sourced, release) if targets else ()),
     ]
     notes += [p for p in problems if p.message.startswith(NOTE)]
     problems = [p for p in problems if not p.message.startswith(NOTE)]
@@ -66,8 +68,19 @@ def check(spec: Spec, sourced: Sourced, release: Release, catalog: Catalog, targ
     return tuple(sorted(set(notes)))
 
 
+def _unbuilt_program(spec: Spec, sourced: Sourced, release: Release) -> Iterator[Diagnostic]:
+    """verl's programs other than main_ppo (SFT, evaluation, generation) are checked against their own configs
+    but not built: their launch (torchrun for SFT) and their inputs are not the Ray driver job verlc builds."""
+    if release.programs.get(spec.program) in release.program_configs:  # a config other than main_ppo's
+        yield sourced.diagnostic(("program",), f"{spec.program} is one of verl's own programs (config "
+                                               f"{release.programs[spec.program]}); verlc checks its `verl:` "
+                                               f"settings against that config (`verlc validate SPEC` without "
+                                               f"--target) but does not build a bundle for it yet: it builds Ray "
+                                               f"driver programs such as {MAIN_PPO} and recipes' own")
+
+
 def _check_verl(spec: Spec, sourced: Sourced, chosen: Selection, unchecked: tuple[str, ...]) -> Iterator[Diagnostic]:
-    found = derived(spec)
+    found = derived(spec, chosen.tree)
     return check_verl(spec.verl, {d.key: d.value for d in found}, sourced, chosen,
                       {d.key: d.source for d in found}, critic_in_use(spec.verl, chosen.tree), unchecked)
 
@@ -104,7 +117,7 @@ def _verl_section(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iter
     yield from _unspellable(leaves, sourced)
     given = {s.key: s for s in leaves}
     yield from _rollout_pool(spec, sourced, chosen)
-    for d in derived(spec):
+    for d in derived(spec, chosen.tree):
         s = given.get(d.key)
         if s is not None and s.value != d.value:
             yield sourced.diagnostic(
@@ -324,7 +337,7 @@ def _sweep(spec: Spec, sourced: Sourced, chosen: Selection, max_variants: int,
     if count > max_variants:
         yield sourced.diagnostic(("sweep", "matrix"), f"{count} variants; more than --max-variants {max_variants}")
         return
-    fixed = {d.key for d in derived(spec)} | {"trainer.experiment_name"}
+    fixed = {d.key for d in derived(spec, chosen.tree)} | {"trainer.experiment_name"}
     given = {s.key for s in settings(spec.verl, chosen.walker)}
     bad = False
     for key in matrix:

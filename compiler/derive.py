@@ -54,9 +54,25 @@ def rollout_pool(verl: dict[str, Any]) -> tuple[Any, Any] | None:
     return None
 
 
-def derived(spec: Spec) -> tuple[Derived, ...]:
-    """Every verl key verlc sets itself; setting one to another value under `verl:` is an error. With a
-    rollout pool of its own (rollout_pool), the trainer gets the rest of each node's GPUs."""
+# Where verl's programs take the model from, in their own configs: PPO's actor (and critic), the SFT engine's
+# and generation's model.path, fsdp_sft_trainer's model.partial_pretrain (verl 0.3-0.7.0).
+MODEL_KEYS = ("actor_rollout_ref.model.path", "model.path", "model.partial_pretrain")
+
+
+def has_key(tree: dict[str, Any], key: str) -> bool:
+    """Whether the composed config `tree` has the dotted `key`."""
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def derived(spec: Spec, tree: dict[str, Any]) -> tuple[Derived, ...]:
+    """Every verl key verlc sets itself that the program's composed config (`tree`) has; setting one to another
+    value under `verl:` is an error. With a rollout pool of its own (rollout_pool), the trainer gets the rest of
+    each node's GPUs."""
     pool = rollout_pool(spec.verl)
     rollout_gpus = pool[1] if pool and isinstance(pool[1], int) and not isinstance(pool[1], bool) else 0
     items = [
@@ -66,13 +82,15 @@ def derived(spec: Spec) -> tuple[Derived, ...]:
         Derived("trainer.project_name", spec.project, "project"),
         Derived("trainer.experiment_name", spec.experiment or spec.name,
                 "experiment" if spec.experiment else "name"),
-        Derived("actor_rollout_ref.model.path", spec.model_path, "model"),
+        *(Derived(k, spec.model_path, "model") for k in MODEL_KEYS[:1] if has_key(tree, k)),
         Derived("data.train_files", list(spec.data.train_files), "data.train_files"),
         Derived("data.val_files", list(spec.data.val_files), "data.val_files"),
     ]
+    if not has_key(tree, MODEL_KEYS[0]):  # not PPO's: the first place the program's config has
+        items += [Derived(k, spec.model_path, "model") for k in MODEL_KEYS[1:] if has_key(tree, k)][:1]
     if critic_in_use(spec.verl):
         items.append(Derived("critic.model.path", spec.model_path, "model"))
-    return tuple(items)
+    return tuple(d for d in items if has_key(tree, d.key))
 
 
 def own_checkpoint_dir(spec: Spec) -> str | None:
@@ -98,10 +116,12 @@ def strings_in(value: Any) -> list[str]:
     return []
 
 
-def resume_defaults(spec: Spec) -> dict[str, Any]:
+def resume_defaults(spec: Spec, tree: dict[str, Any]) -> dict[str, Any]:
     """Written out unless the spec sets them, so that a requeued or re-run job finds its checkpoints
-    where the first run put them (verl's own default interpolates names that could change)."""
-    return {"trainer.default_local_dir": checkpoint_dir(spec), "trainer.resume_mode": "auto"}
+    where the first run put them (verl's own default interpolates names that could change); those of the
+    two keys the program's config (`tree`) has."""
+    return {k: v for k, v in (("trainer.default_local_dir", checkpoint_dir(spec)), ("trainer.resume_mode", "auto"))
+            if has_key(tree, k)}
 
 
 def derived_environment(spec: Spec) -> tuple[EnvVar, ...]:

@@ -162,7 +162,7 @@ def _origin(key: str, spec: Spec, sourced: Sourced, release: Release) -> Origin:
         where = _where(sourced, ("sweep", "matrix", f"verl.{key}"))
         each = " | ".join(f"{key}={hydra_value(verl_value(v))}" for v in swept)
         return Origin(list(swept), "sweep", where, f"{each} (one variant each)")
-    for d in derived(spec):
+    for d in derived(spec, chosen.tree):
         if d.key == key:
             return Origin(d.value, "derived", f"{d.source} ({_where(sourced, tuple(d.source.split('.')))})", override)
     for s in settings(spec.verl, chosen.walker):
@@ -170,7 +170,7 @@ def _origin(key: str, spec: Spec, sourced: Sourced, release: Release) -> Origin:
             where = _where(sourced, s.loc)
             source = "spec" if where.rsplit(":", 2)[0] == sourced.file else "base"
             return Origin(s.value, source, where, override)
-    if key in passed and (key in resume_defaults(spec) or passed[key].origin == "reproducible"
+    if key in passed and (key in resume_defaults(spec, chosen.tree) or passed[key].origin == "reproducible"
                           or passed[key].origin.startswith("verlc")):
         return Origin(passed[key].value, "verlc", passed[key].origin, override)
     place = chosen.walker.place(key.split("."))

@@ -33,11 +33,11 @@ def overrides(spec: Spec, chosen: Selection) -> tuple[Override, ...]:
     if "model_engine" in spec.verl:
         groups["model_engine"] = Override("model_engine", hydra_value(spec.verl["model_engine"]), "verl.model_engine")
     head += [groups[k] for k in sorted(groups)]
-    out = {d.key: Override(d.key, hydra_value(verl_value(d.value)), d.source) for d in derived(spec)}
+    out = {d.key: Override(d.key, hydra_value(verl_value(d.value)), d.source) for d in derived(spec, chosen.tree)}
     for s in settings(spec.verl, chosen.walker):
         out.setdefault(s.key, Override(s.key, hydra_value(verl_value(without_prefixes(s.value))),
                                        ".".join(map(str, s.loc)), s.prefix))
-    for key, value in resume_defaults(spec).items():
+    for key, value in resume_defaults(spec, chosen.tree).items():
         out.setdefault(key, Override(key, hydra_value(verl_value(value)),
                                      "verlc: a requeued job resumes from its checkpoints"))
     for key, value in determinism_defaults(spec, chosen).items():
@@ -61,6 +61,6 @@ def determinism_defaults(spec: Spec, chosen: Selection) -> dict[str, Any]:
 
 def verl_values(spec: Spec, chosen: Selection) -> dict[str, Any]:
     """Every verl key the spec sets, derived ones included, as dotted key -> value."""
-    values = {**resume_defaults(spec), **{s.key: without_prefixes(s.value) for s in settings(spec.verl, chosen.walker)}}
-    values.update({d.key: d.value for d in derived(spec)})
+    values = {**resume_defaults(spec, chosen.tree), **{s.key: without_prefixes(s.value) for s in settings(spec.verl, chosen.walker)}}
+    values.update({d.key: d.value for d in derived(spec, chosen.tree)})
     return values

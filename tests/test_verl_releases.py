@@ -422,3 +422,65 @@ def test_a_plus_on_a_key_of_the_composed_yaml_is_judged_as_hydra_judges_it(
         assert bool(problems) == bool(verl_says), (case["kind"], problems, verl_says)
         verdicts.append(bool(verl_says))
     assert verdicts == [True, False, False]  # verl refuses '+' here, and takes '++' and no prefix
+
+
+# --- verl's SFT programs: their own configs (#43) -------------------------------------------------------
+
+SFT_PROGRAMS = [(v, m) for v in RELEASES for m in ("verl.trainer.fsdp_sft_trainer", "verl.trainer.sft_trainer")
+                if m in snapshot(v).programs]
+SFT_CASES = 24  # real keys of the program's config at their own values, and as many misspelled
+
+
+def sft_corpus(version: str, module: str, tmp: Path) -> list[dict[str, Any]]:
+    """Leaves of the program's own config (verlc's copy), each set to its default value (verl accepts) and
+    misspelled (Hydra refuses: the config is struct); leaves verlc sets itself (the model, data files, run
+    names, resume settings) are left out: setting them under `verl:` is refused by design."""
+    release = snapshot(version)
+    name = release.programs[module]
+    engine, trees = release.program_configs[name]
+    spec = tmp / "base.yaml"
+    spec.write_text(json.dumps(sft_spec(version, module, {})))
+    own = {o.key for o in compile_spec(spec, CATALOG, display="base.yaml", source="base.yaml").overrides}
+    simple = [(k, v) for k, v in leaves(trees[engine]) if k not in own and v is not None and v != MISSING
+              and isinstance(v, (bool, int, float, str)) and not (isinstance(v, str) and "${" in v)]
+    chosen = random.Random(f"{version} {module}").sample(simple, min(SFT_CASES, len(simple)))
+    cases = []
+    for key, value in chosen:
+        wrong = key.rsplit(".", 1)
+        wrong[-1] += "x"
+        for flat in ({key: value}, {".".join(wrong): value}):
+            cases.append({"config": name, "engine": engine, "flat": flat})
+    return cases
+
+
+def sft_spec(version: str, module: str, flat: dict[str, Any]) -> dict[str, Any]:
+    return {"name": "sft", "project": "p", "model": "m", "verl_version": version, "program": module,
+            "verl": nest(flat, {}), "data": {"train_files": ["t.parquet"], "val_files": ["v.parquet"]},
+            "cluster": {"nodes": 1, "gpus_per_node": 8}}
+
+
+@pytest.mark.parametrize(("version", "module"), SFT_PROGRAMS)
+def test_verlc_and_verl_agree_on_each_sft_programs_keys(tmp_path: Path, version: str, module: str) -> None:
+    """An SFT spec's `verl:` is judged against the program's own config of that release, as verl judges it:
+    Hydra applying the user's overrides on that config (the oracle, one process per release)."""
+    cases = sft_corpus(version, module, tmp_path)
+    assert len(cases) >= 10, f"too few SFT keys read from verl {version}'s {module} config"
+    problems = []
+    for case in cases:
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(json.dumps(sft_spec(version, module, case["flat"])))
+        try:
+            compile_spec(spec, CATALOG, display="spec.yaml", source="spec.yaml")
+            problems.append([])
+        except SpecError as exc:
+            problems.append([f"{d.path}: {d.message}" for d in exc.diagnostics])
+        (key, value), = case["flat"].items()
+        case.update(overrides=[f"{key}={hydra_value(verl_value(value))}"], keys=[key], values={key: value}, verlc=None)
+    verdicts = oracle(version, [{k: c[k] for k in ("config", "engine", "overrides", "keys", "values", "verlc")}
+                                for c in cases])
+    disagreements = [f"{c['flat']}\n  verlc: {p or 'accepts'}\n  verl:  {v or 'accepts'}"
+                     for c, p, v in zip(cases, problems, verdicts) if bool(p) != bool(v)
+                     or (p and not any(f"verl.{next(iter(c['flat']))}" in line for line in p))]
+    print(f"verl {version} {module}: {len(cases)} cases, {sum(bool(v) for v in verdicts)} rejected by verl")
+    assert sum(bool(v) for v in verdicts) == len(cases) // 2, "every misspelled key, and only those, is refused"
+    assert not disagreements, f"{len(disagreements)} of {len(cases)} cases:\n" + "\n".join(disagreements[:25])

@@ -47,17 +47,43 @@ def extract(package: Path, *, lazy: bool = False, all_classes: bool = False) -> 
     targets = {t: q for t in written if (q := source.target(t)) in classes}
     used = {q: info for q, info in sorted(classes.items())
             if all_classes or _used(q, set(targets.values()), classes)}
+    programs = verl_programs(package)
+    program_configs = {name: _compose_variants(config_dir, name, lazy) for name in sorted(set(programs.values()))
+                       if name not in configs}
     return {
         "configs": configs,
+        "programs": programs,
+        "program_configs": program_configs,
         "groups": _groups(config_dir),
         "targets": targets,
         "classes": {q: {k: v for k, v in info.items() if k != "docs"} for q, info in used.items()},
         "allowed": _allowed(package, classes),
         "worker_allowed": _worker_allowed(package, _allowed(package, classes)),
         "startup": workers.read(package),
-        "docs": {"keys": {} if lazy else yaml_docs(config_dir, {n: c["engines"] for n, c in configs.items()}),
+        "docs": {"keys": {} if lazy else yaml_docs(config_dir, {n: c["engines"]
+                                                             for n, c in {**configs, **program_configs}.items()}),
                  "fields": {q: info["docs"] for q, info in used.items() if info["docs"]}},
     }
+
+
+# --- verl's own programs ---------------------------------------------------------------------
+
+def verl_programs(package: Path) -> dict[str, str]:
+    """verl's own Hydra programs whose config is one of its trainer configs: module -> the config_name of
+    its @hydra.main (verl.trainer.fsdp_sft_trainer -> sft_trainer, verl.trainer.main_eval -> evaluation)."""
+    from .program import ProgramError, hydra_main, parsed
+
+    config_dir = (package / "trainer" / "config").resolve()
+    found = {}
+    for file in sorted((package / "trainer").glob("*.py")):
+        try:
+            tree = parsed(file)
+            path, name = hydra_main(file, tree)
+        except ProgramError:
+            continue
+        if name and (file.parent / (path or ".")).resolve() == config_dir and (config_dir / f"{name}.yaml").is_file():
+            found[f"verl.trainer.{file.stem}"] = name
+    return found
 
 
 # --- Hydra ------------------------------------------------------------------------------------

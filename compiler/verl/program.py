@@ -99,6 +99,11 @@ def resolve(module: str, config_name: str | None, release: Release, *, code: Pat
         if extra is None or name in release.configs:  # Hydra looks in the program's own folder first
             return Program(module, None, None, name, release)
         return _compose_program(module, None, extra, name, release, code, [], validated=True, verl_main=True)
+    if module in release.programs and verl_source is None and config_name in (None, release.programs[module]):
+        # one of verl's own programs (SFT, evaluation, generation): its config as the release composes it
+        name = release.programs[module]
+        own = {name: release.program_configs[name]} if name in release.program_configs else {name: release.configs[name]}
+        return Program(module, None, None, name, replace(release, configs=own, primary=name, validated=False))
     roots = [r for r in (code,) if r is not None]
     if module.split(".")[0] == "verl" and verl_source is not None:
         roots.append(verl_source)

@@ -59,6 +59,8 @@ class Release:
     unchecked: tuple[str, ...] = ()  # packages whose keys only Hydra can judge (a program's group choices)
     startup: Mapping[str, Any] = field(default_factory=dict)  # what its workers need at start-up (workers.py)
     validated: bool = True  # the program runs verl's validate_config (main_ppo does): its consistency rules apply
+    programs: Mapping[str, str] = field(default_factory=dict)  # verl's own Hydra programs -> their config
+    program_configs: Mapping[str, tuple[str, Mapping[str, Any]]] = field(default_factory=dict)  # not main_ppo's
 
     @property
     def label(self) -> str:
@@ -127,6 +129,8 @@ def from_data(version: str, data: dict[str, Any], source: str, commit: str | Non
         worker_allowed={k: tuple(v) for k, v in data.get("worker_allowed", {}).items()},
         groups={k: tuple(v) for k, v in data.get("groups", {}).items()},
         startup=data.get("startup", {}),
+        programs=data.get("programs", {}),
+        program_configs={name: (c["default_engine"], c["engines"]) for name, c in data.get("program_configs", {}).items()},
     )
 
 
@@ -164,10 +168,13 @@ def pack(version: str, data: dict[str, Any]) -> bytes:
             return [intern(v) for v in tree]
         return tree
 
-    configs = {name: {"default_engine": c["default_engine"],
-                      "engines": {e: intern(t) for e, t in c["engines"].items()}}
-               for name, c in data["configs"].items()}
-    doc = {"verl_version": version, "configs": configs, "nodes": nodes, "groups": data["groups"],
+    def interned(configs: dict[str, Any]) -> dict[str, Any]:
+        return {name: {"default_engine": c["default_engine"], "engines": {e: intern(t) for e, t in c["engines"].items()}}
+                for name, c in configs.items()}
+
+    configs = interned(data["configs"])
+    doc = {"verl_version": version, "configs": configs, "programs": data["programs"],
+           "program_configs": interned(data["program_configs"]), "nodes": nodes, "groups": data["groups"],
            "targets": data["targets"], "classes": data["classes"], "allowed": data["allowed"],
            "worker_allowed": data["worker_allowed"], "startup": data["startup"]}
     return _gzip(json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode())
@@ -185,10 +192,14 @@ def unpack(doc: dict[str, Any]) -> dict[str, Any]:
             return [build(v) for v in value]
         return value
 
+    def built(configs: dict[str, Any]) -> dict[str, Any]:
+        return {name: {"default_engine": c["default_engine"], "engines": {e: build(t) for e, t in c["engines"].items()}}
+                for name, c in configs.items()}
+
     return {
-        "configs": {name: {"default_engine": c["default_engine"],
-                           "engines": {e: build(t) for e, t in c["engines"].items()}}
-                    for name, c in doc["configs"].items()},
+        "configs": built(doc["configs"]),
+        "programs": doc.get("programs", {}),
+        "program_configs": built(doc.get("program_configs", {})),
         "groups": doc["groups"], "targets": doc["targets"], "classes": doc["classes"], "allowed": doc["allowed"],
         "worker_allowed": doc.get("worker_allowed", {}),
         "startup": doc.get("startup", {}),
