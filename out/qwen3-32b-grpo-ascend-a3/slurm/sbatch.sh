@@ -99,7 +99,7 @@ fan_out() {
 }
 
 # Run by fan_out on each node (SLURMD_NODENAME and SLURM_PROCID are Slurm's, per task) -------------
-readonly node_functions=(log in_container node_address run_container container_ready await_ray_logs drop_step_lock remove_container ray_node)
+readonly node_functions=(log in_container node_address run_container container_ready await_ray_logs drop_step_lock remove_container remove_leftovers ray_node)
 
 # node_address: this node's name, the IPv4 address Ray uses on it, and that address's interface (where
 # gloo, and NCCL unless told, open their sockets).
@@ -216,6 +216,13 @@ remove_container() {
     || { log "could not remove container $container on $SLURMD_NODENAME"; exit 1; }
 }
 
+# remove_leftovers: what the job's steps may have left on this node once they ended: its container, and the
+# step lock's file (which drop_step_lock leaves while the engine's run command outlives its wait)
+remove_leftovers() {
+  remove_container
+  rm -f /tmp/verlc-step-"${SLURM_JOB_ID}"-"${SLURMD_NODENAME}".lock
+}
+
 # ray_node FIRST: this node's Ray until the cleanup stops it: the head where the node's place in the job
 # (FIRST + SLURM_PROCID) is 0, a worker elsewhere. A Ray that stops on its own exits non-zero, so that its
 # step ends at once (the log names the node); one stopped by a signal (cleanup, scancel) exits 0. However
@@ -321,7 +328,7 @@ cleanup() {
   # Each container's own step removed it on TERM, once its Ray had kept its logs; remove what is left
   # (this needs a new job step, which Slurm refuses after scancel: there the containers' steps did it).
   if ((${#nodes[@]})); then
-    fan_out host remove_container "${nodes[@]}"
+    fan_out host remove_leftovers "${nodes[@]}"
     timeout 120 "${step[@]}" \
       || log "no step could look for leftover containers (after scancel, each container's own step removed it)"
   fi
