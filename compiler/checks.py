@@ -18,7 +18,7 @@ from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, imag
 from .verl import determinism, preprocess
 from .verl.check import NOTE, Selection, Setting, check_groups, check_verl, select, settings, without_prefixes
 from .verl.hydra import hydra_value, shown
-from .verl.program import MAIN_PPO
+from .verl.program import TORCHRUN, own_config
 from .verl.release import Release
 
 if TYPE_CHECKING:
@@ -69,14 +69,21 @@ def check(spec: Spec, sourced: Sourced, release: Release, catalog: Catalog, targ
 
 
 def _unbuilt_program(spec: Spec, sourced: Sourced, release: Release) -> Iterator[Diagnostic]:
-    """verl's programs other than main_ppo (SFT, evaluation, generation) are checked against their own configs
-    but not built: their launch (torchrun for SFT) and their inputs are not the Ray driver job verlc builds."""
-    if release.programs.get(spec.program) in release.program_configs:  # a config other than main_ppo's
-        yield sourced.diagnostic(("program",), f"{spec.program} is one of verl's own programs (config "
-                                               f"{release.programs[spec.program]}); verlc checks its `verl:` "
-                                               f"settings against that config (`verlc validate SPEC` without "
-                                               f"--target) but does not build a bundle for it yet: it builds Ray "
-                                               f"driver programs such as {MAIN_PPO} and recipes' own")
+    """verl's programs other than main_ppo (SFT, evaluation, generation) are checked against their own configs;
+    the SFT programs build on one node (torchrun --standalone), the others not yet: their inputs are not the
+    Ray driver job verlc builds."""
+    config = own_config(spec.program, release)
+    if config is None:
+        return
+    if spec.program not in TORCHRUN:
+        yield sourced.diagnostic(("program",), f"{spec.program} is one of verl's own programs (config {config}); "
+                                               f"verlc checks its `verl:` settings against that config (`verlc "
+                                               f"validate SPEC` without --target) but does not build a bundle for "
+                                               f"it yet")
+    elif spec.cluster.nodes > 1:
+        yield sourced.diagnostic(("cluster", "nodes"), f"{spec.program} runs under torchrun, one process per GPU; "
+                                                       f"verlc builds it on one node (torchrun --standalone) so "
+                                                       f"far, not on {spec.cluster.nodes}")
 
 
 def _check_verl(spec: Spec, sourced: Sourced, chosen: Selection, unchecked: tuple[str, ...]) -> Iterator[Diagnostic]:

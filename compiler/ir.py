@@ -220,6 +220,8 @@ class JobIR:
     expiry_variable: str | None  # where verl's trainer reads a deadline to save a checkpoint before (0.5.0 on)
     image: Word  # the image a run record names ("none" without a container)
     trainer_module: str
+    launch: tuple[str, ...]  # what starts the program: python3 -m (a Ray driver), or torchrun ... -m
+    data_columns: tuple[str, ...]  # the columns the program reads of every data file (the preflight checks)
     config_name: str  # verl's Hydra config (`--config-name`, the first override when not ppo_trainer)
     overrides: tuple[Override, ...]
     gpu_type: str | None
@@ -255,7 +257,7 @@ class JobIR:
             return self.trainer_argv
         varied = set(self.varied_keys)
         merged = [*(o for o in self.overrides if o.key not in varied), *self.variant_overrides(variant)]
-        return ("python3", "-m", self.trainer_module, *(o.arg for o in merged))
+        return (*self.program_argv, *(o.arg for o in merged))
 
     @property
     def device(self) -> str:
@@ -274,5 +276,10 @@ class JobIR:
         return self.nodes * self.gpus_per_node
 
     @property
+    def program_argv(self) -> tuple[str, ...]:
+        """The program's argv without its overrides."""
+        return (*self.launch, self.trainer_module)
+
+    @property
     def trainer_argv(self) -> tuple[str, ...]:
-        return ("python3", "-m", self.trainer_module, *(o.arg for o in self.overrides))
+        return (*self.program_argv, *(o.arg for o in self.overrides))

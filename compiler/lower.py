@@ -17,9 +17,13 @@ from .verl import preprocess
 from .verl.check import Selection, select, settings
 from .verl.hydra import verl_value
 from .verl.release import Release
+from .verl.program import TORCHRUN, own_config
 from .verl.rules import Config, absolute
 from .verl.workers import Need, known, needs
 
+# The columns main_ppo's data set reads of every row (verl's RLHFDataset and reward): the preflight checks each
+# data file has them. verl's own other programs read columns their configs name: not checked.
+PPO_COLUMNS = ("prompt", "data_source", "reward_model")
 # The distribution each of verl's rollout engines (rollout.name) comes in; "hf" is transformers, which verl needs.
 ROLLOUT_PACKAGES = {"vllm": "vllm", "sglang": "sglang", "sglang_async": "sglang", "trtllm": "tensorrt_llm"}
 
@@ -68,10 +72,12 @@ def lower(spec: Spec, release: Release, catalog: Catalog, *, spec_file: str, spe
         node_env=node_env(spec, chosen, catalog),
         pins=tuple(sorted({"verl": spec.verl_version, **spec.pins}.items())),
         rollout_package=ROLLOUT_PACKAGES.get(str(config.get("actor_rollout_ref.rollout.name"))),
-        startup=startup_needs(spec, release, config),
+        startup=startup_needs(spec, release, config) if own_config(spec.program, release) is None else None,
         expiry_variable=(release.startup.get("expiry_save") or {}).get("variable"),
         image=parse_word(getattr(spec.container, "image", None) or "none"),
         trainer_module=spec.program,
+        launch=launch(spec),
+        data_columns=() if own_config(spec.program, release) else PPO_COLUMNS,
         config_name=chosen.config,
         overrides=overrides(spec, chosen),
         gpu_type=spec.cluster.gpu_type,
@@ -84,6 +90,14 @@ def lower(spec: Spec, release: Release, catalog: Catalog, *, spec_file: str, spe
         notes=notes,
     )
     return replace(ir, parts=tuple((name, catalog.get(name).lower(spec, ir)) for name in built))
+
+
+def launch(spec: Spec) -> tuple[str, ...]:
+    """What starts the program: python3 -m for a Ray driver; torchrun, one process per GPU of the one node,
+    for verl's programs that set up torch.distributed themselves (the checks refuse more than one node)."""
+    if spec.program in TORCHRUN:
+        return ("torchrun", "--standalone", "--nnodes=1", f"--nproc_per_node={spec.cluster.gpus_per_node}", "-m")
+    return ("python3", "-m")
 
 
 def startup_needs(spec: Spec, release: Release, config: Config) -> tuple[Need, ...] | None:

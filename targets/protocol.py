@@ -159,6 +159,7 @@ class Job:
     model: list
     checkpoint_dir: list
     data_files: list[list]
+    data_columns: list[str]  # every data file must have them (none: the program's columns are not checked)
     require_env: list[str]
     pins: list[str]  # "package=version"
     verl_commit: str | None

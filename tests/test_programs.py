@@ -568,3 +568,51 @@ def test_a_spec_pinned_to_a_commit_is_not_checked_against_the_installed_verl(rec
     assert result.returncode == 2
     assert ": verl_commit: --verl-config live checks against the installed verl; this spec pins verl to commit " \
            "bcb638649a50" in result.stderr, result.stderr
+
+
+# --- verl's own programs (#43) ------------------------------------------------------------------------------
+
+def own_program_spec(tmp: Path, version: str, module: str, nodes: int = 1) -> Path:
+    spec = tmp / "spec.yaml"
+    spec.write_text(f"""\
+name: sft
+project: p
+verl_version: "{version}"
+program: {module}
+model: Qwen/Qwen2.5-0.5B-Instruct
+data: {{train_files: [t.parquet], val_files: [v.parquet]}}
+verl: {{data: {{max_length: 512}}, trainer: {{logger: [console]}}}}
+cluster: {{nodes: {nodes}, gpus_per_node: 4}}
+""")
+    return spec
+
+
+@pytest.mark.parametrize(("version", "module", "model_key"), [
+    ("0.4.1", "verl.trainer.fsdp_sft_trainer", "model.partial_pretrain"),
+    ("0.9.1", "verl.trainer.sft_trainer", "model.path"),
+])
+def test_an_sft_program_is_started_with_torchrun_on_its_node(tmp_path: Path, version: str, module: str,
+                                                             model_key: str) -> None:
+    ir = compile_spec(own_program_spec(tmp_path, version, module), CATALOG, display="spec.yaml",
+                      source="spec.yaml", targets=["ray-job"])
+    assert ir.program_argv == ("torchrun", "--standalone", "--nnodes=1", "--nproc_per_node=4", "-m", module)
+    assert f"{model_key}=Qwen/Qwen2.5-0.5B-Instruct" in ir.trainer_argv
+    assert not any(a.startswith(("actor_rollout_ref.", "critic.")) for a in ir.trainer_argv)  # not PPO's keys
+    assert ir.data_columns == () and ir.startup is None  # the program's own: verlc does not know them
+
+
+@pytest.mark.parametrize(("module", "nodes", "where", "says"), [
+    ("verl.trainer.sft_trainer", 2, "cluster.nodes", "builds it on one node (torchrun --standalone) so far"),
+    ("verl.trainer.main_eval", 1, "program", "does not build a bundle for it yet"),
+])
+def test_what_of_verls_own_programs_is_not_built_is_refused_at_its_line(
+        tmp_path: Path, module: str, nodes: int, where: str, says: str) -> None:
+    spec = own_program_spec(tmp_path, "0.9.1", module, nodes)
+    built = subprocess.run([sys.executable, "-m", "verlc", "build", str(spec), "--target", "ray-job", "--out",
+                            str(tmp_path / "out")], capture_output=True, text=True)
+    assert built.returncode == 2 and not (tmp_path / "out").exists(), built.stderr
+    line = next(line for line in built.stderr.splitlines() if f": {where}: " in line)
+    assert says in line and line.startswith(f"{spec}:"), built.stderr
+    checked = subprocess.run([sys.executable, "-m", "verlc", "validate", str(spec)], capture_output=True, text=True)
+    # verl:'s keys are checked against the program's own config: evaluation's has no data.max_length
+    assert (checked.returncode == 0) == (module != "verl.trainer.main_eval"), checked.stderr

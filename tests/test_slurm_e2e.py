@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, REPO, rollout_engine_site, run_verlc, slurm_job
+from conftest import IN_CI, REPO, failing_first, rollout_engine_site, run_verlc, slurm_job
 from verlc.targets.slurm.ports import PLAN
 
 
@@ -953,3 +953,39 @@ def test_ascend_npus_bring_up_to_the_preflight_with_hccl_set_on_every_node(slurm
     failures = [line.split("PREFLIGHT FAILED: ", 1)[1] for line in output.splitlines() if "PREFLIGHT FAILED" in line]
     assert len(failures) == 1 and re.fullmatch(r"node (n\d+) \(10\.77\.0\.\d+\): npu-smi shows 6 NPUs, Ray was "
                                                r"started with 8", failures[0]), output
+
+
+def sft_job(root: Path) -> Job:
+    """verl's SFT program on one node (#43): verlc starts it with torchrun, one process per GPU. There is no GPU
+    here: a stand-in `torchrun` on the venv's PATH prints its argv and two of verl's step lines; the rest of the
+    job (bring-up, preflight, the run record) is the real thing."""
+    venv = fake_venv(root)
+    (venv / "bin" / "torchrun").write_text('#!/usr/bin/env bash\necho "TORCHRUN argv: $*"\n'
+                                           'for i in 1 2; do echo "step:$i - train/loss:0.5"; done\n')
+    (venv / "bin" / "torchrun").chmod(0o755)
+    spec = root / "spec.yaml"
+    spec.write_text(f"""\
+name: e2e-sft
+project: e2e
+program: verl.trainer.sft_trainer
+model: {root}/model
+data: {{train_files: [data/train.parquet], val_files: [data/test.parquet]}}
+verl: {{data: {{max_length: 512}}, trainer: {{logger: [console]}}}}
+cluster: {{nodes: 1, gpus_per_node: 8, slurm: {{cpus_per_task: 1, output: {root}/slurm-%j.out}}}}
+container: {{runtime: none, workdir: {root}, venv: {venv}}}
+""")
+    result = run_verlc("build", spec, "--target", "slurm", "--out", root / "out")
+    assert result.returncode == 0, result.stderr
+    return Job(next((root / "out").glob("*/slurm/sbatch.sh")), "train")
+
+
+@side_by_side(sft_job)
+def test_verls_sft_program_runs_under_torchrun_on_one_node(ended: Ended) -> None:
+    output = ended.output
+    assert ended.state == "COMPLETED", failing_first(output)
+    launched = next(line for line in output.splitlines() if "TORCHRUN argv: " in line)
+    argv = launched.split("TORCHRUN argv: ", 1)[1].split()
+    assert argv[:6] == ["--standalone", "--nnodes=1", "--nproc_per_node=8", "-m", "verl.trainer.sft_trainer",
+                        "--config-name=sft_trainer_engine"], launched
+    assert f"model.path={ended.root}/model" in argv and "data.max_length=512" in argv, launched
+    assert "preflight passed: 1 nodes, 8 GPUs, 2 data files" in output and "step:2 - train/loss:0.5" in output

@@ -13,6 +13,7 @@ Both must agree on every case, and a rejection must name the key.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import random
@@ -30,6 +31,7 @@ from verlc.targets import CATALOG
 from verlc.compiler.verl.check import select, settings
 from verlc.compiler.verl.hydra import hydra_value, verl_value
 from verlc.compiler.verl.place import Walker
+from verlc.compiler.verl.program import TORCHRUN
 from verlc.compiler.verl.release import MISSING, RELEASES, snapshot
 
 sys.path.insert(0, str(REPO / "dev"))
@@ -484,3 +486,32 @@ def test_verlc_and_verl_agree_on_each_sft_programs_keys(tmp_path: Path, version:
     print(f"verl {version} {module}: {len(cases)} cases, {sum(bool(v) for v in verdicts)} rejected by verl")
     assert sum(bool(v) for v in verdicts) == len(cases) // 2, "every misspelled key, and only those, is refused"
     assert not disagreements, f"{len(disagreements)} of {len(cases)} cases:\n" + "\n".join(disagreements[:25])
+
+
+def _starts(source: str) -> set[str]:
+    """How a module's code starts its workers, read with ast: "ray" where it imports Ray (a Ray driver; ray.init
+    may be implicit, or in a function it imports), "torchrun" where it sets up torch.distributed's process
+    group itself (each torchrun rank does)."""
+    calls = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "ray" for a in node.names):
+            calls.add("ray")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "ray" and not node.level:
+            calls.add("ray")
+        elif isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            if name in ("init_process_group", "initialize_global_process_group"):
+                calls.add("torchrun")
+    return calls
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_programs_verlc_starts_with_torchrun_are_those_that_start_no_ray(version: str) -> None:
+    """verlc's TORCHRUN list equals what each release's own code says: of verl's Hydra programs, those that set up
+    torch.distributed themselves and do not use Ray."""
+    package = release_package(version)
+    read = {m: _starts((package.parent / (m.replace(".", "/") + ".py")).read_text()) for m in snapshot(version).programs}
+    assert {m for m, calls in read.items() if calls == {"torchrun"}} == \
+        {m for m in read if m in TORCHRUN}, read
+    assert "ray" in read["verl.trainer.main_ppo"] and any(m in TORCHRUN for m in read), read  # the reading works

@@ -24,6 +24,17 @@ from ..diagnostics import did_you_mean
 from .release import DEFAULT_CONFIG, ENGINE_KEY, DataClass, Release
 
 MAIN_PPO = "verl.trainer.main_ppo"
+# verl's own programs that set up torch.distributed themselves and never start Ray, so torchrun starts one
+# process per GPU (read from each release's code: fsdp_sft_trainer to 0.7.0, sft_trainer from 0.6.0;
+# tests/test_verl_releases.py checks the list against every release's own modules)
+TORCHRUN = ("verl.trainer.fsdp_sft_trainer", "verl.trainer.sft_trainer")
+
+
+def own_config(module: str, release: Release) -> str | None:
+    """The config of one of verl's own programs whose config is not main_ppo's (SFT, evaluation, generation),
+    where `module` is one of them in `release`."""
+    name = release.programs.get(module)
+    return name if name in release.program_configs else None
 VERL_CONFIG = ("verl", "trainer", "config")  # where verl's own trainer configs live in a checkout
 
 

@@ -266,7 +266,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
     variants = []
     if ir.variants:  # the base job without the varied keys; each array task adds its own values back
         varied = set(ir.varied_keys)
-        job = replace(job, train=[*ir.trainer_argv[:3], *(o.arg for o in ir.overrides if o.key not in varied)])
+        job = replace(job, train=[*ir.program_argv, *(o.arg for o in ir.overrides if o.key not in varied)])
         for v in ir.variants:
             full = job_of(ir, record=record, variant=v, expiry=expiry)
             patch = Variant(label=full.variant, checkpoint_dir=full.checkpoint_dir, reference=full.reference,

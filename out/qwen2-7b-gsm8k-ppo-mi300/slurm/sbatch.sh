@@ -606,6 +606,7 @@ job_description() {
   "model": ["Qwen/Qwen2-7B-Instruct"],
   "checkpoint_dir": ["checkpoints/verl_example/Qwen2-7B-Instruct_gsm8k"],
   "data_files": [["../data/gsm8k/train.parquet"], ["../data/gsm8k/test.parquet"]],
+  "data_columns": ["prompt", "data_source", "reward_model"],
   "require_env": [],
   "pins": ["verl=0.9.1"],
   "verl_commit": null,
@@ -659,7 +660,7 @@ VERLC_JOB
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 9dbb6425e0f4badb2f3dbfbc6b833b2e1985d133292e9d1ca6764744c2b27fbf:
+# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 2904b2b09cf6df762f2dad8b36b9cec8f90498aee8cba2b0217ed1bb0f28ecfa:
 # what every verlc bundle runs on the cluster (the others ship them as verlc_job/protocol.py and
 # verlc_job/__init__.py, after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -826,6 +827,7 @@ class Job:
     model: list
     checkpoint_dir: list
     data_files: list[list]
+    data_columns: list[str]  # every data file must have them (none: the program's columns are not checked)
     require_env: list[str]
     pins: list[str]  # "package=version"
     verl_commit: str | None
@@ -920,7 +922,6 @@ if __package__:  # verlc_job/ (verlc.targets while developing): the protocol is 
                            stamp, stop_after_problem)
 # else: run as `python3 -` by the Slurm script, which feeds protocol.py's text ahead of this file's
 
-VERL_COLUMNS = ("prompt", "data_source", "reward_model")
 PACKAGES = ("verl", "ray", "torch", "transformers", "vllm", "sglang", "tensorrt_llm")
 MIN_RAY = (2, 40)  # older Ray is incompatible with verl
 
@@ -1715,7 +1716,8 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
 
 
 def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir: str, data: list[str],
-              pins: list[str], rollout_package: str | None, record: str | None, image: str | None,
+              columns: list[str], pins: list[str], rollout_package: str | None, record: str | None,
+              image: str | None,
               require_env: list[str], reference: str | None, train: list[str], verl_commit: str | None = None,
               code: dict | None = None, device: str = "GPU", startup: list[dict] | None = None,
               paths: dict | None = None) -> int:
@@ -1748,13 +1750,15 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
     problems += code_problems
     if require_env:
         problems += missing_env_per_node(ray, nodes, require_env)
+    if not columns:
+        say("data columns: not checked (the program reads the columns its own config names)")
     for path in data:
         if not os.path.isfile(path):
             problems.append(f"data file {path} does not exist (cwd {os.getcwd()})")
             continue
-        columns = parquet_columns(path)
-        if columns is not None:
-            missing = [c for c in VERL_COLUMNS if c not in columns]
+        found = parquet_columns(path) if columns else None
+        if found is not None:
+            missing = [c for c in columns if c not in found]
             if missing:
                 problems.append(f"data file {path} lacks verl's columns {', '.join(missing)}")
     collective, collective_summary = collective_problems(ray, nodes, device=device) if not problems else ([], "")
@@ -2025,7 +2029,7 @@ def job(spec: Job, begun: str | None = None) -> int:
             rc = preflight(
                 address=address, nodes=spec.nodes, gpus=spec.total_gpus, model=expand(spec.model),
                 checkpoint_dir=expand(spec.checkpoint_dir), data=[expand(f) for f in spec.data_files],
-                pins=spec.pins, rollout_package=spec.rollout_package,
+                columns=spec.data_columns, pins=spec.pins, rollout_package=spec.rollout_package,
                 record=expand(spec.record) if spec.record else None, image=spec.image,
                 require_env=spec.require_env, reference=expand(spec.reference) if spec.reference else None,
                 train=spec.train, verl_commit=spec.verl_commit, code=spec.code,

@@ -39,7 +39,6 @@ if __package__:  # verlc_job/ (verlc.targets while developing): the protocol is 
                            stamp, stop_after_problem)
 # else: run as `python3 -` by the Slurm script, which feeds protocol.py's text ahead of this file's
 
-VERL_COLUMNS = ("prompt", "data_source", "reward_model")
 PACKAGES = ("verl", "ray", "torch", "transformers", "vllm", "sglang", "tensorrt_llm")
 MIN_RAY = (2, 40)  # older Ray is incompatible with verl
 
@@ -834,7 +833,8 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
 
 
 def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir: str, data: list[str],
-              pins: list[str], rollout_package: str | None, record: str | None, image: str | None,
+              columns: list[str], pins: list[str], rollout_package: str | None, record: str | None,
+              image: str | None,
               require_env: list[str], reference: str | None, train: list[str], verl_commit: str | None = None,
               code: dict | None = None, device: str = "GPU", startup: list[dict] | None = None,
               paths: dict | None = None) -> int:
@@ -867,13 +867,15 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
     problems += code_problems
     if require_env:
         problems += missing_env_per_node(ray, nodes, require_env)
+    if not columns:
+        say("data columns: not checked (the program reads the columns its own config names)")
     for path in data:
         if not os.path.isfile(path):
             problems.append(f"data file {path} does not exist (cwd {os.getcwd()})")
             continue
-        columns = parquet_columns(path)
-        if columns is not None:
-            missing = [c for c in VERL_COLUMNS if c not in columns]
+        found = parquet_columns(path) if columns else None
+        if found is not None:
+            missing = [c for c in columns if c not in found]
             if missing:
                 problems.append(f"data file {path} lacks verl's columns {', '.join(missing)}")
     collective, collective_summary = collective_problems(ray, nodes, device=device) if not problems else ([], "")
@@ -1144,7 +1146,7 @@ def job(spec: Job, begun: str | None = None) -> int:
             rc = preflight(
                 address=address, nodes=spec.nodes, gpus=spec.total_gpus, model=expand(spec.model),
                 checkpoint_dir=expand(spec.checkpoint_dir), data=[expand(f) for f in spec.data_files],
-                pins=spec.pins, rollout_package=spec.rollout_package,
+                columns=spec.data_columns, pins=spec.pins, rollout_package=spec.rollout_package,
                 record=expand(spec.record) if spec.record else None, image=spec.image,
                 require_env=spec.require_env, reference=expand(spec.reference) if spec.reference else None,
                 train=spec.train, verl_commit=spec.verl_commit, code=spec.code,
