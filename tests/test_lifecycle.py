@@ -34,7 +34,8 @@ def test_the_step_parser_reads_every_releases_console_logger(version: str) -> No
     metrics = {"critic/score/mean": 0.625, "actor/pg_loss": -0.0123, "actor/lr": 1e-06,
                "response_length/mean": np.float64(211.5), "timing_s/step": 12, "val-core/gsm8k/acc/mean@1": 0.5}
     line = console_logger(version)(dict(metrics), step=17)
-    for shown in (line, f"(TaskRunner pid=4242) {line}", f"\x1b[36m(main_task pid=7)\x1b[0m {line}"):
+    bar = "Epoch 1/4:  12%|\u2588\u258e        | 2/16 [00:03<00:18,  1.30s/it]"  # the SFT trainer's tqdm, same line
+    for shown in (line, f"(TaskRunner pid=4242) {line}", f"\x1b[36m(main_task pid=7)\x1b[0m {line}", bar + line):
         step = progress.parse_step(shown)
         assert step is not None and step.step == 17, shown
         assert set(step.metrics) == set(metrics), shown

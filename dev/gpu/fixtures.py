@@ -1,5 +1,6 @@
 """The GPU rehearsal's model and data, made offline (no hub, no data set download): a 2-layer random Qwen2 with a
-BPE tokenizer trained on the prompts, and GSM8K-shaped parquet files (verl's columns).
+BPE tokenizer trained on the prompts, and GSM8K-shaped parquet files (verl's columns for RL, and `messages`, the
+question and its answer, for SFT).
 
     python3 dev/gpu/fixtures.py FOLDER     # FOLDER/model, FOLDER/data/{train,test}.parquet
 
@@ -66,6 +67,7 @@ def data(rows: list[tuple[str, str]], split: str, path: Path) -> None:
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": answer},
         "extra_info": {"split": split, "index": i},
+        "messages": [{"role": "user", "content": question}, {"role": "assistant", "content": f"#### {answer}"}],
     } for i, (question, answer) in enumerate(rows)]).to_parquet(path)
 
 

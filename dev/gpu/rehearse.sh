@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU rehearsal: on a machine with an NVIDIA GPU and no network, install what the run needs from the wheels
 # dev/gpu/wheels.sh fetched (.whl/), make the tiny model and data offline, start a one-node Ray head, and submit
-# verlc's bundles with `verlc submit` (which runs each bundle's own submit.sh): the training spec
-# (specs/gpu-rehearsal-reinforce.yaml) must train; the configs of dev/gpu/cases/ must fail before the trainer,
+# verlc's bundles with `verlc submit` (which runs each bundle's own submit.sh): the training specs
+# (specs/gpu-rehearsal-reinforce.yaml; specs/gpu-rehearsal-sft.yaml, SFT under torchrun) must train; the configs of dev/gpu/cases/ must fail before the trainer,
 # at the build or in the preflight. Writes into OUT (default /tmp/gpu-rehearsal-out): its log, everything it saw
 # (rehearsal.tar.gz: logs, events, versions, results), and docs/gpu.md's text and figure (dev/gpu/report.py):
 # copy gpu.md and gpu-rehearsal.svg into docs/.
@@ -85,11 +85,11 @@ export RAY_ADDRESS=http://127.0.0.1:8265 NCCL_NVLS_ENABLE=0
 ray_up
 mark ray-head
 
-# submit SPEC LABEL: verlc submit --follow, each output line stamped with seconds since the submit
+# submit SPEC LABEL [METRIC]: verlc submit --follow, each output line stamped with seconds since the submit
 submit() {
-  local spec=$1 label=$2 start rc
+  local spec=$1 label=$2 metric=${3:-critic/score/mean} start rc
   start=$EPOCHREALTIME
-  verlc submit "$spec" --target ray-job --follow --metric critic/score/mean 2>&1 |
+  verlc submit "$spec" --target ray-job --follow --metric "$metric" 2>&1 |
     while IFS= read -r line; do printf '%s %s\n' "$(since "$start")" "$line"; done >"$out/$label.follow"
   rc=${PIPESTATUS[0]}
   cat "$out/$label.follow"
@@ -118,6 +118,8 @@ build dev/gpu/cases/hf-rollout-0.6.1.yaml hf-0.6.1
 use_release 0.6.1
 ray_up
 submit dev/gpu/cases/vllm-missing-0.6.1.yaml vllm-0.6.1
+submit specs/gpu-rehearsal-sft.yaml sft train/loss  # verl 0.6.1's SFT trainer under torchrun
+ls -R "$GPU_REHEARSAL/checkpoints/sft" >"$out/sft-checkpoints.txt" 2>&1
 ray stop --force >/dev/null 2>&1
 mark finished
 cp "$results/gpu-rehearsal.svg" "$out/" 2>/dev/null

@@ -19,6 +19,7 @@ SHOWN = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean
 STAGE = re.compile(r"^\[(\S+)Z\] verlc: (stage \w+|preflight passed|PREFLIGHT FAILED|training exited)")
 FOLLOW_STEP = re.compile(r"^(\d+\.\d) step (\d+)\b")
 SPEC = Path("specs/gpu-rehearsal-reinforce.yaml")
+SFT_SPEC = Path("specs/gpu-rehearsal-sft.yaml")
 CASES = {  # label: (spec, what it shows)
     "train": (SPEC, "REINFORCE++ trains (verl 0.5.0, HF rollout, n=1)"),
     "critic": (Path("dev/gpu/cases/critic-0.5.0.yaml"), "PPO with a critic on verl 0.5.0: flash-attn demanded"),
@@ -65,6 +66,33 @@ def outcome(folder: Path, label: str, detail: str) -> str:
     trained = "training exited with code 0" in log
     return (f"trained {steps[-1].step} steps, exit 0" if trained and steps else
             f"ended without a preflight failure or a clean exit ({detail}); see its log")
+
+
+def sft_section(folder: Path, seen: dict[str, tuple[float, str]]) -> list[str]:
+    """verl's SFT trainer, started by verlc with torchrun: its spec, stages, steps and outcome."""
+    if "sft" not in seen or not (folder / "sft.log").exists():
+        return ["", "## SFT under torchrun", "", "Not run in this rehearsal."]
+    log = (folder / "sft.log").read_text()
+    steps = [s for ln in log.splitlines() if (s := parse_step(ln))]
+    shown = sorted({k for s in steps for k in s.metrics if k.startswith(("train/", "val/"))})
+    saved = sorted({m[0] for m in re.finditer(r"global_step_\d+", (folder / "sft-checkpoints.txt").read_text())},
+                   key=lambda s: int(s.rsplit("_", 1)[1])) if (folder / "sft-checkpoints.txt").exists() else []
+    launched = next((plain(ln).split("verlc: training: ", 1)[1] for ln in log.splitlines()
+                     if "verlc: training: " in ln), "")
+    return [
+        "", "## SFT under torchrun", "",
+        f"Spec: `{SFT_SPEC}`: verl's own SFT program, which sets up torch.distributed itself, so verlc starts it",
+        "with torchrun (one process per GPU of the one node) after the same bring-up and preflight.", "",
+        "```yaml", SFT_SPEC.read_text().strip(), "```", "",
+        *stage_table(log), "",
+        f"- outcome: {outcome(folder, 'sft', seen['sft'][1])}",
+        f"- checkpoints written: {', '.join(saved) or 'none'}",
+        *([f"- the trainer's command, as the job logged it: `{launched[:300]}`"] if launched else []), "",
+        "| step | " + " | ".join(shown) + " |",
+        "| ---: | " + " | ".join("---:" for _ in shown) + " |",
+        *(f"| {s.step} | " + " | ".join(f"{s.metrics[k]:.4g}" if k in s.metrics else "" for k in shown) + " |"
+          for s in steps),
+    ]
 
 
 def main(folder: Path, output: Path) -> None:
@@ -156,6 +184,7 @@ def main(folder: Path, output: Path) -> None:
             continue
         text = outcome(folder, label, seen[label][1]).replace("|", "\\|")
         lines.append(f"| {what} | `{spec}` | {text} |")
+    lines += sft_section(folder, seen)
     lines += ["", f"The whole rehearsal took {seen.get('finished', (0.0, ''))[0]:.0f} s.", ""]
     output.write_text("\n".join(lines))
     print(f"wrote {output}")

@@ -548,7 +548,7 @@ VERLC_JOB
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 2904b2b09cf6df762f2dad8b36b9cec8f90498aee8cba2b0217ed1bb0f28ecfa:
+# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 df56146d80aa07375b5d3ce32f8986c1aa4561e7797a98af8b83cf93f63c09d1:
 # what every verlc bundle runs on the cluster (the others ship them as verlc_job/protocol.py and
 # verlc_job/__init__.py, after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -663,8 +663,9 @@ def exit_message(code: int) -> str:
 
 
 # One line of verl's console logger, `step:N - key:value - key:value ...` (behind Ray's `(TaskRunner pid=...)`
-# prefix): the one parser of it (the runtime's stall watchdog, `verlc logs --follow` in lifecycle/progress.py).
-STEP_LINE = re.compile(r"(?:^|[\s)])step:(\d+)((?: - [^\s:]+:\S+)*)\s*$")
+# prefix, or the SFT trainer's tqdm bar, `... 1.30s/it]step:2 - ...`): the one parser of it (the runtime's stall
+# watchdog, `verlc logs --follow` in lifecycle/progress.py).
+STEP_LINE = re.compile(r"(?:^|[\s)\]])step:(\d+)((?: - [^\s:]+:\S+)*)\s*$")
 
 
 # ---- the bundle -------------------------------------------------------------------------------------------
@@ -1399,7 +1400,8 @@ def record_items(record: dict) -> dict[str, dict[str, object]]:
     versions = {"image": record.get("image"), "python": nodes[0].get("python") if nodes else None,
                 **record.get("versions", {})}
     argv = record.get("trainer_argv") or []
-    start = argv.index("python3") if "python3" in argv else 0  # after `env RAY_ADDRESS=<this job's port>`
+    # from the program's launcher on (older records had `env RAY_ADDRESS=<this job's port>` before it)
+    start = next((i for i, a in enumerate(argv) if a in ("python3", "torchrun")), 0)
     verl = {"trainer argv": " ".join(argv[start:]),
             **{f"verl {k}": v for k, v in flat(record.get("verl_config") or {}).items()}}
     resources = {"nodes": len(nodes), "GPUs": record.get("gpus"),

@@ -109,8 +109,9 @@ def exit_message(code: int) -> str:
 
 
 # One line of verl's console logger, `step:N - key:value - key:value ...` (behind Ray's `(TaskRunner pid=...)`
-# prefix): the one parser of it (the runtime's stall watchdog, `verlc logs --follow` in lifecycle/progress.py).
-STEP_LINE = re.compile(r"(?:^|[\s)])step:(\d+)((?: - [^\s:]+:\S+)*)\s*$")
+# prefix, or the SFT trainer's tqdm bar, `... 1.30s/it]step:2 - ...`): the one parser of it (the runtime's stall
+# watchdog, `verlc logs --follow` in lifecycle/progress.py).
+STEP_LINE = re.compile(r"(?:^|[\s)\]])step:(\d+)((?: - [^\s:]+:\S+)*)\s*$")
 
 
 # ---- the bundle -------------------------------------------------------------------------------------------

@@ -628,7 +628,8 @@ def record_items(record: dict) -> dict[str, dict[str, object]]:
     versions = {"image": record.get("image"), "python": nodes[0].get("python") if nodes else None,
                 **record.get("versions", {})}
     argv = record.get("trainer_argv") or []
-    start = argv.index("python3") if "python3" in argv else 0  # after `env RAY_ADDRESS=<this job's port>`
+    # from the program's launcher on (older records had `env RAY_ADDRESS=<this job's port>` before it)
+    start = next((i for i, a in enumerate(argv) if a in ("python3", "torchrun")), 0)
     verl = {"trainer argv": " ".join(argv[start:]),
             **{f"verl {k}": v for k, v in flat(record.get("verl_config") or {}).items()}}
     resources = {"nodes": len(nodes), "GPUs": record.get("gpus"),
