@@ -51,7 +51,10 @@ def errors(version: str, data: dict[str, Any]) -> list[str]:
     return [f"{e.json_path}: {e.message}" for e in validator(version).iter_errors(data)]
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=[p.stem for p in SPECS])
+MAIN_PPO_SPECS = [p for p in SPECS if "program" not in YAML(typ="safe", pure=True).load(p.read_text())]
+
+
+@pytest.mark.parametrize("spec", MAIN_PPO_SPECS, ids=[p.stem for p in MAIN_PPO_SPECS])
 def test_examples_point_at_their_release_schema_and_validate(spec: Path) -> None:
     text = spec.read_text()
     data = YAML(typ="safe", pure=True).load(text)
@@ -63,6 +66,22 @@ def test_examples_point_at_their_release_schema_and_validate(spec: Path) -> None
                                      "the regexes: '^\\\\+'"]
     data["verl"]["actor_rollout_ref"]["actor"] = {"ppo_mini_batch_size": "sixty-four"}
     assert any("ppo_mini_batch_size" in e and "does not match" in e for e in errors(version, data))
+
+
+@pytest.mark.parametrize("spec", sorted(set(SPECS) - set(MAIN_PPO_SPECS)),
+                         ids=[p.stem for p in sorted(set(SPECS) - set(MAIN_PPO_SPECS))])
+def test_program_examples_point_at_their_programs_schema_and_validate(spec: Path) -> None:
+    """An example of another program (verl's SFT trainer) points at the schema `verlc schema --spec` writes for
+    its program, committed beside it, and validates against it; a misspelled key of that program does not."""
+    text = spec.read_text()
+    own = spec.with_name(f"{spec.stem}.schema.json")
+    assert text.startswith(f"# yaml-language-server: $schema={own.name}\n")
+    assert own.read_text() == run_verlc("schema", "--spec", spec).stdout, f"stale: verlc schema --spec {spec} > {own}"
+    check = jsonschema.Draft202012Validator(json.loads(own.read_text()))
+    data = YAML(typ="safe", pure=True).load(text)
+    assert [e.message for e in check.iter_errors(data)] == []
+    data["verl"]["data"]["max_lenght"] = 64
+    assert any("max_lenght" in e.message for e in check.iter_errors(data))
 
 
 def base_spec(version: str, verl: dict[str, Any]) -> dict[str, Any]:
