@@ -21,6 +21,7 @@ from io import StringIO
 from pathlib import Path
 from typing import Any
 
+from .derive import MODEL_KEYS
 from .diagnostics import Diagnostic
 from .verl.program import MAIN_PPO
 
@@ -75,8 +76,9 @@ class Trainer:
     argv: tuple[str, ...]        # python3 -m MODULE ARGS...
     module: str
     ray_submit: dict[str, str]   # `ray job submit` options, when it submits the trainer
-    launcher: str                # "python", "ray job submit", "uv run"
+    launcher: str                # "python", "ray job submit", "uv run", "torchrun"
     wrappers: tuple[tuple[str, ...], ...] = ()  # what the trainer ran under: `uv run ...`, `apptainer run ... IMAGE`
+    gpus: int | None = None      # torchrun's --nproc_per_node: the processes (GPUs) of the one node
 
 
 @dataclass
@@ -176,11 +178,7 @@ def _trainer_in(call: Call, argv: tuple[str, ...], launcher: str, submit: dict[s
                    or os.path.basename(a) in ("ray", "uv", "torchrun", "apptainer", "singularity")), None)
         return _trainer_in(call, argv[at:], "srun", submit, wrappers) if at else None
     if tool == "torchrun":
-        if any(a.startswith(("verl.", "recipe.")) or _OVERRIDE.match(a) for a in argv):
-            raise _Unsupported("torchrun starts one process per GPU; verlc starts Ray driver programs "
-                               "(python -m verl.trainer.main_ppo and recipes): torchrun is not supported yet",
-                               "torchrun")
-        return None
+        return _torchrun(call, argv, submit, wrappers)
     if not _PYTHON.fullmatch(tool):
         return None
     i = 1
@@ -198,6 +196,43 @@ def _trainer_in(call: Call, argv: tuple[str, ...], launcher: str, submit: dict[s
     if not any(_OVERRIDE.match(a) or a.split("=")[0] in _CONFIG_OPTS for a in args):
         return None
     return Trainer(call, ("python3", "-m", argv[i + 1], *args), argv[i + 1], submit, launcher, wrappers)
+
+
+# torchrun's options that take a value (as `--name value` or `--name=value`); every other option is a flag
+_TORCHRUN_VALUED = {"--nnodes", "--nproc_per_node", "--nproc-per-node", "--rdzv_backend", "--rdzv-backend",
+                    "--rdzv_endpoint", "--rdzv-endpoint", "--rdzv_id", "--rdzv-id", "--rdzv_conf", "--rdzv-conf",
+                    "--master_addr", "--master-addr", "--master_port", "--master-port", "--node_rank", "--node-rank",
+                    "--max_restarts", "--max-restarts", "--monitor_interval", "--monitor-interval", "--log_dir",
+                    "--log-dir", "--redirects", "-r", "--tee", "-t", "--local_addr", "--local-addr"}
+
+
+def _torchrun(call: Call, argv: tuple[str, ...], submit: dict[str, str],
+              wrappers: tuple[tuple[str, ...], ...]) -> Trainer | None:
+    """`torchrun [options] -m MODULE overrides`: verl's SFT trainer, one process per GPU of one node (verlc starts
+    it so); more than one node is refused at torchrun's line."""
+    options: dict[str, str] = {}
+    i = 1
+    while i < len(argv) and argv[i] != "-m" and argv[i].startswith("-"):
+        name, eq, value = argv[i].partition("=")
+        if name in _TORCHRUN_VALUED and not eq:
+            value, i = (argv[i + 1] if i + 1 < len(argv) else ""), i + 1
+        options[name.replace("-", "_").lstrip("_")] = value
+        i += 1
+    if i + 1 >= len(argv) or argv[i] != "-m":
+        return None  # torchrun SCRIPT.py: not a module
+    module, args = argv[i + 1], argv[i + 2:]
+    if not any(_OVERRIDE.match(a) or a.split("=")[0] in _CONFIG_OPTS for a in args):
+        return None
+    nodes = options.get("nnodes", "1")
+    if nodes not in ("1", "1:1"):
+        raise _Unsupported(f"torchrun --nnodes={nodes}: verlc starts torchrun programs on one node so far "
+                           f"(torchrun --standalone); a multi-node torchrun launch is not built yet", "torchrun")
+    gpus = options.get("nproc_per_node", "")
+    if not gpus.isdigit():
+        raise _Unsupported(f"torchrun --nproc_per_node={gpus or '(not given)'}: verlc needs the number of GPUs "
+                           f"(the script computes it from something it could not see here; set the variable: "
+                           f"verlc import --set NAME=VALUE)", "torchrun")
+    return Trainer(call, ("python3", "-m", module, *args), module, submit, "torchrun", wrappers, int(gpus))
 
 
 class _Unsupported(Exception):
@@ -307,6 +342,7 @@ def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, 
 
     verl: dict[str, Any] = {}
     values: dict[str, Any] = {}
+    groups = set(release_groups(verl_commit, verl_version)) - {"model_engine"}
     for o in parsed:
         needle = o.text.split("=", 1)[0] + "="
         if o.sweep:
@@ -319,7 +355,8 @@ def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, 
                 hydra["searchpath"] = [*hydra.get("searchpath", []), *o.value]
             else:
                 leave(json.dumps(o.text), "Hydra's own setting (the run folder and logging of Hydra itself)", needle)
-        elif o.package is not None or "/" in o.key:
+        elif o.package is not None or "/" in o.key or (o.key in groups and isinstance(o.value, str) and not o.prefix):
+            # a config group's choice (`engine=fsdp` of verl's SFT trainer; model_engine is verl.model_engine)
             hydra.setdefault("groups", {})[o.key + (f"@{o.package}" if o.package else "")] = o.value
         elif o.prefix == "" and o.key in DERIVED:
             values[o.key] = o.value
@@ -336,6 +373,8 @@ def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, 
     defaults = config_defaults(trainer.module, hydra, verl_commit, verl_version, trainer.call.cwd)
     _derived_fields(spec, values, defaults, verl, base_env, imported, leave, problem)
     spec["verl"] = verl
+    if trainer.gpus is not None:  # torchrun's own count: one node, a process per GPU
+        values.update({"trainer.nnodes": 1, "trainer.n_gpus_per_node": trainer.gpus})
     _cluster(spec, values, defaults, verl, problem, accelerator)
     if not submitted:  # the script's own #SBATCH lines
         _slurm(spec, text, imported, leave)
@@ -392,6 +431,7 @@ def _wrappers(spec: dict[str, Any], trainer: Trainer, code: str, imported: Impor
 DERIVED = {"trainer.nnodes": "cluster.nodes", "trainer.n_gpus_per_node": "cluster.gpus_per_node",
            "trainer.project_name": "project", "trainer.experiment_name": "experiment",
            "actor_rollout_ref.model.path": "model", "critic.model.path": "model",
+           "model.path": "model", "model.partial_pretrain": "model",  # verl's SFT trainers
            "data.train_files": "data.train_files", "data.val_files": "data.val_files"}
 
 
@@ -423,6 +463,19 @@ def _home(text: str, home: str) -> str:
     if home and (text == home or text.startswith(home.rstrip("/") + "/")):
         return "${env:HOME}" + escaped[len(home.rstrip("/").replace("$", "$$")):]
     return escaped
+
+
+def release_groups(commit: str | None, version: str) -> tuple[str, ...]:
+    """The config groups of the release (or commit) the spec names: `NAME=OPTION` picks one of them."""
+    from .verl.commit import CommitError, commit_release
+    from .verl.release import RELEASES, snapshot
+
+    try:
+        release = commit_release(commit, None) if commit else snapshot(version if version in RELEASES
+                                                                       else DEFAULT_VERSION)
+    except CommitError:
+        return ()
+    return tuple(release.groups)
 
 
 def config_defaults(module: str, hydra: dict[str, Any], commit: str | None, version: str, cwd: str
@@ -458,15 +511,15 @@ def config_defaults(module: str, hydra: dict[str, Any], commit: str | None, vers
 def _derived_fields(spec: dict[str, Any], values: dict[str, Any], defaults: dict[str, Any], verl: dict[str, Any],
                     base_env: dict[str, str], imported: Imported, leave: Any, problem: Any) -> None:
     home = base_env.get("HOME", "")
-    for key in ("trainer.project_name", "trainer.experiment_name", "actor_rollout_ref.model.path",
-                "data.train_files", "data.val_files"):
+    model_key = next((k for k in MODEL_KEYS if k in values), MODEL_KEYS[0])  # PPO's actor, or an SFT program's
+    for key in ("trainer.project_name", "trainer.experiment_name", model_key, "data.train_files", "data.val_files"):
         if key not in values:
             values[key] = defaults[key]
             imported.notes.append(f"the script leaves {key} to its config's default ({defaults[key]}); the spec "
                                   f"says it")
     spec["project"] = str(values["trainer.project_name"])
     spec["experiment"] = str(values["trainer.experiment_name"])
-    model = str(values["actor_rollout_ref.model.path"])
+    model = str(values[model_key])
     spec["model"] = _home(model, home)
     critic = values.get("critic.model.path")
     if critic is not None and str(critic) != model:

@@ -73,7 +73,9 @@ def lower(spec: Spec, release: Release, catalog: Catalog, *, spec_file: str, spe
         pins=tuple(sorted({"verl": spec.verl_version, **spec.pins}.items())),
         rollout_package=ROLLOUT_PACKAGES.get(str(config.get("actor_rollout_ref.rollout.name"))),
         startup=startup_needs(spec, release, config) if own_config(spec.program, release) is None else None,
-        expiry_variable=(release.startup.get("expiry_save") or {}).get("variable"),
+        # verl's PPO trainer saves ahead of that deadline; its other programs do not read it
+        expiry_variable=None if own_config(spec.program, release) else (release.startup.get("expiry_save") or {}).get(
+            "variable"),
         image=parse_word(getattr(spec.container, "image", None) or "none"),
         trainer_module=spec.program,
         launch=launch(spec),

@@ -11,6 +11,7 @@ hostile scripts, secrets.
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -106,7 +107,8 @@ def main_ppo_scripts(root: Path) -> list[str]:
                   if "verl.trainer.main_ppo" in p.read_text(errors="replace"))
 
 
-def script_argv(script: str, root: Path, tmp: Path, given: dict[str, str]) -> list[str] | None:
+def script_argv(script: str, root: Path, tmp: Path, given: dict[str, str], args: tuple[str, ...] = ()
+                ) -> list[str] | None:
     """The trainer command the script runs, without verlc: bash runs it from `root` with a stand-in for each
     command verlc stands in for, recording every call; the first `python -m MODULE key=value...`, unwrapped
     from `ray job submit -- ` and `srun`."""
@@ -125,7 +127,7 @@ def script_argv(script: str, root: Path, tmp: Path, given: dict[str, str]) -> li
     try:
         # a guard against a hang, not a measure: under CI's load (three pytest processes on two cores) a plain
         # run of a script with stand-ins once took over 30 s
-        subprocess.run(["bash", script], cwd=root, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+        subprocess.run(["bash", script, *args], cwd=root, env=env, stdin=subprocess.DEVNULL, capture_output=True,
                        timeout=120)
     except subprocess.TimeoutExpired:
         return None
@@ -135,7 +137,7 @@ def script_argv(script: str, root: Path, tmp: Path, given: dict[str, str]) -> li
             argv = argv[argv.index("--") + 1:]
         if argv[0] == "srun":
             argv = argv[next((i for i, a in enumerate(argv) if a.startswith("python")), len(argv)):]
-        if argv and argv[0].startswith("python") and "-m" in argv and any("=" in a for a in argv):
+        if argv and argv[0].startswith(("python", "torchrun")) and "-m" in argv and any("=" in a for a in argv):
             return argv[argv.index("-m"):]
     return None
 
@@ -315,6 +317,84 @@ def judge(root: Path, imports: dict[str, Any]) -> tuple[int, list[str]]:
                         for (script, refused, ours), says in zip(verlc_says, verdicts) if refused != bool(says)]
 
 
+# --- verl's SFT example scripts (torchrun) ------------------------------------------------------
+
+SFT_ARGS = ("8", "/tmp/sft-checkpoints")  # what their usage line asks for: <nproc_per_node> <save_path>
+SFT_PLACED = {"model.path", "model.partial_pretrain", "data.train_files", "data.val_files", "trainer.project_name",
+              "trainer.experiment_name"}  # what the spec's own fields hold (their values as the spec writes them)
+
+
+def default_choices(config: Path) -> set[str]:
+    """`GROUP=OPTION` for each group choice of a config's own defaults list (`engine@engine: fsdp` is
+    engine=fsdp): an override that repeats one picks what the config composes anyway."""
+    from ruamel.yaml import YAML
+
+    found = set()
+    for item in YAML(typ="safe").load(config.read_text()).get("defaults", []):
+        if isinstance(item, dict):
+            for group, option in item.items():
+                found.add(f"{group.split('@')[-1]}={option}")
+    return found
+
+
+def sft_scripts(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in (root / "examples" / "sft").rglob("*.sh")
+                  if re.search(r"torchrun .*-m verl\.trainer\.(fsdp_)?sft_trainer", " ".join(p.read_text().split())))
+
+
+def test_verls_sft_example_scripts_round_trip_or_are_refused_as_verl_refuses_them(
+        checkout: Path, tmp_path: Path) -> None:
+    """Each torchrun SFT script of verl 0.7.1's examples that runs here (its usage: GPUs and a save path): the
+    imported spec's bundle starts the same program under torchrun on one node with the script's GPUs and the same
+    overrides; where verlc refuses the script, verl's own Hydra refuses its command too (the oracle)."""
+    from verlc.compiler.verl.release import snapshot
+
+    scripts = sft_scripts(checkout)
+    assert len(scripts) >= 8, scripts
+    cases, outcomes, failed = [], [], []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(checkout)
+        mp.setenv("HOME", str(checkout / "home"))
+        for script in scripts:
+            folder = tmp_path / script.replace("/", "-")
+            folder.mkdir()
+            theirs = script_argv(script, checkout, folder, {}, SFT_ARGS)
+            if theirs is None:  # the script stops before its trainer here (a megatron script's set-up)
+                continue
+            try:
+                _, _, ir = read_script(Path(script), SFT_ARGS, "0.7.1", None, None, 120, {})
+                ours: Any = ir.trainer_argv
+            except ImportFailed as exc:
+                ours = [str(d) for d in exc.diagnostics]
+            module = theirs[1]
+            if isinstance(ours, tuple):
+                launch, args = ours[:ours.index("-m") + 2], ours[ours.index("-m") + 2:]
+                if launch != ("torchrun", "--standalone", "--nnodes=1", "--nproc_per_node=8", "-m", module):
+                    failed.append(f"{script}: starts {launch}")
+                a, b = hydra_values(theirs[2:]), hydra_values([x for x in args if not x.startswith("--")])
+                failed += [f"{script}: {k}: the script passes {v!r}, the bundle {b.get(k, '<missing>')!r}"
+                           for k, v in a.items() if k not in SFT_PLACED and b.get(k, "<missing>") != v]
+                failed += [f"{script}: the bundle adds {k}" for k in set(b) - set(a) - SFT_PLACED - VERLC_ADDS
+                           - {"trainer.nnodes", "trainer.n_gpus_per_node"}]
+            config = snapshot("0.7.1").programs[module]
+            chosen = default_choices(checkout / "verl" / "trainer" / "config" / f"{config}.yaml")
+            cases.append({"config": config, "engine": "",  # the oracle composes the defaults: their choices go
+                          "overrides": [x for x in theirs[2:] if not x.startswith("-") and x not in chosen],
+                          "keys": [x.split("=", 1)[0].lstrip("+~") for x in theirs[2:] if "=" in x],
+                          "values": {}, "verlc": None})
+            outcomes.append((script, ours))
+    assert len(outcomes) >= 6 and not failed, "\n".join(failed)
+    result = subprocess.run([sys.executable, str(REPO / "tests" / "verl_oracle.py"), str(checkout / "verl")],
+                            input=json.dumps(cases), capture_output=True, text=True, cwd=checkout, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    disagree = [f"{script}\n  verlc: {ours if isinstance(ours, list) else 'accepts'}\n  verl:  {says or 'accepts'}"
+                for (script, ours), says in zip(outcomes, json.loads(result.stdout))
+                if isinstance(ours, list) != bool(says)]
+    imported = sum(isinstance(o, tuple) for _, o in outcomes)
+    print(f"{len(outcomes)} SFT scripts: {imported} imported, {len(outcomes) - imported} refused as verl refuses them")
+    assert imported >= 4 and not disagree, "\n".join(disagree)
+
+
 # --- the DAPO recipe script and the DAPO example -----------------------------------------------
 
 DAPO_SCRIPT = "recipe/dapo/run_dapo_qwen2.5_32b.sh"
@@ -418,10 +498,15 @@ def test_a_script_that_prints_without_end_is_stopped(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_torchrun_is_not_supported_yet(tmp_path: Path) -> None:
-    result = import_text(tmp_path, "\ntorchrun --nproc_per_node=8 -m verl.trainer.fsdp_sft_trainer data.x=1\n")
-    assert result.returncode == 2
-    assert "launch.sh:2:1: trainer command: torchrun" in result.stderr and "not supported yet" in result.stderr
+def test_a_torchrun_sft_script_is_judged_at_its_lines_and_more_than_one_node_is_refused(tmp_path: Path) -> None:
+    one = import_text(tmp_path, "\ntorchrun --nproc_per_node=8 -m verl.trainer.sft_trainer data.x=1\n")
+    assert one.returncode == 2 and "launch.sh:2:" in one.stderr, one.stderr
+    assert "verl.data.x: verl 0.7.1 has no key 'x' under 'data'" in one.stderr, one.stderr  # the program's config
+    many = import_text(tmp_path, "\ntorchrun --nnodes=2 --nproc_per_node=8 -m verl.trainer.sft_trainer "
+                                 "model.path=m data.train_files=t.parquet data.val_files=v.parquet\n")
+    assert many.returncode == 2, many.stderr
+    assert "launch.sh:2:1: trainer command: torchrun --nnodes=2: verlc starts torchrun programs on one node so far" \
+        in many.stderr, many.stderr
 
 
 def test_a_script_that_runs_a_file_not_a_module_says_what_it_started(tmp_path: Path) -> None:

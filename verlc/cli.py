@@ -178,7 +178,8 @@ def _parser() -> argparse.ArgumentParser:
     importing = sub.add_parser(
         "import", help="turn an existing verl launch script into a spec",
         description="Read the trainer command a launch script runs (python3 -m verl.trainer.main_ppo or a recipe's "
-                    "program, directly, through `ray job submit` or `uv run`) and print it as a spec. The "
+                    "program, directly, through `ray job submit` or `uv run`; verl's SFT trainer under torchrun) "
+                    "and print it as a spec. The "
                     "script's own shell code runs, from this folder, so that variables, defaults, arithmetic "
                     "and arrays come out as it computes them; no program it names runs: python, ray, torchrun "
                     "and uv are stand-ins that record their arguments. It runs in a sandbox (Linux user, mount, "
