@@ -51,6 +51,8 @@ def plan(ir: JobIR) -> str:
     out = [f"{ir.name}: {ir.nodes} node(s) x {ir.gpus_per_node} {device}s{kind} = {total} {device}s; "
            f"verl {ir.verl_version}, {ir.trainer_module} ({ir.config_name})"]
 
+    if "actor_rollout_ref" not in cfg.tree:  # not PPO's roles: verl's SFT trainer, one process per GPU
+        return "\n".join([*out, *_sft(ir, g), *_cost(spec, total, 1, device)]) + "\n"
     trainer_gpus = (_count(g("trainer.nnodes")) or ir.nodes) * (_count(g("trainer.n_gpus_per_node")) or ir.gpus_per_node)
     pool = (_count(g("rollout.nnodes")), _count(g("rollout.n_gpus_per_node")))
     critic = critic_in_use(cfg.tree, cfg.tree)
@@ -93,6 +95,24 @@ def plan(ir: JobIR) -> str:
         out += [f"    {v.index}: " + ", ".join(f"{k}={val}" for k, val in v.settings) for v in ir.variants]
     out += _cost(spec, total, variants, device)
     return "\n".join(out) + "\n"
+
+
+def _sft(ir: JobIR, g: Any) -> list[str]:
+    """A program without PPO's roles (verl's SFT trainer): its launch, and its batch over the GPUs."""
+    gpus = ir.nodes * ir.gpus_per_node
+    out = [f"  {ir.device}s:     {' '.join(ir.launch[:-1])}: one process per {ir.device} of {gpus}"]
+    train, micro = _count(g("data.train_batch_size")), _count(g("data.micro_batch_size_per_gpu"))
+    if train is None:
+        return out + [f"  step:     data.train_batch_size is {g('data.train_batch_size')}: not a whole number here"]
+    line = f"  step:     data.train_batch_size {train} samples"
+    if g("data.use_dynamic_bsz"):
+        return out + [line + f"; micro batches by tokens (use_dynamic_bsz: at most "
+                             f"{g('data.max_token_len_per_gpu')} tokens per {ir.device})"]
+    if micro and train % gpus == 0:
+        per = train // gpus
+        line += f", {per} per {ir.device}" + (f", micro batch {micro}: {per / micro:g} gradient-accumulation step(s)"
+                                              if per % micro == 0 else f", micro batch {micro} (does not divide it)")
+    return out + [line]
 
 
 def _role(name: str, section: str, g: Any, train: int | None, n: int, gpus: int) -> list[str]:

@@ -55,3 +55,21 @@ def test_the_plan_is_the_arithmetic_of_the_config_verl_runs_with(tmp_path: Path)
     (tmp_path / "bad.yaml").write_text(SPEC.replace(f"n: {N},", "n: four,"))
     bad = run_verlc("plan", "bad.yaml", cwd=tmp_path)
     assert bad.returncode == 2 and "bad.yaml:12:30: verl.actor_rollout_ref.rollout.n: " in bad.stderr and not bad.stdout, bad.stderr
+
+
+def test_the_plan_of_verls_sft_trainer_is_its_launch_and_its_batch_per_gpu(tmp_path: Path) -> None:
+    """No PPO roles for verl's SFT trainer: torchrun's processes, and its global batch over the GPUs (verl's
+    fsdp_sft_trainer divides data.train_batch_size by the data-parallel size)."""
+    spec = tmp_path / "sft.yaml"
+    spec.write_text(json.dumps({
+        "name": "sft", "project": "p", "verl_version": "0.4.1", "program": "verl.trainer.fsdp_sft_trainer",
+        "model": "m", "data": {"train_files": ["t.parquet"], "val_files": ["v.parquet"]},
+        "verl": {"data": {"train_batch_size": 96, "micro_batch_size_per_gpu": 4}, "trainer": {"logger": ["console"]}},
+        "cluster": {"nodes": 1, "gpus_per_node": 8}}))
+    result = run_verlc("plan", spec)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1] == "  GPUs:     torchrun --standalone --nnodes=1 --nproc_per_node=8: one process per GPU of 8"
+    assert lines[2] == "  step:     data.train_batch_size 96 samples, 12 per GPU, micro batch 4: 3 gradient-accumulation " \
+                       "step(s)"
+    assert not any(word in result.stdout for word in ("rollout", "actor", "critic"))
