@@ -616,3 +616,17 @@ def test_what_of_verls_own_programs_is_not_built_is_refused_at_its_line(
     checked = subprocess.run([sys.executable, "-m", "verlc", "validate", str(spec)], capture_output=True, text=True)
     # verl:'s keys are checked against the program's own config: evaluation's has no data.max_length
     assert (checked.returncode == 0) == (module != "verl.trainer.main_eval"), checked.stderr
+
+
+def test_a_key_of_another_programs_config_is_not_said_to_exist_in_other_releases(tmp_path: Path) -> None:
+    """The hint 'exists in verl X' compares the same program's config across releases, not main_ppo's: verl's
+    evaluation config never had `trainer`, though ppo_trainer has it in every release."""
+    spec = own_program_spec(tmp_path, "0.9.1", "verl.trainer.main_eval")
+    checked = subprocess.run([sys.executable, "-m", "verlc", "validate", str(spec)], capture_output=True, text=True)
+    line = next(line for line in checked.stderr.splitlines() if ": verl.trainer: " in line)
+    assert line.endswith("verl 0.9.1 has no key 'trainer' at the top level"), line
+    sft = own_program_spec(tmp_path, "0.7.1", "verl.trainer.sft_trainer")
+    sft.write_text(sft.read_text().replace("max_length: 512", "micro_batch_size: 4"))
+    checked = subprocess.run([sys.executable, "-m", "verlc", "validate", str(sft)], capture_output=True, text=True)
+    assert "verl.data.micro_batch_size: verl 0.7.1 has no key 'micro_batch_size' under 'data'" in checked.stderr
+    assert "exists in verl" not in checked.stderr, checked.stderr  # no release's sft_trainer_engine has it

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..diagnostics import Diagnostic, did_you_mean
@@ -518,10 +518,15 @@ def other_releases(parts: list[str], release: Release) -> str:
     """'; it exists in verl 0.6.0, 0.6.1' for a key that other shipped releases have."""
     key = ".".join(parts)
     having = []
+    own = release.primary if release.primary in release.program_configs else None  # an SFT program's config
     for version in RELEASES:
         if version == release.version:
             continue
         other = snapshot(version)
+        if own is not None:  # the same program's config in the other release, not main_ppo's
+            if own not in other.program_configs:
+                continue
+            other = replace(other, configs={own: other.program_configs[own]})
         places = (Walker(other, c, e).place(parts) for c in other.configs for e in other.engines(c))
         if any(p.status == KNOWN and p.in_yaml for p in places):
             having.append(version)
