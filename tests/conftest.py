@@ -13,6 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SPECS = sorted((REPO / "specs").glob("*.yaml"))
+# the examples of verl's main_ppo (the others run verl's SFT trainer: their own config, no migrate)
+MAIN_PPO_SPECS = [p for p in SPECS if "\nprogram: " not in p.read_text()]
 # Paper runs: their code is a checkout dev/checkouts.py makes from ../shared/verl-recipe (the `recipes` fixture)
 RECIPES = sorted((REPO / "specs" / "recipes").glob("*.yaml"))
 

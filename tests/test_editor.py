@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 from ruamel.yaml import YAML
 
-from conftest import IN_CI, REPO, SPECS, run_verlc
+from conftest import IN_CI, MAIN_PPO_SPECS, REPO, SPECS, run_verlc
 from test_verl_releases import leaves, nest
 from verlc.compiler import spec_doc
 from verlc.compiler.diagnostics import SpecError
@@ -49,9 +49,6 @@ def validator(version: str) -> jsonschema.Draft202012Validator:
 
 def errors(version: str, data: dict[str, Any]) -> list[str]:
     return [f"{e.json_path}: {e.message}" for e in validator(version).iter_errors(data)]
-
-
-MAIN_PPO_SPECS = [p for p in SPECS if "program" not in YAML(typ="safe", pure=True).load(p.read_text())]
 
 
 @pytest.mark.parametrize("spec", MAIN_PPO_SPECS, ids=[p.stem for p in MAIN_PPO_SPECS])

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from conftest import SPECS, run_verlc
+from conftest import MAIN_PPO_SPECS, run_verlc
 from test_verl_releases import RULED, baseline, leaves, nest, oracle
 from verlc.compiler import migrate
 from verlc.compiler.verl import moves as verl_moves
@@ -242,7 +242,7 @@ def value_at(config: Any, key: str) -> Any:
 def pairs() -> list[tuple[str, str, str]]:
     """A spec written for each release to every newer release (and back, in the test); the examples, which
     are written for the newest, to every older one (and back)."""
-    out = [(f"example:{s.name}", "0.9.1", v) for s in SPECS for v in RELEASES if v != "0.9.1"]
+    out = [(f"example:{s.name}", "0.9.1", v) for s in MAIN_PPO_SPECS for v in RELEASES if v != "0.9.1"]
     out += [("written", a, b) for i, a in enumerate(RELEASES) for b in RELEASES[i + 1:]]
     return out
 
@@ -256,7 +256,7 @@ def migrated(job: tuple[int, str, str, str, Path]) -> tuple[list[str], dict[str,
     folder.mkdir()
     spec = folder / "spec.yaml"
     if kind.startswith("example:"):
-        shutil.copy(next(s for s in SPECS if s.name == kind[8:]), spec)
+        shutil.copy(next(s for s in MAIN_PPO_SPECS if s.name == kind[8:]), spec)
     else:
         spec.write_text(spec_text(written_for(source), source))
     _, wrote, before = resolved(spec)
