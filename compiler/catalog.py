@@ -13,9 +13,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pydantic import BaseModel
-
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from .diagnostics import Diagnostic
     from .ir import JobIR
     from .load import Sourced
@@ -29,7 +29,7 @@ class Section:
 
     at: tuple[str, ...]  # ("kubernetes",) at the top level, or ("cluster", "slurm") inside the cluster section
     group: str  # resources, container, ...
-    model: type[BaseModel]
+    model: str  # the pydantic model's name in the target's section.py (imported only when the Spec is built)
     description: str
 
 
@@ -42,6 +42,8 @@ class Target(Protocol):
     def section(self) -> Section | None: ...
     @property
     def runs_container(self) -> bool: ...
+    @property
+    def section_model(self) -> type[BaseModel]: ...
 
     def check_section(self, spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]: ...
     def check_build(self, spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]: ...
@@ -60,7 +62,7 @@ class Catalog:
 
         targets = tuple(targets)
         return cls(targets, with_sections(tuple(t.name for t in targets),
-                                          [t.section for t in targets if t.section is not None]))
+                                          [(t.section, t.section_model) for t in targets if t.section is not None]))
 
     @property
     def names(self) -> tuple[str, ...]:

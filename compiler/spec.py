@@ -9,7 +9,7 @@ target registry's Catalog.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Strict, Tag, create_model
@@ -19,6 +19,8 @@ from .fields import (
 )
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from .catalog import Section
 
 # --- model -----------------------------------------------------------------------------------------
@@ -326,15 +328,13 @@ class Spec(Model):
         return self.model if isinstance(self.model, str) else self.model.folder
 
 
-def with_sections(names: tuple[str, ...], sections: Iterable[Section]) -> type[Spec]:
-    """The Spec of these targets: `targets:` one of their names, and each target's own section where it says
-    (the top level, or inside `cluster:`), optional. The target registry's Catalog holds it."""
-    def optional(section: Section) -> Any:
-        return section.model | None, Field(None, description=section.description)
-
-    top = {s.at[0]: optional(s) for s in sections if len(s.at) == 1}
-    nested = {s.at[1]: optional(s) for s in sections if len(s.at) == 2}
-    assert all(len(s.at) == 1 or s.at[0] == "cluster" for s in sections), "a target's section nests only in cluster:"
+def with_sections(names: tuple[str, ...], sections: Sequence[tuple[Section, type[BaseModel]]]) -> type[Spec]:
+    """The Spec of these targets: `targets:` one of their names, and each target's own section (with its model)
+    where it says (the top level, or inside `cluster:`), optional. The target registry's Catalog holds it."""
+    assert all(len(s.at) == 1 or s.at[0] == "cluster" for s, _ in sections), "a target's section nests only in cluster:"
+    top = {s.at[0]: (model | None, Field(None, description=s.description)) for s, model in sections if len(s.at) == 1}
+    nested = {s.at[1]: (model | None, Field(None, description=s.description)) for s, model in sections
+              if len(s.at) == 2}
     cluster = create_model("Cluster", __base__=Cluster, __module__=__name__, __doc__=Cluster.__doc__, **nested)
     field = Spec.model_fields["cluster"]
     return create_model("Spec", __base__=Spec, __module__=__name__, __doc__=Spec.__doc__,

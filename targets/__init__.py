@@ -3,26 +3,42 @@ the docs come from it, and `CATALOG` is what the compiler gets of them (compiler
 each target's section, the checks and lowering it calls). Each is one folder of the shape targets/target.py
 describes; adding a target is adding a folder and a line here.
 
-Importing this registers each target's descriptor and spec section only; a target's checks, lowering,
-render and launcher are imported when it is first built or launched.
+Importing this registers each target's descriptor only; a target's section model (with CATALOG), checks,
+lowering, render and launcher are imported when first needed.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..compiler.catalog import Catalog
+from functools import cache
+
 from . import compose, kuberay, ray_job, skypilot, slurm
 from .target import Target
 
 if TYPE_CHECKING:
+    from ..compiler.catalog import Catalog
     from ..compiler.ir import JobIR
     from ..lifecycle.scheduler import Launcher
     from .bundle import Bundle
 
 TARGETS: tuple[Target, ...] = (slurm.TARGET, ray_job.TARGET, compose.TARGET, kuberay.TARGET, skypilot.TARGET)
 NAMES: tuple[str, ...] = tuple(t.name for t in TARGETS)
-CATALOG = Catalog.of(TARGETS)
+
+
+@cache
+def _catalog() -> Catalog:
+    from ..compiler.catalog import Catalog
+
+    return Catalog.of(TARGETS)
+
+
+def __getattr__(name: str) -> Catalog:
+    """`CATALOG`, built on first use (it imports every section's model and builds the Spec): `verlc status` and
+    the other commands that only ask a target's launcher do not pay for it."""
+    if name == "CATALOG":
+        return _catalog()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get(name: str) -> Target:

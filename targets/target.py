@@ -1,9 +1,10 @@
 """What a target is: one folder under targets/ of a fixed shape, described by one `Target`.
 
     targets/<folder>/
-      __init__.py   TARGET = Target(name, __name__, Section(where, group, Model, description))
+      __init__.py   TARGET = Target(name, __name__, Section(where, group, "Model", description))
                     (the registry in targets/__init__.py lists it)
-      section.py    its spec section, a pydantic model (Section names it; the Spec gets it from the registry), and optionally
+      section.py    its spec section, the pydantic model Section names (the Spec gets it from the registry), and
+                    optionally
                     node_words(spec): the section's words that expand on the nodes
       checks.py     check_build(spec, sourced, chosen): what this target cannot run of the spec and its verl
                     release or commit (`chosen`; only when it is built), and
@@ -12,8 +13,8 @@
       render.py     render(ir) -> Bundle
       launch.py     the Launcher protocol (lifecycle/scheduler.py): submit, state, logs, cancel, attach
 
-Only the section (and this descriptor) is imported for every spec; the rest when the target is built or
-launched, so building one target loads only that one.
+Only the descriptor is imported with the registry; the section when the Spec is built (every spec), the rest
+when the target is built or launched, so building one target loads only that one.
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ class Target:  # compiler/catalog.py's Target: what the compiler asks of it
         for part in self.section.at:
             value = getattr(value, part, None)
         return value is not None
+
+    @property
+    def section_model(self) -> Any:
+        """The pydantic model of the target's section (its section.py, imported now)."""
+        assert self.section is not None
+        return getattr(self._module("section"), self.section.model)
 
     def _module(self, name: str) -> Any:
         return import_module(f"{self.package}.{name}")

@@ -1,8 +1,7 @@
 """The compose target: a Ray head, workers and the trainer on one Docker host (scenario B)."""
 
 from ..target import Section, Target
-from .section import Compose
 
-TARGET = Target("compose", __name__, Section(("compose",), "container", Compose,
+TARGET = Target("compose", __name__, Section(("compose",), "container", "Compose",
                                            "The compose target's image when `container` has none."),
                 runs_container=True, resumable=True)

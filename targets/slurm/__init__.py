@@ -1,7 +1,6 @@
 """The slurm target: one sbatch script that brings up Ray in containers and runs verl."""
 
 from ..target import Section, Target
-from .section import Slurm
 
-TARGET = Target("slurm", __name__, Section(("cluster", "slurm"), "resources", Slurm,
+TARGET = Target("slurm", __name__, Section(("cluster", "slurm"), "resources", "Slurm",
                                          "sbatch directives; the slurm target needs them."), runs_container=True)
