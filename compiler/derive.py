@@ -82,12 +82,11 @@ def derived(spec: Spec, tree: dict[str, Any]) -> tuple[Derived, ...]:
         Derived("trainer.project_name", spec.project, "project"),
         Derived("trainer.experiment_name", spec.experiment or spec.name,
                 "experiment" if spec.experiment else "name"),
-        *(Derived(k, spec.model_path, "model") for k in MODEL_KEYS[:1] if has_key(tree, k)),
+        # the first place the program's config takes its model from (PPO's actor, else an SFT trainer's)
+        Derived(next((k for k in MODEL_KEYS if has_key(tree, k)), MODEL_KEYS[0]), spec.model_path, "model"),
         Derived("data.train_files", list(spec.data.train_files), "data.train_files"),
         Derived("data.val_files", list(spec.data.val_files), "data.val_files"),
     ]
-    if not has_key(tree, MODEL_KEYS[0]):  # not PPO's: the first place the program's config has
-        items += [Derived(k, spec.model_path, "model") for k in MODEL_KEYS[1:] if has_key(tree, k)][:1]
     if critic_in_use(spec.verl):
         items.append(Derived("critic.model.path", spec.model_path, "model"))
     return tuple(d for d in items if has_key(tree, d.key))

@@ -19,11 +19,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .derive import MODEL_KEYS
 from .diagnostics import Diagnostic
 from .verl.program import MAIN_PPO
+
+if TYPE_CHECKING:
+    from .verl.release import Release
 
 # Python options that take a value (python -X opt -m ...); the trainer command is `python [opts] -m MODULE`.
 _PY_VALUED = {"-X", "-W", "-c"}
@@ -342,7 +345,7 @@ def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, 
 
     verl: dict[str, Any] = {}
     values: dict[str, Any] = {}
-    groups = set(release_groups(verl_commit, verl_version)) - {"model_engine"}
+    groups = set(spec_release(verl_commit, verl_version).groups) - {"model_engine"}  # `NAME=OPTION` picks one
     for o in parsed:
         needle = o.text.split("=", 1)[0] + "="
         if o.sweep:
@@ -465,17 +468,17 @@ def _home(text: str, home: str) -> str:
     return escaped
 
 
-def release_groups(commit: str | None, version: str) -> tuple[str, ...]:
-    """The config groups of the release (or commit) the spec names: `NAME=OPTION` picks one of them."""
+def spec_release(commit: str | None, version: str) -> Release:
+    """The release (or commit) the imported spec names; verlc's default release where verlc cannot read it (the
+    compile then says why)."""
     from .verl.commit import CommitError, commit_release
     from .verl.release import RELEASES, snapshot
 
     try:
-        release = commit_release(commit, None) if commit else snapshot(version if version in RELEASES
-                                                                       else DEFAULT_VERSION)
+        return commit_release(commit, None) if commit else snapshot(version if version in RELEASES
+                                                                    else DEFAULT_VERSION)
     except CommitError:
-        return ()
-    return tuple(release.groups)
+        return snapshot(DEFAULT_VERSION)
 
 
 def config_defaults(module: str, hydra: dict[str, Any], commit: str | None, version: str, cwd: str
@@ -483,20 +486,15 @@ def config_defaults(module: str, hydra: dict[str, Any], commit: str | None, vers
     """What the config the trainer composes says for the keys verlc derives from a spec's own fields (DERIVED):
     verl's ppo_trainer.yaml, or a program's own config (DAPO's names its W&B project). A key that config leaves
     empty, or a config that cannot be composed here (the compile then says why), gets ppo_trainer's value."""
-    from .verl.commit import CommitError, commit_release
     from .verl.program import ProgramError, resolve
-    from .verl.release import DEFAULT_CONFIG, RELEASES, snapshot
+    from .verl.release import DEFAULT_CONFIG
 
     def lookup(tree: Any, key: str) -> Any:
         for part in key.split("."):
             tree = tree.get(part) if isinstance(tree, dict) else None
         return None if tree == "???" else tree
 
-    try:
-        release = commit_release(commit, None) if commit else snapshot(version if version in RELEASES
-                                                                       else DEFAULT_VERSION)
-    except CommitError:
-        release = snapshot(DEFAULT_VERSION)
+    release = spec_release(commit, version)
     base = release.tree(DEFAULT_CONFIG, release.default_engine(DEFAULT_CONFIG)) \
         if DEFAULT_CONFIG in release.configs else {}
     try:

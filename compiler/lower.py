@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from verlc import __version__
 
 from .ir import CodeIR, ContainerIR, DataPrepIR, EnvVar, ImageBuildIR, JobIR, ModelFetchIR, RayIR, VariantIR, Var, Word, parse_word
 from . import yaml_text
-from .catalog import Catalog
 from .derive import checkpoint_dir, critic_in_use, derived_environment, strings_in, variant_specs
 from .overrides import determinism_defaults, overrides, verl_values
 from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, image_file
 from .verl import preprocess
 from .verl.check import Selection, select, settings
 from .verl.hydra import verl_value
-from .verl.release import Release
 from .verl.program import TORCHRUN, own_config
+from .verl.release import Release
 from .verl.rules import Config, absolute
 from .verl.workers import Need, known, needs
+
+if TYPE_CHECKING:
+    from .catalog import Catalog
 
 # The columns main_ppo's data set reads of every row (verl's RLHFDataset and reward): the preflight checks each
 # data file has them. verl's own other programs read columns their configs name: not checked.
@@ -35,6 +38,7 @@ def lower(spec: Spec, release: Release, catalog: Catalog, *, spec_file: str, spe
     chosen = select(spec.verl, release, spec.hydra.config_name)
     assert isinstance(chosen, Selection), "the checks refuse a spec whose verl config cannot be chosen"
     # verl's config as the trainer will see it: written into the bundle, and read for the rollout engine
+    own = own_config(spec.program, release)  # one of verl's programs with its own config (SFT): not PPO's facts
     config = Config(chosen.tree, {k: verl_value(v) for k, v in
                                   {**determinism_defaults(spec, chosen), **verl_values(spec, chosen)}.items()})
     ir = JobIR(
@@ -72,14 +76,13 @@ def lower(spec: Spec, release: Release, catalog: Catalog, *, spec_file: str, spe
         node_env=node_env(spec, chosen, catalog),
         pins=tuple(sorted({"verl": spec.verl_version, **spec.pins}.items())),
         rollout_package=ROLLOUT_PACKAGES.get(str(config.get("actor_rollout_ref.rollout.name"))),
-        startup=startup_needs(spec, release, config) if own_config(spec.program, release) is None else None,
+        startup=None if own else startup_needs(spec, release, config),
         # verl's PPO trainer saves ahead of that deadline; its other programs do not read it
-        expiry_variable=None if own_config(spec.program, release) else (release.startup.get("expiry_save") or {}).get(
-            "variable"),
+        expiry_variable=None if own else (release.startup.get("expiry_save") or {}).get("variable"),
         image=parse_word(getattr(spec.container, "image", None) or "none"),
         trainer_module=spec.program,
         launch=launch(spec),
-        data_columns=() if own_config(spec.program, release) else PPO_COLUMNS,
+        data_columns=() if own else PPO_COLUMNS,
         config_name=chosen.config,
         overrides=overrides(spec, chosen),
         gpu_type=spec.cluster.gpu_type,

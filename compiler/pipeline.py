@@ -39,7 +39,7 @@ def compile_spec(path: Path, catalog: Catalog, *, display: str, source: str, tar
     whose checks run ("all": the spec's own `targets`); `texts` stands in for files by resolved path (load());
     `accept_changes`: a reproducible spec builds from code with uncommitted changes (they are recorded);
     `profile`: the site profile composed under the spec (compiler/profile.py); `catalog`: the targets (the
-    composition root's, verlc/compile.py).
+    registry's targets.CATALOG, which the commands hand in).
     """
     sourced = load(path, display, texts=texts)
     site, profile_notes = None, []

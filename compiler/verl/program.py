@@ -28,6 +28,7 @@ MAIN_PPO = "verl.trainer.main_ppo"
 # process per GPU (read from each release's code: fsdp_sft_trainer to 0.7.0, sft_trainer from 0.6.0;
 # tests/test_verl_releases.py checks the list against every release's own modules)
 TORCHRUN = ("verl.trainer.fsdp_sft_trainer", "verl.trainer.sft_trainer")
+VERL_CONFIG = ("verl", "trainer", "config")  # where verl's own trainer configs live in a checkout
 
 
 def own_config(module: str, release: Release) -> str | None:
@@ -35,7 +36,6 @@ def own_config(module: str, release: Release) -> str | None:
     where `module` is one of them in `release`."""
     name = release.programs.get(module)
     return name if name in release.program_configs else None
-VERL_CONFIG = ("verl", "trainer", "config")  # where verl's own trainer configs live in a checkout
 
 
 class ProgramError(Exception):

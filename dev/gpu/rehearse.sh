@@ -2,8 +2,9 @@
 # The GPU rehearsal: on a machine with an NVIDIA GPU and no network, install what the run needs from the wheels
 # dev/gpu/wheels.sh fetched (.whl/), make the tiny model and data offline, start a one-node Ray head, and submit
 # verlc's bundles with `verlc submit` (which runs each bundle's own submit.sh): the training specs
-# (specs/gpu-rehearsal-reinforce.yaml; specs/gpu-rehearsal-sft.yaml, SFT under torchrun) must train; the configs of dev/gpu/cases/ must fail before the trainer,
-# at the build or in the preflight. Writes into OUT (default /tmp/gpu-rehearsal-out): its log, everything it saw
+# (specs/gpu-rehearsal-reinforce.yaml; specs/gpu-rehearsal-sft.yaml, SFT under torchrun) must train; the
+# configs of dev/gpu/cases/ must fail before the trainer, at the build or in the preflight. Writes into OUT
+# (default /tmp/gpu-rehearsal-out): its log, everything it saw
 # (rehearsal.tar.gz: logs, events, versions, results), and docs/gpu.md's text and figure (dev/gpu/report.py):
 # copy gpu.md and gpu-rehearsal.svg into docs/.
 #

@@ -68,6 +68,12 @@ def outcome(folder: Path, label: str, detail: str) -> str:
             f"ended without a preflight failure or a clean exit ({detail}); see its log")
 
 
+def checkpoints(listing: Path) -> list[str]:
+    """The global_step_N folders a run's `ls -R` of its checkpoint folder shows, in step order."""
+    found = {m[0] for m in re.finditer(r"global_step_\d+", listing.read_text())} if listing.exists() else set()
+    return sorted(found, key=lambda s: int(s.rsplit("_", 1)[1]))
+
+
 def sft_section(folder: Path, seen: dict[str, tuple[float, str]]) -> list[str]:
     """verl's SFT trainer, started by verlc with torchrun: its spec, stages, steps and outcome."""
     if "sft" not in seen or not (folder / "sft.log").exists():
@@ -75,8 +81,7 @@ def sft_section(folder: Path, seen: dict[str, tuple[float, str]]) -> list[str]:
     log = (folder / "sft.log").read_text()
     steps = [s for ln in log.splitlines() if (s := parse_step(ln))]
     shown = sorted({k for s in steps for k in s.metrics if k.startswith(("train/", "val/"))})
-    saved = sorted({m[0] for m in re.finditer(r"global_step_\d+", (folder / "sft-checkpoints.txt").read_text())},
-                   key=lambda s: int(s.rsplit("_", 1)[1])) if (folder / "sft-checkpoints.txt").exists() else []
+    saved = checkpoints(folder / "sft-checkpoints.txt")
     launched = next((plain(ln).split("verlc: training: ", 1)[1] for ln in log.splitlines()
                      if "verlc: training: " in ln), "")
     return [
@@ -103,8 +108,7 @@ def main(folder: Path, output: Path) -> None:
     first_step = next((float(m[1]) for ln in follow if (m := FOLLOW_STEP.match(ln)) and int(m[2]) >= 1), None)
     steps = [s for ln in train_log.splitlines() if (s := parse_step(ln))]
     step_lines = [plain(ln).split(")", 1)[-1].strip() for ln in train_log.splitlines() if parse_step(ln)]
-    saved = sorted({m[0] for m in re.finditer(r"global_step_\d+", (folder / "checkpoints.txt").read_text())},
-                   key=lambda s: int(s.rsplit("_", 1)[1]))
+    saved = checkpoints(folder / "checkpoints.txt")
     trained_moments = moments(train_log)
     ran = trained_moments[0][0].strftime("%Y-%m-%d %H:%M UTC") if trained_moments else "unknown"
     lines = [
