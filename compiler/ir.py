@@ -168,6 +168,34 @@ class VariantIR:
     checkpoint_dir: Word
 
 
+@dataclass(frozen=True)
+class StageInputIR:
+    """An earlier stage's last checkpoint, merged into a Hugging Face folder before this stage starts (the runtime's
+    data stage runs verl's model merger on it unless that step is merged already)."""
+
+    stage: str  # the earlier stage's job name (<pipeline>-<stage>)
+    checkpoint_dir: Word  # its verl trainer.default_local_dir: the latest_checkpointed_iteration.txt it keeps
+    layout: str  # where the model's shards are in a global_step_N folder: "actor" (verl's Ray trainers) or ""
+    merger: tuple[str, ...]  # verl's merger, up to --local_dir and --target_dir
+    merged: Word  # <checkpoint_dir>/verlc-merged: global_step_N folders and `latest`, what this stage's verl gets
+
+
+@dataclass(frozen=True)
+class PipelineIR:
+    """Where a job stands in its pipeline (a spec with `stages:`)."""
+
+    name: str  # the pipeline's (the spec's name)
+    stage: str  # this stage's own name
+    index: int  # 0-based, in the order the stages run
+    stages: tuple[str, ...]  # every stage's job name, in order
+    inputs: tuple[StageInputIR, ...] = ()
+
+    @property
+    def after(self) -> str | None:
+        """The job this one waits for (afterok), the stage before it."""
+        return self.stages[self.index - 1] if self.index else None
+
+
 CODE_DIFF = "code.diff"  # a bundle's copy of the code's uncommitted changes
 
 
@@ -233,6 +261,7 @@ class JobIR:
     profile: tuple[str, str, str] | None = None  # the site profile composed under the spec: (name, file, sha256)
     notes: tuple[str, ...] = ()  # what verlc could not check, and why (shown by validate and build)
     parts: tuple[tuple[str, Any], ...] = ()  # (target, its own IR part): each target built, lowered by its folder
+    pipeline: PipelineIR | None = None  # a stage of a pipeline (compiler/stages.py)
 
     def part(self, target: str) -> Any:
         """The IR part target `target` lowered for itself (targets/<folder>/lower.py)."""

@@ -32,26 +32,34 @@ class Sourced:
     data: dict[str, Any]
     layers: tuple[tuple[str, CommentedMap], ...]
     sha256: str
+    stage: str | None = None  # one stage of a pipeline: its own settings are the last layer (compiler/stages.py)
+
+    def _found(self, loc: Sequence[str | int], at_key: bool) -> tuple[str, int, int, int]:
+        """(file, line, col, layer index) of the deepest match of `loc`, the last layer first."""
+        best = (-1, self.file, 1, 1, len(self.layers) - 1)
+        for index in reversed(range(len(self.layers))):
+            shown, tree = self.layers[index]
+            depth, (line, col) = _walk(tree, loc, at_key)
+            if depth > best[0]:
+                best = (depth, shown, line, col, index)
+        return best[1:]
 
     def locate(self, loc: Sequence[str | int], *, at_key: bool = False) -> tuple[str, int, int]:
         """(file, line, col), 1-based, of the value at `loc` (of its key when `at_key`).
 
         A location that is in no file (a missing field) points at the nearest parent that is.
         """
-        best = (-1, self.file, 1, 1)
-        for shown, tree in reversed(self.layers):
-            depth, (line, col) = _walk(tree, loc, at_key)
-            if depth > best[0]:
-                best = (depth, shown, line, col)
-        return best[1], best[2], best[3]
+        return self._found(loc, at_key)[:3]
 
     def position(self, loc: Sequence[str | int], *, at_key: bool = False) -> tuple[int, int]:
         _, line, col = self.locate(loc, at_key=at_key)
         return line, col
 
     def diagnostic(self, loc: Sequence[str | int], message: str, *, at_key: bool = False) -> Diagnostic:
-        file, line, col = self.locate(loc, at_key=at_key)
-        return Diagnostic(file, line, col, dotted(loc), message)
+        """A problem at `loc`; in a stage's own settings, its path is the stage's (stages.NAME.verl...)."""
+        file, line, col, index = self._found(loc, at_key)
+        own = self.stage is not None and index == len(self.layers) - 1
+        return Diagnostic(file, line, col, dotted(("stages", self.stage, *loc) if own else loc), message)
 
 
 def _walk(tree: CommentedMap, loc: Sequence[str | int], at_key: bool) -> tuple[int, tuple[int, int]]:

@@ -6,6 +6,7 @@ import difflib
 import os
 import subprocess
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -13,8 +14,9 @@ from .checks import check
 from pydantic import ValidationError
 
 from .diagnostics import Diagnostic, SpecError
-from .ir import CodeIR, JobIR
+from .ir import CodeIR, JobIR, PipelineIR
 from . import profile as profiles
+from . import stages
 from .load import Sourced, load
 from .lower import lower
 from .catalog import Catalog
@@ -42,6 +44,64 @@ def compile_spec(path: Path, catalog: Catalog, *, display: str, source: str, tar
     registry's targets.CATALOG, which the commands hand in).
     """
     sourced = load(path, display, texts=texts)
+    if "stages" in sourced.data:
+        raise SpecError([sourced.diagnostic(("stages",), "a pipeline: this command takes a spec of one program "
+                                                         "(verlc validate, plan, build and submit take pipelines)",
+                                            at_key=True)])
+    return _compile(sourced, path, catalog, source=source, targets=targets, verl_config=verl_config,
+                    max_variants=max_variants, texts=texts, accept_changes=accept_changes, profile=profile)
+
+
+def compile_file(path: Path, catalog: Catalog, *, display: str, source: str, targets: Iterable[str] = (),
+                 verl_config: VerlConfigSource = "snapshot", max_variants: int = 1000,
+                 accept_changes: bool = False, profile: str | None = None) -> list[JobIR]:
+    """Compile one spec file: one job, or a pipeline's (compiler/stages.py), one per stage in the order they
+    run; SpecError listing every problem of every stage."""
+    sourced = load(path, display)
+    parts = stages.split(sourced)
+    options = dict(source=source, targets=targets, verl_config=verl_config, max_variants=max_variants,
+                   accept_changes=accept_changes, profile=profile)
+    if parts is None:
+        return [_compile(sourced, path, catalog, **options)]  # type: ignore[arg-type]
+    chaining = [t.name for t in catalog.targets if t.chains]
+    asked = [t for t in (*targets, *(sourced.data.get("targets") or [])) if t in catalog.names]
+    problems = [sourced.diagnostic(("stages",), f"the {t} target runs one program per job: a pipeline's stages "
+                                                f"run as a chain of jobs on {' and '.join(chaining)} (set targets: "
+                                                f"[{', '.join(chaining)}])", at_key=True)
+                for t in dict.fromkeys(asked) if t not in chaining]
+    if not sourced.data.get("targets") and "all" in targets:
+        problems.append(sourced.diagnostic(("stages",), f"a pipeline runs on {' and '.join(chaining)} only: set "
+                                                        f"targets: [{', '.join(chaining)}]", at_key=True))
+    if problems:
+        raise SpecError(problems)
+    done: dict[str, JobIR] = {}
+    compiled: list[tuple[stages.StageSpec, JobIR]] = []
+    names = tuple(f"{sourced.data.get('name')}-{p.name}" for p in parts)
+    for part in parts:
+        inputs = ()
+        try:
+            if part.takes is not None:
+                if part.takes not in done:
+                    continue  # the earlier stage has problems of its own, reported already
+                producer = done[part.takes]
+                part, taken = stages.take(part, producer, torchrun=producer.launch[0] == "torchrun")
+                inputs = (taken,)
+            ir = _compile(part.sourced, path, catalog, **options)  # type: ignore[arg-type]
+        except SpecError as exc:
+            problems += exc.diagnostics
+            continue
+        ir = replace(ir, pipeline=PipelineIR(str(sourced.data["name"]), part.name, part.index, names, inputs))
+        done[part.name] = ir
+        compiled.append((part, ir))
+    problems += stages.same_checkpoints(compiled)
+    if problems:
+        raise SpecError(problems)
+    return [ir for _, ir in compiled]
+
+
+def _compile(sourced: Sourced, path: Path, catalog: Catalog, *, source: str, targets: Iterable[str],
+             verl_config: VerlConfigSource, max_variants: int, texts: Mapping[Path, str] | None = None,
+             accept_changes: bool, profile: str | None) -> JobIR:
     site, profile_notes = None, []
     if profile is not None:
         sourced, site, profile_notes = profiles.under(sourced, path, profile, catalog, texts)

@@ -19,7 +19,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -96,7 +96,7 @@ def _compose(sourced: Sourced, shown: str, label: str, profiles: CommentedMap, n
                                                f"`{key}` belongs in the spec") for key in data if key not in keys]
     if problems:
         raise SpecError(problems)
-    composed = Sourced(sourced.file, merge(data, sourced.data), ((shown, own), *sourced.layers), sourced.sha256)
+    composed = replace(sourced, data=merge(data, sourced.data), layers=((shown, own), *sourced.layers))
     profile = Profile(name, label, hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest())
     both = [loc for loc in _leaves(data) if _has(sourced.data, loc)]
     notes = [sourced.diagnostic(loc, f"note: profile {name} ({shown}:{':'.join(map(str, _where(own, loc)))}) "

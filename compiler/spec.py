@@ -258,6 +258,29 @@ Module = Annotated[str, Strict(), matching(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][
 Commit = Annotated[str, Strict(), matching(r"[0-9a-f]{40}", "a full git commit (40 lowercase hex digits)")]
 
 
+# --- a pipeline's stages ---------------------------------------------------------------------------
+
+class Stage(Model):
+    """One program of a pipeline: these settings on top of the spec's own (mappings merge, lists are replaced),
+    checked as a spec of its own. The stages run in the order written, each once the one before it succeeded;
+    its Slurm job and its runs are named <name>-<stage>."""
+
+    program: Module | None = Field(None, description="The verl program this stage starts (default: the spec's "
+                                                     "program), e.g. verl.trainer.sft_trainer.")
+    model: Any = Field(None, description="The model, as the spec's model:; or an earlier stage's: "
+                                         "${stages.NAME.model} is that stage's last checkpoint merged into a "
+                                         "Hugging Face folder (verl.model_merger, run before this stage starts).")
+    experiment: Text | None = Field(None, description="verl's trainer.experiment_name (default: the stage's name "
+                                                      "<name>-<stage>).")
+    data: dict[Str, Any] | None = Field(None, description="The data, as the spec's data:.")
+    verl: dict[Str, Any] | None = Field(None, description="The stage's verl settings, checked against its "
+                                                          "program's own config.")
+    hydra: dict[Str, Any] | None = Field(None, description="As the spec's hydra:.")
+    cluster: dict[Str, Any] | None = Field(None, description="Resources where they differ from the spec's.")
+    env: dict[EnvName, EnvValue] | None = Field(None, description="Env of this stage's nodes, over the spec's.")
+    stall_timeout: Seconds | None = Field(None, description="As the spec's stall_timeout.")
+
+
 # --- the spec --------------------------------------------------------------------------------------
 
 TARGETS_MEANING = "The bundles this spec is meant for: what `--target all` builds and checks (default: every target)."
@@ -315,6 +338,11 @@ class Spec(Model):
         None, description="End a run whose training log shows no new step (verl's console logger) for this long, "
                           "so a hung job does not burn its allocation; seconds or a duration (e.g. 2h). "
                           "Default: never.")
+    stages: dict[Name, Stage] | None = Field(
+        None, min_length=1, description="A pipeline: programs run one after another (SFT, then RL from its "
+                                        "model, ...), each a stage of its own on top of this spec's settings; "
+                                        "on Slurm each is a job that starts once the one before it succeeded "
+                                        "(afterok).")
     reproducible: Bool = Field(False, description="Require an image pinned by digest (an image file by its own sha256, "
                                                   "checked on every node), an explicit verl_version and "
                                                   "a hub model pinned to its commit; turn on verl's determinism "

@@ -89,6 +89,26 @@ def finish(ir: JobIR, target: str, files: Sequence[File], run_time: Sequence[str
                   ir.profile[0] if ir.profile else None)
 
 
+def finish_chain(irs: Sequence[JobIR], target: str, files: Sequence[File]) -> Bundle:
+    """A pipeline's own bundle (out/<pipeline>/<target>/): what submits its stages' bundles, and its manifest
+    naming them."""
+    first = irs[0]
+    assert first.pipeline is not None
+    manifest = {
+        "verlc_version": first.verlc_version,
+        "spec": first.spec_file,
+        "spec_sha256": first.spec_sha256,
+        "target": target,
+        "pipeline": first.pipeline.name,
+        "stages": [ir.name for ir in irs],  # each stage's job (and bundle) name, in the order they run
+        **({"profile": dict(zip(("name", "file", "sha256"), first.profile))} if first.profile else {}),
+        "files": {f.path: {"sha256": sha256(f.text), "mode": oct(f.mode)} for f in files},
+    }
+    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    return Bundle(first.pipeline.name, target, (*sorted(files, key=lambda f: f.path), File(MANIFEST, text)),
+                  (), first.profile[0] if first.profile else None)
+
+
 class EditedError(Exception):
     """A generated file was changed by hand; overwriting it would lose that work."""
 

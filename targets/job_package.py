@@ -56,6 +56,9 @@ def job_of(ir: JobIR, *, record: Word | None, variant: VariantIR | None = None, 
         train=list(ir.trainer_argv_for(variant)),
         stall_timeout=ir.stall_timeout,
         expiry=expiry,
+        inputs=[{"stage": i.stage, "checkpoint_dir": i.checkpoint_dir.as_json(), "layout": i.layout,
+                 "merger": list(i.merger), "merged": i.merged.as_json()} for i in ir.pipeline.inputs]
+        if ir.pipeline and ir.pipeline.inputs else None,
     )
 
 

@@ -45,6 +45,9 @@ class Target:  # compiler/catalog.py's Target: what the compiler asks of it
     # a new submission may continue an earlier run (`verlc submit --resume RUN`): where the target does not
     # continue a run by itself (Slurm requeues, RayJob retries and SkyPilot recoveries keep a run's id)
     resumable: bool = False
+    # runs a pipeline's stages as a chain of jobs, each starting once the one before it succeeded: its render's
+    # render_chain(irs) writes the chain's bundle, and its launcher's submit takes `after` (the job to wait for)
+    chains: bool = False
 
     def has_section(self, spec: Spec) -> bool:
         """Whether the spec writes this target's section."""
@@ -87,6 +90,10 @@ class Target:  # compiler/catalog.py's Target: what the compiler asks of it
 
     def render(self, ir: JobIR) -> Bundle:
         return self._module("render").render(ir)
+
+    def render_chain(self, irs: list[JobIR]) -> Bundle:
+        """A pipeline's own bundle (where the target `chains`): what submits its stages' bundles in order."""
+        return self._module("render").render_chain(irs)
 
     @property
     def launcher(self) -> Launcher:

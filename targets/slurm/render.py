@@ -5,9 +5,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+from dataclasses import dataclass
 
 from ...compiler.ir import JobIR
-from ..bundle import Bundle, File, finish, header_lines
+from ..bundle import Bundle, File, finish, finish_chain, header_lines
 from ..jinja import environment
 from .view import slurm_view
 
@@ -33,3 +34,37 @@ def variants_table(ir: JobIR) -> str:
         writer.writerow([v.index, experiment, v.checkpoint_dir.display,
                          *(json.dumps(val) for _, val in v.settings)])
     return buf.getvalue()
+
+
+@dataclass(frozen=True)
+class ChainStage:
+    name: str  # the stage's own name
+    bundle: str  # its bundle's folder, relative to out/
+
+
+@dataclass(frozen=True)
+class ChainView:
+    name: str
+    header: tuple[str, ...]
+    secrets: tuple[str, ...]
+    log_dirs: tuple[str, ...]
+    stages: tuple[ChainStage, ...]
+
+
+def chain_view(irs: list[JobIR]) -> ChainView:
+    first = irs[0]
+    assert first.pipeline is not None
+    return ChainView(
+        name=first.pipeline.name,
+        header=header_lines(first),
+        secrets=tuple(dict.fromkeys(s for ir in irs for s in ir.secrets)),
+        log_dirs=tuple(sorted({d for ir in irs for d in ir.part("slurm").log_dirs})),
+        stages=tuple(ChainStage(ir.pipeline.stage, Bundle(ir.name, "slurm", (), profile=ir.profile[0] if ir.profile
+                                                           else None).folder) for ir in irs if ir.pipeline),
+    )
+
+
+def render_chain(irs: list[JobIR]) -> Bundle:
+    """out/<pipeline>/slurm/: submit.sh, which submits each stage's sbatch.sh after the one before it."""
+    template = environment("verlc.targets.slurm").get_template("chain.sh.j2")
+    return finish_chain(irs, "slurm", [File("submit.sh", template.render(view=chain_view(irs)), 0o755)])

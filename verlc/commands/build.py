@@ -25,13 +25,13 @@ def compile_all(specs: Sequence[Path], targets: Sequence[str], verl_config: str,
                  max_variants: int = 1000, strict: bool = False, submitting: bool = False,
                  profile: str | None = None) -> list | int:
     from ..compiler.diagnostics import SpecError
-    from ..compiler.pipeline import compile_spec
+    from ..compiler.pipeline import compile_file
     from ..targets import CATALOG
 
     irs, problems = [], []
     for spec in specs:
         try:
-            irs.append(compile_spec(spec, CATALOG, display=str(spec), source=_source_name(spec), targets=targets,
+            irs.extend(compile_file(spec, CATALOG, display=str(spec), source=_source_name(spec), targets=targets,
                                     verl_config=verl_config, max_variants=max_variants,
                                     accept_changes=os.environ.get("VERLC_ACCEPT_CHANGES") == "1", profile=profile))
         except SpecError as exc:
@@ -61,7 +61,8 @@ def validate(specs: Sequence[Path], target: str | None, verl_config: str, max_va
     if isinstance(result, int):
         return result
     for ir in result:
-        print(f"{ir.spec_file}: ok ({ir.name}: {ir.nodes} node(s) x {ir.gpus_per_node} {ir.device}s, "
+        stage = f"stage {ir.pipeline.stage}, " if ir.pipeline else ""
+        print(f"{ir.spec_file}: ok ({stage}{ir.name}: {ir.nodes} node(s) x {ir.gpus_per_node} {ir.device}s, "
               f"{len(ir.overrides)} verl overrides checked against verl {ir.verl_schema}"
               + (f", {len(ir.variants)} variants" if ir.variants else "") + ")")
     return 0
@@ -79,6 +80,21 @@ def plan(specs: Sequence[Path], profile: str | None = None) -> int:
     return 0
 
 
+def bundles_of(irs: list, target: str) -> list:
+    """Every bundle of these jobs for `target` ("all": each job's own targets), and each pipeline's own bundle
+    (out/<pipeline>/<target>/: what submits its stages in order)."""
+    from ..targets import get, render
+
+    bundles = [render(name, ir) for ir in irs for name in (ir.targets if target == "all" else [target])]
+    pipelines: dict[str, list] = {}
+    for ir in irs:
+        if ir.pipeline is not None:
+            pipelines.setdefault(ir.pipeline.name, []).append(ir)
+    for group in pipelines.values():
+        bundles += [get(name).render_chain(group) for name in (group[0].targets if target == "all" else [target])]
+    return bundles
+
+
 def _name_clash(irs: list) -> bool:
     """Two specs of one name would write (and compare) the same bundle folder: say so."""
     seen: dict[str, str] = {}
@@ -93,7 +109,6 @@ def _name_clash(irs: list) -> bool:
 
 def build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_config: str,
            max_variants: int, strict: bool, profile: str | None = None) -> int:
-    from ..targets import render
     from ..targets.bundle import EditedError, write
 
     shown, out = out, out.resolve()  # messages name the folder as the user gave it
@@ -102,7 +117,7 @@ def build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_confi
         return result
     if _name_clash(result):
         return EXIT_SPEC
-    bundles = [render(name, ir) for ir in result for name in (ir.targets if target == "all" else [target])]
+    bundles = bundles_of(result, target)
     try:
         write(bundles, out, force=force)
     except EditedError as exc:
@@ -133,7 +148,6 @@ def _built_with(out: Path) -> dict[str, set[str | None]]:
 def check(paths: Sequence[Path], out: Path, show_diff: bool) -> int:
     """Each spec's bundles as built: with each site profile its bundles in `out` name (out/<name>@<profile>/),
     and without one where it has bundles without one or none at all."""
-    from ..targets import render
     from ..targets.bundle import differences
 
     specs = sorted({p for path in paths for p in (sorted(path.glob("*.yaml")) if path.is_dir() else [path])})
@@ -153,10 +167,8 @@ def check(paths: Sequence[Path], out: Path, show_diff: bool) -> int:
         if _name_clash(result):
             return EXIT_SPEC
         stale = []
-        for ir in result:
-            for name in ir.targets:
-                bundle = render(name, ir)
-                stale += differences(bundle, out / bundle.folder)
+        for bundle in bundles_of(result, "all"):
+            stale += differences(bundle, out / bundle.folder)
         if stale:
             problems += stale
             fixes.append(f"verlc build {' '.join(map(str, group))} --target all --out {out}"

@@ -28,6 +28,7 @@ import glob
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -572,6 +573,76 @@ def model_input(model: str) -> dict:
                       if os.path.isfile(os.path.join(folder, name))}}
 
 
+MERGED_MARK = "config.json"  # a merged model's folder is complete once the merger wrote it (its last step)
+
+
+def stage_input(entry: dict) -> tuple[dict | None, str | None]:
+    """An earlier stage's last checkpoint (verl's latest_checkpointed_iteration.txt in its folder) and where its
+    merged model goes; or why there is none."""
+    folder = expand(entry["checkpoint_dir"])
+    step = saved_step(folder)
+    if step is None:
+        return None, (f"stage {entry['stage']} left no checkpoint in {folder} (no latest_checkpointed_iteration.txt, "
+                      f"cwd {os.getcwd()}): it saves one every trainer.save_freq steps and at its last step")
+    checkpoint = os.path.join(folder, f"global_step_{step}", *([entry["layout"]] if entry["layout"] else []))
+    merged = expand(entry["merged"])
+    return {"stage": entry["stage"], "step": step, "checkpoint": checkpoint,
+            "model": os.path.join(merged, f"global_step_{step}"), "latest": os.path.join(merged, "latest")}, None
+
+
+def merge_inputs(inputs: list[dict]) -> int:
+    """Each earlier stage's last checkpoint merged into a Hugging Face folder with verl's own merger (unless
+    that step is merged already), into a temporary folder first, so that a merge that fails leaves nothing a
+    later run would take for a model; then `latest` points at it."""
+    for entry in inputs:
+        found, problem = stage_input(entry)
+        if found is None:
+            say(f"ERROR: {problem}")
+            return 1
+        stage, model = found["stage"], found["model"]
+        if os.path.isfile(os.path.join(model, MERGED_MARK)):
+            say(f"stage {stage}'s step {found['step']} is merged already: {model}")
+        elif not os.path.isdir(found["checkpoint"]):
+            say(f"ERROR: stage {stage}'s checkpoint {found['checkpoint']} does not exist (its tracker names step "
+                f"{found['step']})")
+            return 1
+        else:
+            partial = f"{model}.partial-{os.getpid()}"
+            cmd = [*entry["merger"], "--local_dir", found["checkpoint"], "--target_dir", partial]
+            say(f"merging stage {stage}'s checkpoint (step {found['step']}) into a Hugging Face folder: "
+                + " ".join(cmd))
+            rc = subprocess.call(cmd)
+            if rc != 0 or not os.path.isfile(os.path.join(partial, MERGED_MARK)):
+                shutil.rmtree(partial, ignore_errors=True)
+                say(f"ERROR: verl's model merger exited with {rc}" + ("" if rc else f" without writing {MERGED_MARK}"))
+                return rc or 1
+            shutil.rmtree(model, ignore_errors=True)  # an earlier merge that did not finish
+            os.replace(partial, model)
+        link = f"{found['latest']}.{os.getpid()}"
+        os.symlink(os.path.basename(model), link)
+        os.replace(link, found["latest"])
+        say(f"stage {stage}'s model: {found['latest']} -> {os.path.basename(model)}")
+    return 0
+
+
+def stage_records(inputs: list[dict]) -> tuple[list[dict], list[str]]:
+    """What the run record keeps of each earlier stage's model: its step, and every file's sha256 (so a
+    re-run shows it started from the same model); and the problems of a model that is not there."""
+    records, problems = [], []
+    for entry in inputs:
+        found, problem = stage_input(entry)
+        if found is None:
+            problems.append(problem)
+            continue
+        model = found["model"]
+        files = {os.path.relpath(os.path.join(root, name), model): sha256_file(os.path.join(root, name))
+                 for root, _, names in os.walk(model) for name in names} if os.path.isdir(model) else {}
+        if MERGED_MARK not in files:
+            problems.append(f"stage {found['stage']}'s merged model {model} is missing (the data stage merges it)")
+        records.append({**found, "files": dict(sorted(files.items()))})
+    return records, problems
+
+
 def resolved_verl_config(train: list[str]) -> dict:
     """verl's config as its trainer composes it from `train` (Hydra, with this node's verl), resolved;
     {"unresolved": why} when this node cannot compose it."""
@@ -624,6 +695,10 @@ def record_items(record: dict) -> dict[str, dict[str, object]]:
     if model:
         inputs.update({"model path": model.get("path"), "model revision": model.get("revision")})
         inputs.update({f"model {name} sha256": h for name, h in sorted(model.get("files", {}).items())})
+    for stage in record.get("inputs", {}).get("stages", []):  # an earlier stage's model: its step and every file
+        inputs.update({f"stage {stage['stage']} step": stage.get("step")})
+        inputs.update({f"stage {stage['stage']} model {name} sha256": h for name, h in
+                       sorted(stage.get("files", {}).items())})
     nodes = record.get("nodes", [])
     versions = {"image": record.get("image"), "python": nodes[0].get("python") if nodes else None,
                 **record.get("versions", {})}
@@ -838,7 +913,7 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
               image: str | None,
               require_env: list[str], reference: str | None, train: list[str], verl_commit: str | None = None,
               code: dict | None = None, device: str = "GPU", startup: list[dict] | None = None,
-              paths: dict | None = None) -> int:
+              paths: dict | None = None, inputs: list[dict] | None = None) -> int:
     """Check the cluster, every node's packages (and NPUs), an all-reduce over every GPU (NPU), the data files,
     the model and the checkpoint folder (here, and on every other node from `paths`: the job's words, expanded
     on each node); write the run record (and a reproducible job's first-run record). 0: passed."""
@@ -866,6 +941,8 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
         problems += verl_commit_problems(seen, verl_commit)
     code_record, code_problems = code_inputs(code) if code else (None, [])
     problems += code_problems
+    stages_record, stage_problems = stage_records(inputs) if inputs else (None, [])
+    problems += stage_problems
     if require_env:
         problems += missing_env_per_node(ray, nodes, require_env)
     if not columns:
@@ -897,7 +974,8 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
         "started": started,
         "image": image,
         "inputs": {"data": data_inputs(data), "model": model_input(model),
-                   **({"code": code_record} if code_record else {})},
+                   **({"code": code_record} if code_record else {}),
+                   **({"stages": stages_record} if stages_record is not None else {})},
         "trainer_argv": train,
         "verl_config": resolved_verl_config(train),
         "nodes": [{"host": n.get("NodeManagerHostname"), "address": n.get("NodeManagerAddress"),
@@ -1139,9 +1217,10 @@ def job(spec: Job, begun: str | None = None) -> int:
         elif stage == "data":
             fetch = spec.model_fetch
             rc = materialize(fetch["repo"], fetch["revision"], expand(fetch["folder"])) if fetch else 0
+            rc = rc or merge_inputs(spec.inputs or [])
             for step in spec.data_prep:
                 rc = rc or prepare(step["out_dir"], step["argv"])
-            if not fetch and not spec.data_prep:
+            if not fetch and not spec.data_prep and not spec.inputs:
                 say("no data preparation in the spec")
         elif stage == "preflight":
             rc = preflight(
@@ -1152,7 +1231,8 @@ def job(spec: Job, begun: str | None = None) -> int:
                 require_env=spec.require_env, reference=expand(spec.reference) if spec.reference else None,
                 train=spec.train, verl_commit=spec.verl_commit, code=spec.code,
                 device=spec.device, startup=spec.startup,
-                paths={"model": spec.model, "checkpoint_dir": spec.checkpoint_dir, "data": spec.data_files})
+                paths={"model": spec.model, "checkpoint_dir": spec.checkpoint_dir, "data": spec.data_files},
+                inputs=spec.inputs)
         else:
             repeated = repeats_last_attempt(expand(spec.checkpoint_dir), os.path.dirname(expand(spec.record))) \
                 if spec.record else None

@@ -177,6 +177,10 @@ class Job:
     # verl's save ahead of the job's end: {"variable": where verl reads its deadline, "lead": seconds before the
     # end, and where the end (epoch seconds) is: "end_file" (a word) or "end_env" (a variable, e.g. JOB_END)}
     expiry: dict[str, Any] | None = None
+    # a pipeline stage's models from earlier stages, merged in its data stage: {"stage": its job name,
+    # "checkpoint_dir": a word, "layout": the shards' folder in global_step_N ("actor" or ""), "merger": verl's
+    # merger argv up to --local_dir, "merged": a word, the folder of merged steps and `latest`}
+    inputs: list[dict[str, Any]] | None = None
 
     def to_json(self) -> str:
         """For review: one key per line, and a long list (the trainer's argv) one item per line."""
