@@ -64,6 +64,9 @@ def split(sourced: Sourced) -> list[StageSpec] | None:
                                                          "(at least one)")])
     _validate(sourced, raw)
     problems = [*_misplaced(sourced)]
+    if sourced.data.get("sweep") is not None:
+        problems.append(sourced.diagnostic(("sweep",), "a pipeline is not swept: sweep one stage as a spec of its "
+                                                       "own", at_key=True))
     names = list(raw)
     top = {k: v for k, v in sourced.data.items() if k != "stages"}
     parts = []
@@ -71,7 +74,7 @@ def split(sourced: Sourced) -> list[StageSpec] | None:
         own = {k: v for k, v in own.items() if v is not None}
         takes = None
         model = own.get("model")
-        if isinstance(model, str) and REFERENCE.search(model):
+        if isinstance(model, str) and REFERENCE.fullmatch(model):  # a partial one: _misplaced says so
             takes, problem = _reference(model, names, index)
             if problem:
                 problems.append(sourced.diagnostic(("stages", name, "model"), problem))

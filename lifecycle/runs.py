@@ -18,10 +18,13 @@ from .scheduler import RESUMES, TRACKER_RUN, Launchers, Observed
 
 
 def submit(ir: JobIR, spec: Path, target: str, folder: Path, cwd: Path, env: dict[str, str],
-           ledger_file: Path, launchers: Launchers) -> list[ledger.Run]:
-    """Submit the bundle with the target's own tool and record each submission in the ledger."""
+           ledger_file: Path, launchers: Launchers, after: str | None = None) -> list[ledger.Run]:
+    """Submit the bundle with the target's own tool and record each submission in the ledger; `after`: the job
+    a pipeline's stage waits for."""
     manifest = (folder / MANIFEST).read_bytes()
-    submissions = launchers(target).submit(ir, folder, cwd, env)
+    launcher = launchers(target)
+    submissions = launcher.submit(ir, folder, cwd, env, after=after) if after else launcher.submit(ir, folder, cwd,
+                                                                                                     env)
     root = ledger_file.parent
     own = {e.name: e.value.display for e in ir.env}
     for s in submissions:
@@ -39,6 +42,7 @@ def submit(ir: JobIR, spec: Path, target: str, folder: Path, cwd: Path, env: dic
             **({"stop_after": env["VERLC_STOP_AFTER"]} if env.get("VERLC_STOP_AFTER") not in (None, "", "train")
                else {}),
             **({"variant": {k: v for k, v in ir.variants[s.variant].settings}} if s.variant is not None else {}),
+            **({"pipeline": ir.pipeline.name, "stage": ir.pipeline.stage, "after": after} if ir.pipeline else {}),
         })
     runs = ledger.fold(ledger_file)
     return [runs[s.run] for s in submissions]
@@ -193,10 +197,41 @@ def shown_state(run: ledger.Run) -> str:
     return run.state.lower()
 
 
+def pipelines(runs: Sequence[ledger.Run]) -> list[list[ledger.Run]]:
+    """The runs grouped as submitted: a pipeline's stages (chained by the job each waits for) in one group, in
+    the order they run; any other run alone."""
+    by_job = {(r.target, str(r.job_id)): r for r in runs}
+    groups: dict[str, list[ledger.Run]] = {}
+    for r in runs:
+        first = r
+        while first.submitted.get("after") and (first.target, first.submitted["after"]) in by_job:
+            first = by_job[(first.target, first.submitted["after"])]
+        groups.setdefault(first.run, []).append(r)
+    return list(groups.values())
+
+
+def pipeline_state(stages: Sequence[ledger.Run]) -> str:
+    """A pipeline's state: its stages' own, and the stage that failed (which stopped the chain)."""
+    failed = next((r for r in stages if r.final and shown_state(r) in ("failed", "cancelled")), None)
+    shown = ", ".join(f"{r.submitted['stage']} {shown_state(r)}" for r in stages)
+    return f"{failed.submitted['stage']} {shown_state(failed)}, the chain stopped ({shown})" if failed else shown
+
+
 def table(runs: Sequence[ledger.Run], fmt: str) -> str:
-    rows = [(r.run, r.submitted["spec"], r.target, r.where, str(r.job_id),
-             shown_state(r) + (f" ({r.restarts} restarts)" if r.restarts else ""), r.submitted["at"],
-             duration(r), r.submitted["spec_sha256"][:12]) for r in runs]
+    """One row per run; a pipeline's stages in one row (its first stage's run id, each stage's job)."""
+    rows = []
+    for group in pipelines(runs):
+        r = group[0]
+        if r.submitted.get("pipeline"):
+            took = sum(seconds(g) for g in group if g.started_at)  # a stage waiting for another has not run
+            rows.append((r.submitted["pipeline"],
+                         r.submitted["spec"], r.target, r.where, ",".join(str(g.job_id) for g in group),
+                         pipeline_state(group), r.submitted["at"],
+                         f"{took // 3600}:{took // 60 % 60:02d}:{took % 60:02d}", r.submitted["spec_sha256"][:12]))
+            continue
+        rows.append((r.run, r.submitted["spec"], r.target, r.where, str(r.job_id),
+                     shown_state(r) + (f" ({r.restarts} restarts)" if r.restarts else ""), r.submitted["at"],
+                     duration(r), r.submitted["spec_sha256"][:12]))
     return results_of.tabulate(COLUMNS, rows, fmt)
 
 

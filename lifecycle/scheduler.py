@@ -90,8 +90,10 @@ class Launcher(Protocol):
     """A target's lifecycle with its scheduler's own tools (targets/<folder>/launch.py). `run` is the ledger's
     submitted event of the run (job_id, where, log, record, bundle, ...)."""
 
-    def submit(self, ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Submission]:
-        """Submit the bundle from `cwd`; one Submission per job (a sweep may make several)."""
+    def submit(self, ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str], after: str | None = None
+               ) -> list[Submission]:
+        """Submit the bundle from `cwd`; one Submission per job (a sweep may make several). `after`: the job
+        this one starts after, once it succeeded (a pipeline's stage before it; only a target that chains)."""
 
     def state(self, run: dict) -> Observed:
         """What the scheduler says of the run now (LaunchError when it cannot say)."""

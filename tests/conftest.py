@@ -17,6 +17,8 @@ SPECS = sorted((REPO / "specs").glob("*.yaml"))
 MAIN_PPO_SPECS = [p for p in SPECS if "\nprogram: " not in p.read_text()]
 # Paper runs: their code is a checkout dev/checkouts.py makes from ../shared/verl-recipe (the `recipes` fixture)
 RECIPES = sorted((REPO / "specs" / "recipes").glob("*.yaml"))
+# Pipelines: specs of several stages (compiler/stages.py), each stage a bundle, and the pipeline's own
+PIPELINES = sorted((REPO / "specs" / "pipelines").glob("*.yaml"))
 
 
 def spec_targets(spec: Path) -> tuple[str, ...]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLE_BUNDLES, REPO, SPECS, require_tool, run_verlc
+from conftest import EXAMPLE_BUNDLES, PIPELINES, REPO, SPECS, require_tool, run_verlc
 from verlc.compiler.pipeline import compile_spec
 from verlc.targets import CATALOG, NAMES, render
 from verlc.targets.bundle import Bundle
@@ -52,11 +52,12 @@ def test_golden(example_spec: Path, target: str, snapshot) -> None:  # noqa: ANN
 
 def test_out_matches_a_fresh_build(tmp_path: Path, recipes: list[Path]) -> None:
     """out/ is committed for review; it must be what `verlc build` writes today, modes included."""
-    result = run_verlc("build", *SPECS, *recipes, "--target", "all", "--out", tmp_path / "out")
+    result = run_verlc("build", *SPECS, *recipes, *PIPELINES, "--target", "all", "--out", tmp_path / "out")
     assert result.returncode == 0, result.stderr
     fresh = {p.relative_to(tmp_path / "out"): p for p in (tmp_path / "out").rglob("*") if p.is_file()}
     committed = {p.relative_to(REPO / "out"): p for p in (REPO / "out").rglob("*") if p.is_file()}
-    fix = "regenerate with: verlc build specs/*.yaml specs/recipes/*.yaml --target all --out out"
+    fix = ("regenerate with: verlc build specs/*.yaml specs/recipes/*.yaml specs/pipelines/*.yaml --target all "
+           "--out out")
     assert sorted(committed) == sorted(fresh), fix
     for rel, path in fresh.items():
         assert committed[rel].read_bytes() == path.read_bytes(), f"out/{rel} is stale; {fix}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,8 @@ import pytest
 from conftest import run_verlc
 from test_ray_job import build as build_ray_job
 from test_ray_job import ray_env, ray_head  # noqa: F401
-from test_slurm_e2e import SLURM_CONF, SUBMIT_ENV, build, fake_venv, slurm, wait_for, write_fixtures  # noqa: F401
+from test_slurm_e2e import (SLURM_CONF, SUBMIT_ENV, build, fake_venv, slurm, stand_in, wait_for,  # noqa: F401
+                            write_fixtures)
 
 from verlc.lifecycle import ledger
 
@@ -104,6 +106,126 @@ def test_two_concurrent_submits_leave_two_intact_records(slurm: None, tmp_path: 
     for run in runs.values():
         until_final(tmp_path, run.run)
         assert runs_of(tmp_path)[run.run].state == "COMPLETED"
+
+
+# A stand-in for verl's SFT trainer (no GPU here), run by a stand-in `torchrun`: it saves, as verl's FSDP trainers
+# do, a checkpoint of a tiny Qwen2 (its initial weights) at step 2 -- global_step_2/ with the rank's state dict,
+# fsdp_config.json and huggingface/config.json, then latest_checkpointed_iteration.txt -- or exits 1 when told to
+# fail. The next stage's data stage then runs verl's own merger on it, for real.
+SFT_STANDIN = """\
+import json, os, sys
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+print("SFT argv: " + " ".join(sys.argv[1:]), flush=True)
+if os.environ.get("FAIL_SFT"):
+    sys.exit(1)
+folder = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("trainer.default_local_dir="))
+step = os.path.join(folder, "global_step_2")
+config = Qwen2Config(vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                     num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                     architectures=["Qwen2ForCausalLM"])
+torch.manual_seed(0)
+model = AutoModelForCausalLM.from_config(config)
+os.makedirs(os.path.join(step, "huggingface"), exist_ok=True)
+config.save_pretrained(os.path.join(step, "huggingface"))
+torch.save(model.state_dict(), os.path.join(step, "model_world_size_1_rank_0.pt"))
+with open(os.path.join(step, "fsdp_config.json"), "w") as fh:
+    json.dump({"FSDP_version": 1, "world_size": 1}, fh)
+for i in (1, 2):
+    print(f"step:{i} - train/loss:0.5", flush=True)
+with open(os.path.join(folder, "latest_checkpointed_iteration.txt"), "w") as fh:
+    fh.write("2")
+"""
+
+
+def pipeline(root: Path, *, fail_sft: bool) -> None:
+    """spec.yaml: SFT (verl's sft_trainer under the stand-in torchrun) then GRPO from its merged model (verl's
+    main_ppo, whose stand-in prints its argv and two steps), one node each."""
+    write_fixtures(root)
+    venv = fake_venv(root)
+    (root / "sft_standin.py").write_text(SFT_STANDIN)
+    fail = "export FAIL_SFT=1\n" if fail_sft else ""
+    stand_in(venv, "torchrun", f"#!/usr/bin/env bash\n{fail}exec {sys.executable} {root}/sft_standin.py \"$@\"\n")
+    (root / "spec.yaml").write_text(f"""\
+name: chain
+targets: [slurm]
+project: e2e
+model: {root}/model
+data: {{train_files: [data/train.parquet], val_files: [data/test.parquet]}}
+cluster: {{nodes: 1, gpus_per_node: 8, slurm: {{cpus_per_task: 1, output: {root}/slurm-%j.out}}}}
+container: {{runtime: none, workdir: {root}, venv: {venv}}}
+stages:
+  sft:
+    program: verl.trainer.sft_trainer
+    verl: {{data: {{max_length: 512}}, trainer: {{logger: [console], default_local_dir: {root}/ckpt/sft}}}}
+  grpo:
+    model: ${{stages.sft.model}}
+    verl:
+      algorithm: {{adv_estimator: grpo}}
+      actor_rollout_ref:
+        actor: {{ppo_micro_batch_size_per_gpu: 4}}
+        rollout: {{name: vllm, log_prob_micro_batch_size_per_gpu: 4}}
+        ref: {{log_prob_micro_batch_size_per_gpu: 4}}
+      trainer: {{logger: [console]}}
+""")
+
+
+def scontrol(job: str) -> dict[str, str]:
+    shown = subprocess.run(["scontrol", "show", "job", "--oneliner", job], capture_output=True, text=True).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", shown))
+
+
+def test_a_pipeline_runs_its_stages_in_order_and_a_failed_stage_stops_the_chain(slurm: None, tmp_path: Path) -> None:
+    """#43: one `verlc submit` of a pipeline spec submits a job per stage, each after the one before it (afterok);
+    the GRPO stage starts from the SFT stage's checkpoint merged by verl's own merger, which its run record hashes;
+    where the SFT stage fails, Slurm cancels the GRPO stage and `verlc runs` names the stage that stopped it."""
+    roots = {"ok": tmp_path / "ok", "bad": tmp_path / "bad"}
+    for name, root in roots.items():
+        root.mkdir()
+        pipeline(root, fail_sft=name == "bad")
+        submitted = verlc(root, "submit", "spec.yaml", "--target", "slurm", stop_after="train",
+                          env={"FAKE_STEPS": "2"})
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        sft, grpo = runs_of(root).values()
+        assert (sft.submitted["stage"], grpo.submitted["stage"]) == ("sft", "grpo")
+        assert grpo.submitted["after"] == sft.job_id and sft.submitted.get("after") is None
+        waiting = scontrol(grpo.job_id)  # the SFT job's bring-up takes longer than this
+        assert waiting["JobState"] == "PENDING" and waiting["Dependency"].startswith(f"afterok:{sft.job_id}"), waiting
+        assert (root / "out" / "chain" / "slurm" / "submit.sh").is_file()
+    for root in roots.values():
+        for run in runs_of(root).values():
+            until_final(root, run.run, timeout=400)
+
+    root = roots["ok"]
+    sft, grpo = runs_of(root).values()
+    assert (sft.state, grpo.state) == ("COMPLETED", "COMPLETED")
+    first, second = scontrol(sft.job_id), scontrol(grpo.job_id)
+    assert second["StartTime"] >= first["EndTime"], (first, second)  # Slurm's own times: one after the other
+    output = Path(grpo.submitted["log"] or "").read_text() if grpo.submitted.get("log") else \
+        (root / f"slurm-{grpo.job_id}.out").read_text()
+    assert f"merging stage chain-sft's checkpoint (step 2) into a Hugging Face folder: python3 -m " \
+           f"verl.model_merger merge --backend fsdp --local_dir {root}/ckpt/sft/global_step_2 " in output, output
+    merged = root / "ckpt" / "sft" / "verlc-merged"
+    assert (merged / "latest").resolve() == merged / "global_step_2" and (merged / "global_step_2" /
+                                                                          "model.safetensors").is_file()
+    assert f"actor_rollout_ref.model.path={merged}/latest" in output and "preflight passed" in output, output
+    record = json.loads(Path(grpo.record).read_text())
+    [stage] = record["inputs"]["stages"]
+    weights = (merged / "global_step_2" / "model.safetensors").read_bytes()
+    assert stage["stage"] == "chain-sft" and stage["step"] == 2
+    assert stage["files"]["model.safetensors"] == hashlib.sha256(weights).hexdigest(), stage
+    table = verlc(root, "runs").stdout.splitlines()
+    assert len(table) == 2 and table[1].split()[0] == "chain", table
+    assert f"{sft.job_id},{grpo.job_id}" in table[1] and "sft completed, grpo completed" in table[1], table
+
+    root = roots["bad"]
+    sft, grpo = runs_of(root).values()
+    assert sft.state == "FAILED" and grpo.state == "CANCELLED", (sft.state, grpo.state)
+    assert scontrol(grpo.job_id).get("StartTime") in (None, "None", "Unknown") or not \
+        (root / f"slurm-{grpo.job_id}.out").exists()  # it never ran
+    table = verlc(root, "runs").stdout.splitlines()
+    assert "sft failed, the chain stopped (sft failed, grpo cancelled)" in table[1], table
 
 
 def test_state_of_a_job_slurm_forgot_comes_from_its_log_and_else_is_an_error(slurm: None, tmp_path: Path) -> None:

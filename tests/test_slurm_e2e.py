@@ -121,6 +121,15 @@ FAKE_METRICS_LINES = (
     'printf "(TaskRunner pid=%s) local_global_step_folder: ckpt/global_step_3\\n", pid')
 
 
+def stand_in(venv: Path, name: str, script: str) -> None:
+    """An executable of fake_venv's replaced by a stand-in: the link to this venv's own goes first, so that the
+    real one (e.g. torch's torchrun) is never written through it."""
+    path = venv / "bin" / name
+    path.unlink(missing_ok=True)
+    path.write_text(script)
+    path.chmod(0o755)
+
+
 def fake_venv(root: Path, *, ray_fails_on: str | None = None, no_interface_on: str | None = None,
               slow_ranks: bool = False, npus: bool = False) -> Path:
     """This venv, except that `ray start` fails on one node, or its Ray (and so every process Ray starts
@@ -960,9 +969,8 @@ def sft_job(root: Path) -> Job:
     here: a stand-in `torchrun` on the venv's PATH prints its argv and two of verl's step lines; the rest of the
     job (bring-up, preflight, the run record) is the real thing."""
     venv = fake_venv(root)
-    (venv / "bin" / "torchrun").write_text('#!/usr/bin/env bash\necho "TORCHRUN argv: $*"\n'
-                                           'for i in 1 2; do echo "step:$i - train/loss:0.5"; done\n')
-    (venv / "bin" / "torchrun").chmod(0o755)
+    stand_in(venv, "torchrun", '#!/usr/bin/env bash\necho "TORCHRUN argv: $*"\n'
+                               'for i in 1 2; do echo "step:$i - train/loss:0.5"; done\n')
     spec = root / "spec.yaml"
     spec.write_text(f"""\
 name: e2e-sft

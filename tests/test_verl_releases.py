@@ -17,6 +17,7 @@ import ast
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -515,3 +516,25 @@ def test_the_programs_verlc_starts_with_torchrun_are_those_that_start_no_ray(ver
     assert {m for m, calls in read.items() if calls == {"torchrun"}} == \
         {m for m in read if m in TORCHRUN}, read
     assert "ray" in read["verl.trainer.main_ppo"] and any(m in TORCHRUN for m in read), read  # the reading works
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_what_a_pipeline_takes_of_an_earlier_stage_is_in_each_releases_code(version: str) -> None:
+    """compiler/stages.py's facts against each release's own files: `python -m verl.model_merger merge` with
+    --backend, --local_dir and --target_dir exists from MERGER_FROM; the SFT trainers name their last checkpoint
+    in latest_checkpointed_iteration.txt (verl's tracker) from SFT_TRACKER_FROM; main_ppo's Ray trainer always,
+    with the model's shards in global_step_N/actor."""
+    from verlc.compiler.stages import MERGER_FROM, SFT_TRACKER_FROM, version as version_of
+
+    package = release_package(version)
+    merger = package / "model_merger"
+    arguments = (merger / "base_model_merger.py").read_text() if merger.is_dir() else ""
+    has_merger = (merger / "__main__.py").is_file() and all(
+        f'"{option}"' in arguments for option in ("merge", "--backend", "--local_dir", "--target_dir"))
+    assert has_merger == (version_of(version) >= MERGER_FROM), version
+    sft = [package / "trainer" / f"{name}.py" for name in ("fsdp_sft_trainer", "sft_trainer")]
+    tracked = [f for f in sft if f.is_file() and re.search(r"get_checkpoint_tracker_filename|CheckpointHandler",
+                                                            f.read_text())]
+    assert bool(tracked) == (version_of(version) >= SFT_TRACKER_FROM), (version, tracked)
+    ppo = (package / "trainer" / "ppo" / "ray_trainer.py").read_text()
+    assert "latest_checkpointed_iteration.txt" in ppo and '"actor")' in ppo, version

@@ -27,13 +27,15 @@ STATES = {"PENDING": State.PENDING, "CONFIGURING": State.PENDING, "REQUEUED": St
                                        "DEADLINE")}}
 
 
-def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Submission]:
-    """sbatch from `cwd` (the job's submit dir), after creating the log folders Slurm cannot create."""
+def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str], after: str | None = None) -> list[Submission]:
+    """sbatch from `cwd` (the job's submit dir), after creating the log folders Slurm cannot create; a
+    pipeline's stage after the job of the stage before it (afterok: Slurm cancels it when that one fails)."""
     sbatch = tool("sbatch", "the slurm target submits with sbatch")
     require_secrets(ir.secrets, env, "sbatch passes them to the job's nodes")
     for folder in ir.part("slurm").log_dirs:
         (cwd / folder).mkdir(parents=True, exist_ok=True)
-    out = command([sbatch, "--parsable", str(bundle / "sbatch.sh")], cwd=cwd, env=env).stdout.strip()
+    chained = [f"--dependency=afterok:{after}", "--kill-on-invalid-dep=yes"] if after else []
+    out = command([sbatch, "--parsable", *chained, str(bundle / "sbatch.sh")], cwd=cwd, env=env).stdout.strip()
     job, _, cluster = out.partition(";")
     if not job.isdigit():
         raise LaunchError(f"sbatch answered {out!r}, not a job id")

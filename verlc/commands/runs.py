@@ -103,6 +103,20 @@ def submit(spec: Path, target: str, out: Path, wait: bool, follow: bool, metrics
     result = compile_all([spec], [target], "snapshot", submitting=True, profile=profile)
     if isinstance(result, int):
         return result
+    if result[0].pipeline is not None:
+        if resume is not None:
+            print("verlc: --resume continues one run; this spec is a pipeline (each stage resumes from its own "
+                  "checkpoints when resubmitted)", file=sys.stderr)
+            return EXIT_SPEC
+        submitted = _submit_pipeline(result, spec, target, out, env)
+        if not (wait or follow):
+            return 0
+        outcomes = _until_done(ledger.location(spec), submitted, follow, metrics, on_end)
+        failed = next((r.submitted["stage"] for r, o in zip(submitted, outcomes) if o.status is not State.SUCCEEDED),
+                      None)
+        if failed:
+            print(f"verlc: the pipeline stopped at stage {failed}", file=sys.stderr)
+        return EXIT_FAILED if failed else 0
     [ir] = result
     if resume is not None and ir.variants:
         print("verlc: --resume continues one run; this spec is a sweep (resubmit its variant's spec)", file=sys.stderr)
@@ -120,6 +134,28 @@ def submit(spec: Path, target: str, out: Path, wait: bool, follow: bool, metrics
         return 0
     outcomes = _until_done(book, submitted, follow, metrics, on_end)
     return 0 if all(o.status is State.SUCCEEDED for o in outcomes) else EXIT_FAILED
+
+
+def _submit_pipeline(irs: list, spec: Path, target: str, out: Path, env: dict[str, str]) -> list:
+    """Each stage's bundle (and the pipeline's own), then each stage's job after the one before it."""
+    from ..lifecycle import ledger, runs
+    from ..targets import get
+    from ..targets.bundle import differences, write
+
+    chain = get(target).render_chain(irs)
+    if differences(chain, out.resolve() / chain.folder):
+        write([chain], out.resolve())
+    book = ledger.location(spec)
+    submitted, after = [], None
+    for ir in irs:
+        folder, written = _prepare_bundle(ir, target, out.resolve())
+        print(f"{'wrote' if written else 'up to date:'} {out / folder.parent.name / folder.name}/")
+        [run] = runs.submit(ir, spec, target, folder, Path.cwd(), env, book, launcher, after=after)
+        print(f"submitted stage {ir.pipeline.stage}: {run.run} (job {run.job_id} on {run.where}"
+              + (f", after job {after}" if after else "") + f"); ledger: {book}")
+        submitted.append(run)
+        after = str(run.job_id)
+    return submitted
 
 
 def _until_done(book: Path, submitted: list, follow: bool, metrics: list[str], on_end: str | None) -> list:
