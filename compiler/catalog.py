@@ -9,7 +9,7 @@ protocol below; targets/target.py implements it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from .load import Sourced
     from .spec import Spec
     from .verl.check import Selection
+
+
+# How a target runs a pipeline's stages (compiler/stages.py): a job per stage, each once the one before it
+# succeeded (its launcher's submit takes `after`), or the stages in turn in one job.
+CHAIN, ONE_JOB = "a chain of jobs", "one job"
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,9 @@ class Target(Protocol):
     @property
     def runs_container(self) -> bool: ...
     @property
-    def chains(self) -> bool: ...  # runs a pipeline's stages as a chain of jobs (compiler/stages.py)
+    def pipelines(self) -> str | None: ...  # how it runs a pipeline's stages: CHAIN, ONE_JOB, or None: it does not
+
+    def check_pipeline(self, stages: Sequence[tuple[Sourced, JobIR]]) -> Iterator[Diagnostic]: ...
     @property
     def section_model(self) -> type[BaseModel]: ...
 

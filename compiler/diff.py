@@ -23,7 +23,7 @@ SECTION_GROUPS = {
     "verl": None, "name": "run", "verl_version": "run", "verl_commit": "run", "verl_checkout": "run",
     "program": "run", "code": "run", "project": "run", "experiment": "run", "model": "run",
     "hydra": "run", "reproducible": "run", "sweep": "run", "stall_timeout": "stages", "data": "stages",
-    "ray": "stages", "pins": "stages",
+    "ray": "stages", "pins": "stages", "stages": "run",
     "cluster": "resources", "targets": "run", "container": "container", "env": "environment",
     "secrets": "environment", "network": "environment",
 }

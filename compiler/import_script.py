@@ -114,6 +114,53 @@ class Imported:
         return "\n".join(_comment_safe(h) for h in head) + "\n" + body
 
 
+def pipeline_of(parts: list[Imported], name: str) -> Imported:
+    """Several imported scripts (an SFT script, then an RL script, ...) as one spec whose stages they are
+    (compiler/stages.py): what they agree on at the top, each stage's own settings in it, and each later stage's
+    model the stage before it's last checkpoint, merged. ImportFailed where they differ in what stages share."""
+    from .spec import Stage
+    from .verl.program import TORCHRUN
+
+    own = set(Stage.model_fields)
+    names: list[str] = []
+    for part in parts:
+        kind = "sft" if part.spec.get("program") in TORCHRUN else "rl"
+        names.append(kind if kind not in names else f"{kind}{sum(n.startswith(kind) for n in names) + 1}")
+    keys = list(dict.fromkeys(k for part in parts for k in part.spec))
+    top: dict[str, Any] = {}
+    stages: dict[str, dict[str, Any]] = {n: {} for n in names}
+    problems = []
+    for key in keys:
+        values = [part.spec.get(key) for part in parts]
+        if key in ("name", "targets"):
+            continue
+        if all(v == values[0] for v in values) and key != "model":
+            top[key] = values[0]
+        elif key in own:
+            for stage, value in zip(names, values):
+                if value is not None:
+                    stages[stage][key] = value
+        else:
+            shown = ", ".join(f"{part.script}: {value!r}" for part, value in zip(parts, values))
+            problems.append(Diagnostic(parts[-1].script, 1, 1, key, f"the scripts differ in {key} ({shown}): a "
+                                                                    f"pipeline's stages share it; make them agree "
+                                                                    f"(--set), or import each as a spec of its own"))
+    if problems:
+        raise ImportFailed(problems)
+    notes = []
+    for earlier, later, part in zip(names, names[1:], parts[1:]):
+        notes.append(f"stage {later}'s model was {part.spec.get('model')!r} in {part.script}: it is now stage "
+                     f"{earlier}'s last checkpoint, merged (${{stages.{earlier}.model}})")
+        stages[later]["model"] = f"${{stages.{earlier}.model}}"
+    if "model" not in stages[names[0]] and parts[0].spec.get("model") is not None:
+        stages[names[0]]["model"] = parts[0].spec["model"]
+    spec = {"name": name, "targets": ["slurm"], **top, "stages": stages}
+    scripts = " then ".join(part.script for part in parts)
+    return Imported(scripts, ",".join(part.sha256 for part in parts), spec,
+                    [f"{part.script}: {item}" for part in parts for item in part.left],
+                    list(dict.fromkeys([*(n for part in parts for n in part.notes), *notes])))
+
+
 def _comment_safe(text: str) -> str:
     return text.replace("\r", "\\r").replace("\n", "\\n")
 

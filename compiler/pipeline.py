@@ -54,24 +54,26 @@ def compile_spec(path: Path, catalog: Catalog, *, display: str, source: str, tar
 
 def compile_file(path: Path, catalog: Catalog, *, display: str, source: str, targets: Iterable[str] = (),
                  verl_config: VerlConfigSource = "snapshot", max_variants: int = 1000,
-                 accept_changes: bool = False, profile: str | None = None) -> list[JobIR]:
+                 accept_changes: bool = False, profile: str | None = None,
+                 texts: Mapping[Path, str] | None = None) -> list[JobIR]:
     """Compile one spec file: one job, or a pipeline's (compiler/stages.py), one per stage in the order they
-    run; SpecError listing every problem of every stage."""
-    sourced = load(path, display)
+    run; SpecError listing every problem of every stage. `texts`: as compile_spec's."""
+    sourced = load(path, display, texts=texts)
     parts = stages.split(sourced)
     options = dict(source=source, targets=targets, verl_config=verl_config, max_variants=max_variants,
-                   accept_changes=accept_changes, profile=profile)
+                   accept_changes=accept_changes, profile=profile, texts=texts)
     if parts is None:
         return [_compile(sourced, path, catalog, **options)]  # type: ignore[arg-type]
-    chaining = [t.name for t in catalog.targets if t.chains]
+    running = {t.name: t.pipelines for t in catalog.targets if t.pipelines}
+    how = "; ".join(f"{name}: {way}" for name, way in running.items())
     asked = [t for t in (*targets, *(sourced.data.get("targets") or [])) if t in catalog.names]
     problems = [sourced.diagnostic(("stages",), f"the {t} target runs one program per job: a pipeline's stages "
-                                                f"run as a chain of jobs on {' and '.join(chaining)} (set targets: "
-                                                f"[{', '.join(chaining)}])", at_key=True)
-                for t in dict.fromkeys(asked) if t not in chaining]
+                                                f"run on {' and '.join(running)} ({how}); set targets: to those",
+                                   at_key=True)
+                for t in dict.fromkeys(asked) if t not in running]
     if not sourced.data.get("targets") and "all" in targets:
-        problems.append(sourced.diagnostic(("stages",), f"a pipeline runs on {' and '.join(chaining)} only: set "
-                                                        f"targets: [{', '.join(chaining)}]", at_key=True))
+        problems.append(sourced.diagnostic(("stages",), f"a pipeline runs on {' and '.join(running)} only ({how}): "
+                                                        f"set targets: to those", at_key=True))
     if problems:
         raise SpecError(problems)
     done: dict[str, JobIR] = {}
@@ -94,6 +96,9 @@ def compile_file(path: Path, catalog: Catalog, *, display: str, source: str, tar
         done[part.name] = ir
         compiled.append((part, ir))
     problems += stages.same_checkpoints(compiled)
+    if not problems:
+        together = [(part.sourced, ir) for part, ir in compiled]
+        problems += [p for t in dict.fromkeys(asked) for p in catalog.get(t).check_pipeline(together)]
     if problems:
         raise SpecError(problems)
     return [ir for _, ir in compiled]

@@ -270,6 +270,7 @@ class Stage(Model):
     model: Any = Field(None, description="The model, as the spec's model:; or an earlier stage's: "
                                          "${stages.NAME.model} is that stage's last checkpoint merged into a "
                                          "Hugging Face folder (verl.model_merger, run before this stage starts).")
+    project: Text | None = Field(None, description="verl's trainer.project_name, where it differs from the spec's.")
     experiment: Text | None = Field(None, description="verl's trainer.experiment_name (default: the stage's name "
                                                       "<name>-<stage>).")
     data: dict[Str, Any] | None = Field(None, description="The data, as the spec's data:.")

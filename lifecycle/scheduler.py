@@ -93,7 +93,7 @@ class Launcher(Protocol):
     def submit(self, ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str], after: str | None = None
                ) -> list[Submission]:
         """Submit the bundle from `cwd`; one Submission per job (a sweep may make several). `after`: the job
-        this one starts after, once it succeeded (a pipeline's stage before it; only a target that chains)."""
+        this one starts after, once it succeeded (a pipeline's stage before it; only a CHAIN target: compiler/catalog.py)."""
 
     def state(self, run: dict) -> Observed:
         """What the scheduler says of the run now (LaunchError when it cannot say)."""

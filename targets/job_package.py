@@ -15,6 +15,7 @@ from .protocol import REFERENCE, Job
 
 PACKAGE = "verlc_job"
 COMMAND = ("python3", "-m", PACKAGE, "job")
+PIPELINE_COMMAND = ("python3", "-m", PACKAGE, "pipeline")
 
 
 def variant_label(ir: JobIR, variant: VariantIR) -> str:
@@ -81,11 +82,22 @@ def one_program() -> str:
 def job_package(ir: JobIR, *, record: Word | None, image: str | None = None,
                 expiry: dict[str, Any] | None = None) -> list[File]:
     """verlc_job/: the runtime, the protocol beside it, its entry point, and the job (one per sweep variant)."""
+    jobs = {"job.json": job_of(ir, record=record, image=image, expiry=expiry)} if not ir.variants else {
+        f"jobs/{v.index}.json": job_of(ir, record=record, variant=v, image=image, expiry=expiry) for v in ir.variants}
+    return _package(ir, jobs)
+
+
+def pipeline_package(irs: list[JobIR], *, record: Word | None) -> list[File]:
+    """verlc_job/ of a pipeline run as one job: each stage's job as stages/<NN>-<stage>.json, in order
+    (`python3 -m verlc_job pipeline` runs them in turn)."""
+    return _package(irs[0], {f"stages/{i:02d}-{ir.pipeline.stage if ir.pipeline else ir.name}.json":
+                             job_of(ir, record=record) for i, ir in enumerate(irs, 1)})
+
+
+def _package(ir: JobIR, jobs: dict[str, Job]) -> list[File]:
     header = "".join(f"# {line}\n" for line in header_lines(ir))
     sources = runtime_sources()
     main = "import sys\n\nfrom . import main\n\nsys.exit(main(sys.argv[1:]))\n"
-    jobs = {"job.json": job_of(ir, record=record, image=image, expiry=expiry)} if not ir.variants else {
-        f"jobs/{v.index}.json": job_of(ir, record=record, variant=v, image=image, expiry=expiry) for v in ir.variants}
     return [
         File(f"{PACKAGE}/__init__.py", header + sources["runtime.py"]),
         File(f"{PACKAGE}/__main__.py", header + main),

@@ -19,7 +19,7 @@ when the target is built or launched, so building one target loads only that one
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
@@ -45,9 +45,9 @@ class Target:  # compiler/catalog.py's Target: what the compiler asks of it
     # a new submission may continue an earlier run (`verlc submit --resume RUN`): where the target does not
     # continue a run by itself (Slurm requeues, RayJob retries and SkyPilot recoveries keep a run's id)
     resumable: bool = False
-    # runs a pipeline's stages as a chain of jobs, each starting once the one before it succeeded: its render's
-    # render_chain(irs) writes the chain's bundle, and its launcher's submit takes `after` (the job to wait for)
-    chains: bool = False
+    # how it runs a pipeline's stages (compiler/catalog.py's CHAIN or ONE_JOB; None: it does not): its render's
+    # render_chain(irs) writes the pipeline's own bundle; a CHAIN target's launcher's submit takes `after`
+    pipelines: str | None = None
 
     def has_section(self, spec: Spec) -> bool:
         """Whether the spec writes this target's section."""
@@ -92,8 +92,13 @@ class Target:  # compiler/catalog.py's Target: what the compiler asks of it
         return self._module("render").render(ir)
 
     def render_chain(self, irs: list[JobIR]) -> Bundle:
-        """A pipeline's own bundle (where the target `chains`): what submits its stages' bundles in order."""
+        """A pipeline's own bundle (where the target runs `pipelines`): what runs its stages in order."""
         return self._module("render").render_chain(irs)
+
+    def check_pipeline(self, stages: Sequence[tuple[Sourced, JobIR]]) -> Iterator[Diagnostic]:
+        """What this target cannot run of a pipeline's stages together (checks.check_pipeline, if it has one)."""
+        own = getattr(self._module("checks"), "check_pipeline", None)
+        return own(stages) if own else iter(())
 
     @property
     def launcher(self) -> Launcher:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, run_verlc
+from conftest import REPO, run_verlc, slurm_job
 from verlc.commands.verl import read_script
 from verlc.compiler.import_script import ImportFailed
 from verlc.compiler.verl.rules import WORKERS_NOTE
@@ -393,6 +393,36 @@ def test_verls_sft_example_scripts_round_trip_or_are_refused_as_verl_refuses_the
     imported = sum(isinstance(o, tuple) for _, o in outcomes)
     print(f"{len(outcomes)} SFT scripts: {imported} imported, {len(outcomes) - imported} refused as verl refuses them")
     assert imported >= 4 and not disagree, "\n".join(disagree)
+
+
+def test_an_sft_script_then_an_rl_script_import_as_one_pipeline(checkout: Path, tmp_path: Path) -> None:
+    """#43 item 4: `verlc import SFT_SCRIPT ARGS --then RL_SCRIPT` is one spec of two stages; each stage's bundle
+    starts what its script starts with the same overrides (as each script imported alone), except the RL stage's
+    model, which is the SFT stage's last checkpoint merged."""
+    sft, rl = "examples/sft/gsm8k/run_qwen_05_peft.sh", "examples/grpo_trainer/run_qwen2-7b.sh"
+    out = tmp_path / "sft-then-grpo.yaml"
+    env = {"HOME": str(checkout / "home")}
+    result = run_verlc("import", sft, *SFT_ARGS, "--then", rl, "--verl-version", "0.7.1", "-o", out, cwd=checkout,
+                       env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    text = out.read_text()
+    assert "\nstages:\n  sft:\n" in text and "\n  rl:\n" in text and "model: ${stages.sft.model}" in text, text
+    assert f"stage rl's model was 'Qwen/Qwen2-7B-Instruct' in {rl}" in result.stderr
+    built = run_verlc("build", out, "--target", "slurm", "--out", tmp_path / "out", cwd=checkout, env=env)
+    assert built.returncode == 0, built.stderr
+    alone = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(checkout)
+        mp.setenv("HOME", str(checkout / "home"))
+        for script, args in ((sft, SFT_ARGS), (rl, ())):
+            alone[script] = read_script(Path(script), args, "0.7.1", None, None, 120, {})[2].trainer_argv
+    for stage, script in (("sft", sft), ("rl", rl)):
+        job = slurm_job((tmp_path / "out" / f"sft-then-grpo-{stage}" / "slurm" / "sbatch.sh").read_text())
+        ours, theirs = hydra_values(job["train"]), hydra_values(alone[script])
+        changed = {k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k)}
+        assert job["train"][:job["train"].index("-m") + 2] == list(alone[script][:alone[script].index("-m") + 2])
+        assert changed == ({"actor_rollout_ref.model.path"} if stage == "rl" else set()), (stage, changed)
+    assert hydra_values(job["train"])["actor_rollout_ref.model.path"] == f"{SFT_ARGS[1]}/verlc-merged/latest"
 
 
 # --- the DAPO recipe script and the DAPO example -----------------------------------------------

@@ -106,9 +106,9 @@ def test_each_stage_is_a_job_of_its_own_and_the_later_takes_the_earlier_ones_mer
       "program: verl.trainer.fsdp_sft_trainer"),
      "p.yaml:13:12: stages.rl.model: verl 0.4.1's SFT trainer saves a Hugging Face folder per step and names none "
      "the last (from 0.5.0 it does): give stage sft's global_step_N folder"),
-    (("targets: [slurm]", "targets: [slurm, ray-job]"),
-     "p.yaml:8:1: stages: the ray-job target runs one program per job: a pipeline's stages run as a chain of jobs "
-     "on slurm (set targets: [slurm])"),
+    (("targets: [slurm]", "targets: [slurm, compose]"),
+     "p.yaml:8:1: stages: the compose target runs one program per job: a pipeline's stages run on slurm and "
+     "ray-job (slurm: a chain of jobs; ray-job: one job); set targets: to those"),
     (("    verl: {data: {max_length: 512}}", "    verl: {data: {max_lenght: 512}}"),
      "p.yaml:11:19: stages.sft.verl.data.max_lenght: verl 0.6.1 has no key 'max_lenght' under 'data' (did you "
      "mean 'max_length'?)"),

@@ -397,3 +397,54 @@ def test_the_stall_timeout_ends_a_ray_job_whose_trainer_prints_no_step(ray_head:
     assert "TRAINER restart=0" in logs
     assert "ERROR: no new training step for 6s (stall_timeout): stopping the run" in logs
     assert "training exited with code 124" in logs
+
+
+def test_a_pipelines_stages_run_in_turn_in_one_ray_job(ray_head: str, tmp_path: Path) -> None:
+    """#43 on ray-job: a pipeline is one Ray job that runs its stages in turn: SFT (a stand-in torchrun saving a
+    real FSDP-format checkpoint, no GPU here), verl's own merger on it, then GRPO from the merged model (verl's
+    main_ppo stands in: it prints its argv); a stage that fails stops the job, named."""
+    from test_lifecycle_e2e import SFT_STANDIN
+    from test_slurm_e2e import fake_venv, stand_in
+
+    write_fixtures(tmp_path)
+    fake = fake_venv(tmp_path)
+    (tmp_path / "sft_standin.py").write_text(SFT_STANDIN)
+    stand_in(fake, "torchrun", f"#!/usr/bin/env bash\nexec {sys.executable} {tmp_path}/sft_standin.py \"$@\"\n")
+    spec = tmp_path / "pipeline.yaml"
+    outcomes = {}
+    for fail in ("", "1"):
+        spec.write_text(json.dumps({
+            "name": "rayjob-chain", "targets": ["ray-job"], "project": "e2e", "model": str(tmp_path / "model"),
+            "data": {"train_files": ["data/train.parquet"], "val_files": ["data/test.parquet"]},
+            "cluster": {"nodes": 1, "gpus_per_node": 8},
+            "env": {"PATH": f"{fake / 'bin'}:/usr/bin:/bin", "FAKE_STEPS": "2", "FAIL_SFT": fail},
+            "ray": {"working_dir": str(tmp_path), "wait_for_nodes": "60s"},
+            "stages": {
+                "sft": {"program": "verl.trainer.sft_trainer",
+                        "verl": {"data": {"max_length": 512},
+                                 "trainer": {"logger": ["console"], "default_local_dir": f"{tmp_path}/ckpt/sft"}}},
+                "grpo": {"model": "${stages.sft.model}",
+                         "verl": {"algorithm": {"adv_estimator": "grpo"},
+                                  "actor_rollout_ref": {"rollout": {"name": "vllm",
+                                                                    "log_prob_micro_batch_size_per_gpu": 4},
+                                                        "actor": {"ppo_micro_batch_size_per_gpu": 4},
+                                                        "ref": {"log_prob_micro_batch_size_per_gpu": 4}}}}},
+        }))
+        result = run_verlc("build", spec, "--target", "ray-job", "--out", tmp_path / "out")
+        assert result.returncode == 0, result.stderr
+        outcomes[fail] = submit_and_wait(tmp_path / "out" / "rayjob-chain" / "ray-job" / "submit.sh", ray_head,
+                                         stop_after="train")
+    status, logs = outcomes[""]
+    assert status == "SUCCEEDED", failing_first(logs)
+    lines = [line.split("verlc: ", 1)[1] for line in logs.splitlines() if "verlc: pipeline " in line]
+    assert lines == ["pipeline stage 1/2: sft (rayjob-chain-sft)", "pipeline stage 2/2: grpo (rayjob-chain-grpo)",
+                     "pipeline done: sft, grpo"], logs
+    merged = tmp_path / "ckpt" / "sft" / "verlc-merged"
+    assert f"merging stage rayjob-chain-sft's checkpoint (step 2) into a Hugging Face folder: python3 -m " \
+           f"verl.model_merger merge --backend fsdp --local_dir {tmp_path}/ckpt/sft/global_step_2 " in logs
+    assert f"actor_rollout_ref.model.path={merged}/latest" in logs and (merged / "global_step_2" / "config.json").is_file()
+    record = json.loads(re.findall(r"run record: (\{.*\})", logs)[-1])
+    assert record["inputs"]["stages"][0]["step"] == 2 and "model.safetensors" in record["inputs"]["stages"][0]["files"]
+    status, logs = outcomes["1"]
+    assert status == "FAILED" and "ERROR: stage sft exited with code 1; the pipeline stops (grpo not run)" in logs
+    assert "pipeline stage 2/2" not in logs

@@ -188,6 +188,10 @@ def _parser() -> argparse.ArgumentParser:
     importing.add_argument("script", type=Path, metavar="SCRIPT")
     importing.add_argument("args", nargs="*", metavar="ARG", help="the script's own arguments")
     importing.add_argument("-o", "--output", type=Path, metavar="SPEC", help="write the spec here (default: stdout)")
+    importing.add_argument("--then", action="append", default=[], metavar="'SCRIPT [ARG...]'",
+                           help="a script of the next stage (e.g. the RL run after an SFT script): the scripts "
+                                "become one pipeline spec, each a stage, each later stage's model the one before "
+                                "it's last checkpoint, merged; repeatable")
     pin = importing.add_mutually_exclusive_group()
     pin.add_argument("--verl-version", metavar="VERSION", help="the release the script was written for (default: "
                                                                "the installed verl, else 0.9.1)")
@@ -236,7 +240,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "explain": lambda a: _group("verl").explain(a.key, a.verl_version, a.spec, a.profile),
     "migrate": lambda a: _group("verl").migrate(a.spec, a.to, a.write, a.write_bases, a.format == "markdown"),
     "import": lambda a: _group("verl").import_script(a.script, a.args, a.verl_version, a.verl_commit, a.output,
-                                                     a.timeout, a.set, a.accelerator),
+                                                     a.timeout, a.set, a.accelerator, a.then),
     "schema": lambda a: _group("verl").schema(a.format, a.verl_version, a.spec),
     "stage-in": lambda a: _group("verl").stage_in(a.spec),
 }

@@ -2,7 +2,8 @@
 # The GPU rehearsal: on a machine with an NVIDIA GPU and no network, install what the run needs from the wheels
 # dev/gpu/wheels.sh fetched (.whl/), make the tiny model and data offline, start a one-node Ray head, and submit
 # verlc's bundles with `verlc submit` (which runs each bundle's own submit.sh): the training specs
-# (specs/gpu-rehearsal-reinforce.yaml; specs/gpu-rehearsal-sft.yaml, SFT under torchrun) must train; the
+# (specs/gpu-rehearsal-reinforce.yaml; specs/gpu-rehearsal-sft.yaml, SFT under torchrun;
+# specs/pipelines/gpu-rehearsal-pipeline.yaml, two stages, the second from the first's merged model) must train; the
 # configs of dev/gpu/cases/ must fail before the trainer, at the build or in the preflight. Writes into OUT
 # (default /tmp/gpu-rehearsal-out): its log, everything it saw
 # (rehearsal.tar.gz: logs, events, versions, results), and docs/gpu.md's text and figure (dev/gpu/report.py):
@@ -121,6 +122,9 @@ ray_up
 submit dev/gpu/cases/vllm-missing-0.6.1.yaml vllm-0.6.1
 submit specs/gpu-rehearsal-sft.yaml sft train/loss  # verl 0.6.1's SFT trainer under torchrun
 ls -R "$GPU_REHEARSAL/checkpoints/sft" >"$out/sft-checkpoints.txt" 2>&1
+# a pipeline in one Ray job: SFT, verl's merger on its last checkpoint, a second stage from the merged model
+submit specs/pipelines/gpu-rehearsal-pipeline.yaml pipeline train/loss
+ls -lR "$GPU_REHEARSAL"/checkpoints/pipeline-* >"$out/pipeline-checkpoints.txt" 2>&1
 ray stop --force >/dev/null 2>&1
 mark finished
 cp "$results/gpu-rehearsal.svg" "$out/" 2>/dev/null

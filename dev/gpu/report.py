@@ -7,6 +7,7 @@ Everything in the page is read from those files: nothing here is typed in by han
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from datetime import datetime
@@ -100,6 +101,50 @@ def sft_section(folder: Path, seen: dict[str, tuple[float, str]]) -> list[str]:
     ]
 
 
+PIPELINE_SPEC = Path("specs/pipelines/gpu-rehearsal-pipeline.yaml")
+PIPELINE_LINE = re.compile(r"verlc: (pipeline stage .*|merging stage .*|stage \S+'s model: .*|pipeline done: .*|"
+                           r"ERROR: .*|preflight passed: .*|training exited .*)$")
+
+
+def pipeline_section(folder: Path, seen: dict[str, tuple[float, str]]) -> list[str]:
+    """A pipeline in one Ray job: each stage's steps, the merge of the first one's checkpoint, and what the second
+    stage's run record keeps of the merged model."""
+    if "pipeline" not in seen or not (folder / "pipeline.log").exists():
+        return ["", "## A pipeline: SFT, verl's merger, a stage from the merged model", "", "Not run in this rehearsal."]
+    log = (folder / "pipeline.log").read_text()
+    stages: list[tuple[str, list]] = []
+    for line in log.splitlines():
+        if "verlc: pipeline stage " in line:
+            stages.append((plain(line).split("verlc: pipeline stage ", 1)[1], []))
+        elif stages and (step := parse_step(line)):
+            stages[-1][1].append(step)
+    records = [plain(ln).split("verlc: run record: ", 1)[1] for ln in log.splitlines() if "verlc: run record: " in ln]
+    merged = {}
+    for record in records:
+        for stage in json.loads(record).get("inputs", {}).get("stages", []):
+            merged = {"stage": stage["stage"], "step": stage["step"], "files": stage["files"]}
+    lines = [
+        "", "## A pipeline: SFT, verl's merger, a stage from the merged model", "",
+        f"Spec: `{PIPELINE_SPEC}`: two stages in one Ray job (the ray-job target runs a pipeline's stages in turn;",
+        "on Slurm each is a job, chained with afterok). The second stage's model is `${stages.sft.model}`: its data",
+        "stage runs verl's own `verl.model_merger` on the first stage's last checkpoint, and its preflight records",
+        "every merged file's sha256.", "",
+        "```yaml", PIPELINE_SPEC.read_text().strip(), "```", "",
+        f"- outcome: `verlc submit --follow` {seen['pipeline'][1].split(' run ')[0]}",
+        "- the job's pipeline lines:", "", "```",
+        *(plain(ln).split("verlc: ", 1)[1][:200] for ln in log.splitlines() if PIPELINE_LINE.search(plain(ln))),
+        "```", "",
+    ]
+    for name, steps in stages:
+        losses = ", ".join(f"{s.step}: {s.metrics['train/loss']:.4g}" for s in steps if "train/loss" in s.metrics)
+        lines.append(f"- stage {name}: train/loss by step: {losses or 'none logged'}")
+    if merged:
+        lines += ["", f"What the second stage's run record keeps of its model (stage {merged['stage']}, step "
+                      f"{merged['step']}, merged):", "", "| file | sha256 |", "| --- | --- |",
+                  *(f"| {name} | `{digest[:16]}...` |" for name, digest in sorted(merged["files"].items()))]
+    return lines
+
+
 def main(folder: Path, output: Path) -> None:
     seen = events(folder)
     versions = (folder / "versions.txt").read_text().strip().splitlines()
@@ -189,6 +234,7 @@ def main(folder: Path, output: Path) -> None:
         text = outcome(folder, label, seen[label][1]).replace("|", "\\|")
         lines.append(f"| {what} | `{spec}` | {text} |")
     lines += sft_section(folder, seen)
+    lines += pipeline_section(folder, seen)
     lines += ["", f"The whole rehearsal took {seen.get('finished', (0.0, ''))[0]:.0f} s.", ""]
     output.write_text("\n".join(lines))
     print(f"wrote {output}")

@@ -3,9 +3,10 @@ one working dir: the run's code, when the spec has one."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from ...compiler.diagnostics import Diagnostic
+from ...compiler.ir import JobIR
 from ...compiler.load import Sourced
 from ...compiler.verl.check import Selection
 from ...compiler.code import has_code
@@ -28,3 +29,21 @@ def check_build(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterat
             f"--resources='{{\"NPU\": {spec.cluster.gpus_per_node}}}', or Ray's own detection of "
             f"ASCEND_RT_VISIBLE_DEVICES) and HCCL's settings where they start; the job waits for "
             f"{spec.cluster.nodes * spec.cluster.gpus_per_node} NPUs"))
+
+
+def check_pipeline(stages: Sequence[tuple[Sourced, JobIR]]) -> Iterator[Diagnostic]:
+    """A pipeline runs as one Ray job: one runtime env (working dir, env vars) and one address for every stage."""
+    from .view import runtime_env
+
+    first_sourced, first = stages[0]
+    env, where = runtime_env(first), first.ray.address
+    for sourced, ir in stages[1:]:
+        own = runtime_env(ir)
+        if own["env_vars"] != env["env_vars"]:
+            yield sourced.diagnostic(("env",), "the ray-job target runs a pipeline's stages in one Ray job, with one "
+                                               "environment: this stage's env differs from the first stage's "
+                                               "(give the stages one env, or build the pipeline for slurm)")
+        if own["working_dir"] != env["working_dir"] or ir.ray.address != where:
+            yield sourced.diagnostic(("ray",), "the ray-job target runs a pipeline's stages in one Ray job: every "
+                                               "stage has the first one's working dir (code:, ray.working_dir) and "
+                                               "ray.address")

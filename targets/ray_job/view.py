@@ -13,7 +13,7 @@ from typing import Any
 
 from ...compiler.ir import JobIR
 from ..bundle import header_lines
-from ..job_package import COMMAND, PACKAGE
+from ..job_package import COMMAND, PACKAGE, PIPELINE_COMMAND
 from ..protocol import RUNNER_STAGES, RUNS
 
 UPLOAD_CHECK = "upload_size.py"  # targets/ray_job/upload_size.py, shipped beside submit.sh
@@ -40,6 +40,14 @@ def ray_job_view(ir: JobIR) -> RayJobView:
                       tuple(str(v.index) for v in ir.variants))
 
 
+def pipeline_view(irs: list[JobIR]) -> RayJobView:
+    """A pipeline as one Ray job: its stages in turn (`python3 -m verlc_job pipeline`)."""
+    first = irs[0]
+    assert first.pipeline is not None
+    return RayJobView(header_lines(first), first.pipeline.name, first.ray.address,
+                      tuple(dict.fromkeys(s for ir in irs for s in ir.secrets)), PIPELINE_COMMAND, UPLOAD_CHECK, ())
+
+
 # What a verl working dir holds that the job never reads from the upload: checkpoints, data and weights
 # (read from shared storage), virtual environments, tracker and Hydra output, verlc's own run folders.
 UPLOAD_EXCLUDES = ("/.git/", "checkpoints/", "*.parquet", "*.arrow", "*.safetensors", "*.bin", "*.pt", "*.pth",
@@ -59,13 +67,18 @@ def upload_excludes(ir: JobIR) -> list[str]:
     return [*UPLOAD_EXCLUDES, *extra, *sorted(set(kept))]
 
 
-def runtime_env(ir: JobIR) -> dict[str, Any]:
-    """runtime_env.yaml: never a secret value (submit.sh adds those from its own environment)."""
+def runtime_env(ir: JobIR, *others: JobIR) -> dict[str, Any]:
+    """runtime_env.yaml: never a secret value (submit.sh adds those from its own environment). `others`: a
+    pipeline's other stages, run in the same job (their env is the first's: checks.check_pipeline), whose data
+    files the upload keeps too."""
     env = dict(VERL_RECOMMENDED_ENV)
     env.update({e.name: e.value.display for e in ir.env})  # Ray expands ${NAME} in env_vars itself
+    excludes = upload_excludes(ir)
+    for other in others:
+        excludes += [e for e in upload_excludes(other) if e not in excludes]
     return {
         "working_dir": ir.code.folder if ir.code else ir.ray.working_dir,
-        "excludes": upload_excludes(ir),
+        "excludes": excludes,
         "py_modules": [PACKAGE],  # submit.sh makes this path absolute
         "env_vars": env,
     }

@@ -196,12 +196,22 @@ def diff(a: Path, b: Path, markdown: bool) -> int:
     if a.suffix == ".json" or b.suffix == ".json":
         return _diff_records(a, b, markdown)
     specs = [p / "spec.yaml" if p.is_dir() else p for p in (a, b)]  # a bundle carries its normalized spec
-    result = compile_all(specs, (), "snapshot", max_variants=10**9)
-    if isinstance(result, int):
-        return result
-    changes = diff.changes(result[0], result[1], CATALOG)
-    sys.stdout.write(diff.render(str(a), str(b), changes, markdown))
-    return 1 if changes else 0
+    results = [compile_all([spec], (), "snapshot", max_variants=10**9) for spec in specs]
+    if isinstance(results[0], int) or isinstance(results[1], int):
+        return next(r for r in results if isinstance(r, int))
+    old, new = ({ir.pipeline.stage if ir.pipeline else "": ir for ir in result} for result in results)
+    if old.keys() != new.keys():  # a pipeline and a spec of one program, or other stages
+        print(f"verlc: {a} and {b} are not runs of the same stages ({', '.join(old) or 'one program'} and "
+              f"{', '.join(new) or 'one program'}): diff their stages' bundles", file=sys.stderr)
+        return EXIT_SPEC
+    differ = False
+    for stage in old:
+        changes = diff.changes(old[stage], new[stage], CATALOG)
+        if stage:
+            sys.stdout.write(f"stage {stage}:\n")
+        sys.stdout.write(diff.render(str(a), str(b), changes, markdown))
+        differ = differ or bool(changes)
+    return 1 if differ else 0
 
 
 def _diff_records(a: Path, b: Path, markdown: bool) -> int:

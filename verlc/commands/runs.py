@@ -112,11 +112,12 @@ def submit(spec: Path, target: str, out: Path, wait: bool, follow: bool, metrics
         if not (wait or follow):
             return 0
         outcomes = _until_done(ledger.location(spec), submitted, follow, metrics, on_end)
-        failed = next((r.submitted["stage"] for r, o in zip(submitted, outcomes) if o.status is not State.SUCCEEDED),
-                      None)
-        if failed:
-            print(f"verlc: the pipeline stopped at stage {failed}", file=sys.stderr)
-        return EXIT_FAILED if failed else 0
+        failed = next((r for r, o in zip(submitted, outcomes) if o.status is not State.SUCCEEDED), None)
+        if failed is not None:
+            stage = failed.submitted.get("stage")
+            print(f"verlc: the pipeline stopped at stage {stage}" if stage else
+                  f"verlc: the pipeline stopped (`verlc logs {failed.run}` names the stage)", file=sys.stderr)
+        return EXIT_FAILED if failed is not None else 0
     [ir] = result
     if resume is not None and ir.variants:
         print("verlc: --resume continues one run; this spec is a sweep (resubmit its variant's spec)", file=sys.stderr)
@@ -137,15 +138,29 @@ def submit(spec: Path, target: str, out: Path, wait: bool, follow: bool, metrics
 
 
 def _submit_pipeline(irs: list, spec: Path, target: str, out: Path, env: dict[str, str]) -> list:
-    """Each stage's bundle (and the pipeline's own), then each stage's job after the one before it."""
+    """A pipeline: its own bundle, then (a target that chains jobs) each stage's bundle and job after the one
+    before it, or (one job) the pipeline's bundle as one run."""
+    from dataclasses import replace
+
+    from ..compiler.catalog import ONE_JOB
     from ..lifecycle import ledger, runs
     from ..targets import get
     from ..targets.bundle import differences, write
 
     chain = get(target).render_chain(irs)
-    if differences(chain, out.resolve() / chain.folder):
+    folder = out.resolve() / chain.folder
+    written = bool(differences(chain, folder))
+    if written:
         write([chain], out.resolve())
     book = ledger.location(spec)
+    if get(target).pipelines == ONE_JOB:
+        print(f"{'wrote' if written else 'up to date:'} {out / chain.folder}/")
+        whole = replace(irs[0], name=irs[0].pipeline.name, pipeline=None)  # one run: the stages in turn
+        submitted = runs.submit(whole, spec, target, folder, Path.cwd(), env, book, launcher)
+        for run in submitted:
+            print(f"submitted {run.run} (stages {', '.join(ir.pipeline.stage for ir in irs)} in turn; job "
+                  f"{run.job_id} on {run.where}); ledger: {book}")
+        return submitted
     submitted, after = [], None
     for ir in irs:
         folder, written = _prepare_bundle(ir, target, out.resolve())

@@ -132,15 +132,26 @@ def stage_in(spec: Path) -> int:
 
 
 def import_script(script: Path, args: Sequence[str], version: str | None, commit: str | None, out: Path | None,
-                  timeout: float, given: Sequence[str], accelerator: str = "cuda") -> int:
-    """The spec a launch script's trainer command means: on stdout, or written to `out`. Exit 2 with the
-    reasons, positioned in the script, when it cannot be read or its spec does not validate."""
+                  timeout: float, given: Sequence[str], accelerator: str = "cuda", then: Sequence[str] = ()) -> int:
+    """The spec a launch script's trainer command means: on stdout, or written to `out`; with `then` (the next
+    stages' scripts, each with its arguments), a pipeline spec of them all. Exit 2 with the reasons, positioned
+    in the script, when it cannot be read or its spec does not validate."""
+    import shlex
+
     from ..compiler.diagnostics import Diagnostic
     from ..compiler.import_script import ImportFailed
 
-    if not script.is_file():
-        print(f"verlc: no script {script}", file=sys.stderr)
-        return EXIT_SPEC
+    scripts = [(script, tuple(args))]
+    for item in then:
+        words = shlex.split(item)
+        if not words:
+            print("verlc: --then names a script (and its arguments)", file=sys.stderr)
+            return EXIT_SPEC
+        scripts.append((Path(words[0]), tuple(words[1:])))
+    for path, _ in scripts:
+        if not path.is_file():
+            print(f"verlc: no script {path}", file=sys.stderr)
+            return EXIT_SPEC
     if out is not None and out.exists():
         print(f"verlc: {out} exists: import writes a new spec (remove it, or name another file)", file=sys.stderr)
         return EXIT_SPEC
@@ -152,17 +163,20 @@ def import_script(script: Path, args: Sequence[str], version: str | None, commit
             return EXIT_SPEC
         variables[name] = value
     try:
-        imported, notes, _ = read_script(script, tuple(args), version, commit, out, timeout, variables, accelerator)
+        read = [read_script(path, words, version, commit, out, timeout, variables, accelerator)
+                for path, words in scripts]
+        imported, notes, _ = read[0] if len(read) == 1 else _pipeline([r[0] for r in read], out)
+        notes = [n for r in read for n in r[1]] + notes if len(read) > 1 else notes
     except ImportFailed as exc:
         for d in exc.diagnostics:
             print(d, file=sys.stderr)
-        print(f"verlc: {script}: cannot import ({len(exc.diagnostics)} problem(s)); nothing written",
-              file=sys.stderr)
+        print(f"verlc: {' then '.join(str(p) for p, _ in scripts)}: cannot import ({len(exc.diagnostics)} "
+              f"problem(s)); nothing written", file=sys.stderr)
         return EXIT_SPEC
     except RuntimeError as exc:  # no Hydra to parse the overrides with
         print(Diagnostic(str(script), 1, 1, "script", str(exc)), file=sys.stderr)
         return EXIT_SPEC
-    for note in [*(f"{script}: note: {n}" for n in imported.notes), *notes]:
+    for note in [*(f"{imported.script}: note: {n}" for n in imported.notes), *notes]:
         print(note, file=sys.stderr)
     text = imported.text()
     if out is None:
@@ -173,6 +187,25 @@ def import_script(script: Path, args: Sequence[str], version: str | None, commit
         os.replace(temp, out)
         print(f"wrote {out} ({len(imported.left)} item(s) of the script left as comments)", file=sys.stderr)
     return 0
+
+
+def _pipeline(parts: list, out: Path | None) -> tuple[Any, list[str], list]:
+    """The imported scripts as one pipeline spec, compiled as `verlc build` would (its problems at the imported
+    spec's lines: the scripts' own were checked one by one)."""
+    from ..compiler.diagnostics import SpecError
+    from ..compiler.import_script import ImportFailed, pipeline_of
+    from ..compiler.pipeline import compile_file
+    from ..targets import CATALOG
+
+    spec_path = (out or Path.cwd() / "imported.yaml").resolve()
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", spec_path.stem).strip("-._")[:50] or "imported"
+    imported = pipeline_of(parts, name)
+    try:
+        irs = compile_file(spec_path, CATALOG, display="<imported pipeline>", source=spec_path.name,
+                           targets=["slurm"], texts={spec_path: imported.text()})
+    except SpecError as exc:
+        raise ImportFailed(list(exc.diagnostics)) from None
+    return imported, [], irs  # its notes are the scripts' own, said at their lines already
 
 
 def read_script(script: Path, args: tuple[str, ...], version: str | None, commit: str | None,

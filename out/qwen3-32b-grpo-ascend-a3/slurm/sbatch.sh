@@ -636,7 +636,7 @@ VERLC_JOB
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 6c40d8e46e71335a28f78923aee47326d404814e725cbd82cbdbe3210bd086d5:
+# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 38023b9ef23911e7c1441d04bf1795f3389ccf0d9ff9ba8296bea6e06256b441:
 # what every verlc bundle runs on the cluster (the others ship them as verlc_job/protocol.py and
 # verlc_job/__init__.py, after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -2056,6 +2056,31 @@ def load_job(variant: str | None) -> Job:
         return Job.from_json(fh.read())
 
 
+def load_stages() -> list[tuple[str, Job]]:
+    """A pipeline's jobs next to this module (stages/<NN>-<stage>.json), in the order they run."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stages")
+    found = []
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), encoding="utf-8") as fh:
+            found.append((name.removesuffix(".json").partition("-")[2], Job.from_json(fh.read())))
+    return found
+
+
+def pipeline(stages: list[tuple[str, Job]]) -> int:
+    """A pipeline's stages in one job (the targets that do not chain jobs): each stage's job in turn; the first
+    that fails stops the pipeline, named."""
+    for index, (name, spec) in enumerate(stages):
+        say(f"pipeline stage {index + 1}/{len(stages)}: {name} ({spec.name})")
+        rc = job(spec)
+        if rc != 0:
+            left = [n for n, _ in stages[index + 1:]]
+            say(f"ERROR: stage {name} exited with code {rc}; the pipeline stops"
+                + (f" ({', '.join(left)} not run)" if left else ""))
+            return rc
+    say(f"pipeline done: {', '.join(n for n, _ in stages)}")
+    return 0
+
+
 def job(spec: Job, begun: str | None = None) -> int:
     """The one stage runner of every bundle: wait for the cluster, data, preflight, train, stopping after the
     stage VERLC_STOP_AFTER names. `begun`: the stage the caller already began and announced (the Slurm script
@@ -2166,11 +2191,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--json", help="the job itself, instead of the package's job.json (the Slurm script passes it)")
     p.add_argument("--begun", choices=RUNNER_STAGES, help="the stage the caller began (the Slurm script starts Ray)")
     p.add_argument("--variant-json", help="a sweep's array task: what its variant changes in --json")
+    sub.add_parser("pipeline", help="a pipeline's stages in order (the package's stages/*.json)")
     a = parser.parse_args(argv)
     if a.command == "materialize":
         return materialize(a.repo, a.revision, a.folder)
     if a.command == "ray-logs":
         return ray_logs(a.temp_dir, a.limit_mib)
+    if a.command == "pipeline":
+        return pipeline(load_stages())
     spec = Job.from_json(a.json) if a.json else load_job(a.variant)
     return job(spec.with_variant(Variant.from_json(a.variant_json)) if a.variant_json else spec, a.begun)
 
