@@ -416,13 +416,16 @@ def test_an_sft_script_then_an_rl_script_import_as_one_pipeline(checkout: Path, 
         mp.setenv("HOME", str(checkout / "home"))
         for script, args in ((sft, SFT_ARGS), (rl, ())):
             alone[script] = read_script(Path(script), args, "0.7.1", None, None, 120, {})[2].trainer_argv
+    def overrides(argv: list[str] | tuple[str, ...]) -> dict[str, Any]:
+        return hydra_values([a for a in argv[list(argv).index("-m") + 2:] if not a.startswith("--")])
+
     for stage, script in (("sft", sft), ("rl", rl)):
         job = slurm_job((tmp_path / "out" / f"sft-then-grpo-{stage}" / "slurm" / "sbatch.sh").read_text())
-        ours, theirs = hydra_values(job["train"]), hydra_values(alone[script])
+        ours, theirs = overrides(job["train"]), overrides(alone[script])
         changed = {k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k)}
         assert job["train"][:job["train"].index("-m") + 2] == list(alone[script][:alone[script].index("-m") + 2])
         assert changed == ({"actor_rollout_ref.model.path"} if stage == "rl" else set()), (stage, changed)
-    assert hydra_values(job["train"])["actor_rollout_ref.model.path"] == f"{SFT_ARGS[1]}/verlc-merged/latest"
+    assert overrides(job["train"])["actor_rollout_ref.model.path"] == f"{SFT_ARGS[1]}/verlc-merged/latest"
 
 
 # --- the DAPO recipe script and the DAPO example -----------------------------------------------
