@@ -135,9 +135,17 @@ def pipeline_section(folder: Path, seen: dict[str, tuple[float, str]]) -> list[s
         *(plain(ln).split("verlc: ", 1)[1][:200] for ln in log.splitlines() if PIPELINE_LINE.search(plain(ln))),
         "```", "",
     ]
+    firsts = []
     for name, steps in stages:
-        losses = ", ".join(f"{s.step}: {s.metrics['train/loss']:.4g}" for s in steps if "train/loss" in s.metrics)
-        lines.append(f"- stage {name}: train/loss by step: {losses or 'none logged'}")
+        losses = [(s.step, s.metrics["train/loss"]) for s in steps if "train/loss" in s.metrics]
+        firsts.append(losses[0][1] if losses else None)
+        lines.append(f"- stage {name}: train/loss by step: "
+                     + (", ".join(f"{step}: {loss:.4g}" for step, loss in losses) or "none logged"))
+    if len(firsts) == 2 and None not in firsts:
+        lines.append(f"- the second stage's first loss ({firsts[1]:.4g}) against the first stage's first, on the "
+                     f"base model ({firsts[0]:.4g}): " + ("lower, as a model that already had the first stage's "
+                                                          "training would be" if firsts[1] < firsts[0] else
+                                                          "not lower: check that it loaded the merged model"))
     if merged:
         lines += ["", f"What the second stage's run record keeps of its model (stage {merged['stage']}, step "
                       f"{merged['step']}, merged):", "", "| file | sha256 |", "| --- | --- |",
