@@ -82,10 +82,13 @@ def plan(specs: Sequence[Path], profile: str | None = None) -> int:
 
 def bundles_of(irs: list, target: str) -> list:
     """Every bundle of these jobs for `target` ("all": each job's own targets), and each pipeline's own bundle
-    (out/<pipeline>/<target>/: what submits its stages in order)."""
+    (out/<pipeline>/<target>/): beside its stages' bundles where the target chains a job per stage, alone where
+    it runs the stages in one job."""
+    from ..compiler.catalog import ONE_JOB
     from ..targets import get, render
 
-    bundles = [render(name, ir) for ir in irs for name in (ir.targets if target == "all" else [target])]
+    bundles = [render(name, ir) for ir in irs for name in (ir.targets if target == "all" else [target])
+               if ir.pipeline is None or get(name).pipelines != ONE_JOB]
     pipelines: dict[str, list] = {}
     for ir in irs:
         if ir.pipeline is not None:
