@@ -41,6 +41,14 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:g} h"
 
 
+def gpu_hours(ir: JobIR) -> float | None:
+    """The run's GPU-hours bound by its Slurm time limit (no requeue; every sweep variant), or None without one."""
+    limit = ((YAML(typ="safe").load(ir.normalized_spec).get("cluster") or {}).get("slurm") or {}).get("time")
+    if not limit:
+        return None
+    return slurm_seconds(str(limit)) / 3600 * ir.nodes * ir.gpus_per_node * max(1, len(ir.variants))
+
+
 def plan(ir: JobIR) -> str:
     spec = YAML(typ="safe").load(ir.normalized_spec)
     cfg = Config(YAML(typ="safe").load(ir.verl_config) or {}, {})

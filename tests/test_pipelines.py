@@ -193,3 +193,26 @@ def test_a_merge_that_fails_leaves_no_model_behind(tmp_path: Path, monkeypatch: 
     assert not merged.exists() or list(merged.iterdir()) == []
     [record], found = runtime.stage_records([entry])
     assert found == [f"stage p-sft's merged model {merged}/global_step_3 is missing (the data stage merges it)"]
+
+
+def test_plan_shows_each_stage_and_the_pipelines_gpu_hours() -> None:
+    result = run_verlc("plan", EXAMPLE)
+    assert result.returncode == 0, result.stderr
+    heads = [line.split(":")[0] for line in result.stdout.splitlines() if " node(s) x " in line]
+    assert heads == ["sft-grpo-qwen2p5-0p5b-sft", "sft-grpo-qwen2p5-0p5b-grpo"], result.stdout
+    hours = 12 * 8 * 2  # the spec's cluster.slurm.time 12:00:00 x 8 GPUs, for each of its two stages
+    assert f"pipeline sft-grpo-qwen2p5-0p5b: its stages one after another, at most {hours} GPU-hours in all" \
+        in result.stdout
+
+
+def test_stage_in_takes_every_stages_downloads(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text(BASE.replace("model: /models/base", "model: /models/base\ndata:\n  prepare: "
+                                                  "[{dataset: gsm8k, dir: prepared}]\n  train_files: [train.parquet]"
+                                                  "\n  val_files: [test.parquet]").replace(
+        "data: {train_files: [train.parquet], val_files: [test.parquet]}\n", ""))
+    (tmp_path / "prepared").mkdir()
+    for name in ("train.parquet", "test.parquet"):
+        (tmp_path / "prepared" / name).write_bytes(b"")
+    result = run_verlc("stage-in", "p.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("data in prepared already prepared; skipping") == 1, result.stdout  # once, not per stage

@@ -77,7 +77,21 @@ def plan(specs: Sequence[Path], profile: str | None = None) -> int:
     if isinstance(result, int):
         return result
     sys.stdout.write("\n".join(plan_of(ir) for ir in result))
+    for name, hours in _pipeline_hours(result).items():
+        print(f"\npipeline {name}: its stages one after another, at most {hours:g} GPU-hours in all")
     return 0
+
+
+def _pipeline_hours(irs: list) -> dict[str, float]:
+    """Each pipeline's GPU-hours bound: the sum of its stages' (each bounded by its Slurm time, no requeue)."""
+    from ..compiler.plan import gpu_hours
+
+    found: dict[str, float] = {}
+    for ir in irs:
+        hours = gpu_hours(ir)
+        if ir.pipeline is not None and hours is not None:
+            found[ir.pipeline.name] = found.get(ir.pipeline.name, 0.0) + hours
+    return found
 
 
 def bundles_of(irs: list, target: str) -> list:

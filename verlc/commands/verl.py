@@ -109,20 +109,21 @@ def stage_in(spec: Path) -> int:
     result = compile_all([spec], (), "snapshot")
     if isinstance(result, int):
         return result
-    [ir] = result
+    ir = result[0]  # a pipeline's stages share the container: where the data stage runs
     if ir.container.runtime == "none":  # where, and with which python3, the job's data stage runs
         if ir.container.workdir is not None:
             os.chdir(runtime.expand(ir.container.workdir.as_json()))
         if ir.container.venv is not None:
             os.environ["PATH"] = f"{runtime.expand(ir.container.venv.as_json())}/bin:{os.environ['PATH']}"
-    if ir.model_fetch is None and not ir.data_prep:
+    fetches = list(dict.fromkeys(i.model_fetch for i in result if i.model_fetch is not None))  # each stage's
+    preparing = list(dict.fromkeys(step for i in result for step in i.data_prep))
+    if not fetches and not preparing:
         print(f"{spec}: nothing to stage in (no pinned model, no data preparation)")
         return 0
     rc = 0
-    if ir.model_fetch is not None:
-        rc = runtime.materialize(ir.model_fetch.repo, ir.model_fetch.revision,
-                                 runtime.expand(ir.model_fetch.folder.as_json()))
-    for step in ir.data_prep:
+    for fetch in fetches:
+        rc = rc or runtime.materialize(fetch.repo, fetch.revision, runtime.expand(fetch.folder.as_json()))
+    for step in preparing:
         rc = rc or runtime.prepare(step.out_dir, list(step.argv))
     offline = any(e.name == "HF_HUB_OFFLINE" for e in ir.env)
     if rc == 0 and not offline:
