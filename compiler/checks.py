@@ -18,7 +18,7 @@ from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, imag
 from .verl import determinism, preprocess
 from .verl.check import NOTE, Selection, Setting, check_groups, check_verl, select, settings, without_prefixes
 from .verl.hydra import hydra_value, shown
-from .verl.program import TORCHRUN, own_config
+from .verl.program import RAY_PROGRAMS, TORCHRUN, own_config
 from .verl.release import Release
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def _unbuilt_program(spec: Spec, sourced: Sourced, release: Release) -> Iterator
     config = own_config(spec.program, release)
     if config is None:
         return
-    if spec.program not in TORCHRUN:
+    if spec.program not in TORCHRUN and spec.program not in RAY_PROGRAMS:
         yield sourced.diagnostic(("program",), f"{spec.program} is one of verl's own programs (config {config}); "
                                                f"verlc checks its `verl:` settings against that config (`verlc "
                                                f"validate SPEC` without --target) but does not build a bundle for "

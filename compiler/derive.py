@@ -86,6 +86,9 @@ def derived(spec: Spec, tree: dict[str, Any]) -> tuple[Derived, ...]:
         Derived(next((k for k in MODEL_KEYS if has_key(tree, k)), MODEL_KEYS[0]), spec.model_path, "model"),
         Derived("data.train_files", list(spec.data.train_files), "data.train_files"),
         Derived("data.val_files", list(spec.data.val_files), "data.val_files"),
+        # verl's generation and evaluation read one file: the spec's first (generation's prompts, evaluation's
+        # generated responses)
+        Derived("data.path", spec.data.train_files[0], "data.train_files"),
     ]
     if critic_in_use(spec.verl):
         items.append(Derived("critic.model.path", spec.model_path, "model"))

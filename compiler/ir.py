@@ -237,7 +237,7 @@ class JobIR:
     container: ContainerIR
     ray: RayIR
     data_prep: tuple[DataPrepIR, ...]
-    model: Word  # what verl gets (a pinned model: the folder model_fetch fills)
+    model: Word  # what verl gets (a pinned model: the folder model_fetch fills); empty: the program takes none
     model_fetch: ModelFetchIR | None  # a hub model pinned to a revision, put into a folder in the data stage
     data_files: tuple[Word, ...]  # train then val, checked by the preflight
     checkpoint_dir: Word  # verl's trainer.default_local_dir, resolved (env vars expand on the node)

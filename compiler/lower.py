@@ -10,7 +10,8 @@ from verlc import __version__
 
 from .ir import CodeIR, ContainerIR, DataPrepIR, EnvVar, ImageBuildIR, JobIR, ModelFetchIR, RayIR, VariantIR, Var, Word, parse_word
 from . import yaml_text
-from .derive import checkpoint_dir, critic_in_use, derived_environment, strings_in, variant_specs
+from .derive import (MODEL_KEYS, checkpoint_dir, critic_in_use, derived_environment, has_key, strings_in,
+                     variant_specs)
 from .overrides import determinism_defaults, overrides, verl_values
 from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, image_file
 from .verl import preprocess
@@ -68,14 +69,17 @@ def lower(spec: Spec, release: Release, catalog: Catalog, *, spec_file: str, spe
             debugger_external=spec.ray.debug == "legacy",
         ),
         data_prep=data_prep(spec),
-        model=parse_word(spec.model_path),
+        # what verl gets as its model; none where the program takes none (verl's evaluation scores a file)
+        model=parse_word(spec.model_path) if any(has_key(chosen.tree, k) for k in MODEL_KEYS) else Word(()),
         model_fetch=ModelFetchIR(spec.model.path, spec.model.revision, parse_word(spec.model.folder))
         if isinstance(spec.model, PinnedModel) else None,
         data_files=tuple(parse_word(f) for f in (*spec.data.train_files, *spec.data.val_files)),
         checkpoint_dir=checkpoint_word(spec, chosen),
         node_env=node_env(spec, chosen, catalog),
         pins=tuple(sorted({"verl": spec.verl_version, **spec.pins}.items())),
-        rollout_package=ROLLOUT_PACKAGES.get(str(config.get("actor_rollout_ref.rollout.name"))),
+        # PPO's rollout engine, or verl's generation's own (rollout.name)
+        rollout_package=ROLLOUT_PACKAGES.get(str(config.get("actor_rollout_ref.rollout.name")
+                                                 or config.get("rollout.name"))),
         startup=None if own else startup_needs(spec, release, config),
         # verl's PPO trainer saves ahead of that deadline; its other programs do not read it
         expiry_variable=None if own else (release.startup.get("expiry_save") or {}).get("variable"),

@@ -80,19 +80,22 @@ def compile_file(path: Path, catalog: Catalog, *, display: str, source: str, tar
     compiled: list[tuple[stages.StageSpec, JobIR]] = []
     names = tuple(f"{sourced.data.get('name')}-{p.name}" for p in parts)
     for part in parts:
-        inputs = ()
+        inputs: list = []
         try:
-            if part.takes is not None:
-                if part.takes not in done:
-                    continue  # the earlier stage has problems of its own, reported already
-                producer = done[part.takes]
-                part, taken = stages.take(part, producer, torchrun=producer.launch[0] == "torchrun")
-                inputs = (taken,)
+            if any(stage not in done for _, stage, _ in part.takes):
+                continue  # an earlier stage has problems of its own, reported already
+            for loc, stage, output in part.takes:
+                producer = done[stage]
+                if output == "model":
+                    part, taken = stages.take(part, producer, torchrun=producer.launch[0] == "torchrun")
+                    inputs.append(taken)
+                else:
+                    part = stages.take_output(part, loc, producer)
             ir = _compile(part.sourced, path, catalog, **options)  # type: ignore[arg-type]
         except SpecError as exc:
             problems += exc.diagnostics
             continue
-        ir = replace(ir, pipeline=PipelineIR(str(sourced.data["name"]), part.name, part.index, names, inputs))
+        ir = replace(ir, pipeline=PipelineIR(str(sourced.data["name"]), part.name, part.index, names, tuple(inputs)))
         done[part.name] = ir
         compiled.append((part, ir))
     problems += stages.same_checkpoints(compiled)

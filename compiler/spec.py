@@ -273,7 +273,9 @@ class Stage(Model):
     project: Text | None = Field(None, description="verl's trainer.project_name, where it differs from the spec's.")
     experiment: Text | None = Field(None, description="verl's trainer.experiment_name (default: the stage's name "
                                                       "<name>-<stage>).")
-    data: dict[Str, Any] | None = Field(None, description="The data, as the spec's data:.")
+    data: dict[Str, Any] | None = Field(None, description="The data, as the spec's data:; a data file may be "
+                                                          "an earlier stage's file of responses (verl's "
+                                                          "generation's data.output_path): ${stages.NAME.output}.")
     verl: dict[Str, Any] | None = Field(None, description="The stage's verl settings, checked against its "
                                                           "program's own config.")
     hydra: dict[Str, Any] | None = Field(None, description="As the spec's hydra:.")

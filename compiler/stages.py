@@ -17,6 +17,7 @@ merge --backend fsdp|megatron --local_dir CHECKPOINT --target_dir FOLDER` exists
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -32,7 +33,10 @@ from .load import Sourced, merge
 from .spec import Stage
 
 REFERENCE = re.compile(r"\$\{stages\.(?P<stage>[^.{}]*)\.(?P<output>[^{}]*)\}")
-OUTPUTS = ("model",)
+# A stage's outputs and where a later stage takes each: its model (merged) as the later one's model:, verl's
+# generation's file of responses (its data.output_path) as a data file (verl's evaluation scores it)
+OUTPUTS = {"model": "model:", "output": "data.train_files"}
+GENERATION = "verl.trainer.main_generation"
 MERGED = "verlc-merged"  # in the earlier stage's checkpoint folder: global_step_<N>/ merged, and `latest`
 LATEST = "latest"
 MERGER_FROM = (0, 4, 1)  # verl.model_merger's first release
@@ -46,7 +50,7 @@ class StageSpec:
     name: str  # the stage's own name (sft)
     index: int
     sourced: Sourced
-    takes: str | None = None  # the earlier stage whose merged model this one's model is
+    takes: tuple[tuple[tuple[str | int, ...], str, str], ...] = ()  # (where in the stage, earlier stage, output)
 
 
 class _Stages(Model):
@@ -72,19 +76,21 @@ def split(sourced: Sourced) -> list[StageSpec] | None:
     parts = []
     for index, (name, own) in enumerate(raw.items()):
         own = {k: v for k, v in own.items() if v is not None}
-        takes = None
-        model = own.get("model")
-        if isinstance(model, str) and REFERENCE.fullmatch(model):  # a partial one: _misplaced says so
-            takes, problem = _reference(model, names, index)
+        takes = []
+        for loc, text in _references(own, ()):
+            if not _placed(loc):
+                continue  # _misplaced says so
+            stage, problem = _reference(text, names, index, loc)
             if problem:
-                problems.append(sourced.diagnostic(("stages", name, "model"), problem))
-                takes = None
+                problems.append(sourced.diagnostic(("stages", name, *loc), problem))
+            else:
+                takes.append((loc, stage, REFERENCE.fullmatch(text)["output"]))
         data = merge(top, own)
         if isinstance(top.get("name"), str):
             data["name"] = f"{top['name']}-{name}"
         shown, tree = _holder(sourced, name)
         layers = (*sourced.layers, (shown, tree["stages"][name]))  # the stage's own lines: its problems' places
-        parts.append(StageSpec(name, index, replace(sourced, data=data, layers=layers, stage=name), takes))
+        parts.append(StageSpec(name, index, replace(sourced, data=data, layers=layers, stage=name), tuple(takes)))
     if problems:
         raise SpecError(problems)
     return parts
@@ -110,8 +116,25 @@ def _validate(sourced: Sourced, raw: dict[str, Any]) -> None:
                                             at_key=True) for n in bad])
 
 
+def _references(value: Any, loc: tuple[str | int, ...]) -> Iterator[tuple[tuple[str | int, ...], str]]:
+    """(where, text) of every string under `value` that names a stage's output."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _references(v, (*loc, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _references(v, (*loc, i))
+    elif isinstance(value, str) and "${stages." in value and REFERENCE.fullmatch(value):
+        yield loc, value
+
+
+def _placed(loc: tuple[str | int, ...]) -> bool:
+    """Whether a stage's setting at `loc` may take an earlier stage's output: its model, or a data file."""
+    return loc == ("model",) or (len(loc) == 3 and loc[:2] in (("data", "train_files"), ("data", "val_files")))
+
+
 def _misplaced(sourced: Sourced) -> Iterator[Diagnostic]:
-    """`${stages...}` anywhere but a stage's model: refused where it stands."""
+    """`${stages...}` anywhere but a stage's model or data files, or as part of a value: refused where it stands."""
     def walk(value: Any, loc: tuple[str | int, ...]) -> Iterator[tuple[tuple[str | int, ...], str]]:
         if isinstance(value, dict):
             for k, v in value.items():
@@ -123,32 +146,35 @@ def _misplaced(sourced: Sourced) -> Iterator[Diagnostic]:
             yield loc, value
 
     for loc, text in walk(sourced.data, ()):
-        if len(loc) == 3 and loc[0] == "stages" and loc[2] == "model":
+        if len(loc) >= 3 and loc[0] == "stages" and _placed(loc[2:]):
             if not REFERENCE.fullmatch(text):
-                yield sourced.diagnostic(loc, f"{text!r}: an earlier stage's model is the whole value, "
-                                              f"${{stages.NAME.model}}")
+                yield sourced.diagnostic(loc, f"{text!r}: an earlier stage's output is the whole value, "
+                                              f"${{stages.NAME.OUTPUT}}")
             continue
-        yield sourced.diagnostic(loc, "an earlier stage's output is taken by a stage's model: only "
-                                      "(model: ${stages.NAME.model})")
+        yield sourced.diagnostic(loc, "an earlier stage's output is taken by a stage's model: (${stages.NAME.model}) "
+                                      "or data files (${stages.NAME.output}) only")
 
 
-def _reference(text: str, names: list[str], index: int) -> tuple[str | None, str | None]:
-    """(the stage a `${stages.NAME.OUTPUT}` names, or why it cannot be taken)."""
+def _reference(text: str, names: list[str], index: int, loc: tuple[str | int, ...]) -> tuple[str | None, str | None]:
+    """(the stage a `${stages.NAME.OUTPUT}` at `loc` of a stage names, or why it cannot be taken)."""
     m = REFERENCE.fullmatch(text)
     assert m is not None
     stage, output = m["stage"], m["output"]
     if stage not in names:
         return None, f"no stage '{stage}' (stages: {', '.join(names)})" + did_you_mean(stage, names)
     if names.index(stage) == index:
-        return None, f"stage {stage} cannot start from its own model"
+        return None, f"stage {stage} cannot take its own output"
     if names.index(stage) > index:
-        return None, f"stage {stage} runs after this one: a stage takes the model of an earlier stage"
-    if output == "checkpoint":
+        return None, f"stage {stage} runs after this one: a stage takes the output of an earlier stage"
+    wanted = "model" if loc == ("model",) else "output"
+    if output == "checkpoint" and wanted == "model":
         return None, (f"verl loads a model from a Hugging Face folder, not from verl's sharded checkpoint: "
                       f"${{stages.{stage}.model}} is stage {stage}'s last checkpoint merged into one")
     if output not in OUTPUTS:
-        return None, f"stage {stage} has no output '{output}'; a stage's output is its model: " \
-                     f"${{stages.{stage}.model}}" + did_you_mean(output, list(OUTPUTS))
+        return None, f"stage {stage} has no output '{output}'; a stage's outputs: " + ", ".join(
+            f"${{stages.{stage}.{o}}} (a {where})" for o, where in OUTPUTS.items()) + did_you_mean(output, list(OUTPUTS))
+    if output != wanted:
+        return None, f"${{stages.{stage}.{output}}} goes in a stage's {OUTPUTS[output]}, not here"
     return stage, None
 
 
@@ -171,6 +197,32 @@ def backend(producer: JobIR) -> str:
     return "megatron" if "megatron" in strategies else "fsdp"
 
 
+def _stage_of(ir: JobIR) -> str:
+    return ir.pipeline.stage if ir.pipeline else ir.name
+
+
+def take_output(part: StageSpec, loc: tuple[str | int, ...], producer: JobIR) -> StageSpec:
+    """The stage with the data file at `loc` set to the file verl's generation (the earlier stage) writes: its
+    data.output_path, known at build time."""
+    from ruamel.yaml import YAML
+
+    if producer.trainer_module != GENERATION:
+        raise SpecError([part.sourced.diagnostic(loc, f"stage {_stage_of(producer)} "
+                                                      f"({producer.trainer_module}) writes no file of responses: "
+                                                      f"verl's generation ({GENERATION}) does")])
+    tree = YAML(typ="safe").load(producer.verl_config) or {}
+    path = (tree.get("data") or {}).get("output_path")
+    if not isinstance(path, str) or "${" in path:
+        raise SpecError([part.sourced.diagnostic(loc, f"stage {_stage_of(producer)}'s data.output_path ({path!r}) is not "
+                                                      f"a path verlc can know: set it in that stage's verl:")])
+    data = json.loads(json.dumps(part.sourced.data))
+    node: Any = data
+    for key in loc[:-1]:
+        node = node[key]
+    node[loc[-1]] = path.replace("$", "$$")
+    return replace(part, sourced=replace(part.sourced, data=data))
+
+
 def take(part: StageSpec, producer: JobIR, torchrun: bool) -> tuple[StageSpec, StageInputIR]:
     """The stage with its model set to the earlier stage's merged model, and what its data stage merges;
     SpecError at the stage's model: where verl's code cannot give that model (`torchrun`: the earlier stage
@@ -179,12 +231,12 @@ def take(part: StageSpec, producer: JobIR, torchrun: bool) -> tuple[StageSpec, S
     released = version(producer.verl_version)
     if released < MERGER_FROM:
         raise SpecError([part.sourced.diagnostic(at, f"verl {producer.verl_version} has no verl.model_merger (from "
-                                                     f"0.4.1): merge stage {part.takes}'s checkpoint by hand and give "
+                                                     f"0.4.1): merge stage {_stage_of(producer)}'s checkpoint by hand and give "
                                                      f"the folder")])
     if torchrun and released < SFT_TRACKER_FROM:
         raise SpecError([part.sourced.diagnostic(at, f"verl {producer.verl_version}'s SFT trainer saves a Hugging "
                                                      f"Face folder per step and names none the last (from 0.5.0 it "
-                                                     f"does): give stage {part.takes}'s global_step_N folder")])
+                                                     f"does): give stage {_stage_of(producer)}'s global_step_N folder")])
     merged = parse_word(f"{word_text(producer.checkpoint_dir)}/{MERGED}")
     stage_input = StageInputIR(
         stage=producer.name, checkpoint_dir=producer.checkpoint_dir, layout="" if torchrun else "actor",

@@ -180,12 +180,13 @@ def test_a_pipeline_runs_its_stages_in_order_and_a_failed_stage_stops_the_chain(
     """#43: one `verlc submit` of a pipeline spec submits a job per stage, each after the one before it (afterok);
     the GRPO stage starts from the SFT stage's checkpoint merged by verl's own merger, which its run record hashes;
     where the SFT stage fails, Slurm cancels the GRPO stage and `verlc runs` names the stage that stopped it."""
-    roots = {"ok": tmp_path / "ok", "bad": tmp_path / "bad"}
+    roots = {"ok": tmp_path / "ok", "bad": tmp_path / "bad", "cancelled": tmp_path / "cancelled"}
     for name, root in roots.items():
         root.mkdir()
         pipeline(root, fail_sft=name == "bad")
+        held = {"VERLC_PAUSE_AT": "data"} if name == "cancelled" else {}  # the SFT job waits there until cancelled
         submitted = verlc(root, "submit", "spec.yaml", "--target", "slurm", stop_after="train",
-                          env={"FAKE_STEPS": "2"})
+                          env={"FAKE_STEPS": "2", **held})
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         sft, grpo = runs_of(root).values()
         assert (sft.submitted["stage"], grpo.submitted["stage"]) == ("sft", "grpo")
@@ -193,9 +194,19 @@ def test_a_pipeline_runs_its_stages_in_order_and_a_failed_stage_stops_the_chain(
         waiting = scontrol(grpo.job_id)  # the SFT job's bring-up takes longer than this
         assert waiting["JobState"] == "PENDING" and waiting["Dependency"].startswith(f"afterok:{sft.job_id}"), waiting
         assert (root / "out" / "chain" / "slurm" / "submit.sh").is_file()
+    root = roots["cancelled"]
+    sft, grpo = runs_of(root).values()
+    wait_for(lambda: "paused at data" in (root / f"slurm-{sft.job_id}.out").read_text()
+             if (root / f"slurm-{sft.job_id}.out").exists() else False, 300, "the SFT job to pause")
+    cancelled = verlc(root, "cancel", "chain")  # the pipeline's name: every stage not ended
+    assert cancelled.returncode == 0 and f"{sft.run}: cancel sent" in cancelled.stdout \
+        and f"{grpo.run}: cancel sent" in cancelled.stdout, cancelled.stdout + cancelled.stderr
     for root in roots.values():
         for run in runs_of(root).values():
             until_final(root, run.run, timeout=400)
+    sft, grpo = runs_of(roots["cancelled"]).values()
+    assert (sft.state, grpo.state) == ("CANCELLED", "CANCELLED")
+    assert not (roots["cancelled"] / f"slurm-{grpo.job_id}.out").exists()  # it never ran
 
     root = roots["ok"]
     sft, grpo = runs_of(root).values()

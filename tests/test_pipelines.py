@@ -56,7 +56,8 @@ def test_each_stage_is_a_job_of_its_own_and_the_later_takes_the_earlier_ones_mer
     built = run_verlc("build", EXAMPLE, "--target", "slurm", "--out", out)
     assert built.returncode == 0, built.stderr
     name = "sft-grpo-qwen2p5-0p5b"
-    assert sorted(p.name for p in out.iterdir()) == [name, f"{name}-grpo", f"{name}-sft"]
+    assert sorted(p.name for p in out.iterdir()) == [name, f"{name}-eval", f"{name}-generate", f"{name}-grpo",
+                                                     f"{name}-sft"]
     sft = slurm_job((out / f"{name}-sft" / "slurm" / "sbatch.sh").read_text())
     grpo = slurm_job((out / f"{name}-grpo" / "slurm" / "sbatch.sh").read_text())
     assert sft["train"][:6] == ["torchrun", "--standalone", "--nnodes=1", "--nproc_per_node=8", "-m",
@@ -71,12 +72,26 @@ def test_each_stage_is_a_job_of_its_own_and_the_later_takes_the_earlier_ones_mer
                                "merged": [f"{checkpoints}/verlc-merged"]}]
     # each stage's verl settings went to its own program: SFT's data.max_length, GRPO's rollout.n
     assert "data.max_length=1024" in sft["train"] and "actor_rollout_ref.rollout.n=5" in grpo["train"]
+    # verl's generation answers the prompts with GRPO's merged model; verl's evaluation scores its file
+    generate = slurm_job((out / f"{name}-generate" / "slurm" / "sbatch.sh").read_text())
+    evaluate = slurm_job((out / f"{name}-eval" / "slurm" / "sbatch.sh").read_text())
+    grpo_checkpoints = f"checkpoints/verl_sft_grpo/{name}-grpo"
+    assert generate["train"][:4] == ["python3", "-m", "verl.trainer.main_generation", "--config-name=generation"]
+    assert f"model.path={grpo_checkpoints}/verlc-merged/latest" in generate["train"]
+    assert "data.path=data/gsm8k/test.parquet" in generate["train"] and generate["rollout_package"] == "vllm"
+    assert [(i["stage"], i["layout"]) for i in generate["inputs"]] == [(f"{name}-grpo", "actor")]
+    output = "outputs/sft-grpo-gsm8k-test.parquet"
+    assert f"data.output_path={output}" in generate["train"]
+    assert evaluate["train"] == ["python3", "-m", "verl.trainer.main_eval", "--config-name=evaluation",
+                                 f"data.path={output}"]
+    assert evaluate["model"] == [] and evaluate["data_files"] == [[output], [output]]
     submit = (out / name / "slurm" / "submit.sh").read_text()
     first = submit.index(f'"$bundles"/{name}-sft/slurm/sbatch.sh')
     assert first < submit.index(f'"$bundles"/{name}-grpo/slurm/sbatch.sh')
-    assert submit.count('--dependency="afterok:$job" --kill-on-invalid-dep=yes') == 1
+    assert submit.count('--dependency="afterok:$job" --kill-on-invalid-dep=yes') == 3
     manifest = json.loads((out / name / "slurm" / "manifest.json").read_text())
-    assert manifest["stages"] == [f"{name}-sft", f"{name}-grpo"] and manifest["pipeline"] == name
+    assert manifest["stages"] == [f"{name}-{s}" for s in ("sft", "grpo", "generate", "eval")]
+    assert manifest["pipeline"] == name
     checked = subprocess.run([str(SHELLCHECK), str(out / name / "slurm" / "submit.sh")], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout
     again = run_verlc("build", EXAMPLE, "--target", "slurm", "--out", tmp_path / "again")
@@ -90,18 +105,19 @@ def test_each_stage_is_a_job_of_its_own_and_the_later_takes_the_earlier_ones_mer
     (("${stages.sft.model}", "${stages.sfft.model}"),
      "p.yaml:13:12: stages.rl.model: no stage 'sfft' (stages: sft, rl) (did you mean 'sft'?)"),
     (("${stages.sft.model}", "${stages.rl.model}"),
-     "p.yaml:13:12: stages.rl.model: stage rl cannot start from its own model"),
+     "p.yaml:13:12: stages.rl.model: stage rl cannot take its own output"),
     (("${stages.sft.model}", "${stages.sft.checkpoint}"),
      "p.yaml:13:12: stages.rl.model: verl loads a model from a Hugging Face folder, not from verl's sharded "
      "checkpoint: ${stages.sft.model} is stage sft's last checkpoint merged into one"),
     (("${stages.sft.model}", "${stages.sft.weights}"),
-     "p.yaml:13:12: stages.rl.model: stage sft has no output 'weights'; a stage's output is its model: "
-     "${stages.sft.model}"),
+     "p.yaml:13:12: stages.rl.model: stage sft has no output 'weights'; a stage's outputs: ${stages.sft.model} (a "
+     "model:), ${stages.sft.output} (a data.train_files)"),
     (("${stages.sft.model}", "/m/${stages.sft.model}"),
-     "p.yaml:13:12: stages.rl.model: '/m/${stages.sft.model}': an earlier stage's model is the whole value, "
-     "${stages.NAME.model}"),
+     "p.yaml:13:12: stages.rl.model: '/m/${stages.sft.model}': an earlier stage's output is the whole value, "
+     "${stages.NAME.OUTPUT}"),
     (("model: /models/base", "model: ${stages.sft.model}"),
-     "p.yaml:5:8: model: an earlier stage's output is taken by a stage's model: only (model: ${stages.NAME.model})"),
+     "p.yaml:5:8: model: an earlier stage's output is taken by a stage's model: (${stages.NAME.model}) or data "
+     "files (${stages.NAME.output}) only"),
     (("verl_version: \"0.6.1\"", "verl_version: \"0.4.1\"", "program: verl.trainer.sft_trainer",
       "program: verl.trainer.fsdp_sft_trainer"),
      "p.yaml:13:12: stages.rl.model: verl 0.4.1's SFT trainer saves a Hugging Face folder per step and names none "
@@ -114,6 +130,11 @@ def test_each_stage_is_a_job_of_its_own_and_the_later_takes_the_earlier_ones_mer
      "mean 'max_length'?)"),
     (("    program: verl.trainer.sft_trainer", "    programme: verl.trainer.sft_trainer"),
      "p.yaml:10:5: stages.sft.programme: unknown key 'programme'"),
+    (("  rl:\n", "  rl:\n    data: {train_files: [\"${stages.sft.output}\"], val_files: [v.parquet]}\n"),
+     "p.yaml:13:26: stages.rl.data.train_files[0]: stage sft (verl.trainer.sft_trainer) writes no file of "
+     "responses: verl's generation (verl.trainer.main_generation) does"),
+    (("  rl:\n", "  rl:\n    data: {train_files: [\"${stages.sft.model}\"], val_files: [v.parquet]}\n"),
+     "p.yaml:13:26: stages.rl.data.train_files[0]: ${stages.sft.model} goes in a stage's model:, not here"),
     (("cluster: {nodes: 1, gpus_per_node: 8}", "cluster: {nodes: 1, gpus_per_node: 8}\nsweep: {matrix: "
       "{verl.trainer.total_epochs: [1, 2]}}"),
      "p.yaml:8:1: sweep: a pipeline is not swept: sweep one stage as a spec of its own"),
@@ -199,8 +220,8 @@ def test_plan_shows_each_stage_and_the_pipelines_gpu_hours() -> None:
     result = run_verlc("plan", EXAMPLE)
     assert result.returncode == 0, result.stderr
     heads = [line.split(":")[0] for line in result.stdout.splitlines() if " node(s) x " in line]
-    assert heads == ["sft-grpo-qwen2p5-0p5b-sft", "sft-grpo-qwen2p5-0p5b-grpo"], result.stdout
-    hours = 12 * 8 * 2  # the spec's cluster.slurm.time 12:00:00 x 8 GPUs, for each of its two stages
+    assert heads == [f"sft-grpo-qwen2p5-0p5b-{s}" for s in ("sft", "grpo", "generate", "eval")], result.stdout
+    hours = 12 * 8 * 4  # the spec's cluster.slurm.time 12:00:00 x 8 GPUs, for each of its four stages
     assert f"pipeline sft-grpo-qwen2p5-0p5b: its stages one after another, at most {hours} GPU-hours in all" \
         in result.stdout
 

@@ -603,7 +603,7 @@ def test_an_sft_program_is_started_with_torchrun_on_its_node(tmp_path: Path, ver
 
 @pytest.mark.parametrize(("module", "nodes", "where", "says"), [
     ("verl.trainer.sft_trainer", 2, "cluster.nodes", "builds it on one node (torchrun --standalone) so far"),
-    ("verl.trainer.main_eval", 1, "program", "does not build a bundle for it yet"),
+    ("verl.trainer.sft_trainer_ray", 1, "program", "does not build a bundle for it yet"),
 ])
 def test_what_of_verls_own_programs_is_not_built_is_refused_at_its_line(
         tmp_path: Path, module: str, nodes: int, where: str, says: str) -> None:

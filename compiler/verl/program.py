@@ -28,6 +28,9 @@ MAIN_PPO = "verl.trainer.main_ppo"
 # process per GPU (read from each release's code: fsdp_sft_trainer to 0.7.0, sft_trainer from 0.6.0;
 # tests/test_verl_releases.py checks the list against every release's own modules)
 TORCHRUN = ("verl.trainer.fsdp_sft_trainer", "verl.trainer.sft_trainer")
+# verl's own Ray programs with configs of their own (not main_ppo's) that verlc builds: generation (prompts in
+# data.path, responses into data.output_path) and evaluation (the scores of such a file's responses)
+RAY_PROGRAMS = ("verl.trainer.main_generation", "verl.trainer.main_eval")
 VERL_CONFIG = ("verl", "trainer", "config")  # where verl's own trainer configs live in a checkout
 
 

@@ -636,7 +636,7 @@ VERLC_JOB
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 38023b9ef23911e7c1441d04bf1795f3389ccf0d9ff9ba8296bea6e06256b441:
+# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 1ed2e503434e54426d5e0291c7b1bffcc89331fe9922e8c1d03636f638ea2b18:
 # what every verlc bundle runs on the cluster (the others ship them as verlc_job/protocol.py and
 # verlc_job/__init__.py, after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -1822,7 +1822,7 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
                 problems.append(f"data file {path} lacks verl's columns {', '.join(missing)}")
     collective, collective_summary = collective_problems(ray, nodes, device=device) if not problems else ([], "")
     problems += collective
-    problem = check_model(model)
+    problem = check_model(model) if model else None  # verl's evaluation takes no model
     if problem:
         problems.append(problem)
     problem = checkpoint_problem(checkpoint_dir)
@@ -1837,7 +1837,7 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
     run_record = {
         "started": started,
         "image": image,
-        "inputs": {"data": data_inputs(data), "model": model_input(model),
+        "inputs": {"data": data_inputs(data), **({"model": model_input(model)} if model else {}),
                    **({"code": code_record} if code_record else {}),
                    **({"stages": stages_record} if stages_record is not None else {})},
         "trainer_argv": train,

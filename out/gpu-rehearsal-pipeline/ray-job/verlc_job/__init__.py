@@ -958,7 +958,7 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
                 problems.append(f"data file {path} lacks verl's columns {', '.join(missing)}")
     collective, collective_summary = collective_problems(ray, nodes, device=device) if not problems else ([], "")
     problems += collective
-    problem = check_model(model)
+    problem = check_model(model) if model else None  # verl's evaluation takes no model
     if problem:
         problems.append(problem)
     problem = checkpoint_problem(checkpoint_dir)
@@ -973,7 +973,7 @@ def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir
     run_record = {
         "started": started,
         "image": image,
-        "inputs": {"data": data_inputs(data), "model": model_input(model),
+        "inputs": {"data": data_inputs(data), **({"model": model_input(model)} if model else {}),
                    **({"code": code_record} if code_record else {}),
                    **({"stages": stages_record} if stages_record is not None else {})},
         "trainer_argv": train,
