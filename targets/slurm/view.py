@@ -248,8 +248,13 @@ def slurm_view(ir: JobIR) -> SlurmView:
         *ray_common,
         *((("--ray-debugger-external",),) if ir.ray.debugger_external else ()),
     )
+    # A worker asks the GCS for the head node's record 20 times, 2 s apart, then gives up (Ray's
+    # RAY_NUM_REDIS_GET_RETRIES): started beside the head on a loaded host it can ask before the head registered
+    # ("No node info found for head node in GCS", seen on the test cluster). It asks until the bring-up's
+    # deadline (ray.wait_for_nodes) instead.
+    retries = f"RAY_NUM_REDIS_GET_RETRIES={max(20, ir.ray.wait_seconds // 2)}"
     ray_worker = (
-        *gloo,
+        ("env", *own_sockets, retries),
         ("ray", "start", "--block", _word("--address=", HEAD_IP, ":", RAY_PORT)),
         (_word("--node-ip-address=", NODE_IP),),
         *ray_common,

@@ -149,7 +149,7 @@ ray_node() {
     )
   else
     ray=(
-      env GLOO_SOCKET_IFNAME="${node_dev}"
+      env GLOO_SOCKET_IFNAME="${node_dev}" RAY_NUM_REDIS_GET_RETRIES=300
       ray start --block --address="${head_ip}":"${ray_port}"
       --node-ip-address="${node_ip}"
       --num-gpus=8

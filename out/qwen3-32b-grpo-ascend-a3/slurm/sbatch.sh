@@ -249,7 +249,7 @@ ray_node() {
     )
   else
     ray=(
-      env GLOO_SOCKET_IFNAME="${node_dev}"
+      env GLOO_SOCKET_IFNAME="${node_dev}" RAY_NUM_REDIS_GET_RETRIES=450
       ray start --block --address="${head_ip}":"${ray_port}"
       --node-ip-address="${node_ip}"
       '--resources={"NPU": 16}'
