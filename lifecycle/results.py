@@ -1,6 +1,7 @@
 """Results of runs, from what verl printed: its console logger's step lines in the job's log.
 
-A run's metrics are the `step:N - key:value ...` lines (progress.parse_step), validation included: verl logs
+A run's metrics are the `step:N - key:value ...` lines (progress.parse_step), and the scores verl's evaluation
+prints (as step 0's), validation included: verl logs
 its validation metrics (`val-core/<data source>/<variable>/<metric>`, `val/test_score/<data source>` before
 0.3) on the step they ran at, and the run's initial validation at step 0. A step printed twice (a requeued
 run that resumed from an earlier checkpoint) counts once, with the later value. Checkpoints are the folders
@@ -18,9 +19,14 @@ from dataclasses import dataclass, field
 
 from . import progress
 
-# what `verlc runs --results` shows without --metric: verl's validation scores and the training reward
-DEFAULT_METRICS = ("val-core/", "val/test_score/", "critic/score/mean")
+# what `verlc runs --results` shows without --metric: verl's validation scores, the training reward, and the
+# scores of verl's evaluation (main_eval)
+DEFAULT_METRICS = ("val-core/", "val/test_score/", "critic/score/mean", "test_score/")
 CHECKPOINT = re.compile(r"local_global_step_folder: (\S+)")
+# verl's evaluation prints its scores once, as a dict: {'test_score/<data source>': 0.5} (np.float64(0.5) with
+# numpy 2); they count as step 0's
+EVAL_SCORES = re.compile(r"\{'test_score/.*\}\s*$")
+EVAL_SCORE = re.compile(r"'(test_score/[^']+)': (?:np\.float64\()?(-?[0-9.]+(?:e[-+]?[0-9]+)?|nan)")
 
 
 class ResultError(Exception):
@@ -67,6 +73,9 @@ def read(lines: Iterable[str]) -> Logged:
             logged.total = int(m[1])
         elif m := CHECKPOINT.search(line):
             logged.checkpoints.append(m[1])
+        elif EVAL_SCORES.search(line):
+            for key, value in EVAL_SCORE.findall(line):
+                logged.series.setdefault(key, {})[0] = float(value)
     return logged
 
 

@@ -64,6 +64,19 @@ def test_events_and_lines_from_a_job_log() -> None:
     assert list(progress.stage_lines(log, "ray"))[1:] == log[2:4]
 
 
+def test_results_read_the_scores_verls_evaluation_prints() -> None:
+    """verl's main_eval prints its per-data-source means as a dict (`print(metric_dict)` of np.mean values): the
+    line as this numpy prints it, read as step 0's values, and shown by default."""
+    import numpy as np
+
+    printed = str({"test_score/openai/gsm8k": np.mean([1.0, 0.0, 1.0, 1.0]), "test_score/math": np.mean([0.25])})
+    logged = results.read(["(pid=1) 100%|##########| 4/4", printed])
+    assert results.points(logged, "test_score/openai/gsm8k") == [(0, 0.75)]
+    assert results.points(logged, "test_score/math") == [(0, 0.25)]
+    defaults = [results.Metric(m) for m in results.DEFAULT_METRICS]
+    assert results.chosen_keys([logged], defaults, asked=False) == ["test_score/math", "test_score/openai/gsm8k"]
+
+
 def test_results_count_a_requeued_runs_repeated_steps_once_with_the_later_value() -> None:
     """verl 0.9.1's own console lines; the run was requeued after step 2 and resumed from step 1's checkpoint."""
     line = console_logger("0.9.1")
