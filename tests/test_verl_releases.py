@@ -32,7 +32,7 @@ from verlc.targets import CATALOG
 from verlc.compiler.verl.check import select, settings
 from verlc.compiler.verl.hydra import hydra_value, verl_value
 from verlc.compiler.verl.place import Walker
-from verlc.compiler.verl.program import TORCHRUN
+from verlc.compiler.verl.program import RAY_PROGRAMS, TORCHRUN
 from verlc.compiler.verl.release import MISSING, RELEASES, snapshot
 
 sys.path.insert(0, str(REPO / "dev"))
@@ -429,8 +429,9 @@ def test_a_plus_on_a_key_of_the_composed_yaml_is_judged_as_hydra_judges_it(
 
 # --- verl's SFT programs: their own configs (#43) -------------------------------------------------------
 
-SFT_PROGRAMS = [(v, m) for v in RELEASES for m in ("verl.trainer.fsdp_sft_trainer", "verl.trainer.sft_trainer")
-                if m in snapshot(v).programs]
+# ... and verl's generation and evaluation, which verlc builds too (RAY_PROGRAMS)
+SFT_PROGRAMS = [(v, m) for v in RELEASES for m in ("verl.trainer.fsdp_sft_trainer", "verl.trainer.sft_trainer",
+                                                   *RAY_PROGRAMS) if m in snapshot(v).programs]
 SFT_CASES = 24  # real keys of the program's config at their own values, and as many misspelled
 
 
@@ -464,10 +465,12 @@ def sft_spec(version: str, module: str, flat: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("version", "module"), SFT_PROGRAMS)
 def test_verlc_and_verl_agree_on_each_sft_programs_keys(tmp_path: Path, version: str, module: str) -> None:
-    """An SFT spec's `verl:` is judged against the program's own config of that release, as verl judges it:
-    Hydra applying the user's overrides on that config (the oracle, one process per release)."""
+    """An SFT (generation, evaluation) spec's `verl:` is judged against the program's own config of that
+    release, as verl judges it: Hydra applying the user's overrides on that config (the oracle, one process per
+    release)."""
     cases = sft_corpus(version, module, tmp_path)
-    assert len(cases) >= 10, f"too few SFT keys read from verl {version}'s {module} config"
+    # the reading works: at least 4 keys (verl 0.3's evaluation config has 4 such leaves; SFT's give 24)
+    assert len(cases) >= 8, f"too few keys read from verl {version}'s {module} config"
     problems = []
     for case in cases:
         spec = tmp_path / "spec.yaml"
