@@ -2,11 +2,12 @@
 
 Each stage is compiled as a spec of its own: the file's settings with the stage's on top (mappings merge, lists
 are replaced), named <name>-<stage>, its problems reported at the stage's own lines (stages.NAME.verl...). A
-stage takes an earlier one's output by name in its `model:`: `${stages.NAME.model}` is stage NAME's last
-checkpoint merged into a Hugging Face folder, which is what verl's programs load. The later stage's data stage
+stage takes an earlier one's output by name. In its `model:`, `${stages.NAME.model}` is stage NAME's last
+checkpoint merged into a Hugging Face folder, which is what verl's programs load: the later stage's data stage
 runs verl's own model merger on that checkpoint (the runtime, targets/runtime.py) into
-<NAME's checkpoint folder>/verlc-merged/global_step_<N>, and points verlc-merged/latest at it: that is the model
-path the later stage's verl gets.
+<NAME's checkpoint folder>/verlc-merged/global_step_<N>, and points verlc-merged/latest at it, the model path the
+later stage's verl gets. In its data files, `${stages.NAME.output}` is the file of responses verl's generation
+(stage NAME) writes, its data.output_path, which verl's evaluation scores.
 
 Facts of verl's code this relies on (tests/test_verl_releases.py reads each release's files for them): verl's
 trainers name their last checkpoint in <trainer.default_local_dir>/latest_checkpointed_iteration.txt (the Ray
@@ -45,7 +46,7 @@ SFT_TRACKER_FROM = (0, 5, 0)  # the first release whose SFT trainers write lates
 
 @dataclass(frozen=True)
 class StageSpec:
-    """One stage as a spec of its own, and the earlier stage it takes its model from (if any)."""
+    """One stage as a spec of its own, and what it takes of earlier stages."""
 
     name: str  # the stage's own name (sft)
     index: int
