@@ -178,7 +178,11 @@ def seconds(run: ledger.Run) -> int:
 
 
 def duration(run: ledger.Run) -> str:
-    took = seconds(run)
+    return clock(seconds(run))
+
+
+def clock(took: int) -> str:
+    """Seconds as H:MM:SS."""
     return f"{took // 3600}:{took // 60 % 60:02d}:{took % 60:02d}"
 
 
@@ -223,11 +227,10 @@ def table(runs: Sequence[ledger.Run], fmt: str) -> str:
     for group in pipelines(runs):
         r = group[0]
         if r.submitted.get("pipeline"):
-            took = sum(seconds(g) for g in group if g.started_at)  # a stage waiting for another has not run
+            took = clock(sum(seconds(g) for g in group if g.started_at))  # a stage waiting for another has not run
             rows.append((r.submitted["pipeline"],
                          r.submitted["spec"], r.target, r.where, ",".join(str(g.job_id) for g in group),
-                         pipeline_state(group), r.submitted["at"],
-                         f"{took // 3600}:{took // 60 % 60:02d}:{took % 60:02d}", r.submitted["spec_sha256"][:12]))
+                         pipeline_state(group), r.submitted["at"], took, r.submitted["spec_sha256"][:12]))
             continue
         rows.append((r.run, r.submitted["spec"], r.target, r.where, str(r.job_id),
                      shown_state(r) + (f" ({r.restarts} restarts)" if r.restarts else ""), r.submitted["at"],

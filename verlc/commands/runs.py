@@ -56,13 +56,11 @@ def launcher(target: str) -> Any:
     return of(target)
 
 
-def _prepare_bundle(ir: Any, target: str, out: Path) -> tuple[Path, bool]:
-    """The bundle folder for `ir`: reused when it is what the spec generates (its manifest and files
+def _prepare_bundle(bundle: Any, out: Path) -> tuple[Path, bool]:
+    """The bundle's folder under `out`: reused when it is what the spec generates (its manifest and files
     match), written otherwise. Hand edits are never overwritten (EditedError). True when written."""
-    from ..targets import render
     from ..targets.bundle import differences, write
 
-    bundle = render(target, ir)
     folder = out / bundle.folder
     if folder.is_dir() and not differences(bundle, folder):
         return folder, False
@@ -125,7 +123,9 @@ def submit(spec: Path, target: str, out: Path, wait: bool, follow: bool, metrics
     note = runs.slow_save_note(ir, target, list(ledger.fold(ledger.location(spec)).values()), launcher)
     if note:
         print(note, file=sys.stderr)
-    folder, written = _prepare_bundle(ir, target, out.resolve())
+    from ..targets import render
+
+    folder, written = _prepare_bundle(render(target, ir), out.resolve())
     print(f"{'wrote' if written else 'up to date:'} {out / folder.parent.name / folder.name}/")
     book = ledger.location(spec)
     submitted = runs.submit(ir, spec, target, folder, Path.cwd(), env, book, launcher)
@@ -144,14 +144,10 @@ def _submit_pipeline(irs: list, spec: Path, target: str, out: Path, env: dict[st
 
     from ..compiler.catalog import ONE_JOB
     from ..lifecycle import ledger, runs
-    from ..targets import get
-    from ..targets.bundle import differences, write
+    from ..targets import get, render
 
     chain = get(target).render_chain(irs)
-    folder = out.resolve() / chain.folder
-    written = bool(differences(chain, folder))
-    if written:
-        write([chain], out.resolve())
+    folder, written = _prepare_bundle(chain, out.resolve())
     book = ledger.location(spec)
     if get(target).pipelines == ONE_JOB:
         print(f"{'wrote' if written else 'up to date:'} {out / chain.folder}/")
@@ -163,7 +159,7 @@ def _submit_pipeline(irs: list, spec: Path, target: str, out: Path, env: dict[st
         return submitted
     submitted, after = [], None
     for ir in irs:
-        folder, written = _prepare_bundle(ir, target, out.resolve())
+        folder, written = _prepare_bundle(render(target, ir), out.resolve())
         print(f"{'wrote' if written else 'up to date:'} {out / folder.parent.name / folder.name}/")
         [run] = runs.submit(ir, spec, target, folder, Path.cwd(), env, book, launcher, after=after)
         print(f"submitted stage {ir.pipeline.stage}: {run.run} (job {run.job_id} on {run.where}"
