@@ -71,22 +71,30 @@ def finish(ir: JobIR, target: str, files: Sequence[File], run_time: Sequence[str
         files = [*files, File(CODE_DIFF, ir.code.diff)]
     all_files = sorted([*files, File("spec.yaml", header + ir.normalized_spec),
                         File("verl-config.yaml", header + verl_note + ir.verl_config)], key=lambda f: f.path)
+    text = manifest_text(ir, target, all_files, {
+        "verl_version": ir.verl_version,
+        "verl_schema": ir.verl_schema,
+        **({"verl_commit": ir.verl_commit} if ir.verl_commit else {}),
+        **({"code": {k: v for k, v in ir.code.as_json().items() if k != "files"}} if ir.code else {}),
+        **({"run_time": sorted(run_time)} if run_time else {}),
+    })
+    return Bundle(ir.name, target, (*all_files, File(MANIFEST, text)), tuple(sorted(run_time)),
+                  ir.profile[0] if ir.profile else None)
+
+
+def manifest_text(ir: JobIR, target: str, files: Sequence[File], own: dict[str, object]) -> str:
+    """manifest.json: verlc, the spec and the site profile it was built from, the target, each file's sha256 and
+    mode, and what the bundle adds of its own."""
     manifest = {
         "verlc_version": ir.verlc_version,
         "spec": ir.spec_file,
         "spec_sha256": ir.spec_sha256,
         "target": target,
-        "verl_version": ir.verl_version,
-        "verl_schema": ir.verl_schema,
-        **({"verl_commit": ir.verl_commit} if ir.verl_commit else {}),
         **({"profile": dict(zip(("name", "file", "sha256"), ir.profile))} if ir.profile else {}),
-        **({"code": {k: v for k, v in ir.code.as_json().items() if k != "files"}} if ir.code else {}),
-        "files": {f.path: {"sha256": sha256(f.text), "mode": oct(f.mode)} for f in all_files},
-        **({"run_time": sorted(run_time)} if run_time else {}),
+        "files": {f.path: {"sha256": sha256(f.text), "mode": oct(f.mode)} for f in files},
+        **own,
     }
-    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-    return Bundle(ir.name, target, (*all_files, File(MANIFEST, text)), tuple(sorted(run_time)),
-                  ir.profile[0] if ir.profile else None)
+    return json.dumps(manifest, indent=2, sort_keys=True) + "\n"
 
 
 def finish_chain(irs: Sequence[JobIR], target: str, files: Sequence[File]) -> Bundle:
@@ -94,17 +102,10 @@ def finish_chain(irs: Sequence[JobIR], target: str, files: Sequence[File]) -> Bu
     naming them."""
     first = irs[0]
     assert first.pipeline is not None
-    manifest = {
-        "verlc_version": first.verlc_version,
-        "spec": first.spec_file,
-        "spec_sha256": first.spec_sha256,
-        "target": target,
+    text = manifest_text(first, target, files, {
         "pipeline": first.pipeline.name,
         "stages": [ir.name for ir in irs],  # each stage's job (and bundle) name, in the order they run
-        **({"profile": dict(zip(("name", "file", "sha256"), first.profile))} if first.profile else {}),
-        "files": {f.path: {"sha256": sha256(f.text), "mode": oct(f.mode)} for f in files},
-    }
-    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    })
     return Bundle(first.pipeline.name, target, (*sorted(files, key=lambda f: f.path), File(MANIFEST, text)),
                   (), first.profile[0] if first.profile else None)
 
