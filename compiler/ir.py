@@ -177,7 +177,8 @@ class StageInputIR:
     checkpoint_dir: Word  # its verl trainer.default_local_dir: the latest_checkpointed_iteration.txt it keeps
     layout: str  # where the model's shards are in a global_step_N folder: "actor" (verl's Ray trainers) or ""
     merger: tuple[str, ...]  # verl's merger, up to --local_dir and --target_dir
-    merged: Word  # <checkpoint_dir>/verlc-merged: global_step_N folders and `latest`, what this stage's verl gets
+    merged: Word  # <checkpoint_dir>/verlc-merged: the merged global_step_N folders
+    latest: Word  # the link in `merged` to the last one merged: the model this stage's verl gets
 
 
 @dataclass(frozen=True)

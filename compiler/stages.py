@@ -18,7 +18,7 @@ merge --backend fsdp|megatron --local_dir CHECKPOINT --target_dir FOLDER` exists
 
 from __future__ import annotations
 
-import json
+import copy
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -78,8 +78,8 @@ def split(sourced: Sourced) -> list[StageSpec] | None:
     for index, (name, own) in enumerate(raw.items()):
         own = {k: v for k, v in own.items() if v is not None}
         takes = []
-        for loc, text in _references(own, ()):
-            if not _placed(loc):
+        for loc, text in _references(own):
+            if not _placed(loc) or not REFERENCE.fullmatch(text):
                 continue  # _misplaced says so
             stage, problem = _reference(text, names, index, loc)
             if problem:
@@ -117,15 +117,15 @@ def _validate(sourced: Sourced, raw: dict[str, Any]) -> None:
                                             at_key=True) for n in bad])
 
 
-def _references(value: Any, loc: tuple[str | int, ...]) -> Iterator[tuple[tuple[str | int, ...], str]]:
-    """(where, text) of every string under `value` that names a stage's output."""
+def _references(value: Any, loc: tuple[str | int, ...] = ()) -> Iterator[tuple[tuple[str | int, ...], str]]:
+    """(where, text) of every string under `value` that mentions a stage's output (`${stages.`)."""
     if isinstance(value, dict):
         for k, v in value.items():
             yield from _references(v, (*loc, k))
     elif isinstance(value, list):
         for i, v in enumerate(value):
             yield from _references(v, (*loc, i))
-    elif isinstance(value, str) and "${stages." in value and REFERENCE.fullmatch(value):
+    elif isinstance(value, str) and "${stages." in value:
         yield loc, value
 
 
@@ -136,17 +136,7 @@ def _placed(loc: tuple[str | int, ...]) -> bool:
 
 def _misplaced(sourced: Sourced) -> Iterator[Diagnostic]:
     """`${stages...}` anywhere but a stage's model or data files, or as part of a value: refused where it stands."""
-    def walk(value: Any, loc: tuple[str | int, ...]) -> Iterator[tuple[tuple[str | int, ...], str]]:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                yield from walk(v, (*loc, k))
-        elif isinstance(value, list):
-            for i, v in enumerate(value):
-                yield from walk(v, (*loc, i))
-        elif isinstance(value, str) and "${stages." in value:
-            yield loc, value
-
-    for loc, text in walk(sourced.data, ()):
+    for loc, text in _references(sourced.data):
         if len(loc) >= 3 and loc[0] == "stages" and _placed(loc[2:]):
             if not REFERENCE.fullmatch(text):
                 yield sourced.diagnostic(loc, f"{text!r}: an earlier stage's output is the whole value, "
@@ -156,7 +146,8 @@ def _misplaced(sourced: Sourced) -> Iterator[Diagnostic]:
                                       "or data files (${stages.NAME.output}) only")
 
 
-def _reference(text: str, names: list[str], index: int, loc: tuple[str | int, ...]) -> tuple[str | None, str | None]:
+def _reference(text: str, names: list[str], index: int, loc: tuple[str | int, ...]
+               ) -> tuple[str | None, str | None]:
     """(the stage a `${stages.NAME.OUTPUT}` at `loc` of a stage names, or why it cannot be taken)."""
     m = REFERENCE.fullmatch(text)
     assert m is not None
@@ -172,8 +163,9 @@ def _reference(text: str, names: list[str], index: int, loc: tuple[str | int, ..
         return None, (f"verl loads a model from a Hugging Face folder, not from verl's sharded checkpoint: "
                       f"${{stages.{stage}.model}} is stage {stage}'s last checkpoint merged into one")
     if output not in OUTPUTS:
-        return None, f"stage {stage} has no output '{output}'; a stage's outputs: " + ", ".join(
-            f"${{stages.{stage}.{o}}} (a {where})" for o, where in OUTPUTS.items()) + did_you_mean(output, list(OUTPUTS))
+        known = ", ".join(f"${{stages.{stage}.{o}}} (a {where})" for o, where in OUTPUTS.items())
+        return None, f"stage {stage} has no output '{output}'; a stage's outputs: {known}" + did_you_mean(
+            output, list(OUTPUTS))
     if output != wanted:
         return None, f"${{stages.{stage}.{output}}} goes in a stage's {OUTPUTS[output]}, not here"
     return stage, None
@@ -188,11 +180,16 @@ def word_text(word: Word) -> str:
     return "".join(f"${{env:{p.name}}}" if isinstance(p, Var) else p.replace("$", "$$") for p in word.parts)
 
 
-def backend(producer: JobIR) -> str:
-    """verl's merger backend for the earlier stage's checkpoint: megatron where its trainer ran Megatron."""
+def composed(ir: JobIR) -> dict[str, Any]:
+    """A stage's verl config as its bundle has it (the IR's YAML text)."""
     from ruamel.yaml import YAML
 
-    tree = YAML(typ="safe").load(producer.verl_config) or {}
+    return YAML(typ="safe").load(ir.verl_config) or {}
+
+
+def backend(producer: JobIR) -> str:
+    """verl's merger backend for the earlier stage's checkpoint: megatron where its trainer ran Megatron."""
+    tree = composed(producer)
     strategies = [((tree.get("actor_rollout_ref") or {}).get("actor") or {}).get("strategy"),
                   (tree.get("engine") or {}).get("strategy") if isinstance(tree.get("engine"), dict) else None]
     return "megatron" if "megatron" in strategies else "fsdp"
@@ -205,18 +202,15 @@ def _stage_of(ir: JobIR) -> str:
 def take_output(part: StageSpec, loc: tuple[str | int, ...], producer: JobIR) -> StageSpec:
     """The stage with the data file at `loc` set to the file verl's generation (the earlier stage) writes: its
     data.output_path, known at build time."""
-    from ruamel.yaml import YAML
-
+    stage = _stage_of(producer)
     if producer.trainer_module != GENERATION:
-        raise SpecError([part.sourced.diagnostic(loc, f"stage {_stage_of(producer)} "
-                                                      f"({producer.trainer_module}) writes no file of responses: "
-                                                      f"verl's generation ({GENERATION}) does")])
-    tree = YAML(typ="safe").load(producer.verl_config) or {}
-    path = (tree.get("data") or {}).get("output_path")
+        raise SpecError([part.sourced.diagnostic(loc, f"stage {stage} ({producer.trainer_module}) writes no file of "
+                                                      f"responses: verl's generation ({GENERATION}) does")])
+    path = (composed(producer).get("data") or {}).get("output_path")
     if not isinstance(path, str) or "${" in path:
-        raise SpecError([part.sourced.diagnostic(loc, f"stage {_stage_of(producer)}'s data.output_path ({path!r}) is not "
-                                                      f"a path verlc can know: set it in that stage's verl:")])
-    data = json.loads(json.dumps(part.sourced.data))
+        raise SpecError([part.sourced.diagnostic(loc, f"stage {stage}'s data.output_path ({path!r}) is not a path "
+                                                      f"verlc can know: set it in that stage's verl:")])
+    data = copy.deepcopy(part.sourced.data)
     node: Any = data
     for key in loc[:-1]:
         node = node[key]
@@ -228,21 +222,22 @@ def take(part: StageSpec, producer: JobIR, torchrun: bool) -> tuple[StageSpec, S
     """The stage with its model set to the earlier stage's merged model, and what its data stage merges;
     SpecError at the stage's model: where verl's code cannot give that model (`torchrun`: the earlier stage
     is one of verl's SFT trainers)."""
-    at = ("model",)
+    at, stage = ("model",), _stage_of(producer)
     released = version(producer.verl_version)
     if released < MERGER_FROM:
         raise SpecError([part.sourced.diagnostic(at, f"verl {producer.verl_version} has no verl.model_merger (from "
-                                                     f"0.4.1): merge stage {_stage_of(producer)}'s checkpoint by hand and give "
-                                                     f"the folder")])
+                                                     f"0.4.1): merge stage {stage}'s checkpoint by hand and give the "
+                                                     f"folder")])
     if torchrun and released < SFT_TRACKER_FROM:
         raise SpecError([part.sourced.diagnostic(at, f"verl {producer.verl_version}'s SFT trainer saves a Hugging "
                                                      f"Face folder per step and names none the last (from 0.5.0 it "
-                                                     f"does): give stage {_stage_of(producer)}'s global_step_N folder")])
-    merged = parse_word(f"{word_text(producer.checkpoint_dir)}/{MERGED}")
+                                                     f"does): give stage {stage}'s global_step_N folder")])
+    merged = f"{word_text(producer.checkpoint_dir)}/{MERGED}"
     stage_input = StageInputIR(
         stage=producer.name, checkpoint_dir=producer.checkpoint_dir, layout="" if torchrun else "actor",
-        merger=("python3", "-m", "verl.model_merger", "merge", "--backend", backend(producer)), merged=merged)
-    data = {**part.sourced.data, "model": f"{word_text(merged)}/{LATEST}"}
+        merger=("python3", "-m", "verl.model_merger", "merge", "--backend", backend(producer)),
+        merged=parse_word(merged), latest=parse_word(f"{merged}/{LATEST}"))
+    data = {**part.sourced.data, "model": f"{merged}/{LATEST}"}
     return replace(part, sourced=replace(part.sourced, data=data)), stage_input
 
 

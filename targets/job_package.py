@@ -11,7 +11,7 @@ from typing import Any
 
 from ..compiler.ir import JobIR, VariantIR, Word
 from .bundle import File, header_lines
-from .protocol import REFERENCE, Job
+from .protocol import PIPELINE_JOBS, REFERENCE, Job
 
 PACKAGE = "verlc_job"
 COMMAND = ("python3", "-m", PACKAGE, "job")
@@ -58,7 +58,8 @@ def job_of(ir: JobIR, *, record: Word | None, variant: VariantIR | None = None, 
         stall_timeout=ir.stall_timeout,
         expiry=expiry,
         inputs=[{"stage": i.stage, "checkpoint_dir": i.checkpoint_dir.as_json(), "layout": i.layout,
-                 "merger": list(i.merger), "merged": i.merged.as_json()} for i in ir.pipeline.inputs]
+                 "merger": list(i.merger), "merged": i.merged.as_json(), "latest": i.latest.as_json()}
+                for i in ir.pipeline.inputs]
         if ir.pipeline and ir.pipeline.inputs else None,
     )
 
@@ -90,7 +91,7 @@ def job_package(ir: JobIR, *, record: Word | None, image: str | None = None,
 def pipeline_package(irs: list[JobIR], *, record: Word | None) -> list[File]:
     """verlc_job/ of a pipeline run as one job: each stage's job as stages/<NN>-<stage>.json, in order
     (`python3 -m verlc_job pipeline` runs them in turn)."""
-    return _package(irs[0], {f"stages/{i:02d}-{ir.pipeline.stage if ir.pipeline else ir.name}.json":
+    return _package(irs[0], {f"{PIPELINE_JOBS}/{i:02d}-{ir.pipeline.stage if ir.pipeline else ir.name}.json":
                              job_of(ir, record=record) for i, ir in enumerate(irs, 1)})
 
 

@@ -69,7 +69,8 @@ def test_each_stage_is_a_job_of_its_own_and_the_later_takes_the_earlier_ones_mer
     assert grpo["model"] == [f"{checkpoints}/verlc-merged/latest"]
     assert grpo["inputs"] == [{"stage": f"{name}-sft", "checkpoint_dir": [checkpoints], "layout": "",
                                "merger": ["python3", "-m", "verl.model_merger", "merge", "--backend", "fsdp"],
-                               "merged": [f"{checkpoints}/verlc-merged"]}]
+                               "merged": [f"{checkpoints}/verlc-merged"],
+                               "latest": [f"{checkpoints}/verlc-merged/latest"]}]
     # each stage's verl settings went to its own program: SFT's data.max_length, GRPO's rollout.n
     assert "data.max_length=1024" in sft["train"] and "actor_rollout_ref.rollout.n=5" in grpo["train"]
     # verl's generation answers the prompts with GRPO's merged model; verl's evaluation scores its file
@@ -179,7 +180,8 @@ def stage_entry(tmp_path: Path) -> dict:
     (tmp_path / "merger.py").write_text(MERGER)
     return {"stage": "p-sft", "checkpoint_dir": [str(tmp_path / "ckpt")], "layout": "actor",
             "merger": [sys.executable, str(tmp_path / "merger.py"), "merge"],
-            "merged": [str(tmp_path / "ckpt"), "/verlc-merged"]}
+            "merged": [str(tmp_path / "ckpt"), "/verlc-merged"],
+            "latest": [str(tmp_path / "ckpt"), "/verlc-merged/latest"]}
 
 
 def test_the_data_stage_merges_the_last_checkpoint_once_and_points_latest_at_it(tmp_path: Path, capsys) -> None:

@@ -661,7 +661,7 @@ VERLC_JOB
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 1ed2e503434e54426d5e0291c7b1bffcc89331fe9922e8c1d03636f638ea2b18:
+# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 a62cb8d9fccecf1a619a236dccbf19173d0ad7993ad693dbfcb7dd4efdd2a920:
 # what every verlc bundle runs on the cluster (the others ship them as verlc_job/protocol.py and
 # verlc_job/__init__.py, after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -784,6 +784,8 @@ STEP_LINE = re.compile(r"(?:^|[\s)\]])step:(\d+)((?: - [^\s:]+:\S+)*)\s*$")
 # ---- the bundle -------------------------------------------------------------------------------------------
 MANIFEST = "manifest.json"  # a bundle's files with their sha256 and modes, its spec and verlc's version
 
+PIPELINE_JOBS = "stages"  # a pipeline run as one job: verlc_job/stages/<NN>-<stage>.json, in the order they run
+
 # ---- the run folder --------------------------------------------------------------------------------------
 RUNS = "verlc-runs"  # a Slurm run's folder is <submit dir>/verlc-runs/<run id>/
 RECORD = "run-record.json"  # the preflight's record: inputs, versions, verl config, resources
@@ -846,7 +848,8 @@ class Job:
     expiry: dict[str, Any] | None = None
     # a pipeline stage's models from earlier stages, merged in its data stage: {"stage": its job name,
     # "checkpoint_dir": a word, "layout": the shards' folder in global_step_N ("actor" or ""), "merger": verl's
-    # merger argv up to --local_dir, "merged": a word, the folder of merged steps and `latest`}
+    # merger argv up to --local_dir, "merged": a word, the folder of merged steps, "latest": a word, the link in it
+    # to the last one merged (the stage's model)}
     inputs: list[dict[str, Any]] | None = None
 
     def to_json(self) -> str:
@@ -924,9 +927,9 @@ import sys
 import time
 
 if __package__:  # verlc_job/ (verlc.targets while developing): the protocol is the module beside this one
-    from .protocol import (NODE_LOST, PAUSE_AT, RUNNER_STAGES, STEP_LINE, STOP_AFTER, TIME_LIMIT_REACHED,
-                           TRAIN_STARTS, USAGE, Job, Variant, event_line, node_message, skipped_message, stage_message,
-                           stamp, stop_after_problem)
+    from .protocol import (NODE_LOST, PAUSE_AT, PIPELINE_JOBS, RUNNER_STAGES, STEP_LINE, STOP_AFTER,
+                           TIME_LIMIT_REACHED, TRAIN_STARTS, USAGE, Job, Variant, event_line, node_message,
+                           skipped_message, stage_message, stamp, stop_after_problem)
 # else: run as `python3 -` by the Slurm script, which feeds protocol.py's text ahead of this file's
 
 PACKAGES = ("verl", "ray", "torch", "transformers", "vllm", "sglang", "tensorrt_llm")
@@ -1476,7 +1479,7 @@ def stage_input(entry: dict) -> tuple[dict | None, str | None]:
     checkpoint = os.path.join(folder, f"global_step_{step}", *([entry["layout"]] if entry["layout"] else []))
     merged = expand(entry["merged"])
     return {"stage": entry["stage"], "step": step, "checkpoint": checkpoint,
-            "model": os.path.join(merged, f"global_step_{step}"), "latest": os.path.join(merged, "latest")}, None
+            "model": os.path.join(merged, f"global_step_{step}"), "latest": expand(entry["latest"])}, None
 
 
 def merge_inputs(inputs: list[dict]) -> int:
@@ -2083,7 +2086,7 @@ def load_job(variant: str | None) -> Job:
 
 def load_stages() -> list[tuple[str, Job]]:
     """A pipeline's jobs next to this module (stages/<NN>-<stage>.json), in the order they run."""
-    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stages")
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), PIPELINE_JOBS)
     found = []
     for name in sorted(os.listdir(folder)):
         with open(os.path.join(folder, name), encoding="utf-8") as fh:

@@ -35,9 +35,9 @@ import sys
 import time
 
 if __package__:  # verlc_job/ (verlc.targets while developing): the protocol is the module beside this one
-    from .protocol import (NODE_LOST, PAUSE_AT, RUNNER_STAGES, STEP_LINE, STOP_AFTER, TIME_LIMIT_REACHED,
-                           TRAIN_STARTS, USAGE, Job, Variant, event_line, node_message, skipped_message, stage_message,
-                           stamp, stop_after_problem)
+    from .protocol import (NODE_LOST, PAUSE_AT, PIPELINE_JOBS, RUNNER_STAGES, STEP_LINE, STOP_AFTER,
+                           TIME_LIMIT_REACHED, TRAIN_STARTS, USAGE, Job, Variant, event_line, node_message,
+                           skipped_message, stage_message, stamp, stop_after_problem)
 # else: run as `python3 -` by the Slurm script, which feeds protocol.py's text ahead of this file's
 
 PACKAGES = ("verl", "ray", "torch", "transformers", "vllm", "sglang", "tensorrt_llm")
@@ -587,7 +587,7 @@ def stage_input(entry: dict) -> tuple[dict | None, str | None]:
     checkpoint = os.path.join(folder, f"global_step_{step}", *([entry["layout"]] if entry["layout"] else []))
     merged = expand(entry["merged"])
     return {"stage": entry["stage"], "step": step, "checkpoint": checkpoint,
-            "model": os.path.join(merged, f"global_step_{step}"), "latest": os.path.join(merged, "latest")}, None
+            "model": os.path.join(merged, f"global_step_{step}"), "latest": expand(entry["latest"])}, None
 
 
 def merge_inputs(inputs: list[dict]) -> int:
@@ -1194,7 +1194,7 @@ def load_job(variant: str | None) -> Job:
 
 def load_stages() -> list[tuple[str, Job]]:
     """A pipeline's jobs next to this module (stages/<NN>-<stage>.json), in the order they run."""
-    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stages")
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), PIPELINE_JOBS)
     found = []
     for name in sorted(os.listdir(folder)):
         with open(os.path.join(folder, name), encoding="utf-8") as fh:

@@ -117,6 +117,8 @@ STEP_LINE = re.compile(r"(?:^|[\s)\]])step:(\d+)((?: - [^\s:]+:\S+)*)\s*$")
 # ---- the bundle -------------------------------------------------------------------------------------------
 MANIFEST = "manifest.json"  # a bundle's files with their sha256 and modes, its spec and verlc's version
 
+PIPELINE_JOBS = "stages"  # a pipeline run as one job: verlc_job/stages/<NN>-<stage>.json, in the order they run
+
 # ---- the run folder --------------------------------------------------------------------------------------
 RUNS = "verlc-runs"  # a Slurm run's folder is <submit dir>/verlc-runs/<run id>/
 RECORD = "run-record.json"  # the preflight's record: inputs, versions, verl config, resources
@@ -179,7 +181,8 @@ class Job:
     expiry: dict[str, Any] | None = None
     # a pipeline stage's models from earlier stages, merged in its data stage: {"stage": its job name,
     # "checkpoint_dir": a word, "layout": the shards' folder in global_step_N ("actor" or ""), "merger": verl's
-    # merger argv up to --local_dir, "merged": a word, the folder of merged steps and `latest`}
+    # merger argv up to --local_dir, "merged": a word, the folder of merged steps, "latest": a word, the link in it
+    # to the last one merged (the stage's model)}
     inputs: list[dict[str, Any]] | None = None
 
     def to_json(self) -> str:
