@@ -70,8 +70,8 @@ def check(spec: Spec, sourced: Sourced, release: Release, catalog: Catalog, targ
 
 def _unbuilt_program(spec: Spec, sourced: Sourced, release: Release) -> Iterator[Diagnostic]:
     """verl's programs other than main_ppo (SFT, evaluation, generation) are checked against their own configs;
-    the SFT programs build on one node (torchrun --standalone), the others not yet: their inputs are not the
-    Ray driver job verlc builds."""
+    the SFT programs build under torchrun (lower.launch), generation and evaluation as Ray drivers, the others
+    not yet: their inputs are not the job verlc builds."""
     config = own_config(spec.program, release)
     if config is None:
         return
@@ -80,10 +80,6 @@ def _unbuilt_program(spec: Spec, sourced: Sourced, release: Release) -> Iterator
                                                f"verlc checks its `verl:` settings against that config (`verlc "
                                                f"validate SPEC` without --target) but does not build a bundle for "
                                                f"it yet")
-    elif spec.cluster.nodes > 1:
-        yield sourced.diagnostic(("cluster", "nodes"), f"{spec.program} runs under torchrun, one process per GPU; "
-                                                       f"verlc builds it on one node (torchrun --standalone) so "
-                                                       f"far, not on {spec.cluster.nodes}")
 
 
 def _check_verl(spec: Spec, sourced: Sourced, chosen: Selection, unchecked: tuple[str, ...]) -> Iterator[Diagnostic]:

@@ -81,7 +81,8 @@ class Trainer:
     ray_submit: dict[str, str]   # `ray job submit` options, when it submits the trainer
     launcher: str                # "python", "ray job submit", "uv run", "torchrun"
     wrappers: tuple[tuple[str, ...], ...] = ()  # what the trainer ran under: `uv run ...`, `apptainer run ... IMAGE`
-    gpus: int | None = None      # torchrun's --nproc_per_node: the processes (GPUs) of the one node
+    gpus: int | None = None      # torchrun's --nproc_per_node: the processes (GPUs) of each node
+    nodes: int = 1               # torchrun's --nnodes (verlc adds each node's rank and the rendezvous)
 
 
 @dataclass
@@ -258,8 +259,9 @@ _TORCHRUN_VALUED = {"--nnodes", "--nproc_per_node", "--nproc-per-node", "--rdzv_
 
 def _torchrun(call: Call, argv: tuple[str, ...], submit: dict[str, str],
               wrappers: tuple[tuple[str, ...], ...]) -> Trainer | None:
-    """`torchrun [options] -m MODULE overrides`: verl's SFT trainer, one process per GPU of one node (verlc starts
-    it so); more than one node is refused at torchrun's line."""
+    """`torchrun [options] -m MODULE overrides`: verl's SFT trainer, one process per GPU of each of --nnodes
+    nodes (verlc starts it so; the script's rendezvous options are verlc's to set: the runtime's node hosts it);
+    an elastic range of nodes is refused at torchrun's line."""
     options: dict[str, str] = {}
     i = 1
     while i < len(argv) and argv[i] != "-m" and argv[i].startswith("-"):
@@ -274,15 +276,18 @@ def _torchrun(call: Call, argv: tuple[str, ...], submit: dict[str, str],
     if not any(_OVERRIDE.match(a) or a.split("=")[0] in _CONFIG_OPTS for a in args):
         return None
     nodes = options.get("nnodes", "1")
-    if nodes not in ("1", "1:1"):
-        raise _Unsupported(f"torchrun --nnodes={nodes}: verlc starts torchrun programs on one node so far "
-                           f"(torchrun --standalone); a multi-node torchrun launch is not built yet", "torchrun")
+    low, _, high = nodes.partition(":")
+    if not low.isdigit() or high not in ("", low):
+        raise _Unsupported(f"torchrun --nnodes={nodes or '(empty)'}: verlc starts torchrun on a fixed number of "
+                           f"nodes (cluster.nodes; an elastic range is not supported; where the script computes "
+                           f"it from something it could not see here, set the variable: verlc import --set "
+                           f"NAME=VALUE)", "torchrun")
     gpus = options.get("nproc_per_node", "")
     if not gpus.isdigit():
         raise _Unsupported(f"torchrun --nproc_per_node={gpus or '(not given)'}: verlc needs the number of GPUs "
                            f"(the script computes it from something it could not see here; set the variable: "
                            f"verlc import --set NAME=VALUE)", "torchrun")
-    return Trainer(call, ("python3", "-m", module, *args), module, submit, "torchrun", wrappers, int(gpus))
+    return Trainer(call, ("python3", "-m", module, *args), module, submit, "torchrun", wrappers, int(gpus), int(low))
 
 
 class _Unsupported(Exception):
@@ -423,8 +428,8 @@ def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, 
     defaults = config_defaults(trainer.module, hydra, verl_commit, verl_version, trainer.call.cwd)
     _derived_fields(spec, values, defaults, verl, base_env, imported, leave, problem)
     spec["verl"] = verl
-    if trainer.gpus is not None:  # torchrun's own count: one node, a process per GPU
-        values.update({"trainer.nnodes": 1, "trainer.n_gpus_per_node": trainer.gpus})
+    if trainer.gpus is not None:  # torchrun's own counts: nodes, a process per GPU of each
+        values.update({"trainer.nnodes": trainer.nodes, "trainer.n_gpus_per_node": trainer.gpus})
     _cluster(spec, values, defaults, verl, problem, accelerator)
     if not submitted:  # the script's own #SBATCH lines
         _slurm(spec, text, imported, leave)

@@ -102,11 +102,15 @@ def lower(spec: Spec, release: Release, catalog: Catalog, *, spec_file: str, spe
 
 
 def launch(spec: Spec) -> tuple[str, ...]:
-    """What starts the program: python3 -m for a Ray driver; torchrun, one process per GPU of the one node,
-    for verl's programs that set up torch.distributed themselves (the checks refuse more than one node)."""
-    if spec.program in TORCHRUN:
-        return ("torchrun", "--standalone", "--nnodes=1", f"--nproc_per_node={spec.cluster.gpus_per_node}", "-m")
-    return ("python3", "-m")
+    """What starts the program: python3 -m for a Ray driver; torchrun, one process per GPU, for verl's programs
+    that set up torch.distributed themselves: on one node standalone, on more than one the runtime starts it on
+    every node and adds each node's rank and the rendezvous (protocol.Job.every_node)."""
+    if spec.program not in TORCHRUN:
+        return ("python3", "-m")
+    per_node = f"--nproc_per_node={spec.cluster.gpus_per_node}"
+    if spec.cluster.nodes == 1:
+        return ("torchrun", "--standalone", "--nnodes=1", per_node, "-m")
+    return ("torchrun", f"--nnodes={spec.cluster.nodes}", per_node, "-m")
 
 
 def startup_needs(spec: Spec, release: Release, config: Config) -> tuple[Need, ...] | None:

@@ -61,6 +61,7 @@ def job_of(ir: JobIR, *, record: Word | None, variant: VariantIR | None = None, 
                  "merger": list(i.merger), "merged": i.merged.as_json(), "latest": i.latest.as_json()}
                 for i in ir.pipeline.inputs]
         if ir.pipeline and ir.pipeline.inputs else None,
+        every_node=ir.launch[0] == "torchrun" and ir.nodes > 1,  # torchrun --standalone on one node (lower.launch)
     )
 
 

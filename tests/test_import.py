@@ -531,15 +531,22 @@ def test_a_script_that_prints_without_end_is_stopped(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_a_torchrun_sft_script_is_judged_at_its_lines_and_more_than_one_node_is_refused(tmp_path: Path) -> None:
+def test_a_torchrun_sft_script_is_judged_at_its_lines_and_its_nodes_become_the_clusters(tmp_path: Path) -> None:
     one = import_text(tmp_path, "\ntorchrun --nproc_per_node=8 -m verl.trainer.sft_trainer data.x=1\n")
     assert one.returncode == 2 and "launch.sh:2:" in one.stderr, one.stderr
     assert "verl.data.x: verl 0.7.1 has no key 'x' under 'data'" in one.stderr, one.stderr  # the program's config
-    many = import_text(tmp_path, "\ntorchrun --nnodes=2 --nproc_per_node=8 -m verl.trainer.sft_trainer "
-                                 "model.path=m data.train_files=t.parquet data.val_files=v.parquet\n")
-    assert many.returncode == 2, many.stderr
-    assert "launch.sh:2:1: trainer command: torchrun --nnodes=2: verlc starts torchrun programs on one node so far" \
-        in many.stderr, many.stderr
+    trainer = ("-m verl.trainer.sft_trainer model.path=m data.train_files=t.parquet data.val_files=v.parquet\n")
+    many = import_text(tmp_path, "\ntorchrun --nnodes=2 --nproc_per_node=4 --node_rank=$RANK --master_addr=$HEAD "
+                                 "--master_port=29500 " + trainer)
+    assert many.returncode == 0, many.stderr
+    from ruamel.yaml import YAML
+
+    cluster = YAML(typ="safe").load(many.stdout)["cluster"]
+    assert (cluster["nodes"], cluster["gpus_per_node"]) == (2, 4), many.stdout
+    elastic = import_text(tmp_path, "\ntorchrun --nnodes=1:4 --nproc_per_node=8 " + trainer)
+    assert elastic.returncode == 2, elastic.stderr
+    assert "launch.sh:2:1: trainer command: torchrun --nnodes=1:4: verlc starts torchrun on a fixed number of " \
+           "nodes" in elastic.stderr, elastic.stderr
 
 
 def test_a_script_that_runs_a_file_not_a_module_says_what_it_started(tmp_path: Path) -> None:

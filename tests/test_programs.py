@@ -24,6 +24,8 @@ from test_verl_releases import leaves, nest, other_type, user_overrides
 from verlc.compiler.diagnostics import SpecError
 from verlc.compiler.pipeline import compile_spec
 from verlc.targets import CATALOG
+from verlc.targets.job_package import job_of
+from verlc.targets.protocol import Job
 from verlc.compiler.verl.check import select, settings
 from verlc.compiler.verl.commit import _release, commit_release
 from verlc.compiler.verl.hydra import verl_value
@@ -601,8 +603,26 @@ def test_an_sft_program_is_started_with_torchrun_on_its_node(tmp_path: Path, ver
     assert ir.data_columns == () and ir.startup is None  # the program's own: verlc does not know them
 
 
+@pytest.mark.parametrize("target", ["slurm", "ray-job"])
+def test_an_sft_program_on_more_than_one_node_is_torchrun_on_every_node(tmp_path: Path, target: str) -> None:
+    """No --standalone: the runtime adds each node's rank and the rendezvous at its own node (Job.every_node)."""
+    spec = own_program_spec(tmp_path, "0.9.1", "verl.trainer.sft_trainer", nodes=2)
+    spec.write_text(spec.read_text().replace("gpus_per_node: 4}", "gpus_per_node: 4, slurm: {cpus_per_task: 8}}"))
+    built = subprocess.run([sys.executable, "-m", "verlc", "build", str(spec), "--target", target, "--out",
+                            str(tmp_path / "out")], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    folder = next((tmp_path / "out").glob(f"*/{target}"))
+    text = (folder / "sbatch.sh").read_text() if target == "slurm" else (folder / "verlc_job/job.json").read_text()
+    job = Job.from_json(text.split("<<'VERLC_JOB'\n", 1)[1].split("\nVERLC_JOB\n", 1)[0]
+                        if target == "slurm" else text)
+    assert job.every_node and job.nodes == 2 and job.total_gpus == 8
+    assert job.train[:5] == ["torchrun", "--nnodes=2", "--nproc_per_node=4", "-m", "verl.trainer.sft_trainer"]
+    one = own_program_spec(tmp_path, "0.9.1", "verl.trainer.sft_trainer")
+    assert not job_of(compile_spec(one, CATALOG, display="s.yaml", source="s.yaml", targets=["ray-job"]),
+                      record=None).every_node
+
+
 @pytest.mark.parametrize(("module", "nodes", "where", "says"), [
-    ("verl.trainer.sft_trainer", 2, "cluster.nodes", "builds it on one node (torchrun --standalone) so far"),
     ("verl.trainer.sft_trainer_ray", 1, "program", "does not build a bundle for it yet"),
 ])
 def test_what_of_verls_own_programs_is_not_built_is_refused_at_its_line(

@@ -448,3 +448,76 @@ def test_a_pipelines_stages_run_in_turn_in_one_ray_job(ray_head: str, tmp_path: 
     status, logs = outcomes["1"]
     assert status == "FAILED" and "ERROR: stage sft exited with code 1; the pipeline stops (grpo not run)" in logs
     assert "pipeline stage 2/2" not in logs
+
+
+# A stand-in torchrun (there is no GPU here): it records its pid by node rank, then does what the case file
+# says: every rank ends well, rank 1 fails, or rank 0 fails while the others wait (as at a rendezvous).
+STAND_IN_TORCHRUN = """#!/usr/bin/env bash
+rank=''
+for a in "$@"; do [[ $a == --node_rank=* ]] && rank=${a#--node_rank=}; done
+echo "TORCHRUN rank $rank argv: $*"
+echo $$ >"$VERLC_TEST_DIR/pid-$rank"
+case "$(cat "$VERLC_TEST_DIR/case")-$rank" in
+  ok-*) echo "step:1 - rank $rank"; exit 0 ;;
+  other_fails-1) echo "rank 1: NCCL error"; exit 3 ;;
+  rank0_fails-0) sleep 3; echo "rank 0: out of memory"; exit 4 ;;
+esac
+exec sleep 600
+"""
+
+
+def test_torchrun_on_every_node_runs_each_nodes_rank_and_one_failure_stops_them_all(tmp_path: Path) -> None:
+    """The runtime's train stage of a torchrun program on 2 nodes (protocol.Job.every_node), on a real Ray
+    cluster of two nodes on this host: rank 0 runs where the runtime runs, rank 1 as a Ray task on the other
+    node, both with the rendezvous at the runtime's node. One node's failure stops the run, naming that node
+    with its last lines, and leaves no torchrun of any node running."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text(STAND_IN_TORCHRUN)
+    (bin_dir / "torchrun").chmod(0o755)
+    temp = Path("/tmp") / f"verlc-test-ray2-{os.getpid()}"
+    env = ray_env({"PATH": f"{bin_dir}:{BIN}:{os.environ['PATH']}", "VERLC_TEST_DIR": str(tmp_path)})
+    port = free_port()
+    common = ["--node-ip-address=127.0.0.1", "--num-gpus=2", "--num-cpus=1", f"--temp-dir={temp}",
+              "--disable-usage-stats"]
+    try:
+        subprocess.run([str(BIN / "ray"), "start", "--head", f"--port={port}", "--include-dashboard=false", *common],
+                       check=True, capture_output=True, env=env, timeout=120)
+        subprocess.run([str(BIN / "ray"), "start", f"--address=127.0.0.1:{port}", *common],
+                       check=True, capture_output=True, env=env, timeout=120)
+        train = ("import os, sys\nfrom verlc.targets import runtime\n"
+                 "sys.exit(runtime.train(['torchrun', '--nnodes=2', '--nproc_per_node=2', '-m', 'verl.trainer.sft_"
+                 "trainer'], dict(os.environ), 300, os.environ['RAY_ADDRESS'], nodes=2))\n")
+        runs = {}
+        for case in ("ok", "other_fails", "rank0_fails"):
+            (tmp_path / "case").write_text(case)
+            for pid in tmp_path.glob("pid-*"):
+                pid.unlink()
+            started = time.monotonic()
+            run = subprocess.run([sys.executable, "-c", train], capture_output=True, text=True, timeout=240,
+                                 env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}"})
+            time.sleep(1)  # a cancelled task's trainer gets TERM from its task
+            pids = {p.name: int(p.read_text()) for p in tmp_path.glob("pid-*")}
+            left = {name: pid for name, pid in pids.items() if Path(f"/proc/{pid}").exists()}
+            runs[case] = (run, time.monotonic() - started, sorted(pids), left)
+    finally:
+        stop_by_pid(temp)
+        shutil.rmtree(temp, ignore_errors=True)
+    run, _, ranks, left = runs["ok"]
+    assert run.returncode == 0 and ranks == ["pid-0", "pid-1"] and not left, run.stdout + run.stderr
+    # the rendezvous is Ray's address of the runtime's node (the two nodes share this host's)
+    placed = re.search(r"torchrun on 2 nodes, rendezvous at ([\d.]+):(\d+): node rank 0 \S+ \(\1\) \(here\), "
+                       r"1 \S+ \(\1\)\n", run.stdout)
+    assert placed, run.stdout
+    assert (f"TORCHRUN rank 0 argv: --node_rank=0 --master_addr={placed[1]} --master_port={placed[2]} --nnodes=2 "
+            f"--nproc_per_node=2 -m verl.trainer.sft_trainer") in run.stdout, run.stdout
+    assert "(node rank 1) exited with code 0" in run.stdout, run.stdout
+    run, took, ranks, left = runs["other_fails"]
+    assert run.returncode == 1 and not left and took < 60, (took, left, run.stdout + run.stderr)
+    assert re.search(r"\] rank 1: NCCL error\n.*ERROR: torchrun on node .* \(node rank 1\) exited with code 3 "
+                     r"\(its last lines are above\): stopping the run", run.stdout), run.stdout
+    assert re.search(r"\] TORCHRUN rank 1 argv: --node_rank=1 --master_addr=[\d.]+ --master_port=\d+ ",
+                     run.stdout), run.stdout
+    run, took, ranks, left = runs["rank0_fails"]
+    assert run.returncode == 4 and ranks == ["pid-0", "pid-1"] and not left and took < 60, \
+        (took, left, run.stdout + run.stderr)
