@@ -964,6 +964,70 @@ def test_ascend_npus_bring_up_to_the_preflight_with_hccl_set_on_every_node(slurm
                                                r"started with 8", failures[0]), output
 
 
+# The ranks of the two-node SFT job's stand-in trainer: a real torch.distributed gloo group over both nodes (torch's
+# own torchrun starts it with the rendezvous verlc gave), an all-reduce of rank + 1, and where each rank ran.
+RANKS = """\
+import os, sys
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+total = torch.tensor([float(rank + 1)])
+dist.all_reduce(total)
+with open(os.path.join(sys.argv[1], f"rank-{rank}"), "w") as fh:
+    fh.write(f"{os.environ['SLURMD_NODENAME']} {os.environ['GROUP_RANK']} {world} {total.item():g}")
+if rank == 0:
+    print(f"step:1 - train/loss:0.5 - world {world} sum {total.item():g}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def sft_two_nodes_job(root: Path) -> Job:
+    """verl's SFT program on two nodes (#43): torchrun on every node, rank 0's where verlc's runtime runs and
+    the other node's as a Ray task there. No GPU here: the stand-in `torchrun` prints its argv and hands its
+    rendezvous options to torch's own torchrun, which starts two gloo ranks per node running RANKS instead of
+    verl's trainer; bring-up, preflight and the launch on both nodes are the real thing."""
+    venv = fake_venv(root)
+    (root / "ranks.py").write_text(RANKS)
+    stand_in(venv, "torchrun", '#!/usr/bin/env bash\necho "TORCHRUN argv: $*"\nargs=()\n'
+                               'for a in "$@"; do [[ $a == -m ]] && break; args+=("$a"); done\n'
+                               f'exec python3 -m torch.distributed.run "${{args[@]}}" {root}/ranks.py {root}\n')
+    spec = root / "spec.yaml"
+    spec.write_text(f"""\
+name: e2e-sft-two
+project: e2e
+program: verl.trainer.sft_trainer
+model: {root}/model
+data: {{train_files: [data/train.parquet], val_files: [data/test.parquet]}}
+verl: {{data: {{max_length: 512}}, trainer: {{logger: [console]}}}}
+cluster: {{nodes: 2, gpus_per_node: 2, slurm: {{cpus_per_task: 1, output: {root}/slurm-%j.out}}}}
+container: {{runtime: none, workdir: {root}, venv: {venv}}}
+""")
+    result = run_verlc("build", spec, "--target", "slurm", "--out", root / "out")
+    assert result.returncode == 0, result.stderr
+    return Job(next((root / "out").glob("*/slurm/sbatch.sh")), "train")
+
+
+@side_by_side(sft_two_nodes_job)
+def test_verls_sft_program_runs_torchrun_on_every_node_with_one_rendezvous(ended: Ended) -> None:
+    output = ended.output
+    assert ended.state == "COMPLETED", failing_first(output)
+    nodes = re.search(r"job \S+ on (\S+) (\S+); head \1", output)
+    assert nodes, output
+    head, other = nodes[1], nodes[2]
+    placed = re.search(rf"torchrun on 2 nodes, rendezvous at ([\d.]+):(\d+): node rank 0 {head} \(\1\) \(here\), "
+                       rf"1 {other} \(", output)
+    assert placed, output
+    assert (f"TORCHRUN argv: --node_rank=0 --master_addr={placed[1]} --master_port={placed[2]} --nnodes=2 "
+            f"--nproc_per_node=2 -m verl.trainer.sft_trainer") in output, output
+    assert f"torchrun on node {other} (" in output and "(node rank 1) exited with code 0" in output, output
+    assert "step:1 - train/loss:0.5 - world 4 sum 10" in output, output  # 1 + 2 + 3 + 4: every rank took part
+    ranks = {p.name: p.read_text().split() for p in ended.root.glob("rank-*")}
+    assert ranks == {"rank-0": [head, "0", "4", "10"], "rank-1": [head, "0", "4", "10"],
+                     "rank-2": [other, "1", "4", "10"], "rank-3": [other, "1", "4", "10"]}, ranks
+
+
 def sft_job(root: Path) -> Job:
     """verl's SFT program on one node (#43): verlc starts it with torchrun, one process per GPU. There is no GPU
     here: a stand-in `torchrun` on the venv's PATH prints its argv and two of verl's step lines; the rest of the

@@ -390,10 +390,12 @@ main() {
     # The rest is verlc's runtime, in one step on the head node (the same stages every bundle runs):
     # wait for every node and GPU, data, preflight, train. What it reads from its
     # environment is given on its command line (`docker exec` passes no environment).
+    local head_dev=${node_devs[$head_node]}
     local runtime_env=(
       "RAY_ADDRESS=$head_ip:$ray_port" "SLURM_SUBMIT_DIR=$SLURM_SUBMIT_DIR" "SLURM_JOB_ID=$SLURM_JOB_ID"
       "VERLC_STOP_AFTER=$stop_after" "VERLC_PAUSE_AT=${VERLC_PAUSE_AT:-}" "VERLC_ACCEPT_CHANGES=${VERLC_ACCEPT_CHANGES:-}"
       "VERLC_NODE_NAMES=${nodes[*]}" "SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}"
+      GLOO_SOCKET_IFNAME="${head_dev}"
     )
     log "the job's log:" "${run_dir}"/job.log
     step_for "$head_node" env "${runtime_env[@]}" python3 - job --begun ray --json "$(job_description)"
@@ -492,13 +494,14 @@ job_description() {
   ],
   "stall_timeout": null,
   "expiry": {"variable": "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP", "lead": 360, "end_file": [{"env": "SLURM_SUBMIT_DIR"}, "/verlc-runs/quickstart-gsm8k-1node-", {"env": "SLURM_JOB_ID"}, "/end-time"]},
-  "inputs": null
+  "inputs": null,
+  "every_node": false
 }
 VERLC_JOB
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 a62cb8d9fccecf1a619a236dccbf19173d0ad7993ad693dbfcb7dd4efdd2a920:
+# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 5e5cf0b83d786753553593b552e6ac282c0a010e89fcfbb84f8866ba9e696bb6:
 # what every verlc bundle runs on the cluster (the others ship them as verlc_job/protocol.py and
 # verlc_job/__init__.py, after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -688,6 +691,9 @@ class Job:
     # merger argv up to --local_dir, "merged": a word, the folder of merged steps, "latest": a word, the link in it
     # to the last one merged (the stage's model)}
     inputs: list[dict[str, Any]] | None = None
+    # torchrun on every node (a program that sets up torch.distributed itself, on more than one node): node i
+    # runs `train` with --node_rank=i and the rendezvous at the runtime's own node, rank 0
+    every_node: bool = False
 
     def to_json(self) -> str:
         """For review: one key per line, and a long list (the trainer's argv) one item per line."""
@@ -1823,10 +1829,136 @@ def repeats_last_attempt(checkpoint_dir: str, run_folder: str) -> str | None:
     return None
 
 
-def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | None = None) -> int:
+# ---- torchrun on every node ---------------------------------------------------------------------------------
+# A program that sets up torch.distributed itself (verl's SFT trainer) on more than one node: the runtime runs
+# rank 0's torchrun on its own node, as on one node, and each other node's as a Ray task pinned there (the nodes'
+# Ray is up for the preflight anyway), all joining torchrun's static rendezvous at this node.
+OTHERS_GRACE = 120  # seconds the other nodes' torchrun may take to end once rank 0's has ended well
+TAIL_LINES = 40  # of a node's output, shown when its torchrun fails
+
+
+def torchrun_argv(argv: list[str], rank: int, host: str, port: int) -> list[str]:
+    """Node `rank`'s torchrun of a launch on every node: torchrun's static rendezvous, hosted by rank 0."""
+    return [argv[0], f"--node_rank={rank}", f"--master_addr={host}", f"--master_port={port}", *argv[1:]]
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on here now, for rank 0's torchrun to host the rendezvous on."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun_node(argv: list[str], env: dict, cwd: str) -> dict:
+    """One other node's torchrun (a Ray task holding the node's GPUs): its exit code and last lines of output.
+    No trainer outlives the task: its process group gets TERM when the task ends or is cancelled, and torchrun
+    itself TERM when the task's process dies (the parent-death signal)."""
+    import collections
+    import ctypes
+    import threading
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
+    proc = subprocess.Popen(argv, env={**os.environ, **env}, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=lambda: prctl(1, signal.SIGTERM))  # 1: PR_SET_PDEATHSIG
+    tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
+    reader = threading.Thread(target=lambda: tail.extend(raw.decode(errors="replace").rstrip("\n")
+                                                         for raw in proc.stdout), daemon=True)
+    reader.start()
+    try:
+        while proc.poll() is None:  # a sleep, not a blocking read: a cancellation interrupts it
+            time.sleep(0.5)
+        reader.join(5)
+        return {"code": proc.returncode, "tail": list(tail)}
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+class OtherNodes:
+    """The other nodes' torchrun of a launch on every node, as Ray tasks, for rank 0's runtime to watch."""
+
+    def __init__(self, ray, nodes: list[dict], argv_of, env: dict, device: str) -> None:  # noqa: ANN001
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self.ray = ray
+        task = ray.remote(num_cpus=0, max_retries=0)(torchrun_node)
+        self.refs = {}
+        for rank, node in enumerate(nodes, 1):
+            ref = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
+                               **holding(device, node.get("Resources", {}).get(device, 0))
+                               ).remote(argv_of(rank), env, os.getcwd())
+            self.refs[ref.hex()] = (ref, rank, node)
+        self.pending = [ref for ref, _, _ in self.refs.values()]
+
+    def _ended(self, ref) -> str | None:  # noqa: ANN001
+        """Why the torchrun of `ref`'s node failed (its last lines printed first), or None where it exited 0."""
+        _, rank, node = self.refs[ref.hex()]
+        where = f"torchrun on node {node_label(node)} (node rank {rank})"
+        try:
+            result = self.ray.get(ref)
+        except Exception as exc:  # the task itself failed: torchrun missing, the node's Ray gone, ...
+            lines = str(exc).strip().splitlines()
+            return f"{where} failed: {lines[-1] if lines else exc}"
+        if result["code"] == 0:
+            say(f"{where} exited with code 0")
+            return None
+        for line in result["tail"]:
+            print(f"[{node_label(node)}] {line}", flush=True)
+        return f"{where} exited with code {result['code']} (its last lines are above)"
+
+    def failed(self) -> str | None:
+        """Why a node's torchrun has failed so far, or None."""
+        done, self.pending = self.ray.wait(self.pending, num_returns=len(self.pending), timeout=0)
+        problems = [p for p in map(self._ended, done) if p]
+        return "; ".join(problems) or None
+
+    def finish(self, grace: float) -> str | None:
+        """Once rank 0's torchrun ended well: wait up to `grace` for the others, and say why any did not."""
+        done, self.pending = self.ray.wait(self.pending, num_returns=len(self.pending), timeout=grace)
+        problems = [p for p in map(self._ended, done) if p]
+        problems += [f"torchrun on node {node_label(self.refs[r.hex()][2])} had not ended {grace:g}s after rank "
+                     f"0's" for r in self.pending]
+        self.stop()
+        return "; ".join(problems) or None
+
+    def stop(self) -> None:
+        """Cancel the torchrun of every node still running (each task then stops its trainer)."""
+        for ref in self.pending:
+            try:
+                self.ray.cancel(ref, force=True)
+            except Exception:  # already ended
+                pass
+        self.pending = []
+
+
+def every_node(ray, nodes: int, device: str) -> tuple[dict, list[dict]] | str:  # noqa: ANN001
+    """Where a launch on every node runs: this node (rank 0, where the runtime runs) and the other nodes in
+    rank order; or why it cannot run."""
+    here = ray.get_runtime_context().get_node_id()
+    alive = [n for n in alive_nodes(ray) if n.get("Resources", {}).get(device)]
+    own = next((n for n in alive if n["NodeID"] == here), None)
+    if own is None:
+        return f"the node verlc's runtime runs on, where torchrun's rank 0 must run, has no {device}s in Ray"
+    others = sorted((n for n in alive if n["NodeID"] != here), key=lambda n: (n.get("NodeName") or "",
+                                                                                 n["NodeManagerAddress"]))
+    if len(others) < nodes - 1:
+        return f"torchrun needs {nodes} nodes with {device}s; Ray has {len(others) + 1}"
+    return own, others[:nodes - 1]
+
+
+def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | None = None, nodes: int = 1,
+          device: str = "GPU") -> int:
     """Run verl's trainer. With a stall timeout, end it when its output shows no new step for that long (124);
     with a Ray address, end it when Ray declares one of its nodes dead (NODE_LOST): verl would otherwise wait
-    on the dead node's workers, in a collective that never returns."""
+    on the dead node's workers, in a collective that never returns. With `nodes` (a torchrun launch on every
+    node): rank 0 here, the others as Ray tasks (OtherNodes); one node's failure stops them all, named."""
     import threading
 
     ray = started = None
@@ -1835,7 +1967,23 @@ def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | 
             ray = connect(address)
             started = alive_nodes(ray)
         except Exception as exc:  # the cluster was checked just before: say so, but train anyway
+            if nodes > 1:
+                say(f"ERROR: cannot reach Ray to start torchrun on the other nodes: {exc}")
+                return 1
             say(f"cannot watch Ray's nodes during training: {exc}")
+    others = None
+    if nodes > 1 and ray is not None:
+        placed = every_node(ray, nodes, device)
+        if isinstance(placed, str):
+            say(f"ERROR: {placed}")
+            return 1
+        own, rest = placed
+        host, port = own["NodeManagerAddress"], free_port()
+        say(f"torchrun on {nodes} nodes, rendezvous at {host}:{port}: node rank 0 {node_label(own)} (here), "
+            + ", ".join(f"{rank} {node_label(n)}" for rank, n in enumerate(rest, 1)))
+        added = {k: v for k, v in env.items() if os.environ.get(k) != v}  # each node's Ray has the job's env
+        others = OtherNodes(ray, rest, lambda rank: torchrun_argv(argv, rank, host, port), added, device)
+        argv = torchrun_argv(argv, 0, host, port)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE if stall_timeout else None,
                             stderr=subprocess.STDOUT if stall_timeout else None, start_new_session=True)
     last = [time.monotonic()]
@@ -1845,6 +1993,8 @@ def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | 
             os.killpg(proc.pid, signum)
         except ProcessLookupError:
             pass
+        if others:
+            others.stop()
         sys.exit(128 + signum)
 
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -1868,6 +2018,8 @@ def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | 
             proc.wait(30)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+        if others:
+            others.stop()
         if stall_timeout:
             reader.join(5)
         return code
@@ -1877,6 +2029,10 @@ def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | 
         if stall_timeout and time.monotonic() - last[0] > stall_timeout:
             say(f"ERROR: no new training step for {stall_timeout}s (stall_timeout): stopping the run")
             return end(124)
+        failed = others.failed() if others else None
+        if failed:
+            say(f"ERROR: {failed}: stopping the run")
+            return end(1)
         if started and time.monotonic() - checked >= 2:
             checked = time.monotonic()
             try:
@@ -1900,6 +2056,13 @@ def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | 
         time.sleep(1)
     if stall_timeout:
         reader.join(5)
+    if others and proc.returncode == 0:
+        failed = others.finish(OTHERS_GRACE)
+        if failed:
+            say(f"ERROR: {failed}")
+            return 1
+    elif others:
+        others.stop()
     return proc.returncode
 
 
@@ -1995,7 +2158,8 @@ def job(spec: Job, begun: str | None = None) -> int:
                 return 1
             say("training: " + " ".join(spec.train))
             env = with_deadline({**os.environ, "RAY_ADDRESS": address}, spec.expiry)
-            rc = train(spec.train, env, spec.stall_timeout, address)
+            rc = train(spec.train, env, spec.stall_timeout, address, nodes=spec.nodes if spec.every_node else 1,
+                       device=spec.device)
             say(f"training exited with code {rc}")
         if rc != 0:
             return rc

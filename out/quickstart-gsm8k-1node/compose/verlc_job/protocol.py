@@ -184,6 +184,9 @@ class Job:
     # merger argv up to --local_dir, "merged": a word, the folder of merged steps, "latest": a word, the link in it
     # to the last one merged (the stage's model)}
     inputs: list[dict[str, Any]] | None = None
+    # torchrun on every node (a program that sets up torch.distributed itself, on more than one node): node i
+    # runs `train` with --node_rank=i and the rendezvous at the runtime's own node, rank 0
+    every_node: bool = False
 
     def to_json(self) -> str:
         """For review: one key per line, and a long list (the trainer's argv) one item per line."""
