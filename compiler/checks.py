@@ -12,13 +12,13 @@ from .derive import (
     variant_specs,
 )
 from .ir import parse_word
-from .overrides import device_defaults
+from .overrides import device_defaults, verl_values
 from .load import Sourced
 from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, image_file, is_hub_id
 from .verl import determinism, preprocess
 from .verl.check import NOTE, Selection, Setting, check_groups, check_verl, select, settings, without_prefixes
 from .verl.hydra import hydra_value, shown
-from .verl.program import RAY_PROGRAMS, TORCHRUN, own_config
+from .verl.program import GENERATION_SERVER, RAY_PROGRAMS, TORCHRUN, own_config
 from .verl.release import Release
 
 if TYPE_CHECKING:
@@ -60,6 +60,7 @@ def check(spec: Spec, sourced: Sourced, release: Release, catalog: Catalog, targ
                                                  for t in targets or spec.targets or catalog.names) else ()),
         *(p for t in dict.fromkeys(targets) for p in catalog.get(t).check_build(spec, sourced, chosen)),
         *(_unbuilt_program(spec, sourced, release) if targets else ()),
+        *_generation_output(spec, sourced, chosen),
     ]
     notes += [p for p in problems if p.message.startswith(NOTE)]
     problems = [p for p in problems if not p.message.startswith(NOTE)]
@@ -80,6 +81,16 @@ def _unbuilt_program(spec: Spec, sourced: Sourced, release: Release) -> Iterator
                                                f"verlc checks its `verl:` settings against that config (`verlc "
                                                f"validate SPEC` without --target) but does not build a bundle for "
                                                f"it yet")
+
+
+def _generation_output(spec: Spec, sourced: Sourced, chosen: Selection) -> Iterator[Diagnostic]:
+    """verl's generation server writes its responses to data.output_path, a key its config (ppo_trainer) lacks:
+    its Hydra takes the config without it, and the program fails only once it has generated every response."""
+    if spec.program == GENERATION_SERVER and "data.output_path" not in verl_values(spec, chosen):
+        yield sourced.diagnostic(("program",), f"{spec.program} writes its responses to data.output_path, which "
+                                               f"{chosen.config} lacks (verl would fail once every response is "
+                                               f"generated): add it with Hydra's '+', e.g. verl: {{+data: "
+                                               f"{{output_path: gen/responses.parquet}}}}")
 
 
 def _check_verl(spec: Spec, sourced: Sourced, chosen: Selection, unchecked: tuple[str, ...]) -> Iterator[Diagnostic]:

@@ -17,7 +17,7 @@ from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, imag
 from .verl import preprocess
 from .verl.check import Selection, select, settings
 from .verl.hydra import verl_value
-from .verl.program import TORCHRUN, own_config
+from .verl.program import GENERATION_SERVER, TORCHRUN, own_config
 from .verl.release import Release
 from .verl.rules import Config, absolute
 from .verl.workers import Need, known, needs
@@ -40,6 +40,7 @@ def lower(spec: Spec, release: Release, catalog: Catalog, *, spec_file: str, spe
     assert isinstance(chosen, Selection), "the checks refuse a spec whose verl config cannot be chosen"
     # verl's config as the trainer will see it: written into the bundle, and read for the rollout engine
     own = own_config(spec.program, release)  # one of verl's programs with its own config (SFT): not PPO's facts
+    ppo = not own and spec.program != GENERATION_SERVER  # a PPO trainer: main_ppo's facts hold (workers, columns)
     config = Config(chosen.tree, {k: verl_value(v) for k, v in
                                   {**determinism_defaults(spec, chosen), **verl_values(spec, chosen)}.items()})
     ir = JobIR(
@@ -80,13 +81,14 @@ def lower(spec: Spec, release: Release, catalog: Catalog, *, spec_file: str, spe
         # PPO's rollout engine, or verl's generation's own (rollout.name)
         rollout_package=ROLLOUT_PACKAGES.get(str(config.get("actor_rollout_ref.rollout.name")
                                                  or config.get("rollout.name"))),
-        startup=None if own else startup_needs(spec, release, config),
+        startup=startup_needs(spec, release, config) if ppo else None,
         # verl's PPO trainer saves ahead of that deadline; its other programs do not read it
-        expiry_variable=None if own else (release.startup.get("expiry_save") or {}).get("variable"),
+        expiry_variable=(release.startup.get("expiry_save") or {}).get("variable") if ppo else None,
         image=parse_word(getattr(spec.container, "image", None) or "none"),
         trainer_module=spec.program,
         launch=launch(spec),
-        data_columns=() if own else PPO_COLUMNS,
+        # verl's generation server reads only the prompts; verl's other programs' columns are their own
+        data_columns=PPO_COLUMNS if ppo else (str(config.get("data.prompt_key")),) if not own else (),
         config_name=chosen.config,
         overrides=overrides(spec, chosen),
         gpu_type=spec.cluster.gpu_type,

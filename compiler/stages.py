@@ -32,12 +32,12 @@ from .fields import Model
 from .ir import JobIR, StageInputIR, Var, Word, parse_word
 from .load import Sourced, merge
 from .spec import Stage
+from .verl.program import GENERATION
 
 REFERENCE = re.compile(r"\$\{stages\.(?P<stage>[^.{}]*)\.(?P<output>[^{}]*)\}")
 # A stage's outputs and where a later stage takes each: its model (merged) as the later one's model:, verl's
 # generation's file of responses (its data.output_path) as a data file (verl's evaluation scores it)
 OUTPUTS = {"model": "model:", "output": "data.train_files"}
-GENERATION = "verl.trainer.main_generation"
 MERGED = "verlc-merged"  # in the earlier stage's checkpoint folder: global_step_<N>/ merged, and `latest`
 LATEST = "latest"
 MERGER_FROM = (0, 4, 1)  # verl.model_merger's first release
@@ -203,9 +203,10 @@ def take_output(part: StageSpec, loc: tuple[str | int, ...], producer: JobIR) ->
     """The stage with the data file at `loc` set to the file verl's generation (the earlier stage) writes: its
     data.output_path, known at build time."""
     stage = _stage_of(producer)
-    if producer.trainer_module != GENERATION:
+    if producer.trainer_module not in GENERATION:
         raise SpecError([part.sourced.diagnostic(loc, f"stage {stage} ({producer.trainer_module}) writes no file of "
-                                                      f"responses: verl's generation ({GENERATION}) does")])
+                                                      f"responses: verl's generation ({' or '.join(GENERATION)}) "
+                                                      f"does")])
     path = (composed(producer).get("data") or {}).get("output_path")
     if not isinstance(path, str) or "${" in path:
         raise SpecError([part.sourced.diagnostic(loc, f"stage {stage}'s data.output_path ({path!r}) is not a path "

@@ -133,7 +133,7 @@ def test_each_stage_is_a_job_of_its_own_and_the_later_takes_the_earlier_ones_mer
      "p.yaml:10:5: stages.sft.programme: unknown key 'programme'"),
     (("  rl:\n", "  rl:\n    data: {train_files: [\"${stages.sft.output}\"], val_files: [v.parquet]}\n"),
      "p.yaml:13:26: stages.rl.data.train_files[0]: stage sft (verl.trainer.sft_trainer) writes no file of "
-     "responses: verl's generation (verl.trainer.main_generation) does"),
+     "responses: verl's generation (verl.trainer.main_generation or verl.trainer.main_generation_server) does"),
     (("  rl:\n", "  rl:\n    data: {train_files: [\"${stages.sft.model}\"], val_files: [v.parquet]}\n"),
      "p.yaml:13:26: stages.rl.data.train_files[0]: ${stages.sft.model} goes in a stage's model:, not here"),
     (("cluster: {nodes: 1, gpus_per_node: 8}", "cluster: {nodes: 1, gpus_per_node: 8}\nsweep: {matrix: "
@@ -146,6 +146,48 @@ def test_what_a_stage_cannot_take_is_refused_at_its_line(tmp_path: Path, edit: t
         assert old in text
         text = text.replace(old, new, 1)
     assert expected in problems(tmp_path, text)
+
+
+GENERATION_SERVER = """\
+name: g
+targets: [slurm]
+verl_version: "0.7.1"
+project: proj
+model: /models/base
+data: {train_files: [prompts.parquet], val_files: [prompts.parquet]}
+cluster: {nodes: 1, gpus_per_node: 8, slurm: {cpus_per_task: 8}}
+stages:
+  generate:
+    program: verl.trainer.main_generation_server
+    verl:
+      actor_rollout_ref: {rollout: {name: vllm, n: 4}}
+      +data: {output_path: /results/responses.parquet}
+  eval:
+    program: verl.trainer.main_eval
+    data: {train_files: ["${stages.generate.output}"]}
+"""
+
+
+def test_verls_generation_server_is_a_stage_whose_responses_a_later_stage_scores(tmp_path: Path) -> None:
+    """verl 0.7's only generation program (main_generation_server, on main_ppo's config): it builds as a Ray program
+    that trains nothing (its data columns are the prompts only; no PPO worker facts, no save ahead of the end), its
+    data.output_path (added with '+') is the evaluation's data file, and without it verlc refuses the spec."""
+    (tmp_path / "g.yaml").write_text(GENERATION_SERVER)
+    built = run_verlc("build", "g.yaml", "--target", "slurm", "--out", "out", cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+    jobs = {}
+    for stage in ("generate", "eval"):
+        script = (tmp_path / "out" / f"g-{stage}" / "slurm" / "sbatch.sh").read_text()
+        jobs[stage] = json.loads(script.split("<<'VERLC_JOB'\n", 1)[1].split("\nVERLC_JOB\n", 1)[0])
+    generate = jobs["generate"]
+    assert generate["train"][:4] == ["python3", "-m", "verl.trainer.main_generation_server", "--config-name=ppo_trainer"]
+    assert "++data.output_path=/results/responses.parquet" in generate["train"], generate["train"]
+    assert (generate["data_columns"], generate["startup"], generate["expiry"]) == (["prompt"], None, None)
+    assert generate["rollout_package"] == "vllm"
+    assert jobs["eval"]["data_files"][0] == ["/results/responses.parquet"], jobs["eval"]["data_files"]
+    found = problems(tmp_path, GENERATION_SERVER.replace("      +data: {output_path: /results/responses.parquet}\n", ""))
+    assert "p.yaml:10:14: stages.generate.program: verl.trainer.main_generation_server writes its responses to " \
+           "data.output_path, which ppo_trainer lacks" in "\n".join(found), found
 
 
 def test_two_stages_saving_into_one_folder_are_refused(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from verlc.targets import CATALOG
 from verlc.compiler.verl.check import select, settings
 from verlc.compiler.verl.hydra import hydra_value, verl_value
 from verlc.compiler.verl.place import Walker
-from verlc.compiler.verl.program import RAY_PROGRAMS, TORCHRUN
+from verlc.compiler.verl.program import GENERATION_SERVER, RAY_PROGRAMS, TORCHRUN
 from verlc.compiler.verl.release import MISSING, RELEASES, snapshot
 
 sys.path.insert(0, str(REPO / "dev"))
@@ -542,3 +542,20 @@ def test_what_a_pipeline_takes_of_an_earlier_stage_is_in_each_releases_code(vers
     ppo = (package / "trainer" / "ppo" / "ray_trainer.py").read_text()
     assert re.search(r"""["']latest_checkpointed_iteration\.txt["']""", ppo) and re.search(r"""["']actor["']\)""", ppo), \
         version
+
+
+@pytest.mark.parametrize("version", [v for v in RELEASES if GENERATION_SERVER in snapshot(v).programs])
+def test_verls_generation_server_reads_what_verlc_says_in_each_release(version: str) -> None:
+    """compiler/verl/program.py's facts about main_generation_server against each release's own module: it composes
+    ppo_trainer, trains nothing (no Ray trainer, no fit), reads data.train_files and data.prompt_key and writes
+    data.output_path, which that config lacks (verlc refuses a spec without it)."""
+    source = (release_package(version) / "trainer" / "main_generation_server.py").read_text()
+    tree = ast.parse(source)
+    names = {ast.unparse(node) for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    assert {"config.data.train_files", "config.data.prompt_key", "config.data.output_path"} <= names, version
+    assert not any(n.endswith(".fit") for n in names) and "RayPPOTrainer" not in source, version
+    configs = {kw.value.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+               and ast.unparse(node.func) == "hydra.main" for kw in node.keywords if kw.arg == "config_name"}
+    assert configs == {"ppo_trainer"} == {snapshot(version).programs[GENERATION_SERVER]}, (version, configs)
+    chosen = select({}, snapshot(version), "ppo_trainer")
+    assert "prompt_key" in chosen.tree["data"] and "output_path" not in chosen.tree["data"], version

@@ -31,6 +31,12 @@ TORCHRUN = ("verl.trainer.fsdp_sft_trainer", "verl.trainer.sft_trainer")
 # verl's own Ray programs with configs of their own (not main_ppo's) that verlc builds: generation (prompts in
 # data.path, responses into data.output_path) and evaluation (the scores of such a file's responses)
 RAY_PROGRAMS = ("verl.trainer.main_generation", "verl.trainer.main_eval")
+# verl's generation: prompts in, the responses written to data.output_path. main_generation (to 0.6.1) has a config
+# of its own; main_generation_server (0.6.0 on) composes main_ppo's ppo_trainer but trains nothing: it starts the
+# rollout's servers, reads only the prompts (data.prompt_key) of data.train_files, and writes data.output_path,
+# a key ppo_trainer lacks (tests/test_verl_releases.py reads these from each release's code)
+GENERATION_SERVER = "verl.trainer.main_generation_server"
+GENERATION = ("verl.trainer.main_generation", GENERATION_SERVER)
 VERL_CONFIG = ("verl", "trainer", "config")  # where verl's own trainer configs live in a checkout
 
 
