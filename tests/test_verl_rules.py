@@ -85,7 +85,8 @@ def test_live_and_snapshot_give_the_same_verdicts() -> None:
 
     examples = [p for p in SPECS if YAML(typ="safe").load(p.read_text()).get("verl_version", "0.9.1")
                 == version("verl")]
-    assert {p.stem for p in SPECS} - {p.stem for p in examples} == {"gpu-rehearsal-reinforce", "gpu-rehearsal-sft"}
+    assert {p.stem for p in SPECS} - {p.stem for p in examples} == {"gpu-rehearsal-reinforce", "gpu-rehearsal-sft",
+                                                                  "gpu-rehearsal-sft-two-nodes"}
     specs = [*examples, *(p for p in INVALID if p.stem != "verl-unknown-version")]
     for group in (examples, specs):
         snap = run_verlc("validate", *group)

@@ -3,7 +3,8 @@
 # dev/gpu/wheels.sh fetched (.whl/), make the tiny model and data offline, start a one-node Ray head, and submit
 # verlc's bundles with `verlc submit` (which runs each bundle's own submit.sh): the training specs
 # (specs/gpu-rehearsal-reinforce.yaml; specs/gpu-rehearsal-sft.yaml, SFT under torchrun;
-# specs/pipelines/gpu-rehearsal-pipeline.yaml, two stages, the second from the first's merged model) must train; the
+# specs/pipelines/gpu-rehearsal-pipeline.yaml, two stages, the second from the first's merged model;
+# specs/gpu-rehearsal-sft-two-nodes.yaml, torchrun on two Ray nodes, where the machine has two GPUs) must train; the
 # configs of dev/gpu/cases/ must fail before the trainer, at the build or in the preflight. Writes into OUT
 # (default /tmp/gpu-rehearsal-out): its log, everything it saw
 # (rehearsal.tar.gz: logs, events, versions, results), and docs/gpu.md's text and figure (dev/gpu/report.py):
@@ -125,6 +126,19 @@ ls -R "$GPU_REHEARSAL/checkpoints/sft" >"$out/sft-checkpoints.txt" 2>&1
 # a pipeline in one Ray job: SFT, verl's merger on its last checkpoint, a second stage from the merged model
 submit specs/pipelines/gpu-rehearsal-pipeline.yaml pipeline train/loss
 ls -lR "$GPU_REHEARSAL"/checkpoints/pipeline-* >"$out/pipeline-checkpoints.txt" 2>&1
+# SFT on two nodes, where the machine has two GPUs: a second Ray node on this host, each node with a GPU of its
+# own (Ray gives a node's tasks the GPUs its CUDA_VISIBLE_DEVICES names), as two hosts would be
+if (($(nvidia-smi -L | grep -c '^GPU ') >= 2)); then
+  ray stop --force >/dev/null 2>&1
+  CUDA_VISIBLE_DEVICES=0 ray_up
+  CUDA_VISIBLE_DEVICES=1 ray start --address=127.0.0.1:6379 --num-gpus=1 --disable-usage-stats \
+    >"$out/ray-start-second.log" 2>&1 || { cat "$out/ray-start-second.log"; fail "ray start (the second node)"; }
+  mark ray-two-nodes
+  submit specs/gpu-rehearsal-sft-two-nodes.yaml sft-two train/loss
+  ls -R "$GPU_REHEARSAL/checkpoints/sft-two-nodes" >"$out/sft-two-checkpoints.txt" 2>&1
+else
+  mark sft-two "skipped: one GPU"
+fi
 ray stop --force >/dev/null 2>&1
 mark finished
 cp "$results/gpu-rehearsal.svg" "$out/" 2>/dev/null

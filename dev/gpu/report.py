@@ -75,13 +75,20 @@ def checkpoints(listing: Path) -> list[str]:
     return sorted(found, key=lambda s: int(s.rsplit("_", 1)[1]))
 
 
+def sft_steps(steps: list) -> list[str]:
+    """An SFT run's steps as a table of its train/ and val/ metrics."""
+    shown = sorted({k for s in steps for k in s.metrics if k.startswith(("train/", "val/"))})
+    return ["| step | " + " | ".join(shown) + " |", "| ---: | " + " | ".join("---:" for _ in shown) + " |",
+            *(f"| {s.step} | " + " | ".join(f"{s.metrics[k]:.4g}" if k in s.metrics else "" for k in shown) + " |"
+              for s in steps)]
+
+
 def sft_section(folder: Path, seen: dict[str, tuple[float, str]]) -> list[str]:
     """verl's SFT trainer, started by verlc with torchrun: its spec, stages, steps and outcome."""
     if "sft" not in seen or not (folder / "sft.log").exists():
         return ["", "## SFT under torchrun", "", "Not run in this rehearsal."]
     log = (folder / "sft.log").read_text()
     steps = [s for ln in log.splitlines() if (s := parse_step(ln))]
-    shown = sorted({k for s in steps for k in s.metrics if k.startswith(("train/", "val/"))})
     saved = checkpoints(folder / "sft-checkpoints.txt")
     launched = next((plain(ln).split("verlc: training: ", 1)[1] for ln in log.splitlines()
                      if "verlc: training: " in ln), "")
@@ -94,10 +101,33 @@ def sft_section(folder: Path, seen: dict[str, tuple[float, str]]) -> list[str]:
         f"- outcome: {outcome(folder, 'sft', seen['sft'][1])}",
         f"- checkpoints written: {', '.join(saved) or 'none'}",
         *([f"- the trainer's command, as the job logged it: `{launched[:300]}`"] if launched else []), "",
-        "| step | " + " | ".join(shown) + " |",
-        "| ---: | " + " | ".join("---:" for _ in shown) + " |",
-        *(f"| {s.step} | " + " | ".join(f"{s.metrics[k]:.4g}" if k in s.metrics else "" for k in shown) + " |"
-          for s in steps),
+        *sft_steps(steps),
+    ]
+
+
+SFT_TWO_SPEC = Path("specs/gpu-rehearsal-sft-two-nodes.yaml")
+TORCHRUN_LINE = re.compile(r"verlc: (torchrun on .*|training: .*|training exited .*)")
+
+
+def sft_two_section(folder: Path, seen: dict[str, tuple[float, str]]) -> list[str]:
+    """verl's SFT trainer on two Ray nodes of a two-GPU machine: where each node's torchrun ran, its steps."""
+    title = ["", "## SFT under torchrun on two nodes", ""]
+    if "sft-two" not in seen or not (folder / "sft-two.log").exists():
+        why = seen.get("sft-two", (0.0, "not run"))[1]
+        return [*title, f"Not run in this rehearsal ({why})."]
+    log = (folder / "sft-two.log").read_text()
+    steps = [s for ln in log.splitlines() if (s := parse_step(ln))]
+    return [
+        *title,
+        f"Spec: `{SFT_TWO_SPEC}`: two Ray nodes on the machine's two GPUs, one each, stand in for two hosts. verlc's",
+        "runtime runs rank 0's torchrun where it runs and the other node's as a Ray task pinned there, both with",
+        "torchrun's static rendezvous at the first node.", "",
+        *stage_table(log), "",
+        f"- outcome: {outcome(folder, 'sft-two', seen['sft-two'][1])}",
+        f"- checkpoints written: {', '.join(checkpoints(folder / 'sft-two-checkpoints.txt')) or 'none'}",
+        "- the job's launch lines:", "", "```",
+        *(m[1][:300] for ln in log.splitlines() if (m := TORCHRUN_LINE.search(plain(ln)))), "```", "",
+        *sft_steps(steps),
     ]
 
 
@@ -243,6 +273,7 @@ def main(folder: Path, output: Path) -> None:
         lines.append(f"| {what} | `{spec}` | {text} |")
     lines += sft_section(folder, seen)
     lines += pipeline_section(folder, seen)
+    lines += sft_two_section(folder, seen)
     lines += ["", f"The whole rehearsal took {seen.get('finished', (0.0, ''))[0]:.0f} s.", ""]
     output.write_text("\n".join(lines))
     print(f"wrote {output}")
