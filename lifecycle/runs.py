@@ -53,10 +53,10 @@ SAVE_TIMING = "timing_s/save_checkpoint"  # verl's metric of a step that saved a
 
 
 def slow_save_note(ir: JobIR, target: str, earlier: Sequence[ledger.Run], launchers: Launchers) -> str | None:
-    """Where verl saves ahead of the job's end (ir.expiry_variable, on the slurm target), a note when an earlier
-    run of the same spec logged a checkpoint save longer than verl allows for one (60 s plus
-    trainer.esi_redundant_time): the save ahead of the time limit would not finish before it."""
-    if target != "slurm" or not ir.expiry_variable:
+    """Where verl saves ahead of the job's end (ir.expiry_variable, on a target that `saves_ahead`: the caller
+    asks only those), a note when an earlier run of the same spec logged a checkpoint save longer than verl
+    allows for one (60 s plus trainer.esi_redundant_time): the save ahead of the time limit would not finish."""
+    if not ir.expiry_variable:
         return None
     given = next((o.value for o in ir.overrides if o.key == "trainer.esi_redundant_time"), "0")
     try:

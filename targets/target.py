@@ -48,6 +48,9 @@ class Target:  # compiler/catalog.py's Target: what the compiler asks of it
     # how it runs a pipeline's stages (compiler/catalog.py's CHAIN or ONE_JOB; None: it does not): its render's
     # render_chain(irs) writes the pipeline's own bundle; a CHAIN target's launcher's submit takes `after`
     pipelines: str | None = None
+    # verl saves a checkpoint ahead of the job's end, which the target always knows (Job.expiry): a submission is
+    # warned where an earlier run's save took longer than verl allows for it (lifecycle/runs.py slow_save_note)
+    saves_ahead: bool = False
 
     def has_section(self, spec: Spec) -> bool:
         """Whether the spec writes this target's section."""

@@ -5,4 +5,4 @@ from ..target import Section, Target
 
 TARGET = Target("slurm", __name__, Section(("cluster", "slurm"), "resources", "Slurm",
                                          "sbatch directives; the slurm target needs them."), runs_container=True,
-                pipelines=CHAIN)
+                pipelines=CHAIN, saves_ahead=True)

@@ -120,11 +120,12 @@ def submit(spec: Path, target: str, out: Path, wait: bool, follow: bool, metrics
     if resume is not None and ir.variants:
         print("verlc: --resume continues one run; this spec is a sweep (resubmit its variant's spec)", file=sys.stderr)
         return EXIT_SPEC
-    note = runs.slow_save_note(ir, target, list(ledger.fold(ledger.location(spec)).values()), launcher)
+    from ..targets import get, render
+
+    note = runs.slow_save_note(ir, target, list(ledger.fold(ledger.location(spec)).values()), launcher) \
+        if get(target).saves_ahead else None
     if note:
         print(note, file=sys.stderr)
-    from ..targets import render
-
     folder, written = _prepare_bundle(render(target, ir), out.resolve())
     print(f"{'wrote' if written else 'up to date:'} {out / folder.parent.name / folder.name}/")
     book = ledger.location(spec)
