@@ -3,7 +3,8 @@
     python tests/verl_oracle.py PACKAGE_DIR [--import] < cases.json > verdicts.json
 
 A case is {"config", "engine", "overrides": [Hydra override strings], "keys": [dotted keys it sets],
-"values": {key: python value}, optionally "verlc": [the overrides verlc passes for it] and "config_dir" (a
+"values": {key: python value}, optionally "groups": [config group choices, e.g. optim=megatron, composed as
+Hydra composes them], "verlc": [the overrides verlc passes for it] and "config_dir" (a
 program's own config folder; default: verl's trainer configs; run from the folder its search path is
 relative to, e.g. a recipe checkout's root). Classes are looked up in verl's package and, for other
 modules (a recipe's), in the folder holding it. A case is rejected
@@ -41,9 +42,10 @@ PARSER = OverridesParser.create()
 
 
 @cache
-def composed(config: str, engine: str, config_dir: str | None = None) -> DictConfig:
+def composed(config: str, engine: str, config_dir: str | None = None, groups: tuple[str, ...] = ()) -> DictConfig:
+    """The config as Hydra composes it: with the model_engine choice and the case's other group choices."""
     with initialize_config_dir(config_dir=config_dir or str(PACKAGE / "trainer" / "config"), version_base=None):
-        return compose(config, overrides=[f"model_engine={engine}"] if engine else [])
+        return compose(config, overrides=[*([f"model_engine={engine}"] if engine else []), *groups])
 
 
 class Named:
@@ -217,7 +219,8 @@ def entry_class(owner_target: str, field: str, hints: dict[str, Any]) -> tuple[f
 
 
 def applied(case: dict[str, Any], overrides: list[str]) -> DictConfig:
-    cfg = copy.deepcopy(composed(case["config"], case["engine"], case.get("config_dir")))
+    cfg = copy.deepcopy(composed(case["config"], case["engine"], case.get("config_dir"),
+                                 tuple(case.get("groups", ()))))
     OmegaConf.set_struct(cfg, True)
     ConfigLoaderImpl._apply_overrides_to_config(PARSER.parse_overrides(overrides), cfg)
     return cfg
@@ -256,7 +259,8 @@ def _verl_builds(case: dict[str, Any], cfg: DictConfig) -> str:
             continue
         path, target, name = where
         names, hints = fields_of(target)
-        default = OmegaConf.select(composed(case["config"], case["engine"], case.get("config_dir")), path)
+        default = OmegaConf.select(composed(case["config"], case["engine"], case.get("config_dir"),
+                                            tuple(case.get("groups", ()))), path)
         if names is None or not isinstance(default, DictConfig) or set(default.keys()) - names - {"_target_"}:
             continue  # verl cannot be building this node: its own defaults would not fit the class
         node = OmegaConf.select(cfg, path)
