@@ -4,6 +4,7 @@ the same functions on both sides."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -121,9 +122,10 @@ def test_the_slurm_scripts_own_event_lines_are_read_back_by_the_protocol() -> No
     script = next(f.text for f in render("slurm", ir).files if f.path.endswith("sbatch.sh"))
     stages = re.search(r"^readonly stages=\(.*\)$", script, re.M)[0]
     functions = script[script.index("log() {"):script.index("\n}\n", script.index("begin_stage() {")) + 3]
-    program = f'{stages}\nstop_after=data\n{functions}\nfor s in "${{stages[@]}}"; do begin_stage "$s" || :; done\n' \
+    program = f'{stages}\n{functions}\nfor s in "${{stages[@]}}"; do begin_stage "$s" || :; done\n' \
               f'log "exit code 143"\n'
-    printed = subprocess.run(["bash", "-c", program], capture_output=True, text=True, check=True).stdout
+    printed = subprocess.run(["bash", "-c", program], capture_output=True, text=True, check=True,
+                             env={**os.environ, "VERLC_STOP_AFTER": "data"}).stdout
     events = [parse_event(line) for line in printed.splitlines()]
     assert all(events), printed
     upto = protocol.STAGES.index("data") + 1

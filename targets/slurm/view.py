@@ -24,7 +24,7 @@ CLIENT_PORT, AGENT_PORT, RAY_TMP, CONTAINER = Var("client_port"), Var("agent_por
 STEP_LOCK = Var("step_lock")  # the file whose lock the container's step holds on the node (sbatch.sh.j2)
 STEP_LOCK_FILE = Word(("/tmp/verlc-step-", Var("SLURM_JOB_ID"), "-", Var("SLURMD_NODENAME"), ".lock"))  # its value
 STEP_LOCK_IN_CONTAINER = "/run/verlc-step.lock"
-NODE_NAME, NODE_DEV, HEAD_DEV = Var("SLURMD_NODENAME"), Var("node_dev"), Var("head_dev")
+NODE_NAME, NODE_DEV = Var("SLURMD_NODENAME"), Var("node_dev")
 
 CONTAINER_WORD = Word((CONTAINER,))
 
@@ -116,7 +116,7 @@ class SlurmView:
     exec_prefix: Line
     ray_head: tuple[Line, ...]
     ray_worker: tuple[Line, ...]
-    runtime_sockets: Line  # the runtime's own env on the head: the interface of Ray's address there
+    runtime_sockets: tuple[str, ...]  # variables the runtime's step gets as Ray's: its address's interface
     job: str  # the job the runtime runs (wait, data, preflight, train) as JSON; a sweep's without its varied keys
     variants: tuple[VariantView, ...]  # a sweep: each array task's changes to it
     runtime_file: str  # the runtime's file in the run folder
@@ -238,7 +238,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
     sockets = ("GLOO_SOCKET_IFNAME", *(("HCCL_SOCKET_IFNAME",) if ir.device == "NPU" else ()))
     own_sockets = tuple(_word(f"{name}=", NODE_DEV) for name in sockets if name not in env_names)
     # the runtime's step on the head too: the trainers it starts there (torchrun's rank 0) open theirs alike
-    head_sockets = tuple(_word(f"{name}=", HEAD_DEV) for name in sockets if name not in env_names)
+    head_sockets = tuple(name for name in sockets if name not in env_names)
     gloo = (("env", *own_sockets),) if own_sockets else ()
     ray_head = (
         *gloo,

@@ -18,122 +18,61 @@
 #SBATCH --export=ALL
 set -euo pipefail
 
-readonly expected_nodes=1
-readonly gpus_per_node=8
+# ==== this job: what the build decided (targets/slurm/view.py); verlc's library below reads only these ====
+readonly expected_nodes=1 gpus_per_node=8
 readonly run_dir="${SLURM_SUBMIT_DIR}"/verlc-runs/quickstart-gsm8k-1node-"${SLURM_JOB_ID}"
 readonly runtime_file=verlc-runtime.py
 readonly stages=(containers ray data preflight train)
-readonly stop_after=${VERLC_STOP_AFTER:-${stages[-1]}}
-readonly this_job=$SLURM_JOB_ID
-
-log() { printf '[%s] verlc: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)" "$*"; }
-die() { log "ERROR: $*" >&2; exit 1; }
-
-[[ " ${stages[*]} " == *" $stop_after "* ]] || die "VERLC_STOP_AFTER=$stop_after: expected one of: ${stages[*]}"
-
-# pause_at POINT: for tests of cancellation, wait here (until signalled) when VERLC_PAUSE_AT names POINT:
-# a stage's name (its start), "addresses" (before the nodes are asked) or "ray-wait" (the waiter started).
-pause_at() {
-  [[ ${VERLC_PAUSE_AT:-} == "$1" ]] || return 0
-  log "paused at $1 (VERLC_PAUSE_AT)"
-  while :; do sleep 1; done
-}
-
-# begin_stage NAME: true when NAME runs; every stage after VERLC_STOP_AFTER is skipped.
-stopped=0
-begin_stage() {
-  pause_at "$1"
-  if ((stopped)); then
-    log "stage $1: skipped (VERLC_STOP_AFTER=$stop_after)"
-    return 1
-  fi
-  [[ $1 != "$stop_after" ]] || stopped=1
-  log "stage $1"
-}
+readonly this_job=$SLURM_JOB_ID sweep=0
+# requeue on Slurm's USR1 (cluster.slurm.requeue_grace), at most max_requeues times
+readonly requeue_enabled=1 requeue_grace=300 max_requeues=3
+# the job's port block (targets/slurm/ports.py; ray.port and ray.dashboard_port pin those two)
+readonly port_first=20000 port_blocks=127 port_size=100
+readonly port_gcs=0 port_dashboard=1 port_client=2
+readonly agent_first=3 agent_count=7
+readonly pinned_ray_port='' pinned_dashboard_port=''
+readonly hccl_ports=()  # name, first, last offset
+readonly expose_dashboard=0
+readonly head_interface=''  # '': Slurm's own address of each node
+readonly interface_variables=(GLOO_SOCKET_IFNAME)  # the runtime's, as its node's Ray has them
+readonly long_lived_containers=0 builds_image=0
+readonly image_sha256=''  # the image file's pinned sha256, checked on every node
+readonly step_args=()
+# how long each part of a stop may take, in seconds (view.py Stopping: they fit Slurm's KillWait)
+readonly ray_kill_after=5 logs_wait=20 lock_wait=5
+readonly cleanup_margin=2 cleanup_cap=30
+# the run folder's files and the exit code of a lost node (targets/protocol.py)
+readonly job_log="${run_dir}"/job.log ray_logs="${run_dir}"/ray-logs truncated=TRUNCATED.txt
+readonly attach_file="${run_dir}"/attach.argv time_limit_reached="${run_dir}"/time-limit-reached
+readonly end_file="${SLURM_SUBMIT_DIR}"/verlc-runs/quickstart-gsm8k-1node-"${SLURM_JOB_ID}"/end-time  # the job's end, for verl's save ahead of it
+readonly node_lost=75
 
 # in_container NODE: sets `exec_prefix`, the argv prefix that runs a command on NODE inside this job's
-# container there.
-exec_prefix=()
+# container there, and `container`, its name
 in_container() {
   local node=$1
   exec_prefix=()
 }
 
-# step_for NODE CMD...: sets `step` to the argv that runs CMD on NODE as a job step, inside this
-# job's container. Background steps run "${step[@]}" & directly, so that $! is srun itself and
-# the cleanup's TERM reaches it (a backgrounded function would be a subshell around it).
-step_args=()
-step=()
-step_for() {
-  local node=$1
-  shift
-  in_container "$node"
-  step=(srun --nodes=1 --ntasks=1 --overlap --nodelist="$node" "${step_args[@]}" "${exec_prefix[@]}" "$@")
+# image_commands: on a node, what checks for the job's image and builds it, and the pinned image file
+image_commands() {
+  image_check=()
+  image_build=()
+  image_file=''
 }
 
-# on_node NODE CMD...: run CMD on NODE and wait for it
-on_node() {
-  step_for "$@"
-  "${step[@]}"
+# container_commands: on a node, after in_container, the file whose lock the container's step holds, and what
+# runs the container in the foreground (removed when it stops), removes it, and checks that it exists
+container_commands() {
+  step_lock=/tmp/verlc-step-"${SLURM_JOB_ID}"-"${SLURMD_NODENAME}".lock
+  container_run=()
+  container_remove=()
+  container_check=()
 }
 
-# fan_out WHERE FUNCTION NODE...: sets `step` to ONE job step that runs FUNCTION on every NODE at once, one
-# task per node, on the host (WHERE=host) or where the job's commands run (WHERE=job: inside the
-# container for pyxis). However many nodes, each stage of the bring-up is one step, not one per node.
-# The tasks get the functions in `node_functions` and the variables in `shared`; when one task fails, Slurm
-# ends the step (--kill-on-bad-exit) and the task's own message names its node.
-declare -A node_ips=()  # node -> the IPv4 address Ray uses there
-declare -A node_devs=()  # node -> the interface of that address
-head_ip='' ray_port='' port_base='' dashboard_port='' client_port=''
-declare -A node_addrs=()  # node -> Slurm's address of it (NodeAddr)
-controller_ip=''  # the Slurm controller's address
-readonly shared=(node_ips node_devs head_ip ray_port port_base dashboard_port client_port run_dir runtime_file  node_addrs controller_ip)
-fan_out() {
-  local where=$1 fn=$2 nodelist
-  shift 2
-  nodelist=$(IFS=,; printf '%s' "$*")
-  step=(srun --nodes=$# --ntasks=$# --ntasks-per-node=1 --overlap --kill-on-bad-exit=1 --nodelist="$nodelist")
-  [[ $where == host ]] || step+=("${step_args[@]}")
-  step+=(bash -c "set -uo pipefail; $(declare -p "${shared[@]}"); $(declare -f "${node_functions[@]}"); $fn")
-}
-
-# Run by fan_out on each node (SLURMD_NODENAME and SLURM_PROCID are Slurm's, per task) -------------
-readonly node_functions=(log in_container node_address ray_node)
-
-# node_address: this node's name, the IPv4 address Ray uses on it, and that address's interface (where
-# gloo, and NCCL unless told, open their sockets).
-# Slurm's own address of the node (its NodeAddr, resolved here) where that is one of the node's addresses,
-# else the one the node reaches the Slurm controller from. Never the host name's address (Debian maps it to
-# 127.0.1.1, which no other node reaches) nor the first of several (docker0's 172.17.0.1 is on every host).
-node_address() {
-  local own ip='' candidate
-  own=$(ip -o -4 addr show | awk '$4 !~ /^127[.]/ { split($4, a, "/"); print a[1], $2 }')  # "address interface"
-  for candidate in $(getent ahostsv4 "${node_addrs[$SLURMD_NODENAME]:-$SLURMD_NODENAME}" | awk '{ print $1 }'); do
-    if grep -q "^$candidate " <<<"$own"; then
-      ip=$candidate
-      break
-    fi
-  done
-  if [[ -z $ip && -n $controller_ip ]]; then
-    ip=$(ip -o -4 route get "$controller_ip" | sed -n 's/.* src \([0-9.]*\).*/\1/p')
-    grep -q "^$ip " <<<"$own" || ip=''
-  fi
-  [[ -n $ip ]] || { log "ERROR: cannot tell which address Ray should use on $SLURMD_NODENAME: Slurm's address for it" \
-    "(${node_addrs[$SLURMD_NODENAME]:-none}) is not one of its own (${own//$'\n'/, }); set network.head_interface"; exit 1; }
-  printf '%s %s %s\n' "$SLURMD_NODENAME" "$ip" "$(awk -v ip="$ip" '$1 == ip { print $2; exit }' <<<"$own")"
-}
-
-# ray_node FIRST: this node's Ray until the cleanup stops it: the head where the node's place in the job
-# (FIRST + SLURM_PROCID) is 0, a worker elsewhere. A Ray that stops on its own exits non-zero, so that its
-# step ends at once (the log names the node); one stopped by a signal (cleanup, scancel) exits 0. However
-# Ray stops, the node then keeps Ray's session logs in the run folder (bounded) and removes Ray's temp dir.
-ray_node() {
-  local i=$(($1 + SLURM_PROCID))
-  local node_ip=${node_ips[$SLURMD_NODENAME]} node_dev=${node_devs[$SLURMD_NODENAME]} ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-$i
-  local agent_port=$((port_base + 3 + i % 7))  # in the job's block, however many nodes
-  in_container "$SLURMD_NODENAME"
-  local ray=()
-  if ((i == 0)); then
+# ray_command I: sets `ray`, the node's Ray: the head where I is 0, a worker elsewhere (in ray_node)
+ray_command() {
+  if (($1 == 0)); then
     ray=(
       env GLOO_SOCKET_IFNAME="${node_dev}"
       ray start --head --block
@@ -160,17 +99,232 @@ ray_node() {
       --disable-usage-stats
     )
   fi
-  local logs="${run_dir}"/ray-logs/$SLURMD_NODENAME  # created now: the container waits for it before going
+}
+
+# job_environment: exported before any container or Ray process starts (verl #158)
+job_environment() {
+  export PYTHONUNBUFFERED=1  # verlc: stream trainer logs
+  export WANDB_RUN_ID=quickstart-gsm8k-1node-"${SLURM_JOB_ID}"  # verlc: requeues resume the W&B run
+  export WANDB_RESUME=allow  # verlc: requeues resume the W&B run
+  export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0  # verlc: Ray stops within KillWait
+  export VIRTUAL_ENV="${HOME}"/venvs/verl
+  export PATH="$VIRTUAL_ENV/bin:$PATH"
+  :
+}
+
+# ==== verlc's Slurm library (targets/slurm/library.sh) ==============================================
+# The same for every job: what must be bash (srun fan-out, containers, traps, cleanup). It reads only the
+# values and commands of the job above it (targets/slurm/view.py decides them), and runs verlc's runtime for
+# the rest of the stages. Nothing here is specific to this job.
+
+log() { printf '[%s] verlc: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)" "$*"; }
+die() { log "ERROR: $*" >&2; exit 1; }
+
+readonly stop_after=${VERLC_STOP_AFTER:-${stages[-1]}}
+[[ " ${stages[*]} " == *" $stop_after "* ]] || die "VERLC_STOP_AFTER=$stop_after: expected one of: ${stages[*]}"
+
+# pause_at POINT: for tests of cancellation, wait here (until signalled) when VERLC_PAUSE_AT names POINT:
+# a stage's name (its start), "addresses" (before the nodes are asked) or "ray-wait" (the waiter started).
+pause_at() {
+  [[ ${VERLC_PAUSE_AT:-} == "$1" ]] || return 0
+  log "paused at $1 (VERLC_PAUSE_AT)"
+  while :; do sleep 1; done
+}
+
+# begin_stage NAME: true when NAME runs; every stage after VERLC_STOP_AFTER is skipped.
+stopped=0
+begin_stage() {
+  pause_at "$1"
+  if ((stopped)); then
+    log "stage $1: skipped (VERLC_STOP_AFTER=$stop_after)"
+    return 1
+  fi
+  [[ $1 != "$stop_after" ]] || stopped=1
+  log "stage $1"
+}
+
+# step_for NODE CMD...: sets `step` to the argv that runs CMD on NODE as a job step, inside this
+# job's container. Background steps run "${step[@]}" & directly, so that $! is srun itself and
+# the cleanup's TERM reaches it (a backgrounded function would be a subshell around it).
+exec_prefix=()
+container=''
+step=()
+step_for() {
+  local node=$1
+  shift
+  in_container "$node"
+  step=(srun --nodes=1 --ntasks=1 --overlap --nodelist="$node" "${step_args[@]}" "${exec_prefix[@]}" "$@")
+}
+
+# fan_out WHERE FUNCTION NODE...: sets `step` to ONE job step that runs FUNCTION on every NODE at once, one
+# task per node, on the host (WHERE=host) or where the job's commands run (WHERE=job: inside the
+# container for pyxis). However many nodes, each stage of the bring-up is one step, not one per node.
+# The tasks get the functions in `node_functions` and the variables in `shared`; when one task fails, Slurm
+# ends the step (--kill-on-bad-exit) and the task's own message names its node.
+declare -A node_ips=()  # node -> the IPv4 address Ray uses there
+declare -A node_devs=()  # node -> the interface of that address
+declare -A node_addrs=()  # node -> Slurm's address of it (NodeAddr), where head_interface is not set
+controller_ip=''  # the Slurm controller's address, likewise
+head_ip='' ray_port='' port_base='' dashboard_port='' client_port=''
+readonly shared=(node_ips node_devs node_addrs controller_ip head_ip ray_port port_base dashboard_port client_port
+  run_dir runtime_file head_interface image_sha256 step_args ray_logs truncated logs_wait lock_wait ray_kill_after
+  agent_first agent_count)
+fan_out() {
+  local where=$1 fn=$2 nodelist
+  shift 2
+  nodelist=$(IFS=,; printf '%s' "$*")
+  step=(srun --nodes=$# --ntasks=$# --ntasks-per-node=1 --overlap --kill-on-bad-exit=1 --nodelist="$nodelist")
+  [[ $where == host ]] || step+=("${step_args[@]}")
+  step+=(bash -c "set -uo pipefail; $(declare -p "${shared[@]}"); $(declare -f "${node_functions[@]}"); $fn")
+}
+
+# Run by fan_out on each node (SLURMD_NODENAME and SLURM_PROCID are Slurm's, per task) -------------
+readonly node_functions=(log in_container image_commands container_commands ray_command node_address build_image
+  verify_image run_container container_ready await_ray_logs drop_step_lock remove_container remove_leftovers ray_node)
+
+# node_address: this node's name, the IPv4 address Ray uses on it, and that address's interface (where
+# gloo, and NCCL unless told, open their sockets). With network.head_interface: that interface's address.
+# Else Slurm's own address of the node (its NodeAddr, resolved here) where that is one of the node's
+# addresses, else the one the node reaches the Slurm controller from. Never the host name's address (Debian
+# maps it to 127.0.1.1, which no other node reaches) nor the first of several (docker0's 172.17.0.1 is on
+# every host).
+node_address() {
+  local own ip='' candidate
+  if [[ -n $head_interface ]]; then
+    ip=$(ip -o -4 addr show dev "$head_interface" | awk 'NR == 1 { split($4, a, "/"); print a[1] }')
+    [[ -n $ip ]] || { log "ERROR: $SLURMD_NODENAME has no IPv4 address on $head_interface (network.head_interface)"; exit 1; }
+    printf '%s %s %s\n' "$SLURMD_NODENAME" "$ip" "$head_interface"
+    return
+  fi
+  own=$(ip -o -4 addr show | awk '$4 !~ /^127[.]/ { split($4, a, "/"); print a[1], $2 }')  # "address interface"
+  for candidate in $(getent ahostsv4 "${node_addrs[$SLURMD_NODENAME]:-$SLURMD_NODENAME}" | awk '{ print $1 }'); do
+    if grep -q "^$candidate " <<<"$own"; then
+      ip=$candidate
+      break
+    fi
+  done
+  if [[ -z $ip && -n $controller_ip ]]; then
+    ip=$(ip -o -4 route get "$controller_ip" | sed -n 's/.* src \([0-9.]*\).*/\1/p')
+    grep -q "^$ip " <<<"$own" || ip=''
+  fi
+  [[ -n $ip ]] || { log "ERROR: cannot tell which address Ray should use on $SLURMD_NODENAME: Slurm's address for it" \
+    "(${node_addrs[$SLURMD_NODENAME]:-none}) is not one of its own (${own//$'\n'/, }); set network.head_interface"; exit 1; }
+  printf '%s %s %s\n' "$SLURMD_NODENAME" "$ip" "$(awk -v ip="$ip" '$1 == ip { print $2; exit }' <<<"$own")"
+}
+
+# build_image: build the job's image on this node, unless the node has it already
+build_image() {
+  local image_check=() image_build=() image_file=''
+  image_commands
+  "${image_check[@]}" >/dev/null 2>&1 && return
+  log "building the image on $SLURMD_NODENAME"
+  "${image_build[@]}" || { log "ERROR: image build failed on $SLURMD_NODENAME"; exit 1; }
+}
+
+# verify_image: the image file on this node is the one the spec pinned (container.image FILE@sha256:...)
+verify_image() {
+  local image_check=() image_build=() image_file='' sum
+  image_commands
+  log "checking the sha256 of $image_file on $SLURMD_NODENAME"
+  sum=$(sha256sum <"$image_file") || { log "ERROR: cannot read the image $image_file on $SLURMD_NODENAME"; exit 1; }
+  [[ ${sum%% *} == "$image_sha256" ]] || { log "ERROR: the image $image_file on $SLURMD_NODENAME has sha256" \
+    "${sum%% *}, not the pinned $image_sha256 (container.image): it was replaced"; exit 1; }
+}
+
+# run_container: this job's container on this node, for as long as the task runs. Slurm signals every
+# process of the step when it ends it (the cleanup, scancel, the time limit): the task then removes the
+# container itself, since after scancel no new job step could be started to remove it. The container lives
+# only while the task holds the lock on $step_lock (its main process waits for that lock): a signal that
+# comes while the engine is still creating it finds nothing to remove, and the engine starts it afterwards
+# outside the step, where it ends at once instead of holding the node's GPUs with no job to show for it.
+run_container() {
+  in_container "$SLURMD_NODENAME"
+  local step_lock='' container_run=() container_remove=() container_check=() lock
+  container_commands
+  if ! { : >"$step_lock" && exec {lock}<"$step_lock" && flock "$lock"; }; then
+    log "ERROR: could not lock $step_lock on $SLURMD_NODENAME"; exit 1
+  fi
+  local run_pid='' rc=0
+  trap 'await_ray_logs; remove_container; drop_step_lock "$run_pid" "$step_lock"; exit 143' TERM INT
+  remove_container  # one an earlier attempt of this job left (requeued), e.g. created but never started
+  log "starting container $container on $SLURMD_NODENAME"
+  "${container_run[@]}" {lock}<&- >/dev/null &
+  run_pid=$!
+  wait "$run_pid" || rc=$?
+  rm -f "$step_lock"
+  log "container $container on $SLURMD_NODENAME stopped (code $rc)"
+  exit $((rc ? rc : 1))
+}
+
+# container_ready: wait until this node's container runs commands
+container_ready() {
+  in_container "$SLURMD_NODENAME"
+  until "${exec_prefix[@]}" true </dev/null 2>/dev/null; do
+    sleep 1
+  done
+}
+
+# await_ray_logs: where Ray ran in this node's container, give it logs_wait s to stop and keep its logs
+# (ray_node), inside Slurm's KillWait (30 s by default) with time left to remove the container
+await_ray_logs() {
+  local logs=$ray_logs/$SLURMD_NODENAME
+  [[ -d $logs ]] || return 0
+  for _ in $(seq $((logs_wait * 2))); do
+    [[ ! -f $logs/$truncated ]] || return 0
+    sleep 0.5
+  done
+}
+
+# drop_step_lock PID FILE: remove the lock file once PID (the engine's run command) has exited, within
+# lock_wait s; while it lives on (still creating the container), the file stays for the container to find
+# its lock free
+drop_step_lock() {
+  for _ in $(seq $((lock_wait * 2))); do
+    if [[ -z $1 ]] || ! kill -0 "$1" 2>/dev/null; then rm -f "$2"; return 0; fi
+    sleep 0.5
+  done
+}
+
+# remove_container: remove this job's container on this node, unless it is gone already
+remove_container() {
+  in_container "$SLURMD_NODENAME"
+  local step_lock='' container_run=() container_remove=() container_check=()
+  container_commands
+  "${container_remove[@]}" >/dev/null 2>&1 || ! "${container_check[@]}" >/dev/null 2>&1 \
+    || { log "could not remove container $container on $SLURMD_NODENAME"; exit 1; }
+}
+
+# remove_leftovers: what the job's steps may have left on this node once they ended: its container, and the
+# step lock's file (which drop_step_lock leaves while the engine's run command outlives its wait)
+remove_leftovers() {
+  local step_lock='' container_run=() container_remove=() container_check=()
+  remove_container
+  container_commands
+  rm -f "$step_lock"
+}
+
+# ray_node FIRST: this node's Ray until the cleanup stops it: the head where the node's place in the job
+# (FIRST + SLURM_PROCID) is 0, a worker elsewhere. A Ray that stops on its own exits non-zero, so that its
+# step ends at once (the log names the node); one stopped by a signal (cleanup, scancel) exits 0. However
+# Ray stops, the node then keeps Ray's session logs in the run folder (bounded) and removes Ray's temp dir.
+ray_node() {
+  local i=$(($1 + SLURM_PROCID))
+  local node_ip=${node_ips[$SLURMD_NODENAME]} node_dev=${node_devs[$SLURMD_NODENAME]} ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-$i
+  local agent_port=$((port_base + agent_first + i % agent_count))  # in the job's block, however many nodes
+  in_container "$SLURMD_NODENAME"
+  local ray=()
+  ray_command "$i"
+  local logs=$ray_logs/$SLURMD_NODENAME  # created now: the container waits for it before going
   mkdir -p "$logs"
   log "starting Ray on $SLURMD_NODENAME ($node_ip)"
   # In a process group of its own: when Slurm signals the step, every Ray process of the node gets TERM,
-  # and KILL 5 s later (a `ray start` signalled mid-startup can hang), well within Slurm's KillWait.
+  # and KILL ray_kill_after s later (a `ray start` signalled mid-startup can hang), well within Slurm's KillWait.
   setsid "${exec_prefix[@]}" "${ray[@]}" &
   local ray_pid=$! rc=0 stop_at=''
   trap 'stop_at=${stop_at:-$SECONDS}; kill -TERM -- "-$ray_pid" 2>/dev/null' TERM INT
   wait "$ray_pid" || true
   while kill -0 "$ray_pid" 2>/dev/null; do  # a signal ended `wait`, not Ray: Ray has a few seconds, then KILL
-    ((SECONDS - ${stop_at:-$SECONDS} < 5)) || kill -KILL -- "-$ray_pid" 2>/dev/null
+    ((SECONDS - ${stop_at:-$SECONDS} < ray_kill_after)) || kill -KILL -- "-$ray_pid" 2>/dev/null
     sleep 0.5
   done
   wait "$ray_pid" || rc=$?
@@ -206,11 +360,11 @@ cleanup() {
   # Every step still running gets TERM in its tasks (Slurm's own signal: srun would KILL a step on TERM
   # and only report on one INT), so the trainer stops and each node's Ray stops and keeps its logs.
   # KILL whatever is left before Slurm's KillWait runs out (after scancel or the time limit, Slurm kills
-  # this script then), at most after 30 s.
+  # this script then), at most after cleanup_cap s.
   local pids pid alive patience
   patience=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" { print $3 }')
-  [[ $patience =~ ^[0-9]+$ ]] && ((patience > 4)) && patience=$((patience - 2)) || patience=2
-  ((patience <= 30)) || patience=30
+  [[ $patience =~ ^[0-9]+$ ]] && ((patience > 4)) && patience=$((patience - cleanup_margin)) || patience=2
+  ((patience <= cleanup_cap)) || patience=$cleanup_cap
   mapfile -t pids < <(jobs -p)
   if ((${#pids[@]})); then
     scancel --signal=TERM "$this_job" 2>/dev/null || kill -TERM "${pids[@]}" 2>/dev/null
@@ -225,10 +379,17 @@ cleanup() {
     kill -KILL "${pids[@]}" 2>/dev/null
   fi
   wait
-  if ((requeue && ${SLURM_RESTART_COUNT:-0} >= max_requeues)); then
+  # Each container's own step removed it on TERM, once its Ray had kept its logs; remove what is left
+  # (this needs a new job step, which Slurm refuses after scancel: there the containers' steps did it).
+  if ((long_lived_containers && ${#nodes[@]})); then
+    fan_out host remove_leftovers "${nodes[@]}"
+    timeout 120 "${step[@]}" \
+      || log "no step could look for leftover containers (after scancel, each container's own step removed it)"
+  fi
+  if ((requeue_enabled && requeue && ${SLURM_RESTART_COUNT:-0} >= max_requeues)); then
     log "not requeued: this job was requeued ${SLURM_RESTART_COUNT:-0} time(s) already" \
       "(cluster.slurm.max_requeues: $max_requeues)"
-  elif ((requeue)); then
+  elif ((requeue_enabled && requeue)); then
     log "requeueing job $this_job"
     scontrol requeue "$this_job" || log "scontrol requeue failed"
   fi
@@ -237,7 +398,6 @@ cleanup() {
 }
 nodes=()
 requeue=0  # set by the USR1 trap below, and where a node was lost
-readonly requeue_grace=300 max_requeues=3
 
 # seconds_left: the seconds until this job's time limit, as Slurm has it now (`scontrol update` may have moved
 # it); a large number where it has none
@@ -262,7 +422,7 @@ on_usr1() {
   log "USR1: preemption or time limit ahead; stopping and requeueing"
   requeue=1
   if (($(seconds_left) <= requeue_grace + 60)); then
-    printf '%s\n' "${SLURM_RESTART_COUNT:-0}" >"${run_dir}"/time-limit-reached
+    printf '%s\n' "${SLURM_RESTART_COUNT:-0}" >"$time_limit_reached"
   fi
   exit 143
 }
@@ -289,25 +449,27 @@ await_node_failure() {
 trap cleanup EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
-# Slurm sends USR1 before preemption or the time limit (--signal): stop cleanly, then requeue;
-# the restarted job resumes from the run's checkpoints (trainer.resume_mode=auto).
-trap on_usr1 USR1
+# Where the job may requeue, Slurm sends USR1 before preemption or the time limit (--signal): stop cleanly,
+# then requeue; the restarted job resumes from the run's checkpoints (trainer.resume_mode=auto).
+if ((requeue_enabled)); then
+  trap on_usr1 USR1
+fi
 
-# keep_end_time: the job's end (epoch seconds) in the run folder, as Slurm has it now (`scontrol update` moves
-# it): verlc's runtime reads it when the trainer starts, and verl saves a checkpoint ahead of it
+# keep_end_time: the job's end (epoch seconds) in end_file, as Slurm has it now (`scontrol update` moves it):
+# verlc's runtime reads it when the trainer starts, and verl saves a checkpoint ahead of it
 keep_end_time() {
-  local file="${SLURM_SUBMIT_DIR}"/verlc-runs/quickstart-gsm8k-1node-"${SLURM_JOB_ID}"/end-time end
+  local end
   while :; do
     end=$(squeue --noheader --jobs="$SLURM_JOB_ID" --format=%e 2>/dev/null | head -n 1)
     if [[ $end =~ ^[0-9]{4}-[0-9]{2}-[0-9]{2}T ]] && end=$(date -d "$end" +%s 2>/dev/null); then
-      printf '%s\n' "$end" >"$file.tmp" && mv -f "$file.tmp" "$file"
+      printf '%s\n' "$end" >"$end_file.tmp" && mv -f "$end_file.tmp" "$end_file"
     fi
     sleep 30
   done
 }
 
-main() {
-  # ---- allocation: one Ray node per Slurm node (verl #548: one array element per host) -------------
+# allocation: one Ray node per Slurm node (verl #548: one array element per host), as the spec asks
+check_allocation() {
   mapfile -t nodes < <(scontrol show hostnames "${SLURM_JOB_NODELIST:?not inside a Slurm job}")
   ((${#nodes[@]} == expected_nodes)) \
     || die "allocation has ${#nodes[@]} nodes (${SLURM_JOB_NODELIST}), the spec asks for $expected_nodes"
@@ -316,45 +478,40 @@ main() {
   if [[ -n ${SLURM_GPUS_ON_NODE:-} ]] && ((SLURM_GPUS_ON_NODE != gpus_per_node)); then
     die "Slurm gives $SLURM_GPUS_ON_NODE GPUs per node, the spec asks for $gpus_per_node"
   fi
-  readonly head_node=${nodes[0]}
+  head_node=${nodes[0]}
   log "job $this_job on ${nodes[*]}; head $head_node; SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}"
-  if ((${SLURM_RESTART_COUNT:-0} > max_requeues)); then  # Slurm requeues a job itself on a node's failure
+  if ((requeue_enabled && ${SLURM_RESTART_COUNT:-0} > max_requeues)); then  # Slurm requeues a job on a node's failure
     requeue=0
     die "this job was requeued ${SLURM_RESTART_COUNT} times, more than cluster.slurm.max_requeues ($max_requeues)"
   fi
-  mkdir -p "$run_dir"
-  runtime_source >"$run_dir/$runtime_file"  # verlc's runtime, below the banner at the end of this script
-  keep_end_time &
-  # For `verlc attach`: where the job's commands run on the head node, NUL-separated: the node, the
-  # number of srun arguments, those arguments, then the command prefix (the container's exec, if any).
-  in_container "$head_node"
-  printf '%s\0' "$head_node" "${#step_args[@]}" "${step_args[@]}" "${exec_prefix[@]}" >"${run_dir}"/attach.argv
-  # ---- environment: exported before any container or Ray process starts (verl #158) ---------------
-  export PYTHONUNBUFFERED=1  # verlc: stream trainer logs
-  export WANDB_RUN_ID=quickstart-gsm8k-1node-"${SLURM_JOB_ID}"  # verlc: requeues resume the W&B run
-  export WANDB_RESUME=allow  # verlc: requeues resume the W&B run
-  export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0  # verlc: Ray stops within KillWait
-  export VIRTUAL_ENV="${HOME}"/venvs/verl
-  export PATH="$VIRTUAL_ENV/bin:$PATH"
+}
 
-  # ---- Ray addresses: per-job ports so two jobs sharing a node do not collide ----------------------
-  # Each job owns a block of ports (targets/slurm/ports.py): between Ray's worker ports (10002-19999) and
-  # Linux's ephemeral range (32768-60999), by job id; ray.port and ray.dashboard_port pin the ports instead.
-  # In the block: Ray's GCS, dashboard and client server, the nodes' dashboard agents, HCCL's on Ascend.
-  port_base=$((20000 + SLURM_JOB_ID % 127 * 100))
-  readonly ray_port=$((port_base + 0))
-  readonly dashboard_port=$((port_base + 1))
-  readonly client_port=$((port_base + 2))
+# Ray addresses: per-job ports so two jobs sharing a node do not collide. Each job owns a block of ports
+# (targets/slurm/ports.py): between Ray's worker ports (10002-19999) and Linux's ephemeral range
+# (32768-60999), by job id; ray.port and ray.dashboard_port pin the ports instead. In the block: Ray's GCS,
+# dashboard and client server, the nodes' dashboard agents, HCCL's on Ascend.
+plan_ports() {
+  port_base=$((port_first + SLURM_JOB_ID % port_blocks * port_size))
+  ray_port=${pinned_ray_port:-$((port_base + port_gcs))}
+  dashboard_port=${pinned_dashboard_port:-$((port_base + port_dashboard))}
+  client_port=$((port_base + port_client))
+  local i
+  for ((i = 0; i < ${#hccl_ports[@]}; i += 3)); do
+    export "${hccl_ports[i]}=$((port_base + hccl_ports[i + 1]))-$((port_base + hccl_ports[i + 2]))"
+  done
+}
 
-  # One job step asks every node for its address.
-  pause_at addresses
-  local node addr ctl
-  while read -r node addr; do
-    node_addrs[$node]=$addr
-  done < <(sinfo --noheader --Node --nodes="$SLURM_JOB_NODELIST" --format='%N %o')
-  ctl=$(scontrol show config | awk '$1 ~ /^SlurmctldHost/ { print $3; exit }')  # host or host(address)
-  ctl=${ctl%)}
-  controller_ip=$(getent ahostsv4 "${ctl#*(}" | awk 'NR == 1 { print $1 }')
+# One job step asks every node for its address.
+find_addresses() {
+  local node addr ctl ip dev addresses
+  if [[ -z $head_interface ]]; then
+    while read -r node addr; do
+      node_addrs[$node]=$addr
+    done < <(sinfo --noheader --Node --nodes="$SLURM_JOB_NODELIST" --format='%N %o')
+    ctl=$(scontrol show config | awk '$1 ~ /^SlurmctldHost/ { print $3; exit }')  # host or host(address)
+    ctl=${ctl%)}
+    controller_ip=$(getent ahostsv4 "${ctl#*(}" | awk 'NR == 1 { print $1 }')
+  fi
   fan_out host node_address "${nodes[@]}"
   addresses=$("${step[@]}") || die "could not ask every node for its address (the node is named above)"
   while read -r node ip dev; do
@@ -364,65 +521,117 @@ main() {
   for node in "${nodes[@]}"; do
     [[ -n ${node_ips[$node]:-} ]] || die "no IPv4 address found for $node"
   done
-  readonly head_ip=${node_ips[$head_node]}
+  head_ip=${node_ips[$head_node]}
   if ((expected_nodes > 1)) && [[ $head_ip == 127.* ]]; then
     die "Ray's head address on $head_node is $head_ip, a loopback address the other nodes cannot reach (network.head_interface)"
   fi
-  log "Ray head $head_ip:$ray_port, dashboard http://127.0.0.1:$dashboard_port on $head_node only"
-
-  if begin_stage containers; then
-    log "no long-lived containers for this runtime"
-  fi
-
-  if begin_stage ray; then
-    # One step for the head, one for every worker: each node's own values (address, temp dir, agent
-    # port) in ray_node above.
-    log "starting Ray head on $head_node"
-    fan_out job "ray_node 0" "$head_node"
-    "${step[@]}" &
-    ray_steps[$!]="Ray on $head_node"
-    if ((${#nodes[@]} > 1)); then
-      fan_out job "ray_node 1" "${nodes[@]:1}"
-      "${step[@]}" &
-      ray_steps[$!]="Ray on a worker (named above)"
-    fi
-
-    # The rest is verlc's runtime, in one step on the head node (the same stages every bundle runs):
-    # wait for every node and GPU, data, preflight, train. What it reads from its
-    # environment is given on its command line (`docker exec` passes no environment).
-    local head_dev=${node_devs[$head_node]}
-    local runtime_env=(
-      "RAY_ADDRESS=$head_ip:$ray_port" "SLURM_SUBMIT_DIR=$SLURM_SUBMIT_DIR" "SLURM_JOB_ID=$SLURM_JOB_ID"
-      "VERLC_STOP_AFTER=$stop_after" "VERLC_PAUSE_AT=${VERLC_PAUSE_AT:-}" "VERLC_ACCEPT_CHANGES=${VERLC_ACCEPT_CHANGES:-}"
-      "VERLC_NODE_NAMES=${nodes[*]}" "SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}"
-      GLOO_SOCKET_IFNAME="${head_dev}"
-    )
-    log "the job's log:" "${run_dir}"/job.log
-    step_for "$head_node" env "${runtime_env[@]}" python3 - job --begun ray --json "$(job_description)"
-    # In the background so that TERM/INT reach the traps at once instead of after training.
-    "${step[@]}" <"$run_dir/$runtime_file" > >(tee -a "${run_dir}"/job.log) 2>&1 &
-    job_step=$!
-    pause_at ray-wait
-    # Fail fast when a node's Ray stops while the job runs.
-    while kill -0 "$job_step" 2>/dev/null; do
-      for pid in "${!ray_steps[@]}"; do
-        kill -0 "$pid" 2>/dev/null \
-          || die "${ray_steps[$pid]} exited during bring-up or training; its output is above"
-      done
-      sleep 1
-    done
-    if wait "$job_step"; then
-      log "the job's stages finished"
-    else
-      rc=$?
-      log "the job's stages exited with code $rc"
-      if ((rc == 75)); then  # Ray declared a node dead (the protocol's NODE_LOST)
-        await_node_failure
-      fi
-      exit "$rc"
-    fi
+  if ((expose_dashboard)); then
+    log "Ray head $head_ip:$ray_port, dashboard and Jobs API http://$head_ip:$dashboard_port (open: ray.expose_dashboard)"
   else
-    for stage in data preflight train; do
+    log "Ray head $head_ip:$ray_port, dashboard http://127.0.0.1:$dashboard_port on $head_node only"
+  fi
+}
+
+# The first stage: check the pinned image, build it, start the long-lived containers, on every node at once.
+start_containers() {
+  local containers_step ready_step
+  if [[ -n $image_sha256 ]]; then
+    fan_out host verify_image "${nodes[@]}"
+    "${step[@]}" || die "the image is not the pinned one on every node (the node is named above)"
+  fi
+  if ((!long_lived_containers)); then
+    log "no long-lived containers for this runtime"
+    return
+  fi
+  if ((builds_image)); then
+    fan_out host build_image "${nodes[@]}"
+    "${step[@]}" || die "the image could not be built on every node (the node is named above)"
+  fi
+  fan_out host run_container "${nodes[@]}"
+  "${step[@]}" &
+  containers_step=$!
+  fan_out host container_ready "${nodes[@]}"
+  "${step[@]}" &
+  ready_step=$!
+  while kill -0 "$ready_step" 2>/dev/null; do
+    kill -0 "$containers_step" 2>/dev/null || die "the containers did not start on every node (the node is named above)"
+    sleep 1
+  done
+  wait "$ready_step" || die "the containers did not start on every node (the node is named above)"
+}
+
+# The second stage, and verlc's runtime for the rest: one step for the head's Ray, one for every worker's (each
+# node's own values in ray_node above), then the runtime in one step on the head node (the same stages every
+# bundle runs: wait for every node and GPU, data, preflight, train). What it reads from its environment is
+# given on its command line (`docker exec` passes no environment).
+run_job() {
+  local name rc=0 job_step pid
+  log "starting Ray head on $head_node"
+  fan_out job "ray_node 0" "$head_node"
+  "${step[@]}" &
+  ray_steps[$!]="Ray on $head_node"
+  if ((${#nodes[@]} > 1)); then
+    fan_out job "ray_node 1" "${nodes[@]:1}"
+    "${step[@]}" &
+    ray_steps[$!]="Ray on a worker (named above)"
+  fi
+  local runtime_env=(
+    "RAY_ADDRESS=$head_ip:$ray_port" "SLURM_SUBMIT_DIR=$SLURM_SUBMIT_DIR" "SLURM_JOB_ID=$SLURM_JOB_ID"
+    "VERLC_STOP_AFTER=$stop_after" "VERLC_PAUSE_AT=${VERLC_PAUSE_AT:-}" "VERLC_ACCEPT_CHANGES=${VERLC_ACCEPT_CHANGES:-}"
+    "VERLC_NODE_NAMES=${nodes[*]}" "SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}"
+  )
+  for name in "${interface_variables[@]}"; do  # as Ray's own processes there: the interface of its address
+    runtime_env+=("$name=${node_devs[$head_node]}")
+  done
+  local runtime_args=(job --begun "${stages[1]}" --json "$(job_description)")
+  ((!sweep)) || runtime_args+=(--variant-json "$(variant_description)")
+  log "the job's log:" "$job_log"
+  step_for "$head_node" env "${runtime_env[@]}" python3 - "${runtime_args[@]}"
+  # In the background so that TERM/INT reach the traps at once instead of after training.
+  "${step[@]}" <"$run_dir/$runtime_file" > >(tee -a "$job_log") 2>&1 &
+  job_step=$!
+  pause_at ray-wait
+  # Fail fast when a node's Ray stops while the job runs.
+  while kill -0 "$job_step" 2>/dev/null; do
+    for pid in "${!ray_steps[@]}"; do
+      kill -0 "$pid" 2>/dev/null || die "${ray_steps[$pid]} exited during bring-up or training; its output is above"
+    done
+    sleep 1
+  done
+  wait "$job_step" || rc=$?
+  if ((rc == 0)); then
+    log "the job's stages finished"
+    return
+  fi
+  log "the job's stages exited with code $rc"
+  if ((requeue_enabled && rc == node_lost)); then  # Ray declared a node dead (the protocol's NODE_LOST)
+    await_node_failure
+  fi
+  exit "$rc"
+}
+
+main() {
+  check_allocation
+  mkdir -p "$run_dir"
+  runtime_source >"$run_dir/$runtime_file"  # verlc's runtime, below the banner at the end of this script
+  if [[ -n $end_file ]]; then
+    keep_end_time &
+  fi
+  # For `verlc attach`: where the job's commands run on the head node, NUL-separated: the node, the
+  # number of srun arguments, those arguments, then the command prefix (the container's exec, if any).
+  in_container "$head_node"
+  printf '%s\0' "$head_node" "${#step_args[@]}" "${step_args[@]}" "${exec_prefix[@]}" >"$attach_file"
+  job_environment  # exported before any container or Ray process starts (verl #158)
+  plan_ports
+  pause_at addresses
+  find_addresses
+  if begin_stage "${stages[0]}"; then
+    start_containers
+  fi
+  if begin_stage "${stages[1]}"; then
+    run_job
+  else
+    for stage in "${stages[@]:2}"; do
       log "stage $stage: skipped (VERLC_STOP_AFTER=$stop_after)"
     done
   fi
@@ -498,6 +707,12 @@ job_description() {
   "every_node": false
 }
 VERLC_JOB
+}
+
+# variant_description: what this array task changes in the job: its label, checkpoint folder and the values of
+# the swept keys, added to the trainer's overrides (all variants: variants.tsv in the bundle)
+variant_description() {
+  :  # not a sweep
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
