@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,18 @@ def test_a_slurm_job_stops_inside_slurms_kill_wait() -> None:
 
     assert Stopping().fits()
     assert not Stopping(logs_wait=25).fits() and not Stopping(ray_kill_after=10).fits()
+
+
+def test_the_slurm_library_is_static_bash_and_each_script_gives_it_every_value_it_reads() -> None:
+    """#41: what runs in every Slurm job is targets/slurm/library.sh, included verbatim: no template syntax in it,
+    every generated sbatch.sh holds it as it is, and shellcheck (which names a variable read but never assigned)
+    passes on every script, so each header gives the library every value it reads."""
+    library = (REPO / "targets" / "slurm" / "library.sh").read_text()
+    assert not any(mark in library for mark in ("{{", "{%", "{##")), "the library must stay static bash"
+    scripts = sorted((REPO / "out").glob("*/slurm/sbatch.sh"))
+    assert scripts
+    for script in scripts:
+        assert library in script.read_text(), script
+    shellcheck = Path(sys.executable).parent / "shellcheck"
+    checked = subprocess.run([str(shellcheck), *map(str, scripts)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout
