@@ -154,13 +154,16 @@ def test_every_port_of_a_job_lies_in_its_block_between_rays_worker_ports_and_the
 def test_the_slurm_script_computes_the_port_plans_values() -> None:
     """The script's arithmetic, run by bash for several job ids, gives the plan's ports."""
     script = (REPO / "out" / "qwen3-32b-grpo-ascend-a3" / "slurm" / "sbatch.sh").read_text()
-    block = script.split("  # ---- Ray addresses:", 1)[1].split("  # One job step asks", 1)[0]
+    # the header's numbers (the view's PortPlan) and the library's arithmetic on them
+    values = "\n".join(re.findall(r"^readonly (?:port_|agent_|pinned_|hccl_ports).*$", script, flags=re.M))
+    plan = script[script.index("plan_ports() {"):script.index("\n}\n", script.index("plan_ports() {")) + 3]
     agent = re.search(r"local agent_port=(\$\(\(.*?\)\))", script)[1]
     hccl = [name for name, *_ in PLAN.hccl]
     for job_id in (0, 1, 126, 127, 10**6 + 125):
         for node in (0, 1, 90):
-            program = (f"SLURM_JOB_ID={job_id}; i={node}\n{block}\necho $ray_port $dashboard_port $client_port "
-                       f"$(({agent[3:-2]})) " + " ".join(f"${n}" for n in hccl))
+            program = (f"SLURM_JOB_ID={job_id}; i={node}\n{values}\n{plan}\nplan_ports\n"
+                       f"echo $ray_port $dashboard_port $client_port $(({agent[3:-2]})) "
+                       + " ".join(f"${n}" for n in hccl))
             out = subprocess.run(["bash", "-c", program], capture_output=True, text=True, check=True).stdout.split()
             want = PLAN.ports(job_id, node)
             ranges = [f"{want[n][0]}-{want[n][-1]}" for n in hccl]
