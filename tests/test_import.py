@@ -115,8 +115,12 @@ def script_argv(script: str, root: Path, tmp: Path, given: dict[str, str], args:
     tools = tmp / "tools"
     record = tmp / "calls"
     tools.mkdir()
-    for name in STAND_INS:  # each call: its words, NUL-terminated, then a record separator
-        (tools / name).write_text(f"#!/bin/sh\n{{ printf '%s\\0' {name} \"$@\"; printf '\\036\\0'; }} >> {record}\n")
+    # each call: its words, NUL-terminated, then a record separator, appended by one write (a script may run
+    # two stand-ins at once: two writes each could interleave)
+    for name in STAND_INS:
+        (tools / name).write_text(f"#!/bin/sh\nf=$(mktemp)\n"
+                                  f"{{ printf '%s\\0' {name} \"$@\"; printf '\\036\\0'; }} > \"$f\"\n"
+                                  f"cat \"$f\" >> {record}\nrm -f \"$f\"\n")
         (tools / name).chmod(0o755)
     record.write_bytes(b"")
     # raising a limit (ulimit -n 32768) is refused on this machine, even to root: as in verlc's sandbox, it is
@@ -135,7 +139,7 @@ def script_argv(script: str, root: Path, tmp: Path, given: dict[str, str], args:
         argv = [word.decode() for word in call.split(b"\0")[:-1]]
         if argv[0] == "ray" and "--" in argv:
             argv = argv[argv.index("--") + 1:]
-        if argv[0] == "srun":
+        if argv[:1] == ["srun"]:
             argv = argv[next((i for i, a in enumerate(argv) if a.startswith("python")), len(argv)):]
         if argv and argv[0].startswith(("python", "torchrun")) and "-m" in argv and any("=" in a for a in argv):
             return argv[argv.index("-m"):]
