@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from .diagnostics import Diagnostic
-    from .ir import JobIR
+    from .ir import JobIR, TimeLimit
     from .load import Sourced
     from .spec import Spec
     from .verl.check import Selection
@@ -58,6 +58,7 @@ class Target(Protocol):
     def check_build(self, spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]: ...
     def lower(self, spec: Spec, ir: JobIR) -> Any: ...
     def node_words(self, spec: Spec) -> list[str]: ...
+    def time_limit(self, spec: Spec) -> TimeLimit | None: ...
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,10 @@ class Catalog:
     def get(self, name: str) -> Target:
         """The target called `name` (one of names)."""
         return next(t for t in self.targets if t.name == name)
+
+    def time_limit(self, spec: Spec) -> TimeLimit | None:
+        """The limit some target's section puts on one run (the first; none bounds it where None)."""
+        return next((limit for t in self.targets if (limit := t.time_limit(spec)) is not None), None)
 
     @property
     def top_sections(self) -> dict[str, str]:

@@ -220,6 +220,16 @@ class CodeIR:
 
 
 @dataclass(frozen=True)
+class TimeLimit:
+    """How long one run may take, where a target's section bounds it (the plan's GPU-hours)."""
+
+    seconds: int
+    origin: str  # the spec's key and value, as the plan shows them: "cluster.slurm.time 2-00:00:00"
+    retries: int = 0  # further attempts that may each run to the limit
+    retries_origin: str = ""  # the key that allows them
+
+
+@dataclass(frozen=True)
 class JobIR:
     name: str
     spec_file: str
@@ -263,6 +273,7 @@ class JobIR:
     notes: tuple[str, ...] = ()  # what verlc could not check, and why (shown by validate and build)
     parts: tuple[tuple[str, Any], ...] = ()  # (target, its own IR part): each target built, lowered by its folder
     pipeline: PipelineIR | None = None  # a stage of a pipeline (compiler/stages.py)
+    time_limit: TimeLimit | None = None  # how long one run may take, where a target's section says
 
     def part(self, target: str) -> Any:
         """The IR part target `target` lowered for itself (targets/<folder>/lower.py)."""

@@ -99,6 +99,7 @@ def lower(spec: Spec, release: Release, catalog: Catalog, *, spec_file: str, spe
         profile=profile,
         verl_commit=spec.verl_commit,
         notes=notes,
+        time_limit=catalog.time_limit(spec),
     )
     return replace(ir, parts=tuple((name, catalog.get(name).lower(spec, ir)) for name in built))
 

@@ -1,8 +1,8 @@
 """`verlc plan SPEC`: the resolved allocation of a spec's run before it is submitted, from the compiled IR.
 
 GPUs per role, the rollout's replicas and their parallelism, each role's batch arithmetic per GPU, a sweep's
-variants, and GPU-hours (and a cost, where the cluster's gpu_hour_price is given) bounded by the Slurm time
-limit. Everything is read from the config verl will run with (the IR's verl_config, interpolations resolved
+variants, and GPU-hours (and a cost, where the cluster's gpu_hour_price is given) bounded by the run's time
+limit (a target's: compiler/ir.py's TimeLimit). Everything is read from the config verl will run with (the IR's verl_config, interpolations resolved
 as verl resolves them) and the normalized spec; nothing is guessed: where verlc cannot know, it says so.
 """
 
@@ -20,19 +20,6 @@ from .verl.rules import Config
 ACTOR, ROLLOUT, REF, CRITIC = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref", "critic"
 
 
-def slurm_seconds(limit: str) -> int:
-    """A Slurm time limit (minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]]) in
-    seconds."""
-    days, _, rest = limit.rpartition("-")
-    parts = [int(p) for p in rest.split(":")]
-    if days:
-        hours, minutes, seconds = (parts + [0, 0])[:3]
-        return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
-    if len(parts) == 3:
-        return (parts[0] * 60 + parts[1]) * 60 + parts[2]
-    return parts[0] * 60 + (parts[1] if len(parts) == 2 else 0)
-
-
 def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -42,15 +29,14 @@ def _hours(seconds: float) -> str:
 
 
 def gpu_hours(ir: JobIR) -> float | None:
-    """The run's GPU-hours bound by its Slurm time limit (no requeue; every sweep variant), or None without one."""
-    limit = ((YAML(typ="safe").load(ir.normalized_spec).get("cluster") or {}).get("slurm") or {}).get("time")
-    if not limit:
+    """The run's GPU-hours bound by its time limit (no retry; every sweep variant), or None without one."""
+    if ir.time_limit is None:
         return None
-    return slurm_seconds(str(limit)) / 3600 * ir.nodes * ir.gpus_per_node * max(1, len(ir.variants))
+    return ir.time_limit.seconds / 3600 * ir.nodes * ir.gpus_per_node * max(1, len(ir.variants))
 
 
 def plan(ir: JobIR) -> str:
-    spec = YAML(typ="safe").load(ir.normalized_spec)
+    price = (YAML(typ="safe").load(ir.normalized_spec).get("cluster") or {}).get("gpu_hour_price")
     cfg = Config(YAML(typ="safe").load(ir.verl_config) or {}, {})
     g = cfg.get
     device = ir.device
@@ -60,7 +46,7 @@ def plan(ir: JobIR) -> str:
            f"verl {ir.verl_version}, {ir.trainer_module} ({ir.config_name})"]
 
     if "actor_rollout_ref" not in cfg.tree:  # not PPO's roles: verl's SFT trainer, one process per GPU
-        return "\n".join([*out, *_sft(ir, g), *_cost(spec, total, 1, device)]) + "\n"
+        return "\n".join([*out, *_sft(ir, g), *_cost(ir, price, total, 1, device)]) + "\n"
     trainer_gpus = (_count(g("trainer.nnodes")) or ir.nodes) * (_count(g("trainer.n_gpus_per_node")) or ir.gpus_per_node)
     pool = (_count(g("rollout.nnodes")), _count(g("rollout.n_gpus_per_node")))
     critic = critic_in_use(cfg.tree, cfg.tree)
@@ -101,7 +87,7 @@ def plan(ir: JobIR) -> str:
     if ir.variants:
         out.append(f"  sweep:    {variants} variants (one Slurm array task each):")
         out += [f"    {v.index}: " + ", ".join(f"{k}={val}" for k, val in v.settings) for v in ir.variants]
-    out += _cost(spec, total, variants, device)
+    out += _cost(ir, price, total, variants, device)
     return "\n".join(out) + "\n"
 
 
@@ -155,22 +141,16 @@ def _role(name: str, section: str, g: Any, train: int | None, n: int, gpus: int)
                   f"gradient-accumulation step(s)"]
 
 
-def _cost(spec: dict, gpus: int, variants: int, device: str) -> list[str]:
-    cluster = spec.get("cluster") or {}
-    slurm = cluster.get("slurm") or {}
-    limit = slurm.get("time")
-    if not limit:
-        return [f"  time:     no time limit (cluster.slurm.time): {device}-hours unknown; verlc cannot know how long "
-                f"verl trains"]
-    seconds = slurm_seconds(str(limit))
-    hours = seconds / 3600 * gpus
-    lines = [f"  time:     at most {_hours(seconds)} per run (cluster.slurm.time {limit}) x {gpus} {device}s = "
+def _cost(ir: JobIR, price: float | None, gpus: int, variants: int, device: str) -> list[str]:
+    limit = ir.time_limit
+    if limit is None:
+        return [f"  time:     no time limit: {device}-hours unknown; verlc cannot know how long verl trains"]
+    hours = limit.seconds / 3600 * gpus
+    lines = [f"  time:     at most {_hours(limit.seconds)} per run ({limit.origin}) x {gpus} {device}s = "
              f"{hours:g} {device}-hours" + (f"; the sweep {hours * variants:g}" if variants > 1 else "")]
-    requeues = slurm.get("max_requeues") if slurm.get("requeue_grace") is not None else 0
-    if requeues:
-        lines.append(f"{'':12}up to {hours * variants * (requeues + 1):g} where all {requeues} requeues "
-                     f"(cluster.slurm.max_requeues) run to the limit too")
-    price = cluster.get("gpu_hour_price")
+    if limit.retries:
+        lines.append(f"{'':12}up to {hours * variants * (limit.retries + 1):g} where all {limit.retries} retries "
+                     f"({limit.retries_origin}) run to the limit too")
     if price is not None:
         lines.append(f"{'':12}cost at {price:g} per {device}-hour: at most {price * hours * variants:,.2f}"
                      + (f" ({price * hours:,.2f} per run)" if variants > 1 else ""))

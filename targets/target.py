@@ -6,6 +6,7 @@
       section.py    its spec section, the pydantic model Section names (the Spec gets it from the registry), and
                     optionally
                     node_words(spec): the section's words that expand on the nodes
+                    time_limit(spec): how long one run may take (compiler/catalog.py's TimeLimit)
       checks.py     check_build(spec, sourced, chosen): what this target cannot run of the spec and its verl
                     release or commit (`chosen`; only when it is built), and
                     check_section(spec, sourced) where the section has problems pydantic cannot see
@@ -28,7 +29,7 @@ from ..compiler.catalog import Section
 
 if TYPE_CHECKING:
     from ..compiler.diagnostics import Diagnostic
-    from ..compiler.ir import JobIR
+    from ..compiler.ir import JobIR, TimeLimit
     from ..compiler.load import Sourced
     from ..compiler.spec import Spec
     from ..compiler.verl.check import Selection
@@ -90,6 +91,11 @@ class Target:  # compiler/catalog.py's Target: what the compiler asks of it
         """Texts of the target's section that expand on the nodes (their `${env:NAME}` must be set there)."""
         words = getattr(self._module("section"), "node_words", None) if self.has_section(spec) else None
         return words(spec) if words else []
+
+    def time_limit(self, spec: Spec) -> TimeLimit | None:
+        """How long one run may take, where the target's section says (its section.py's time_limit)."""
+        limit = getattr(self._module("section"), "time_limit", None) if self.has_section(spec) else None
+        return limit(spec) if limit else None
 
     def render(self, ir: JobIR) -> Bundle:
         return self._module("render").render(ir)

@@ -88,3 +88,30 @@ def test_no_target_is_named_outside_its_folder_in_the_compiler() -> None:
                                                      for c in [*node.comparators, node.left]):
                 found.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert not found, found
+
+
+def test_the_compiler_reads_no_targets_section_by_its_name() -> None:
+    """What the compiler needs of a target's section (its checks, node words, time limit) it asks the Catalog;
+    it never reads `spec.cluster.slurm`, `spec["kubernetes"]` or `.get("skypilot")` itself."""
+    from verlc.targets import CATALOG
+
+    names = {t.section.at[-1] for t in CATALOG.targets if t.section}
+    assert names >= {"slurm", "kubernetes"}
+    found = []
+    for path in sources("compiler"):
+        tree = ast.parse(path.read_text(), str(path))
+        called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}  # a method: `composer.compose()`
+        for node in ast.walk(tree):
+            keys = []
+            if isinstance(node, ast.Attribute) and id(node) not in called:
+                keys = [node.attr]
+            elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):  # import writes a section
+                keys = [node.slice]
+            elif isinstance(node, ast.Call) and (getattr(node.func, "attr", None) == "get"
+                                                 or getattr(node.func, "id", None) == "getattr"):
+                keys = node.args[:2]
+            words = [k if isinstance(k, str) else k.value for k in keys
+                     if isinstance(k, str) or (isinstance(k, ast.Constant) and isinstance(k.value, str))]
+            if names & set(words):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not found, found

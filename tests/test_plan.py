@@ -6,6 +6,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from conftest import run_verlc
 
 NODES, PER_NODE, TRAIN, N, MINI, MICRO, TP = 2, 8, 64, 4, 16, 2, 2
@@ -51,6 +53,8 @@ def test_the_plan_is_the_arithmetic_of_the_config_verl_runs_with(tmp_path: Path)
     assert f"at most 10 h per run (cluster.slurm.time 10:00:00) x {gpus} GPUs = {hours} GPU-hours; the sweep " \
            f"{hours * 2}" in text
     assert f"cost at 2.5 per GPU-hour: at most {2.5 * hours * 2:,.2f} ({2.5 * hours:,.2f} per run)" in text
+    # requeued (the default requeue_grace) up to max_requeues (3) times more, each attempt to the limit
+    assert f"up to {hours * 2 * 4:g} where all 3 retries (cluster.slurm.max_requeues) run to the limit too" in text
     # a spec with a problem gets the problem, not a plan
     (tmp_path / "bad.yaml").write_text(SPEC.replace(f"n: {N},", "n: four,"))
     bad = run_verlc("plan", "bad.yaml", cwd=tmp_path)
@@ -73,3 +77,22 @@ def test_the_plan_of_verls_sft_trainer_is_its_launch_and_its_batch_per_gpu(tmp_p
     assert lines[2] == "  step:     data.train_batch_size 96 samples, 12 per GPU, micro batch 4: 3 gradient-accumulation " \
                        "step(s)"
     assert not any(word in result.stdout for word in ("rollout", "actor", "critic"))
+
+
+@pytest.mark.parametrize(("slurm", "seconds", "retries"), [
+    ('time: "1-02:03:04", max_requeues: 1', ((24 + 2) * 60 + 3) * 60 + 4, 1),
+    ('time: "2-05"', (2 * 24 + 5) * 3600, 3),
+    ('time: "90"', 90 * 60, 3),  # minutes
+    ('time: "90:30", requeue_grace: null', 90 * 60 + 30, 0),  # minutes:seconds; never requeued
+    ("", None, None),
+])
+def test_the_time_limit_is_the_targets_own_reading_of_its_section(slurm: str, seconds: int | None,
+                                                                  retries: int | None, tmp_path: Path) -> None:
+    """compiler/plan.py reads the run's TimeLimit from the IR, which the slurm target's section gives it."""
+    from verlc.compiler.load import load
+    from verlc.compiler.validate import validate
+    from verlc.targets import CATALOG
+
+    (tmp_path / "spec.yaml").write_text(SPEC.replace(', time: "10:00:00"', slurm and f", {slurm}"))
+    limit = CATALOG.time_limit(validate(load(tmp_path / "spec.yaml"), CATALOG.spec))
+    assert (limit.seconds, limit.retries) == (seconds, retries) if limit else seconds is None

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, Strict
 
 from ...compiler.fields import Directive, Int, Model, Seconds, SlurmMem, SlurmTime, matching
+from ...compiler.ir import TimeLimit
+
+if TYPE_CHECKING:
+    from ...compiler.spec import Spec
 
 # sbatch --mail-type's events
 MailType = Literal["NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT", "TIME_LIMIT",
@@ -48,3 +52,25 @@ class Slurm(Model):
                                                    "lost node) before it fails instead; a requeue after a time "
                                                    "limit that the last attempt reached without saving a new "
                                                    "checkpoint is refused, since it would repeat the same steps.")
+
+
+def seconds(limit: str) -> int:
+    """A Slurm time limit (minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]]) in
+    seconds."""
+    days, _, rest = limit.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:
+        hours, minutes, secs = (parts + [0, 0])[:3]
+        return ((int(days) * 24 + hours) * 60 + minutes) * 60 + secs
+    if len(parts) == 3:
+        return (parts[0] * 60 + parts[1]) * 60 + parts[2]
+    return parts[0] * 60 + (parts[1] if len(parts) == 2 else 0)
+
+
+def time_limit(spec: Spec) -> TimeLimit | None:
+    """cluster.slurm.time; a requeued job (requeue_grace set) may run to it max_requeues times more."""
+    slurm = spec.cluster.slurm
+    if slurm is None or slurm.time is None:
+        return None
+    retries = slurm.max_requeues if slurm.requeue_grace is not None else 0
+    return TimeLimit(seconds(slurm.time), f"cluster.slurm.time {slurm.time}", retries, "cluster.slurm.max_requeues")

@@ -83,7 +83,7 @@ def plan(specs: Sequence[Path], profile: str | None = None) -> int:
 
 
 def _pipeline_hours(irs: list) -> dict[str, float]:
-    """Each pipeline's GPU-hours bound: the sum of its stages' (each bounded by its Slurm time, no requeue)."""
+    """Each pipeline's GPU-hours bound: the sum of its stages' (each bounded by its time limit, no retry)."""
     from ..compiler.plan import gpu_hours
 
     found: dict[str, float] = {}
