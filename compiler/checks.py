@@ -31,8 +31,9 @@ def check(spec: Spec, sourced: Sourced, release: Release, catalog: Catalog, targ
           max_variants: int = 1000) -> tuple[Diagnostic, ...]:
     """Raise SpecError with every problem found in `spec` (positions from `sourced`); return the notes
     (what verlc could not check and why). `targets`: those built, whose own build checks run."""
-    chosen = select(spec.verl, release, spec.hydra.config_name)
-    group_errors, notes, unchecked = check_groups(dict(spec.hydra.groups), spec.hydra.searchpath, release, sourced)
+    chosen = select(spec.verl, release, spec.hydra.config_name, spec.hydra.groups)
+    group_errors, notes, unchecked = check_groups(dict(spec.hydra.groups), spec.hydra.searchpath, release, sourced,
+                                                  chosen)
     unchecked += release.unchecked
     if isinstance(chosen, str):
         where = ("hydra", "config_name") if (spec.hydra.config_name or release.primary) not in release.configs \

@@ -70,7 +70,7 @@ def explain(key: str, catalog: Catalog, version: str | None = None, spec_path: P
         release = snapshot(version)
     every = walkers(release)
     if spec is not None:  # the spec's own trainer config and engine first
-        chosen = select(spec.verl, release, spec.hydra.config_name)
+        chosen = select(spec.verl, release, spec.hydra.config_name, spec.hydra.groups)
         assert not isinstance(chosen, str)
         every.sort(key=lambda w: (w.config, w.engine) != (chosen.config, chosen.engine))
     facts = describe_key(release, key, every)
@@ -151,7 +151,7 @@ def _unknown(key: str, release: Release, every: list[Walker]) -> str:
 
 
 def _origin(key: str, spec: Spec, sourced: Sourced, release: Release) -> Origin:
-    chosen = select(spec.verl, release, spec.hydra.config_name)
+    chosen = select(spec.verl, release, spec.hydra.config_name, spec.hydra.groups)
     assert not isinstance(chosen, str)
     from .lower import overrides
 

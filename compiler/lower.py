@@ -36,7 +36,7 @@ def lower(spec: Spec, release: Release, catalog: Catalog, *, spec_file: str, spe
           notes: tuple[str, ...] = (), targets: tuple[str, ...] = (), built: tuple[str, ...] = (),
           code: CodeIR | None = None, profile: tuple[str, str, str] | None = None) -> JobIR:
     """Resolve a checked spec into the IR every target renders from, with the parts of the `built` targets."""
-    chosen = select(spec.verl, release, spec.hydra.config_name)
+    chosen = select(spec.verl, release, spec.hydra.config_name, spec.hydra.groups)
     assert isinstance(chosen, Selection), "the checks refuse a spec whose verl config cannot be chosen"
     # verl's config as the trainer will see it: written into the bundle, and read for the rollout engine
     own = own_config(spec.program, release)  # one of verl's programs with its own config (SFT): not PPO's facts

@@ -236,7 +236,7 @@ def code_for(spec: Spec, sourced: Sourced, program: Program, root: Path, spec_pa
 
 def _named_files(spec: Spec, program: Program) -> list[tuple[str, tuple[str | int, ...]]]:
     """(relative path, where the spec says it) of each file a verl setting names in the run's code."""
-    chosen = select(spec.verl, program.release, spec.hydra.config_name)
+    chosen = select(spec.verl, program.release, spec.hydra.config_name, spec.hydra.groups)
     given = {s.key: s for s in settings(spec.verl, chosen.walker)} if not isinstance(chosen, str) else {}
     return [(relative, given[key].loc) for key, relative in named_files({k: s.value for k, s in given.items()}).items()]
 

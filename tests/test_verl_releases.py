@@ -559,3 +559,89 @@ def test_verls_generation_server_reads_what_verlc_says_in_each_release(version: 
     assert configs == {"ppo_trainer"} == {snapshot(version).programs[GENERATION_SERVER]}, (version, configs)
     chosen = select({}, snapshot(version), "ppo_trainer")
     assert "prompt_key" in chosen.tree["data"] and "output_path" not in chosen.tree["data"], version
+
+
+GROUP_CASES = 24  # (group choice, one of its keys) pairs per release, each set right and misspelled
+
+
+def group_corpus(version: str, tmp: Path) -> list[dict[str, Any]]:
+    """For each config of the release verlc composes (main_ppo's and each program's), each other option of a
+    group its defaults list chooses that the shipped schema composes: one leaf the option puts there, at its
+    own value and misspelled (sampled), and per config one group its defaults list does not choose."""
+    release = snapshot(version)
+    configs = {"ppo_trainer": "verl.trainer.main_ppo",
+               **{name: module for module, name in sorted(release.programs.items())
+                  if name in release.program_configs and (version, module) in SFT_PROGRAMS}}
+    pairs, refused = [], []
+    for config, module in configs.items():
+        engine = (release.configs.get(config) or release.program_configs[config])[0]
+        known = release.group_choices(config, engine)
+        base = tmp / "base.yaml"
+        base.write_text(json.dumps(_group_spec(version, module, config, {}, {})))
+        own = {o.key for o in compile_spec(base, CATALOG, display="base.yaml", source="base.yaml").overrides}
+        for key, entry in sorted(known.items()):
+            for option, ref in sorted(entry["options"].items()):
+                subtree = release.choice(config, engine, key, option) if ref is not None else None
+                if not isinstance(subtree, dict) or any(v == MISSING for _, v in leaves(subtree)):
+                    continue  # an abstract option (verl's base actor.yaml: strategy ???) leaves mandatory keys
+                simple = [(f"{entry['package']}.{k}", v) for k, v in leaves(subtree)
+                          if v is not None and v != MISSING and isinstance(v, (bool, int, float, str))
+                          and not (isinstance(v, str) and "${" in v)]
+                simple = [(k, v) for k, v in simple if k not in own and not any(r in k for r in RULED)]
+                if simple:
+                    leaf = random.Random(f"{version} {config} {key} {option}").choice(simple)
+                    pairs.append((config, module, engine, {key: option}, leaf))
+        unchosen = sorted(g for g in release.groups if "/" not in g and g not in known and g != "model_engine")
+        if known and unchosen:
+            refused.append((config, module, engine, {unchosen[0]: release.groups[unchosen[0]][0]}, None))
+    cases = []
+    for config, module, engine, groups, leaf in random.Random(version).sample(pairs, min(GROUP_CASES, len(pairs))):
+        wrong = leaf[0].rsplit(".", 1)
+        wrong[-1] += "x"
+        for flat in ({leaf[0]: leaf[1]}, {".".join(wrong): leaf[1]}):
+            cases.append({"config": config, "module": module, "engine": engine, "groups": groups, "flat": flat})
+    cases += [{"config": c, "module": m, "engine": e, "groups": g, "flat": {}} for c, m, e, g, _ in refused]
+    return cases
+
+
+def _group_spec(version: str, module: str, config: str, groups: dict[str, str], flat: dict[str, Any]
+                ) -> dict[str, Any]:
+    if module == "verl.trainer.main_ppo":
+        return {"name": "groups", "project": "p", "model": "m", "verl_version": version,
+                "hydra": {"config_name": config, "groups": groups}, "verl": nest(flat, baseline(version)),
+                "data": {"train_files": ["t.parquet"], "val_files": ["v.parquet"]},
+                "cluster": {"nodes": 1, "gpus_per_node": 8}}
+    return {**sft_spec(version, module, flat), "hydra": {"groups": groups}}
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_a_config_group_choice_is_composed_as_hydra_composes_it(tmp_path: Path, version: str) -> None:
+    """`hydra.groups` choosing another option of a group (verl's SFT examples: engine=megatron optim=megatron):
+    the keys that option brings are judged as verl judges them, Hydra composing the choice (the oracle), and a
+    group the config's defaults list does not choose is refused as Hydra refuses it."""
+    cases = group_corpus(version, tmp_path)
+    if not snapshot(version).groups:
+        assert not cases  # verl 0.3 has no config groups
+        return
+    assert len(cases) >= 4, f"too few group choices read from verl {version}'s configs"  # 0.5.0: 5
+    problems = []
+    for case in cases:
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(json.dumps(_group_spec(version, case["module"], case["config"], case["groups"], case["flat"])))
+        try:
+            compile_spec(spec, CATALOG, display="spec.yaml", source="spec.yaml")
+            problems.append([])
+        except SpecError as exc:
+            problems.append([f"{d.path}: {d.message}" for d in exc.diagnostics])
+        case.update(overrides=[f"{k}={hydra_value(verl_value(v))}" for k, v in case["flat"].items()],
+                    keys=list(case["flat"]), values=dict(case["flat"]), verlc=None,
+                    groups_argv=[f"{k}={o}" for k, o in case["groups"].items()])
+    verdicts = oracle(version, [{"config": c["config"], "engine": c["engine"], "overrides": c["overrides"],
+                                 "keys": c["keys"], "values": c["values"], "verlc": None,
+                                 "groups": c["groups_argv"]} for c in cases])
+    disagreements = [f"{c['groups']} {c['flat']}\n  verlc: {p or 'accepts'}\n  verl:  {v or 'accepts'}"
+                     for c, p, v in zip(cases, problems, verdicts) if bool(p) != bool(v)
+                     or (p and c["flat"] and not any(f"verl.{next(iter(c['flat']))}" in line for line in p))
+                     or (p and not c["flat"] and not any("hydra.groups." in line for line in p))]
+    print(f"verl {version}: {len(cases)} group cases, {sum(bool(v) for v in verdicts)} rejected by verl")
+    assert not disagreements, f"{len(disagreements)} of {len(cases)} cases:\n" + "\n".join(disagreements[:25])

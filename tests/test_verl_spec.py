@@ -180,14 +180,26 @@ def test_the_config_name_comes_first(tmp_path: Path) -> None:
     assert argv[:4] == ("python3", "-m", "verl.trainer.main_ppo", "--config-name=ppo_megatron_trainer")
 
 
-def test_a_swapped_group_is_a_note_and_live_mode_is_named(tmp_path: Path) -> None:
+def test_a_swapped_group_is_composed_and_a_plugins_group_is_a_note(tmp_path: Path) -> None:
+    """Another option of a group the config chooses is composed as Hydra composes it (its keys checked as the
+    rest); a plugin's option (on hydra.searchpath) is left to Hydra, with a note naming live mode."""
+    swap = {"groups": {"actor@actor_rollout_ref.actor": "megatron_actor"}}
     (tmp_path / "g.yaml").write_text(spec_text(
-        {"actor_rollout_ref": {"actor": {"some_megatron_key": 1}}}, "0.9.1",
-        hydra={"groups": {"actor@actor_rollout_ref.actor": "megatron_actor"}}))
+        {"actor_rollout_ref": {"actor": {"megatron": {"tensor_model_parallel_size": 2}}}}, "0.9.1", hydra=swap))
     result = run_verlc("validate", "g.yaml", cwd=tmp_path)
+    assert result.returncode == 0 and "note: keys under" not in result.stderr, result.stderr
+    (tmp_path / "typo.yaml").write_text(spec_text(
+        {"actor_rollout_ref": {"actor": {"megatron": {"tensor_model_paralel_size": 2}}}}, "0.9.1", hydra=swap))
+    result = run_verlc("validate", "typo.yaml", cwd=tmp_path)
+    assert result.returncode == 2 and "verl.actor_rollout_ref.actor.megatron.tensor_model_paralel_size: verl 0.9.1" \
+        in result.stderr and "did you mean 'tensor_model_parallel_size'?" in result.stderr, result.stderr
+    (tmp_path / "p.yaml").write_text(spec_text(
+        {"actor_rollout_ref": {"actor": {"some_plugin_key": 1}}}, "0.9.1",
+        hydra={"groups": {"actor@actor_rollout_ref.actor": "my_actor"}, "searchpath": ["pkg://my_plugin.config"]}))
+    result = run_verlc("validate", "p.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "g.yaml:7:20: hydra.groups.actor@actor_rollout_ref.actor: note: keys under verl.actor_rollout_ref.actor " \
-           "come from verl 0.9.1's 'actor/megatron_actor'" in result.stderr
+    assert "p.yaml:7:20: hydra.groups.actor@actor_rollout_ref.actor: note: keys under verl.actor_rollout_ref.actor " \
+           "come from a plugin's 'actor/my_actor'" in result.stderr
     assert "--verl-config live" in result.stderr
 
 

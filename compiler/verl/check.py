@@ -4,7 +4,7 @@ interpolations, then verl's consistency rules. Every problem is a positioned Dia
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -85,9 +85,10 @@ class Selection:
         return self.release.tree(self.config, self.engine)
 
 
-def select(verl: dict[str, Any], release: Release, config: str | None = None) -> Selection | str:
-    """The spec's trainer config (None: the program's own) and model_engine in this release, or a message
-    saying why not."""
+def select(verl: dict[str, Any], release: Release, config: str | None = None,
+           groups: Mapping[str, str] | None = None) -> Selection | str:
+    """The spec's trainer config (None: the program's own) and model_engine in this release, composed with
+    the config group choices (`hydra.groups`) the release's schema knows, or a message saying why not."""
     config = config or release.primary
     if config not in release.configs:
         return (f"{release.label} has no trainer config '{config}'; it has "
@@ -98,20 +99,31 @@ def select(verl: dict[str, Any], release: Release, config: str | None = None) ->
         if ENGINE_KEY in verl:
             return (f"{release.label} has no model_engine (it came in 0.7.1); choose the engine "
                     f"with its trainer config ({', '.join(release.configs)})")
-        return Selection(release, config, "")
+        return _composed(Selection(release, config, ""), groups or {})
     if not isinstance(engine, str) or engine not in engines:
         return (f"unknown model_engine {shown(engine)}; {release.label} has {', '.join(engines)}"
                 + did_you_mean(str(engine), engines))
-    return Selection(release, config, engine)
+    return _composed(Selection(release, config, engine), groups or {})
+
+
+def _composed(chosen: Selection, groups: Mapping[str, str]) -> Selection:
+    """`chosen` with each group choice it knows composed into its tree, as Hydra composes `key=option`."""
+    release, config, engine = chosen.release, chosen.config, chosen.engine
+    picks = {k: v for k, v in groups.items() if release.choice(config, engine, k, v) is not None}
+    return replace(chosen, release=release.with_choices(config, engine, picks)) if picks else chosen
 
 
 def check_groups(groups: dict[str, str], searchpath: tuple[str, ...], release: Release,
-                 sourced: Sourced) -> tuple[list[Diagnostic], list[Diagnostic], tuple[str, ...]]:
+                 sourced: Sourced, chosen: Selection | str
+                 ) -> tuple[list[Diagnostic], list[Diagnostic], tuple[str, ...]]:
     """(errors, notes, packages whose keys verlc cannot check) for the spec's config group choices.
 
-    The shipped schema holds each release's default composition: a group swapped for another option (or a
-    plugin's group) changes the keys below its package, which only Hydra can compose (--verl-config live)."""
+    The shipped schema holds each release's composition with every single other option of each group its
+    configs' defaults lists choose (`select` composes them); a choice it cannot compose alone (one that also
+    changes keys elsewhere, or a plugin's group) changes the keys below its package, which only Hydra can
+    compose (--verl-config live)."""
     errors, notes, unchecked = [], [], []
+    known = chosen.release.group_choices(chosen.config, chosen.engine) if isinstance(chosen, Selection) else {}
     for key, option in groups.items():
         group, _, package = key.partition("@")
         loc = ("hydra", "groups", key)
@@ -129,6 +141,16 @@ def check_groups(groups: dict[str, str], searchpath: tuple[str, ...], release: R
                                                   f"'{option}'; it has {', '.join(options)}"
                                              + did_you_mean(option, options)))
             continue
+        if known and key not in known and not searchpath and isinstance(chosen, Selection):
+            # Hydra overrides only a choice the defaults list makes ("Could not override ... No match")
+            errors.append(sourced.diagnostic(loc, f"{release.label}'s {chosen.config} does not choose the config "
+                                                  f"group '{key}' (Hydra overrides only what its defaults list "
+                                                  f"chooses: {', '.join(sorted(known))})"
+                                             + did_you_mean(key, sorted(known)), at_key=True))
+            continue
+        if isinstance(chosen, Selection) and chosen.release.choice(chosen.config, chosen.engine, key, option) \
+                is not None:
+            continue  # composed by select, checked as the rest of the config
         where = "a plugin's" if options is None or option not in options else f"{release.label}'s"
         unchecked.append(package)
         if release.source == "live":

@@ -2,6 +2,8 @@
 
 - the trainer configs (`ppo_trainer`, `ppo_megatron_trainer`), composed by Hydra for every
   `model_engine` choice, unresolved: keys, defaults, `???` for mandatory values, `_target_` names;
+- for each config and engine, each other option of every group its defaults list chooses (`optim`,
+  `actor@actor_rollout_ref.actor`, ...): what Hydra composes at the group's package with that choice;
 - the dataclasses the `_target_` names point at, read with `ast`: each field's type, so that types
   and openness come from what verl builds, not from what a YAML default happens to look like;
 - closed value sets, where the source states them (enums, `Literal` fields, `__post_init__` checks);
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import workers
+from .release import put
 
 TRAINER_CONFIGS = ("ppo_trainer", "ppo_megatron_trainer")
 SCALARS = {"int": "int", "float": "float", "bool": "bool", "str": "str"}
@@ -124,14 +127,60 @@ class _Composed(Mapping[str, dict[str, Any]]):
 
 
 def _compose_variants(config_dir: Path, name: str, lazy: bool) -> dict[str, Any]:
-    """{"default_engine": choice or "", "engines": {choice: composed tree}} ("" when there is no group)."""
+    """{"default_engine": choice or "", "engines": {choice: composed tree}} ("" when there is no group), and
+    (not `lazy`) "groups": {choice: the config's other group choices, see _group_choices}."""
     default = compose(config_dir, name, [])
     engine = default.get("model_engine")
     choices = sorted(p.stem for p in (config_dir / "model_engine").glob("*.yaml"))
     if not choices or not isinstance(engine, str):
-        return {"default_engine": "", "engines": {"": default}}
-    engines = _Composed(config_dir, name, choices, (engine, default))
-    return {"default_engine": engine, "engines": engines if lazy else dict(engines)}
+        variants = {"default_engine": "", "engines": {"": default}}
+    else:
+        engines = _Composed(config_dir, name, choices, (engine, default))
+        variants = {"default_engine": engine, "engines": engines if lazy else dict(engines)}
+    if not lazy:
+        variants["groups"] = {e: _group_choices(config_dir, name, e, tree) for e, tree in variants["engines"].items()}
+    return variants
+
+
+def _group_choices(config_dir: Path, name: str, engine: str, tree: dict[str, Any]) -> dict[str, Any]:
+    """The config groups the defaults list of `name` (with that model_engine) chooses, model_engine aside:
+    override key (`group@package`, as `--cfg job` shows them in hydra.runtime.choices) -> {"chosen": its
+    option, "package": the dotted key the option lands at, "options": {each other option: the subtree Hydra
+    composes there with `key=option`, or None where choosing it also changes keys elsewhere}}."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    base = [f"model_engine={engine}"] if engine else []
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        picked = hydra_compose(name, overrides=base, return_hydra_config=True).hydra.runtime.choices
+    out: dict[str, Any] = {}
+    for key, chosen in sorted(picked.items()):
+        if key.startswith("hydra/") or key == "model_engine" or not isinstance(chosen, str):
+            continue
+        group, _, package = key.partition("@")
+        package = package or group.replace("/", ".")
+        folder = (config_dir / group).resolve()
+        options: dict[str, Any] = {}
+        for option in sorted(p.stem for p in folder.glob("*.yaml") if p.stem != chosen):
+            try:
+                swapped = compose(config_dir, name, [*base, f"{key}={option}"])
+            except Exception:  # noqa: BLE001 - Hydra refuses this option here (its errors have no common base)
+                options[option] = None
+                continue
+            options[option] = _only_at(tree, swapped, package.split("."))
+        out[key] = {"chosen": chosen, "package": package, "options": options}
+    return out
+
+
+def _only_at(base: dict[str, Any], swapped: dict[str, Any], path: list[str]) -> Any:
+    """swapped's subtree at `path` where it differs from `base` nowhere else; None otherwise."""
+    node: Any = swapped
+    for part in path:
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node if put(base, path, node) == swapped else None
+
 
 
 def yaml_docs(config_dir: Path, variants: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:

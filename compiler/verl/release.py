@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -61,6 +61,10 @@ class Release:
     validated: bool = True  # the program runs verl's validate_config (main_ppo does): its consistency rules apply
     programs: Mapping[str, str] = field(default_factory=dict)  # verl's own Hydra programs -> their config
     program_configs: Mapping[str, tuple[str, Mapping[str, Any]]] = field(default_factory=dict)  # not main_ppo's
+    # config name -> engine -> the config groups its defaults list chooses (extract._group_choices), each other
+    # option's subtree kept interned in `nodes` and built only when a spec chooses it
+    choices: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
+    nodes: Sequence[Mapping[str, Any]] = ()
 
     @property
     def label(self) -> str:
@@ -86,6 +90,52 @@ class Release:
 
     def tree(self, config: str, engine: str) -> dict[str, Any]:
         return self.configs[config][1][engine]
+
+    def group_choices(self, config: str, engine: str) -> Mapping[str, Any]:
+        """The groups `config`'s defaults list chooses with that engine: override key -> {"chosen": option,
+        "package": dotted key, "options": {other option: interned subtree, or None}}; empty where the schema
+        does not know them (live, or a schema written before they were)."""
+        return self.choices.get(config, {}).get(engine, {})
+
+    def choice(self, config: str, engine: str, key: str, option: str) -> dict[str, Any] | None:
+        """What `key=option` puts at its package (the default option: the config's own subtree there), or None
+        where verlc cannot compose that choice alone (Hydra can)."""
+        entry = self.group_choices(config, engine).get(key)
+        if entry is None:
+            return None
+        if option == entry["chosen"]:
+            node: Any = self.tree(config, engine)
+            for part in entry["package"].split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            return node
+        ref = entry["options"].get(option)
+        return _build(ref, self.nodes) if ref is not None else None
+
+    def with_choices(self, config: str, engine: str, picks: Mapping[str, str]) -> Release:
+        """This release with `config`'s tree for `engine` composed with the group choices `picks` (each one
+        `choice` knows), the outer packages first."""
+        tree = self.tree(config, engine)
+        entries = self.group_choices(config, engine)
+        for key in sorted(picks, key=lambda k: (entries[k]["package"].count("."), k)):
+            node = self.choice(config, engine, key, picks[key])
+            tree = put(tree, entries[key]["package"].split("."), node)
+        default, engines = self.configs[config]
+        return replace(self, configs={**self.configs, config: (default, {**engines, engine: tree})})
+
+
+def _build(value: Any, nodes: Sequence[Mapping[str, Any]]) -> Any:
+    """An interned value (pack's {"&": i} references) as plain data, each mapping its own object."""
+    if isinstance(value, dict):
+        return {k: _build(v, nodes) for k, v in nodes[value[REF]].items()}
+    if isinstance(value, list):
+        return [_build(v, nodes) for v in value]
+    return value
+
+
+def put(tree: dict[str, Any], path: list[str], value: Any) -> dict[str, Any]:
+    """A copy of `tree` with `value` at `path` (the mappings on the way copied, the rest shared)."""
+    head, *rest = path
+    return {**tree, head: put(tree.get(head) or {}, rest, value) if rest else value}
 
 
 @cache
@@ -131,6 +181,8 @@ def from_data(version: str, data: dict[str, Any], source: str, commit: str | Non
         startup=data.get("startup", {}),
         programs=data.get("programs", {}),
         program_configs={name: (c["default_engine"], c["engines"]) for name, c in data.get("program_configs", {}).items()},
+        choices=data.get("choices", {}),
+        nodes=data.get("nodes", ()),
     )
 
 
@@ -173,7 +225,13 @@ def pack(version: str, data: dict[str, Any]) -> bytes:
                 for name, c in configs.items()}
 
     configs = interned(data["configs"])
-    doc = {"verl_version": version, "configs": configs, "programs": data["programs"],
+    # every config's group choices: each other option's subtree interned with the trees (unpack leaves them so)
+    choices = {name: {e: {key: {**entry, "options": {o: None if t is None else intern(t)
+                                                     for o, t in entry["options"].items()}}
+                          for key, entry in groups.items()}
+                      for e, groups in c.get("groups", {}).items()}
+               for name, c in {**data["configs"], **data["program_configs"]}.items()}
+    doc = {"verl_version": version, "configs": configs, "choices": choices, "programs": data["programs"],
            "program_configs": interned(data["program_configs"]), "nodes": nodes, "groups": data["groups"],
            "targets": data["targets"], "classes": data["classes"], "allowed": data["allowed"],
            "worker_allowed": data["worker_allowed"], "startup": data["startup"]}
@@ -185,15 +243,9 @@ def unpack(doc: dict[str, Any]) -> dict[str, Any]:
     that edits one engine's tree, or one of two equal sections, must not edit the other)."""
     nodes = doc["nodes"]
 
-    def build(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: build(v) for k, v in nodes[value[REF]].items()}
-        if isinstance(value, list):
-            return [build(v) for v in value]
-        return value
-
     def built(configs: dict[str, Any]) -> dict[str, Any]:
-        return {name: {"default_engine": c["default_engine"], "engines": {e: build(t) for e, t in c["engines"].items()}}
+        return {name: {"default_engine": c["default_engine"],
+                       "engines": {e: _build(t, nodes) for e, t in c["engines"].items()}}
                 for name, c in configs.items()}
 
     return {
@@ -203,4 +255,5 @@ def unpack(doc: dict[str, Any]) -> dict[str, Any]:
         "groups": doc["groups"], "targets": doc["targets"], "classes": doc["classes"], "allowed": doc["allowed"],
         "worker_allowed": doc.get("worker_allowed", {}),
         "startup": doc.get("startup", {}),
+        "choices": doc.get("choices", {}), "nodes": nodes,  # the choices' subtrees: built when chosen
     }
