@@ -466,6 +466,7 @@ exec sleep 600
 """
 
 
+@pytest.mark.machine  # its own Ray cluster: beside another test's Ray, default ports clash
 def test_torchrun_on_every_node_runs_each_nodes_rank_and_one_failure_stops_them_all(tmp_path: Path) -> None:
     """The runtime's train stage of a torchrun program on 2 nodes (protocol.Job.every_node), on a real Ray
     cluster of two nodes on this host: rank 0 runs where the runtime runs, rank 1 as a Ray task on the other
@@ -481,10 +482,10 @@ def test_torchrun_on_every_node_runs_each_nodes_rank_and_one_failure_stops_them_
     common = ["--node-ip-address=127.0.0.1", "--num-gpus=2", "--num-cpus=1", f"--temp-dir={temp}",
               "--disable-usage-stats"]
     try:
-        subprocess.run([str(BIN / "ray"), "start", "--head", f"--port={port}", "--include-dashboard=false", *common],
-                       check=True, capture_output=True, env=env, timeout=120)
-        subprocess.run([str(BIN / "ray"), "start", f"--address=127.0.0.1:{port}", *common],
-                       check=True, capture_output=True, env=env, timeout=120)
+        for start in (["--head", f"--port={port}", "--include-dashboard=false"], [f"--address=127.0.0.1:{port}"]):
+            up = subprocess.run([str(BIN / "ray"), "start", *start, *common], capture_output=True, text=True,
+                                env=env, timeout=120)
+            assert up.returncode == 0, up.stdout + up.stderr
         train = ("import os, sys\nfrom verlc.targets import runtime\n"
                  "sys.exit(runtime.train(['torchrun', '--nnodes=2', '--nproc_per_node=2', '-m', 'verl.trainer.sft_"
                  "trainer'], dict(os.environ), 300, os.environ['RAY_ADDRESS'], nodes=2))\n")
