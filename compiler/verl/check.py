@@ -109,7 +109,7 @@ def select(verl: dict[str, Any], release: Release, config: str | None = None,
 def _composed(chosen: Selection, groups: Mapping[str, str]) -> Selection:
     """`chosen` with each group choice it knows composed into its tree, as Hydra composes `key=option`."""
     release, config, engine = chosen.release, chosen.config, chosen.engine
-    picks = {k: v for k, v in groups.items() if release.choice(config, engine, k, v) is not None}
+    picks = {k: v for k, v in groups.items() if release.composes(config, engine, k, v)}
     return replace(chosen, release=release.with_choices(config, engine, picks)) if picks else chosen
 
 
@@ -141,15 +141,14 @@ def check_groups(groups: dict[str, str], searchpath: tuple[str, ...], release: R
                                                   f"'{option}'; it has {', '.join(options)}"
                                              + did_you_mean(option, options)))
             continue
-        if known and key not in known and not searchpath and isinstance(chosen, Selection):
+        if known and key not in known and not searchpath:
             # Hydra overrides only a choice the defaults list makes ("Could not override ... No match")
             errors.append(sourced.diagnostic(loc, f"{release.label}'s {chosen.config} does not choose the config "
                                                   f"group '{key}' (Hydra overrides only what its defaults list "
                                                   f"chooses: {', '.join(sorted(known))})"
                                              + did_you_mean(key, sorted(known)), at_key=True))
             continue
-        if isinstance(chosen, Selection) and chosen.release.choice(chosen.config, chosen.engine, key, option) \
-                is not None:
+        if isinstance(chosen, Selection) and chosen.release.composes(chosen.config, chosen.engine, key, option):
             continue  # composed by select, checked as the rest of the config
         where = "a plugin's" if options is None or option not in options else f"{release.label}'s"
         unchecked.append(package)

@@ -182,7 +182,6 @@ def _only_at(base: dict[str, Any], swapped: dict[str, Any], path: list[str]) -> 
     return node if put(base, path, node) == swapped else None
 
 
-
 def yaml_docs(config_dir: Path, variants: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
     """Dotted key -> the comment verl's YAML files write for it, over every trainer config and engine.
 

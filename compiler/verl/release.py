@@ -97,6 +97,11 @@ class Release:
         does not know them (live, or a schema written before they were)."""
         return self.choices.get(config, {}).get(engine, {})
 
+    def composes(self, config: str, engine: str, key: str, option: str) -> bool:
+        """Whether `choice` knows what `key=option` puts at its package (nothing is built to answer)."""
+        entry = self.group_choices(config, engine).get(key)
+        return entry is not None and (option == entry["chosen"] or entry["options"].get(option) is not None)
+
     def choice(self, config: str, engine: str, key: str, option: str) -> dict[str, Any] | None:
         """What `key=option` puts at its package (the default option: the config's own subtree there), or None
         where verlc cannot compose that choice alone (Hydra can)."""
