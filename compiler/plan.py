@@ -2,8 +2,9 @@
 
 GPUs per role, the rollout's replicas and their parallelism, each role's batch arithmetic per GPU, a sweep's
 variants, and GPU-hours (and a cost, where the cluster's gpu_hour_price is given) bounded by the run's time
-limit (a target's: compiler/ir.py's TimeLimit). Everything is read from the config verl will run with (the IR's verl_config, interpolations resolved
-as verl resolves them) and the normalized spec; nothing is guessed: where verlc cannot know, it says so.
+limit (a target's: compiler/ir.py's TimeLimit). Everything is read from the config verl will run with (the
+IR's verl_config, interpolations resolved as verl resolves them) and the normalized spec; nothing is guessed:
+where verlc cannot know, it says so.
 """
 
 from __future__ import annotations

@@ -87,14 +87,18 @@ class Target:  # compiler/catalog.py's Target: what the compiler asks of it
         """This target's part of the IR (`ir.part(name)` in its render and launcher)."""
         return self._module("lower").lower(spec, ir)
 
+    def _section_function(self, name: str, spec: Spec) -> Any:
+        """section.py's optional function `name`, where the spec writes the section (else None)."""
+        return getattr(self._module("section"), name, None) if self.has_section(spec) else None
+
     def node_words(self, spec: Spec) -> list[str]:
         """Texts of the target's section that expand on the nodes (their `${env:NAME}` must be set there)."""
-        words = getattr(self._module("section"), "node_words", None) if self.has_section(spec) else None
+        words = self._section_function("node_words", spec)
         return words(spec) if words else []
 
     def time_limit(self, spec: Spec) -> TimeLimit | None:
         """How long one run may take, where the target's section says (its section.py's time_limit)."""
-        limit = getattr(self._module("section"), "time_limit", None) if self.has_section(spec) else None
+        limit = self._section_function("time_limit", spec)
         return limit(spec) if limit else None
 
     def render(self, ir: JobIR) -> Bundle:
