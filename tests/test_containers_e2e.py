@@ -184,6 +184,8 @@ def test_scancel_after_bring_up_removes_the_containers_and_keeps_rays_logs(slurm
     job = submit(script, tmp_path, "preflight", {**engine, "VERLC_PAUSE_AT": "data"})
     log = tmp_path / f"slurm-{job}.out"
     wait_for(lambda: log.exists() and "paused at data" in log.read_text(), 180, "bring-up to reach the data stage")
+    # the running containers hold their step locks by the files' inodes: no file is left for a KILL to strand
+    assert sorted(glob.glob(f"/tmp/verlc-step-{job}-*.lock")) == []
     subprocess.run(["scancel", job], check=True)
     wait_for(lambda: job_state(job) == "CANCELLED", 60, "the job to be cancelled")
     wait_for(lambda: "exit code 143" in log.read_text(), 120, "the cleanup trap to finish")

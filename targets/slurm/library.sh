@@ -142,12 +142,17 @@ run_container() {
   exit $((rc ? rc : 1))
 }
 
-# container_ready: wait until this node's container runs commands
+# container_ready: wait until this node's container runs commands; then its step lock's file has done its
+# part (the container has it mounted) and goes: the lock lives on in the file's inode, which the container
+# and run_container's task hold, and nothing is left in /tmp however the step ends later (a scancel's KILL)
 container_ready() {
   in_container "$SLURMD_NODENAME"
+  local step_lock='' container_run=() container_remove=() container_check=()
+  container_commands
   until "${exec_prefix[@]}" true </dev/null 2>/dev/null; do
     sleep 1
   done
+  rm -f "$step_lock"
 }
 
 # await_ray_logs: where Ray ran in this node's container, give it logs_wait s to stop and keep its logs

@@ -257,12 +257,17 @@ run_container() {
   exit $((rc ? rc : 1))
 }
 
-# container_ready: wait until this node's container runs commands
+# container_ready: wait until this node's container runs commands; then its step lock's file has done its
+# part (the container has it mounted) and goes: the lock lives on in the file's inode, which the container
+# and run_container's task hold, and nothing is left in /tmp however the step ends later (a scancel's KILL)
 container_ready() {
   in_container "$SLURMD_NODENAME"
+  local step_lock='' container_run=() container_remove=() container_check=()
+  container_commands
   until "${exec_prefix[@]}" true </dev/null 2>/dev/null; do
     sleep 1
   done
+  rm -f "$step_lock"
 }
 
 # await_ray_logs: where Ray ran in this node's container, give it logs_wait s to stop and keep its logs
@@ -767,7 +772,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 5e5cf0b83d786753553593b552e6ac282c0a010e89fcfbb84f8866ba9e696bb6:
+# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 5a888ead44acf811eb7ae79f7382f5a98866040bb54ca4eb144a8f57e6c46581:
 # what every verlc bundle runs on the cluster (the others ship them as verlc_job/protocol.py and
 # verlc_job/__init__.py, after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -2194,13 +2199,16 @@ class OtherNodes:
         self.stop()
         return "; ".join(problems) or None
 
-    def stop(self) -> None:
-        """Cancel the torchrun of every node still running (each task then stops its trainer)."""
+    def stop(self, within: float = 30) -> None:
+        """Cancel the torchrun of every node still running, and wait up to `within` s for Ray to end those
+        tasks (each task's end stops its trainer): cancelling only asks."""
         for ref in self.pending:
             try:
                 self.ray.cancel(ref, force=True)
             except Exception:  # already ended
                 pass
+        if self.pending:
+            self.ray.wait(self.pending, num_returns=len(self.pending), timeout=within)
         self.pending = []
 
 

@@ -1193,13 +1193,16 @@ class OtherNodes:
         self.stop()
         return "; ".join(problems) or None
 
-    def stop(self) -> None:
-        """Cancel the torchrun of every node still running (each task then stops its trainer)."""
+    def stop(self, within: float = 30) -> None:
+        """Cancel the torchrun of every node still running, and wait up to `within` s for Ray to end those
+        tasks (each task's end stops its trainer): cancelling only asks."""
         for ref in self.pending:
             try:
                 self.ray.cancel(ref, force=True)
             except Exception:  # already ended
                 pass
+        if self.pending:
+            self.ray.wait(self.pending, num_returns=len(self.pending), timeout=within)
         self.pending = []
 
 
