@@ -795,7 +795,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 5a888ead44acf811eb7ae79f7382f5a98866040bb54ca4eb144a8f57e6c46581:
+# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 d6563bf8755172ce456927e709223fb4dbef2c053518ff5b5d608bcd2e5dfcc1:
 # what every verlc bundle runs on the cluster (the others ship them as verlc_job/protocol.py and
 # verlc_job/__init__.py, after their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -2230,7 +2230,7 @@ class OtherNodes:
                 self.ray.cancel(ref, force=True)
             except Exception:  # already ended
                 pass
-        if self.pending:
+        if self.pending and within:
             self.ray.wait(self.pending, num_returns=len(self.pending), timeout=within)
         self.pending = []
 
@@ -2290,8 +2290,8 @@ def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | 
             os.killpg(proc.pid, signum)
         except ProcessLookupError:
             pass
-        if others:
-            others.stop()
+        if others:  # the job is ending (scancel, a time limit): every node's Ray is being stopped too
+            others.stop(within=0)
         sys.exit(128 + signum)
 
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -1201,7 +1201,7 @@ class OtherNodes:
                 self.ray.cancel(ref, force=True)
             except Exception:  # already ended
                 pass
-        if self.pending:
+        if self.pending and within:
             self.ray.wait(self.pending, num_returns=len(self.pending), timeout=within)
         self.pending = []
 
@@ -1261,8 +1261,8 @@ def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | 
             os.killpg(proc.pid, signum)
         except ProcessLookupError:
             pass
-        if others:
-            others.stop()
+        if others:  # the job is ending (scancel, a time limit): every node's Ray is being stopped too
+            others.stop(within=0)
         sys.exit(128 + signum)
 
     for signum in (signal.SIGTERM, signal.SIGINT):
