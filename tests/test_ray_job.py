@@ -500,10 +500,10 @@ def test_torchrun_on_every_node_runs_each_nodes_rank_and_one_failure_stops_them_
             run = subprocess.run([sys.executable, "-c", train], capture_output=True, text=True, timeout=240,
                                  env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}"})
             pids = {p.name: int(p.read_text()) for p in tmp_path.glob("pid-*")}
-            gone_by = time.monotonic() + 5  # the runtime has waited for the tasks' end; their trainers' TERM is
-            while (left := {name: pid for name, pid in pids.items() if Path(f"/proc/{pid}").exists()}) \
-                    and time.monotonic() < gone_by:  # on its way
+            left, gone_by = dict(pids), time.monotonic() + 5  # the runtime saw the tasks end; TERM is on its way
+            while left and time.monotonic() < gone_by:
                 time.sleep(0.2)
+                left = {name: pid for name, pid in left.items() if Path(f"/proc/{pid}").exists()}
             runs[case] = (run, time.monotonic() - started, sorted(pids), left)
     finally:
         stop_by_pid(temp)
