@@ -196,7 +196,7 @@ def main() -> int:
         pinned = tmp / "dapo-at-checkout.yaml"
         cache_env = {"XDG_CACHE_HOME": str(tmp / "cache")}
         extract_once = 0.0
-        unseen = recipes and not args.quick  # reading a commit costs about 95 s here (test_programs reads one too)
+        unseen = recipes and not args.quick  # reading a commit costs about 75 s here (test_programs reads one too)
         if unseen:
             checkout = make("verl-bcb6386-recipe", REPO / "checkouts")
             head = run("git", "-C", checkout, "rev-parse", "HEAD").stdout.strip()

@@ -69,6 +69,28 @@ def test_every_shipped_schema_is_what_its_release_says() -> None:
         assert f"compiler/verl/schemas/{commit}.json.gz: matches verl {commit[:12]}'s own files\n" in result.stdout
 
 
+def test_hydra_parses_each_file_once_and_sees_an_edited_one(tmp_path: Path) -> None:
+    """Reading a release or a commit composes its configs hundreds of times; each YAML file is parsed once per
+    process, and every composition still gets what Hydra alone composes from the files as they are."""
+    from omegaconf import OmegaConf
+
+    from verlc.compiler.verl import extract
+
+    (tmp_path / "optim").mkdir()
+    (tmp_path / "trainer.yaml").write_text("defaults:\n  - optim: adam\n  - _self_\nsteps: 1\n")
+    (tmp_path / "optim" / "adam.yaml").write_text("lr: 0.1\nbetas: [0.9, 0.99]\n")
+    (tmp_path / "optim" / "sgd.yaml").write_text("lr: 0.5\n")
+    shipped = vars(OmegaConf)["load"]
+    assert extract.compose(tmp_path, "trainer", []) == {"optim": {"lr": 0.1, "betas": [0.9, 0.99]}, "steps": 1}
+    assert extract.compose(tmp_path, "trainer", ["optim=sgd", "steps=2"]) == {"optim": {"lr": 0.5}, "steps": 2}
+    assert extract.compose(tmp_path, "trainer", ["optim.lr=0.3"])["optim"] == {"lr": 0.3, "betas": [0.9, 0.99]}
+    parsed = sorted(Path(key[0]).name for key in extract._PARSED if key[0].startswith(str(tmp_path.resolve())))
+    assert parsed == ["adam.yaml", "sgd.yaml", "trainer.yaml"]  # three files parsed once each, over three compositions
+    (tmp_path / "optim" / "adam.yaml").write_text("lr: 0.25\n")  # an edited file is parsed again
+    assert extract.compose(tmp_path, "trainer", [])["optim"] == {"lr": 0.25}
+    assert vars(OmegaConf)["load"] is shipped  # OmegaConf as it was, outside the compositions
+
+
 def test_live_reads_the_installed_verl_as_the_snapshot_does() -> None:
     from verlc.compiler.verl.release import live, snapshot
 
