@@ -271,6 +271,9 @@ def test_a_commit_is_read_from_its_checkout_once_then_cached(checkouts: Path, tm
     first, second = validate(), validate()
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     assert f"reading verl {commit[:12]}" in first.stderr
+    # progress on what can take a minute: each trainer config, once composed, with the time so far
+    assert re.search(rf"verlc: verl {commit[:12]}: ppo_trainer composed \((\d+ model_engine choices, )?\d+ other "
+                     r"group options\) after \d+ s\n", first.stderr), first.stderr
     assert "reading verl" not in second.stderr
     cached = list((commit_cache / "verlc" / "verl-commits").glob(f"{commit}-*.json.gz"))
     assert len(cached) == 1

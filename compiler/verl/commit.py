@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import zlib
 from functools import cache
 from importlib import resources
@@ -120,8 +121,14 @@ def extract_commit(checkout: Path, commit: str) -> bytes:
         version_file = package / "version" / "version"
         version = version_file.read_text().strip() if version_file.is_file() else "0+unknown"
         version = re.sub(r"\.dev$", ".dev0", version)  # as pip reports it (PEP 440's normal form)
+        started = time.monotonic()
+
+        def progress(done: str) -> None:
+            print(f"verlc: verl {commit[:12]}: {done} after {time.monotonic() - started:.0f} s", file=sys.stderr,
+                  flush=True)
+
         try:
-            data = extract(package, all_classes=True)
+            data = extract(package, all_classes=True, progress=progress)
         except Exception as exc:
             raise CommitError(f"verl {commit[:12]}'s config does not compose: {' '.join(str(exc).split())}") from None
     return pack(version, data)

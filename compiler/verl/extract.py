@@ -20,7 +20,7 @@ import ast
 import copy
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,26 +35,28 @@ DICTS = {"dict", "Dict", "Mapping", "MutableMapping", "DictConfig"}
 ANY = {"Any", "object"}
 
 
-def extract(package: Path, *, lazy: bool = False, all_classes: bool = False) -> dict[str, Any]:
+def extract(package: Path, *, lazy: bool = False, all_classes: bool = False,
+            progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The schema data of the verl package at `package` (the folder holding verl/__init__.py).
 
     `lazy`: compose each model_engine's config only when it is first asked for (`--verl-config live`
     needs one; the shipped schemas hold them all). `all_classes`: keep every dataclass, not only those
-    verl's own configs reach (a commit's schema: a recipe's config may name any of them)."""
+    verl's own configs reach (a commit's schema: a recipe's config may name any of them). `progress` is told
+    each config once it is composed (with every engine and group option, a minute's work on 2 cores)."""
     config_dir = package / "trainer" / "config"
     classes, source = read_dataclasses(package)
     configs: dict[str, Any] = {}
     for name in TRAINER_CONFIGS:
         if (config_dir / f"{name}.yaml").exists():
-            configs[name] = _compose_variants(config_dir, name, lazy)
+            configs[name] = _compose_variants(config_dir, name, lazy, progress)
     written = sorted({m[1] for path in config_dir.rglob("*.yaml")
                       for m in _TARGET.finditer(path.read_text(encoding="utf-8", errors="replace"))})
     targets = {t: q for t in written if (q := source.target(t)) in classes}
     used = {q: info for q, info in sorted(classes.items())
             if all_classes or _used(q, set(targets.values()), classes)}
     programs = verl_programs(package)
-    program_configs = {name: _compose_variants(config_dir, name, lazy) for name in sorted(set(programs.values()))
-                       if name not in configs}
+    program_configs = {name: _compose_variants(config_dir, name, lazy, progress)
+                       for name in sorted(set(programs.values())) if name not in configs}
     return {
         "configs": configs,
         "programs": programs,
@@ -165,7 +167,8 @@ class _Composed(Mapping[str, dict[str, Any]]):
         return len(self._choices)
 
 
-def _compose_variants(config_dir: Path, name: str, lazy: bool) -> dict[str, Any]:
+def _compose_variants(config_dir: Path, name: str, lazy: bool,
+                      progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """{"default_engine": choice or "", "engines": {choice: composed tree}} ("" when there is no group), and
     (not `lazy`) "groups": {choice: the config's other group choices, see _group_choices}."""
     default = compose(config_dir, name, [])
@@ -178,6 +181,11 @@ def _compose_variants(config_dir: Path, name: str, lazy: bool) -> dict[str, Any]
         variants = {"default_engine": engine, "engines": engines if lazy else dict(engines)}
     if not lazy:
         variants["groups"] = {e: _group_choices(config_dir, name, e, tree) for e, tree in variants["engines"].items()}
+    if progress:
+        options = sum(len(group["options"]) for groups in variants.get("groups", {}).values()
+                      for group in groups.values())
+        engines = [f"{len(variants['engines'])} model_engine choices"] if variants["default_engine"] else []
+        progress(f"{name} composed ({', '.join([*engines, f'{options} other group options'])})")
     return variants
 
 
