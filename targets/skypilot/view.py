@@ -14,7 +14,7 @@ from ...compiler.derive import tracker_env
 from ...compiler.ir import JobIR
 from ..bundle import header_lines
 from ..job_package import PACKAGE
-from ..protocol import RUNNER_STAGES
+from ..protocol import RUNNER_STAGES, STOP_AFTER
 from .lower import SkyIR
 
 HELPER_DIR = "/opt/verlc"  # ./verlc_job is mounted at HELPER_DIR/verlc_job on every node
@@ -62,7 +62,7 @@ def task(ir: JobIR, k: SkyIR, run: str) -> dict[str, Any]:
     mounts: dict[str, Any] = {b.path: {"source": b.source, "mode": b.mode} for b in k.buckets}
     mounts[f"{HELPER_DIR}/{PACKAGE}"] = f"./{PACKAGE}"
     out: dict[str, Any] = {"name": ir.name, "num_nodes": ir.nodes, "resources": resources,
-                           "envs": {**{e.name: e.value.display for e in ir.env}, "VERLC_STOP_AFTER": "train",
+                           "envs": {**{e.name: e.value.display for e in ir.env}, STOP_AFTER: RUNNER_STAGES[-1],
                                     "VERLC_VARIANT": ""}}
     if ir.secrets:
         out["secrets"] = {name: None for name in ir.secrets}  # values: `sky ... --secret NAME`, from the shell

@@ -3,7 +3,7 @@
 # Do not edit: change the spec and run `verlc build` again.
 #
 # Submit:  sbatch sbatch.sh
-# Stages:  containers -> ray -> data -> preflight -> train. To run only the first ones, e.g. bring-up
+# Stages:  containers ray data preflight train, in order. To run only the first ones, e.g. bring-up
 #          and checks without training:  VERLC_STOP_AFTER=preflight sbatch sbatch.sh
 # Logs:    Slurm opens the log files before this script runs and does not create their folder; where
 #          you run sbatch, first:  mkdir -p logs
