@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 from .verl.workers import Need
@@ -281,7 +282,7 @@ class JobIR:
         assert target in found, f"the {target} target was not lowered for this spec (build it with --target)"
         return found[target]
 
-    @property
+    @cached_property  # asked for each variant: once per job, not once per variant over every variant
     def varied_keys(self) -> tuple[str, ...]:
         """The verl keys some variant of a sweep sets differently from the base run."""
         return tuple(sorted({o.key for v in self.variants for o in v.overrides}))

@@ -576,8 +576,19 @@ def all_keys(tree: dict[str, Any], prefix: str = "") -> Iterator[str]:
             yield from all_keys(value, path)
 
 
+_KEYS: dict[int, tuple[dict[str, Any], tuple[str, ...]]] = {}  # id(tree) -> (that tree, its keys)
+
+
+def tree_keys(tree: dict[str, Any]) -> tuple[str, ...]:
+    """all_keys(tree), listed once per tree: a sweep checks every variant against the same composed config."""
+    known = _KEYS.get(id(tree))
+    if known is None or known[0] is not tree:
+        known = _KEYS[id(tree)] = (tree, tuple(all_keys(tree)))
+    return known[1]
+
+
 def _mandatory(config: Config, chosen: Selection, sourced: Sourced) -> Iterator[Diagnostic]:
-    for key in all_keys(chosen.tree):
+    for key in tree_keys(chosen.tree):
         if config.get(key) != MISSING:
             continue
         parts = key.split(".")
