@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .diagnostics import Diagnostic, SpecError
 from .derive import (
-    checkpoint_dir, critic_in_use, derived, derived_environment, own_checkpoint_dir, rollout_pool, strings_in,
-    variant_specs,
+    HCCL_PORTS, checkpoint_dir, critic_in_use, derived, derived_environment, hccl_picks_ports, own_checkpoint_dir,
+    rollout_pool, strings_in, variant_specs,
 )
 from .ir import parse_word
 from .overrides import device_defaults, verl_values
@@ -17,9 +18,11 @@ from .load import Sourced
 from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, image_file, is_hub_id
 from .verl import determinism, preprocess
 from .verl.check import NOTE, Selection, Setting, check_groups, check_verl, select, settings, without_prefixes
-from .verl.hydra import hydra_value, shown
+from .services import check_references, tool_config_problems, word_problems
+from .verl.hydra import SERVICE_REFERENCE, hydra_value, shown
 from .verl.program import GENERATION_SERVER, RAY_PROGRAMS, TORCHRUN, own_config
 from .verl.release import Release
+from .verl.workers import external_modules, with_external
 
 if TYPE_CHECKING:
     from .catalog import Catalog
@@ -28,9 +31,12 @@ _SECRET_NAME = re.compile(r"(?i).*(_KEY|_TOKEN|_SECRET|PASSWORD|PASSWD).*")
 
 
 def check(spec: Spec, sourced: Sourced, release: Release, catalog: Catalog, targets: Iterable[str] = (),
-          max_variants: int = 1000) -> tuple[Diagnostic, ...]:
+          max_variants: int = 1000, code: Path | None = None) -> tuple[Diagnostic, ...]:
     """Raise SpecError with every problem found in `spec` (positions from `sourced`); return the notes
-    (what verlc could not check and why). `targets`: those built, whose own build checks run."""
+    (what verlc could not check and why). `targets`: those built, whose own build checks run; `code`: the
+    run's code folder, where verlc reads the modules the run's VERL_USE_EXTERNAL_MODULES names."""
+    if "VERL_USE_EXTERNAL_MODULES" in spec.env:  # modules verl imports as it loads may add to its registries
+        release = with_external(release, external_modules(str(spec.env["VERL_USE_EXTERNAL_MODULES"]), code))
     chosen = select(spec.verl, release, spec.hydra.config_name, spec.hydra.groups)
     group_errors, notes, unchecked = check_groups(dict(spec.hydra.groups), spec.hydra.searchpath, release, sourced,
                                                   chosen)
@@ -49,6 +55,9 @@ def check(spec: Spec, sourced: Sourced, release: Release, catalog: Catalog, targ
         *verl_problems,
         *_words(spec, sourced),
         *_env(spec, sourced),
+        *check_references(spec, sourced),
+        *word_problems(spec, sourced),
+        *tool_config_problems(spec, sourced, chosen),
         *_container(spec, sourced),
         *_ray(spec, sourced),
         *_data(spec, sourced),
@@ -168,8 +177,8 @@ def _unspellable(leaves: Iterable[Setting], sourced: Sourced) -> Iterator[Diagno
 def _words(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     """Paths and env values may reference env vars of the node (`${env:NAME}`, ${HOME}, ${USER}, ~) and
     nothing else that would expand."""
-    places: list[tuple[tuple[str | int, ...], str | None]] = [
-        (("env", name), value) for name, value in spec.env.items()]
+    places: list[tuple[tuple[str | int, ...], str | None]] = [  # a service's address: services.py says why not
+        (("env", name), value) for name, value in spec.env.items() if not SERVICE_REFERENCE.search(value)]
     places += [(("model",), spec.model_path)]
     places += [(("data", part, i), f) for part in ("train_files", "val_files")
                for i, f in enumerate(getattr(spec.data, part))]
@@ -196,9 +205,24 @@ def _words(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
 def _env(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     ours = {e.name: e.origin for e in derived_environment(spec)}
     for name in spec.env:
-        if name in ours:
-            yield sourced.diagnostic(("env", name), f"verlc sets {name} from {ours[name]}; "
-                                                    f"change it there instead", at_key=True)
+        if name in ours and name in HCCL_PORTS:
+            yield sourced.diagnostic(("env", name), f"verlc gives {name} a range of the job's own block of ports "
+                                                    f"(two jobs on a node never share one); the other value it takes "
+                                                    f"is `auto` (HCCL picks its ports itself, as verl's runtime env "
+                                                    f"asks)", at_key=True)
+        elif name in ours:
+            origin = ours[name]
+            yield sourced.diagnostic(("env", name), f"verlc sets {name} " + (
+                f"itself ({origin.removeprefix('verlc: ')})" if origin.startswith("verlc: ")
+                else f"from {origin}; change it there instead"), at_key=True)
+        elif hccl_picks_ports(spec, name):
+            yield sourced.diagnostic(("env", name), f"{NOTE}{name}: auto: HCCL picks these ports itself, from the "
+                                                    f"OS's ephemeral ports, which no job's block of ports reaches: "
+                                                    f"verlc's port plan leaves them to it", at_key=True)
+        elif name.startswith("VERLC_"):
+            yield sourced.diagnostic(("env", name), f"{name}: VERLC_ variables are verlc's own, set by the bundle "
+                                                    f"or by you where you submit it (e.g. VERLC_STOP_AFTER=preflight "
+                                                    f"sbatch ...), never by the spec", at_key=True)
         elif name in spec.secrets:
             yield sourced.diagnostic(("env", name), f"{name} is listed in secrets; a secret has no value "
                                                     f"in the spec", at_key=True)
@@ -227,9 +251,42 @@ def _container(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     if file is not None and file[1] is None and "@sha256:" in c.image:
         yield sourced.diagnostic(("container", "image"), f"an image file is pinned as FILE@sha256:<64 hex digits, "
                                                          f"the sha256sum of FILE>, not {c.image}")
+    if isinstance(c, Pyxis) and file is None and "$" not in c.image:
+        yield from _enroot_reference(c.image, sourced)
     for i, mount in enumerate(getattr(c, "mounts", ())):
         if ":" not in mount:
             yield sourced.diagnostic(("container", "mounts", i), "a mount is SRC:DST[:OPTIONS]")
+
+
+# enroot's image reference, [USER@][REGISTRY#]IMAGE[:TAG]: its image is lowercase letters, digits and /._- (enroot's
+# docker.sh refuses anything else as an "Invalid image reference"); newer enroots also take REGISTRY/IMAGE@DIGEST
+_ENROOT_IMAGE = re.compile(r"[a-z0-9/._-]+")
+
+
+def _enroot_reference(image: str, sourced: Sourced) -> Iterator[Diagnostic]:
+    """What enroot (under pyxis) does with a registry image reference: refuse it, pull something else, or fail at
+    the registry after the queue."""
+    loc = ("container", "image")
+    rest = image.split("@", 1)[0].rsplit("#", 1)[-1]  # IMAGE[:TAG] after the user and the registry
+    name, _, tag = rest.partition(":")
+    digest = image.split("@sha256:", 1)[1] if "@sha256:" in image else None
+    if any(ch.isspace() for ch in image):
+        yield sourced.diagnostic(loc, f"{image!r} has white space: enroot refuses it as an invalid image reference")
+    elif "::" in image.split("#", 1)[-1]:
+        yield sourced.diagnostic(loc, f"{image!r}: '::' is no tag separator; enroot passes ':{tag[1:]}' to the "
+                                      f"registry as the tag, which no registry has (IMAGE:TAG, one ':')")
+    elif digest is not None and not re.fullmatch(r"[0-9a-f]{64}", digest):
+        yield sourced.diagnostic(loc, f"{image!r}: a sha256 digest is 64 hex digits (lowercase); this one has "
+                                      f"{len(digest)} characters, which no registry resolves")
+    elif not _ENROOT_IMAGE.fullmatch(name):
+        yield sourced.diagnostic(loc, f"{image!r}: enroot takes an image name of lowercase letters, digits and "
+                                      f"/._- only ({name!r}), and refuses it as an invalid image reference")
+    elif "#" not in image and re.match(r"[^/]*[.:][^/]*/", name):
+        registry, path = name.split("/", 1)
+        yield sourced.diagnostic(loc, (
+            f"{NOTE}enroot's own syntax names the registry with '#' ({registry}#{path}{':' + tag if tag else ''}); "
+            f"an enroot before the Docker form reads {name} as an image of Docker Hub's and fails to pull it. "
+            f"Write '#' unless every node's enroot takes REGISTRY/IMAGE"))
 
 
 def _data(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:

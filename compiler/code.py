@@ -74,5 +74,11 @@ def named_files(values: dict[str, object]) -> dict[str, str]:
             and not v.startswith(("/", "~", "$", "pkg://", "hf://", "s3://", "gs://", "hdfs://"))}
 
 
+def absolute_files(values: dict[str, object]) -> dict[str, str]:
+    """{verl key: absolute path} for the settings that name a file outside the code (on the nodes' storage): the
+    preflight checks each on every node and hashes it into the run record, as it does the code's own."""
+    return {k: v for k, v in values.items() if k in FILE_KEYS and isinstance(v, str) and v.startswith("/")}
+
+
 def inside(root: Path, relative: str) -> bool:
     return (root / relative).resolve().is_relative_to(root.resolve())

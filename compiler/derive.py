@@ -69,6 +69,11 @@ def has_key(tree: dict[str, Any], key: str) -> bool:
     return True
 
 
+# A spec's tool_config: the runtime writes it on every node, at a path it puts in this variable; verl's key reads it.
+TOOL_CONFIG_KEY = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
+TOOL_CONFIG_VARIABLE = "VERLC_TOOL_CONFIG"
+
+
 def derived(spec: Spec, tree: dict[str, Any]) -> tuple[Derived, ...]:
     """Every verl key verlc sets itself that the program's composed config (`tree`) has; setting one to another
     value under `verl:` is an error. With a rollout pool of its own (rollout_pool), the trainer gets the rest of
@@ -92,6 +97,8 @@ def derived(spec: Spec, tree: dict[str, Any]) -> tuple[Derived, ...]:
     ]
     if critic_in_use(spec.verl):
         items.append(Derived("critic.model.path", spec.model_path, "model"))
+    if spec.tool_config is not None:
+        items.append(Derived(TOOL_CONFIG_KEY, "${oc.env:" + TOOL_CONFIG_VARIABLE + "}", "tool_config"))
     return tuple(d for d in items if has_key(tree, d.key))
 
 
@@ -179,8 +186,15 @@ def npu_environment(spec: Spec) -> list[EnvVar]:
     env += [EnvVar("HCCL_CONNECT_TIMEOUT", Word((str(hccl.connect_timeout),)), "network.hccl.connect_timeout"),
             EnvVar("HCCL_EXEC_TIMEOUT", Word((str(hccl.exec_timeout),)), "network.hccl.exec_timeout")]
     env += [EnvVar(name, Word((f"{PORT_BLOCK + first}-{PORT_BLOCK + last}",)), "verlc: HCCL ports of the job")
-            for name, (first, last) in HCCL_PORTS.items()]
+            for name, (first, last) in HCCL_PORTS.items() if not hccl_picks_ports(spec, name)]
     return env
+
+
+def hccl_picks_ports(spec: Spec, name: str) -> bool:
+    """Whether the spec leaves HCCL's ports of `name` to HCCL (`auto`, as verl's own runtime env sets them):
+    HCCL then takes them from the OS's ephemeral ports, which no job's block reaches (PORT_BLOCK + 100 per
+    block, below 32768), so verlc's port plan leaves that variable out."""
+    return name in HCCL_PORTS and str(spec.env.get(name, "")) == "auto"
 
 
 def variant_specs(spec: Spec) -> list[tuple[tuple[tuple[str, Any], ...], Spec]]:

@@ -25,7 +25,7 @@ SECTION_GROUPS = {
     "hydra": "run", "reproducible": "run", "sweep": "run", "stall_timeout": "stages", "data": "stages",
     "ray": "stages", "pins": "stages", "stages": "run",
     "cluster": "resources", "targets": "run", "container": "container", "env": "environment",
-    "secrets": "environment", "network": "environment",
+    "secrets": "environment", "network": "environment", "services": "services", "tool_config": "services",
 }
 
 

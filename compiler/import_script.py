@@ -10,6 +10,7 @@ written into the spec's header as a comment with its line in the script, never d
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -47,6 +48,7 @@ _NPU_ENV = {"HCCL_CONNECT_TIMEOUT": "connect_timeout", "HCCL_EXEC_TIMEOUT": "exe
             "ASCEND_RT_VISIBLE_DEVICES": None, "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES": None,
             "HCCL_HOST_SOCKET_PORT_RANGE": None, "HCCL_NPU_SOCKET_PORT_RANGE": None}
 DEFAULT_VERSION = "0.9.1"
+HCCL_PORTS = ("HCCL_HOST_SOCKET_PORT_RANGE", "HCCL_NPU_SOCKET_PORT_RANGE")  # compiler/derive.py's port plan
 
 
 @dataclass(frozen=True)
@@ -326,8 +328,9 @@ def _entry(words: tuple[str, ...]) -> tuple[str, ...]:
 
 def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, *, verl_version: str,
             version_note: str | None, verl_commit: str | None, code: str, name: str,
-            accelerator: str = "cuda") -> Imported:
-    """The spec the trainer command means; `code`: the folder the script ran from, as the spec names it. ImportFailed
+            accelerator: str = "cuda", checkout: Path | None = None, checkout_as: str = "") -> Imported:
+    """The spec the trainer command means; `code`: the folder the script ran from, as the spec names it; `checkout`:
+    the verl checkout that holds `verl_commit` (`checkout_as`: as the spec names it). ImportFailed
     when the arguments cannot be read (Hydra's parser refuses them, a sweep, a value the spec needs cannot be
     derived)."""
     from .verl.hydra import parse
@@ -371,6 +374,8 @@ def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, 
     spec["targets"] = ["ray-job"] if submitted else ["slurm", "ray-job"]
     if verl_commit:
         spec["verl_commit"] = verl_commit
+        if checkout is not None:
+            spec["verl_checkout"] = checkout_as
     else:
         spec["verl_version"] = verl_version
     if version_note:
@@ -397,9 +402,14 @@ def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, 
 
     verl: dict[str, Any] = {}
     values: dict[str, Any] = {}
-    groups = set(spec_release(verl_commit, verl_version).groups) - {"model_engine"}  # `NAME=OPTION` picks one
+    groups = set(spec_release(verl_commit, verl_version, checkout).groups) - {"model_engine"}  # `NAME=OPTION` picks one
+    under_code: list[str] = []  # keys whose value named a file under the folder the script ran from
     for o in parsed:
         needle = o.text.split("=", 1)[0] + "="
+        relative = _under(o.value, trainer.call.cwd, base_env.get("HOME", ""))
+        if relative != o.value and not o.key.startswith("hydra."):
+            o = dataclasses.replace(o, value=relative)
+            under_code.append(o.key)
         if o.sweep:
             problem(f"{o.text}: a Hydra sweep (multirun); a spec sweeps with `sweep:`", needle, path=o.key)
         elif o.delete:
@@ -421,11 +431,14 @@ def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, 
         else:
             problem(f"{o.text}: a key below one the script sets to a value (Hydra refuses it too)", needle,
                     path=f"verl.{o.key}")
-    if trainer.module.split(".")[0] != "verl" or "config_dir" in hydra:
+    if trainer.module.split(".")[0] != "verl" or "config_dir" in hydra or under_code:
         spec["code"] = code  # the folder the script ran from: the job's working dir
+    if under_code:
+        imported.notes.append(f"{', '.join(under_code)}: a path under the folder the script ran from "
+                              f"({trainer.call.cwd}), written relative to it: the run's code (code: {code})")
     if hydra:
         spec["hydra"] = hydra
-    defaults = config_defaults(trainer.module, hydra, verl_commit, verl_version, trainer.call.cwd)
+    defaults = config_defaults(trainer.module, hydra, verl_commit, verl_version, trainer.call.cwd, checkout)
     _derived_fields(spec, values, defaults, verl, base_env, imported, leave, problem)
     spec["verl"] = verl
     if trainer.gpus is not None:  # torchrun's own counts: nodes, a process per GPU of each
@@ -442,6 +455,23 @@ def to_spec(trainer: Trainer, base_env: dict[str, str], script: str, text: str, 
         raise ImportFailed(problems)
     imported.spec = spec
     return imported
+
+
+def _under(value: Any, cwd: str, home: str) -> Any:
+    """`value` with each path to a file or folder of the folder the script ran from (a script's
+    `$(pwd)/examples/...`) made relative to it, where the job runs it from the run's code. Left as it is: a path
+    to nothing there yet (verl reads it only when it runs), one that leads out of the folder (a link), and one
+    under a $HOME nearer than the folder (it stays `${env:HOME}/...`)."""
+    if isinstance(value, list):
+        return [_under(v, cwd, home) for v in value]
+    root = cwd.rstrip("/")
+    if not (isinstance(value, str) and root and value.startswith(root + "/") and os.path.exists(value)):
+        return value
+    if home and value.startswith(home.rstrip("/") + "/") and len(home.rstrip("/")) >= len(root):
+        return value
+    if not os.path.realpath(value).startswith(os.path.realpath(root) + "/"):
+        return value
+    return value[len(root) + 1:]
 
 
 def _wrappers(spec: dict[str, Any], trainer: Trainer, code: str, imported: Imported, leave: Any) -> None:
@@ -520,21 +550,21 @@ def _home(text: str, home: str) -> str:
     return escaped
 
 
-def spec_release(commit: str | None, version: str) -> Release:
-    """The release (or commit) the imported spec names; verlc's default release where verlc cannot read it (the
-    compile then says why)."""
+def spec_release(commit: str | None, version: str, checkout: Path | None = None) -> Release:
+    """The release (or commit, read from `checkout` if verlc has no schema of it yet) the imported spec names;
+    verlc's default release where verlc cannot read it (the compile then says why)."""
     from .verl.commit import CommitError, commit_release
     from .verl.release import RELEASES, snapshot
 
     try:
-        return commit_release(commit, None) if commit else snapshot(version if version in RELEASES
+        return commit_release(commit, checkout) if commit else snapshot(version if version in RELEASES
                                                                     else DEFAULT_VERSION)
     except CommitError:
         return snapshot(DEFAULT_VERSION)
 
 
-def config_defaults(module: str, hydra: dict[str, Any], commit: str | None, version: str, cwd: str
-                    ) -> dict[str, Any]:
+def config_defaults(module: str, hydra: dict[str, Any], commit: str | None, version: str, cwd: str,
+                    checkout: Path | None = None) -> dict[str, Any]:
     """What the config the trainer composes says for the keys verlc derives from a spec's own fields (DERIVED):
     verl's ppo_trainer.yaml, or a program's own config (DAPO's names its W&B project). A key that config leaves
     empty, or a config that cannot be composed here (the compile then says why), gets ppo_trainer's value."""
@@ -546,7 +576,7 @@ def config_defaults(module: str, hydra: dict[str, Any], commit: str | None, vers
             tree = tree.get(part) if isinstance(tree, dict) else None
         return None if tree == "???" else tree
 
-    release = spec_release(commit, version)
+    release = spec_release(commit, version, checkout)
     base = release.tree(DEFAULT_CONFIG, release.default_engine(DEFAULT_CONFIG)) \
         if DEFAULT_CONFIG in release.configs else {}
     try:
@@ -694,7 +724,9 @@ def _environment(spec: dict[str, Any], trainer: Trainer, base_env: dict[str, str
         if name in _BRING_UP:
             leave(f"export {name}", "the script's own Ray bring-up: verlc's bundle brings up Ray itself", f"{name}=")
             continue
-        if spec["cluster"].get("accelerator") == "npu" and name in _NPU_ENV:
+        if name in HCCL_PORTS and value == "auto":  # HCCL picks them: verlc's port plan leaves them out
+            env[name] = value
+        elif spec["cluster"].get("accelerator") == "npu" and name in _NPU_ENV:
             field = _NPU_ENV[name]
             if field and value.isdigit() and int(value) > 0:
                 spec.setdefault("network", {}).setdefault("hccl", {})[field] = int(value)

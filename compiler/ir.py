@@ -142,7 +142,14 @@ class RayIR:
     expose_dashboard: bool  # False: the dashboard and Jobs API answer on the head's loopback only
     wait_seconds: int
     head_interface: str | None
-    debugger_external: bool  # legacy `ray debug` needs the head to accept external debugger connections
+    debugger_external: bool  # legacy `ray debug`: every node's Ray accepts debugger connections from other hosts
+
+    @property
+    def start_options(self) -> tuple[str, ...]:
+        """What every node's `ray start` takes from the spec (head and workers alike): breakpoints stop in verl's
+        workers on any node, and `ray debug` on the head attaches to them there."""
+        return ("--ray-debugger-external",) if self.debugger_external else ()
+    sweep_parallel: int = 1  # ray-job: how many of a sweep's variants run at once on the cluster
 
 
 @dataclass(frozen=True)
@@ -231,6 +238,37 @@ class TimeLimit:
 
 
 @dataclass(frozen=True)
+class ProbeIR:
+    """A service's contract probe (spec.py's probes): one kind, and what that kind asks."""
+
+    kind: str  # sandbox, retriever, judge, http
+    query: str | None = None  # retriever
+    model: str | None = None  # judge
+    method: str | None = None  # http
+    path: str | None = None  # http
+    body: Any = None  # http: a POST's JSON
+    expect: str | None = None  # http
+
+
+@dataclass(frozen=True)
+class ServiceIR:
+    """A process beside the trainer, resolved: its words' `${services.NAME.ATTR}` are env parts of the variables
+    the runtime sets (`variables`: attribute -> variable, compiler/verl/hydra.py service_variable)."""
+
+    name: str
+    argv: tuple[Word, ...]
+    env: tuple[tuple[str, Word], ...]
+    every_node: bool  # else on the head node
+    listen_all: bool  # every interface, else the head's own address (127.0.0.1 on every node)
+    ready_http: str | None  # a path that must answer 2xx
+    ready_command: tuple[Word, ...] | None  # a command that must exit 0
+    deadline: int  # seconds from its start until it must be ready
+    probe: ProbeIR | None
+    restart: int  # how many times an exited service is started again
+    variables: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class JobIR:
     name: str
     spec_file: str
@@ -275,6 +313,9 @@ class JobIR:
     parts: tuple[tuple[str, Any], ...] = ()  # (target, its own IR part): each target built, lowered by its folder
     pipeline: PipelineIR | None = None  # a stage of a pipeline (compiler/stages.py)
     time_limit: TimeLimit | None = None  # how long one run may take, where a target's section says
+    named_files: tuple[Word, ...] = ()  # absolute files verl's settings name (a tool config): on every node, hashed
+    services: tuple[ServiceIR, ...] = ()  # processes beside the trainer, started and watched by the runtime
+    tool_config: dict[str, Any] | None = None  # verl's multi-turn tool config, as verl's OmegaConf resolves it
 
     def part(self, target: str) -> Any:
         """The IR part target `target` lowered for itself (targets/<folder>/lower.py)."""

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from verlc import __version__
+from .version import VERSION
 
 from .ir import CodeIR, ContainerIR, DataPrepIR, EnvVar, ImageBuildIR, JobIR, ModelFetchIR, RayIR, VariantIR, Var, Word, parse_word
+from .code import absolute_files
 from . import yaml_text
 from .derive import (MODEL_KEYS, checkpoint_dir, critic_in_use, derived_environment, has_key, strings_in,
                      variant_specs)
 from .overrides import determinism_defaults, overrides, verl_values
+from .services import lower_services, lower_tool_config
 from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, image_file
 from .verl import preprocess
 from .verl.check import Selection, select, settings
@@ -41,6 +44,7 @@ def lower(spec: Spec, release: Release, catalog: Catalog, *, spec_file: str, spe
     # verl's config as the trainer will see it: written into the bundle, and read for the rollout engine
     own = own_config(spec.program, release)  # one of verl's programs with its own config (SFT): not PPO's facts
     ppo = not own and spec.program != GENERATION_SERVER  # a PPO trainer: main_ppo's facts hold (workers, columns)
+    takes_model = any(has_key(chosen.tree, k) for k in MODEL_KEYS)
     config = Config(chosen.tree, {k: verl_value(v) for k, v in
                                   {**determinism_defaults(spec, chosen), **verl_values(spec, chosen)}.items()})
     ir = JobIR(
@@ -51,7 +55,7 @@ def lower(spec: Spec, release: Release, catalog: Catalog, *, spec_file: str, spe
         verl_config=yaml_text.dump(config.tree),
         reproducible=spec.reproducible,
         verl_schema=f"{release.label.removeprefix('verl ')} ({release.source})",
-        verlc_version=__version__,
+        verlc_version=VERSION,
         verl_version=spec.verl_version,
         nodes=spec.cluster.nodes,
         gpus_per_node=spec.cluster.gpus_per_node,
@@ -68,13 +72,18 @@ def lower(spec: Spec, release: Release, catalog: Catalog, *, spec_file: str, spe
             wait_seconds=spec.ray.wait_for_nodes,
             head_interface=spec.network.head_interface,
             debugger_external=spec.ray.debug == "legacy",
+            sweep_parallel=spec.ray.sweep_parallel,
         ),
-        data_prep=data_prep(spec),
-        # what verl gets as its model; none where the program takes none (verl's evaluation scores a file)
-        model=parse_word(spec.model_path) if any(has_key(chosen.tree, k) for k in MODEL_KEYS) else Word(()),
+        # what the program reads: verl's evaluation scores a file (its data.path), and takes no model
+        data_prep=data_prep(spec, takes_data_files(chosen), config.get("data.path")),
+        model=parse_word(spec.model_path) if takes_model else Word(()),
         model_fetch=ModelFetchIR(spec.model.path, spec.model.revision, parse_word(spec.model.folder))
-        if isinstance(spec.model, PinnedModel) else None,
+        if isinstance(spec.model, PinnedModel) and takes_model else None,
         data_files=tuple(parse_word(f) for f in (*spec.data.train_files, *spec.data.val_files)),
+        services=lower_services(spec),
+        tool_config=lower_tool_config(spec),
+        named_files=tuple(parse_word(p) for p in absolute_files(
+            {s.key: s.value for s in settings(spec.verl, chosen.walker)}).values()),
         checkpoint_dir=checkpoint_word(spec, chosen),
         node_env=node_env(spec, chosen, catalog),
         pins=tuple(sorted({"verl": spec.verl_version, **spec.pins}.items())),
@@ -125,9 +134,17 @@ def startup_needs(spec: Spec, release: Release, config: Config) -> tuple[Need, .
                  accelerator=spec.cluster.accelerator, label=release.label)
 
 
-def data_prep(spec: Spec) -> tuple[DataPrepIR, ...]:
+def takes_data_files(chosen: Selection) -> bool:
+    """Whether the program reads the spec's data files (verl's generation and evaluation read data.path)."""
+    return any(has_key(chosen.tree, k) for k in ("data.train_files", "data.val_files"))
+
+
+def data_prep(spec: Spec, takes_files: bool, data_path: object) -> tuple[DataPrepIR, ...]:
     """verl's preprocessing scripts (relative to the workdir, a verl checkout) with the options of the
-    spec's release; the checks refuse an option the release's scripts lack."""
+    spec's release; the checks refuse an option the release's scripts lack. A program that reads no data
+    files (`takes_files`) gets only the steps whose folder holds its `data_path`."""
+    path = os.path.normpath(str(data_path or "")) + "/"
+    steps = [p for p in spec.data.prepare if takes_files or path.startswith(os.path.normpath(p.dir) + "/")]
     options = preprocess.options(spec.verl_version)
     return tuple(
         DataPrepIR(p.dataset, p.dir, (
@@ -135,7 +152,7 @@ def data_prep(spec: Spec) -> tuple[DataPrepIR, ...]:
             *((options.local_dataset or preprocess.LOCAL_DATASET, p.local_dataset_path) if p.local_dataset_path
               else ()),
         ))
-        for p in spec.data.prepare
+        for p in steps
     )
 
 

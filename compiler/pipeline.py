@@ -123,7 +123,7 @@ def _compile(sourced: Sourced, path: Path, catalog: Catalog, *, source: str, tar
     meant = spec.targets or catalog.names
     targets = [t for t in targets if t != "all"] + (list(meant) if "all" in targets else [])  # "all": the spec's
     notes = (*profile_notes, *(sourced.diagnostic(("program",), n) for n in program.notes),
-             *check(spec, sourced, release, catalog, targets, max_variants))
+             *check(spec, sourced, release, catalog, targets, max_variants, code=root))
     code = None
     if root is not None:
         code, code_notes = code_for(spec, sourced, program, root, path, accept_changes)

@@ -16,8 +16,10 @@ from ruamel.yaml import YAML
 
 from .derive import critic_in_use
 from .ir import JobIR
+from .verl.program import GENERATION, RAY_PROGRAMS
 from .verl.rules import Config
 
+EVALUATION = RAY_PROGRAMS[1]  # verl.trainer.main_eval
 ACTOR, ROLLOUT, REF, CRITIC = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref", "critic"
 
 
@@ -46,6 +48,10 @@ def plan(ir: JobIR) -> str:
     out = [f"{ir.name}: {ir.nodes} node(s) x {ir.gpus_per_node} {device}s{kind} = {total} {device}s; "
            f"verl {ir.verl_version}, {ir.trainer_module} ({ir.config_name})"]
 
+    if ir.trainer_module in (EVALUATION, *GENERATION):  # no actor updates, no critic, no training batch
+        lines = _evaluation(ir, g) if ir.trainer_module == EVALUATION else _generation(ir, g, "actor_rollout_ref"
+                                                                                         in cfg.tree)
+        return "\n".join([*out, *lines, *_cost(ir, price, total, 1, device)]) + "\n"
     if "actor_rollout_ref" not in cfg.tree:  # not PPO's roles: verl's SFT trainer, one process per GPU
         return "\n".join([*out, *_sft(ir, g), *_cost(ir, price, total, 1, device)]) + "\n"
     trainer_gpus = (_count(g("trainer.nnodes")) or ir.nodes) * (_count(g("trainer.n_gpus_per_node")) or ir.gpus_per_node)
@@ -90,6 +96,30 @@ def plan(ir: JobIR) -> str:
         out += [f"    {v.index}: " + ", ".join(f"{k}={val}" for k, val in v.settings) for v in ir.variants]
     out += _cost(ir, price, total, variants, device)
     return "\n".join(out) + "\n"
+
+
+def _generation(ir: JobIR, g: Any, ppo_config: bool) -> list[str]:
+    """verl's generation: the rollout alone on the trainer's GPUs, answering every prompt of its data n times
+    (main_generation's own config; main_generation_server composes ppo_trainer and trains nothing)."""
+    rollout = ROLLOUT if ppo_config else "rollout"
+    gpus = (_count(g("trainer.nnodes")) or ir.nodes) * (_count(g("trainer.n_gpus_per_node")) or ir.gpus_per_node)
+    tp = _count(g(f"{rollout}.tensor_model_parallel_size")) or 1
+    replicas = f"{gpus // tp} replica(s)" if gpus % tp == 0 else f"{gpus} {ir.device}s do not divide into replicas"
+    out = [f"  {ir.device}s:     the rollout alone on {gpus} (nothing is trained)",
+           f"  rollout:  {g(f'{rollout}.name')}, {replicas} of TP {tp}"]
+    batch, n = (g("data.batch_size"), g("data.n_samples")) if not ppo_config else \
+        (g("data.gen_batch_size") or g("data.train_batch_size"), g(f"{ROLLOUT}.n"))
+    if _count(batch) and _count(n):
+        out.append(f"  prompts:  {batch} at a time x {n} response(s) each, into data.output_path "
+                   f"({g('data.output_path')})")
+    return out
+
+
+def _evaluation(ir: JobIR, g: Any) -> list[str]:
+    """verl's evaluation: the reward function over the responses data.path holds, as Ray tasks on CPUs."""
+    return [f"  {ir.device}s:     none used: it scores the responses in data.path ({g('data.path')}) with the "
+            f"reward function, as Ray tasks on CPUs; the allocation's {ir.nodes * ir.gpus_per_node} {ir.device}s "
+            f"wait idle while it runs"]
 
 
 def _sft(ir: JobIR, g: Any) -> list[str]:

@@ -205,6 +205,10 @@ class Ray(Model):
                                 "that fail, each after up to 10 s: 15 to 65 s).")
     debug: Literal["off", "post_mortem", "legacy"] = Field("off", description="Ray's debugger: post_mortem on "
                                                                               "exceptions, or legacy `ray debug`.")
+    sweep_parallel: Int = Field(1, ge=1, description="ray-job target: how many variants of a sweep run on the "
+                                                     "cluster at once; every variant is submitted, and each waits "
+                                                     "for its turn. Default 1: in turn, each with the cluster's "
+                                                     "GPUs; raise it for a cluster sized for several.")
 
 
 # --- sweeps ----------------------------------------------------------------------------------------
@@ -228,9 +232,10 @@ GroupKey = Annotated[str, Strict(), matching(
     r"[A-Za-z_][A-Za-z0-9_/]*(@[A-Za-z_][A-Za-z0-9_.]*)?", "a Hydra config group, optionally @package "
     "(e.g. actor@actor_rollout_ref.actor)")]
 GroupOption = Annotated[str, Strict(), matching(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", "a config group option name")]
+# Hydra reads an entry without a scheme as file:// (its config repository's get_scheme)
 SearchPath = Annotated[str, Strict(), matching(
-    r"(pkg|file)://[A-Za-z0-9_./-]{1,255}", "a Hydra search path such as pkg://my_plugin.config or "
-    "file:///opt/plugin/config")]
+    r"((pkg|file)://)?[A-Za-z0-9_./-]{1,255}", "a Hydra search path such as pkg://my_plugin.config, "
+    "file:///opt/plugin/config or /opt/plugin/config")]
 
 
 class Hydra(Model):
@@ -285,6 +290,69 @@ class Stage(Model):
 
 
 # --- the spec --------------------------------------------------------------------------------------
+
+# --- services beside the trainer -----------------------------------------------------------------------
+
+# A service's name: a word of `${services.NAME.url}` and of the environment variables the runtime sets for it.
+ServiceName = Annotated[str, Strict(), matching(
+    r"[a-z][a-z0-9_]{0,31}", "a service name: 1-32 lowercase letters, digits or '_', starting with a letter")]
+HttpPath = Annotated[str, Strict(), matching(r"/[A-Za-z0-9._~/%?=&+-]{0,255}", "an HTTP path such as /health")]
+
+
+class Ready(Model):
+    """When a service is ready: a path that answers 2xx, or a command that exits 0, by a deadline."""
+    http: HttpPath | None = Field(None, description="A path on the service that must answer 2xx, e.g. /health.")
+    command: tuple[Text, ...] | None = Field(None, min_length=1, description="A command (argv) run on the "
+                                             "service's node that exits 0 once it is ready.")
+    deadline: Seconds = Field(300, description="Seconds from the service's start until it must be ready.")
+
+
+class SandboxProbe(Model):
+    kind: Literal["sandbox"] = Field(description="A code sandbox (SandboxFusion's API): POST /run_code runs "
+                                                 "print(1) in Python and must print 1.")
+
+
+class RetrieverProbe(Model):
+    kind: Literal["retriever"] = Field(description="A retriever (Search-R1's API): POST /retrieve with one query "
+                                                   "must return at least one document.")
+    query: Text = Field("what is reinforcement learning", description="The query it asks.")
+
+
+class JudgeProbe(Model):
+    kind: Literal["judge"] = Field(description="An OpenAI-compatible LLM server: GET /v1/models must list `model` "
+                                               "and POST /v1/chat/completions must answer one message.")
+    model: Text = Field(description="The model the server must serve, as its /v1/models lists it.")
+
+
+class HttpProbe(Model):
+    kind: Literal["http"] = Field(description="Any HTTP request, whose 2xx answer must contain `expect`.")
+    method: Literal["GET", "POST"] = Field("GET", description="The request's method.")
+    path: HttpPath = Field(description="The request's path.")
+    json_body: Any = Field(None, description="A POST's JSON body.")
+    expect: Text = Field(description="Text the answer must contain.")
+
+
+Probe = Annotated[Union[SandboxProbe, RetrieverProbe, JudgeProbe, HttpProbe], Discriminator("kind")]
+
+
+class Service(Model):
+    """A process beside the trainer (a code sandbox, an LLM judge, a retriever), started with the job in the
+    job's image, checked with a real request before training, watched while it trains, stopped with it."""
+    command: tuple[Text, ...] = Field(min_length=1, description="Its argv; it must listen on "
+                                      "${services.NAME.host}:${services.NAME.port} (verlc picks the port); "
+                                      "${services.NAME.token} is a secret made for each run.")
+    on: Literal["head", "every_node"] = Field("head", description="The head node, or every node (each node's "
+                                              "trainer processes reach their own node's, at 127.0.0.1).")
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict, description="Its environment, over the job's.")
+    ready: Ready = Field(Ready(), description="When it is ready (default: its port accepts a connection).")
+    probe: Probe | None = Field(None, description="One real request before training, and what the answer must "
+                                                  "hold.")
+    restart: Int = Field(0, ge=0, le=10, description="How many times a service that exits is started again "
+                                                     "before the job fails.")
+    listen: Literal["private", "all"] = Field("private", description="private: the head node's own address "
+                                              "(127.0.0.1 for a service on every node), and the preflight fails "
+                                              "one that listens on every interface; all: every interface.")
+
 
 TARGETS_MEANING = "The bundles this spec is meant for: what `--target all` builds and checks (default: every target)."
 
@@ -346,6 +414,15 @@ class Spec(Model):
                                         "model, ...), each a stage of its own on top of this spec's settings; "
                                         "on Slurm each is a job that starts once the one before it succeeded "
                                         "(afterok).")
+    services: dict[ServiceName, Service] = Field(
+        default_factory=dict, max_length=10, description="Processes beside the trainer (a sandbox, a judge, a retriever): "
+                                          "verl's settings, env and other services reach each at "
+                                          "${services.NAME.url} (.host, .port).")
+    tool_config: dict[Str, Any] | None = Field(
+        None, description="verl's multi-turn tool config, as verl reads it ({tools: [{class_name, config, "
+                          "tool_schema}]}); its strings may hold ${services.NAME.url} (.host, .port, .token). The "
+                          "runtime writes it on every node before training and verlc points "
+                          "actor_rollout_ref.rollout.multi_turn.tool_config_path at it.")
     reproducible: Bool = Field(False, description="Require an image pinned by digest (an image file by its own sha256, "
                                                   "checked on every node), an explicit verl_version and "
                                                   "a hub model pinned to its commit; turn on verl's determinism "

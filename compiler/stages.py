@@ -4,7 +4,7 @@ Each stage is compiled as a spec of its own: the file's settings with the stage'
 are replaced), named <name>-<stage>, its problems reported at the stage's own lines (stages.NAME.verl...). A
 stage takes an earlier one's output by name. In its `model:`, `${stages.NAME.model}` is stage NAME's last
 checkpoint merged into a Hugging Face folder, which is what verl's programs load: the later stage's data stage
-runs verl's own model merger on that checkpoint (the runtime, targets/runtime.py) into
+runs verl's own model merger on that checkpoint (the runtime, runtime/data.py) into
 <NAME's checkpoint folder>/verlc-merged/global_step_<N>, and points verlc-merged/latest at it, the model path the
 later stage's verl gets. In its data files, `${stages.NAME.output}` is the file of responses verl's generation
 (stage NAME) writes, its data.output_path, which verl's evaluation scores.

@@ -41,12 +41,15 @@ def _diagnostic(sourced: Sourced, err: Any, root: type[Spec]) -> Diagnostic:
         return sourced.diagnostic(loc[:-1], f"missing required key '{loc[-1]}'")
     if kind == "union_tag_invalid":
         tags = [t.strip(" '") for t in str(ctx.get("expected_tags", "")).split(",")]
-        tag = str(ctx.get("tag"))
-        message = f"unknown {ctx.get('discriminator', 'kind').strip(chr(39))} '{tag}'; expected one of " \
-                  f"{', '.join(tags)}" + did_you_mean(tag, tags)
-        return sourced.diagnostic((*loc, "runtime"), message)
+        tag, key = str(ctx.get("tag")), str(ctx.get("discriminator", "kind")).strip("'")
+        message = f"unknown {key} '{tag}'; expected one of {', '.join(tags)}" + did_you_mean(tag, tags)
+        return sourced.diagnostic((*loc, key), message)
     if kind == "union_tag_not_found":
-        return sourced.diagnostic(loc, "missing required key 'runtime' (docker, podman, apptainer, pyxis or none)")
+        key = str(ctx.get("discriminator", "kind")).strip("'")
+        kinds = list(dict.fromkeys(t for m in _members(_model_at(loc, root)) if key in m.model_fields
+                                   for t in typing.get_args(m.model_fields[key].annotation)))
+        choices = f" ({', '.join(kinds[:-1])} or {kinds[-1]})" if kinds else ""
+        return sourced.diagnostic(loc, f"missing required key '{key}'{choices}")
     if kind == "literal_error":
         expected = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
         value = err.get("input")
@@ -98,6 +101,9 @@ def _model_at(loc: Sequence[str | int], root: type[Spec]) -> Any:
             args = typing.get_args(model)
             model = args[0] if args else model
             continue
+        if typing.get_origin(model) is dict:  # a mapping's key (a service's name): its value's model
+            model = typing.get_args(model)[1]
+            continue
         chosen = next((m for m in _members(model) if part in m.model_fields), None)
         if chosen is None:
             return None
@@ -126,5 +132,6 @@ def _members(tp: Any) -> list[type[BaseModel]]:
 
 
 def _tag_matches(model: type[BaseModel], tag: str) -> bool:
-    field = model.model_fields.get("runtime")
-    return field is not None and tag in typing.get_args(field.annotation)
+    """Whether `tag` is the model's kind in its union (its `runtime`, a container; its `kind`, a probe)."""
+    fields = (model.model_fields.get(k) for k in ("runtime", "kind"))
+    return any(f is not None and tag in typing.get_args(f.annotation) for f in fields)

@@ -2,7 +2,7 @@
 # A real container runtime on this machine for the tests: podman, a `docker` command that runs it, a test
 # image built without any registry, and podman's Docker API for the Docker Compose binary.
 #
-#   dev/containers.sh image   install podman, runc and debootstrap if missing (apt, as root), then build the
+#   dev/containers.sh image   install podman, runc and debootstrap if missing (dev/packages.sh), then build the
 #                             test image unless the state folder has it for this recipe (prints its name)
 #   dev/containers.sh start   start `podman system service` on STATE/podman.sock (the Docker API)
 #   dev/containers.sh stop    stop exactly the service `start` started (by its pid file)
@@ -56,15 +56,7 @@ export_env() {
   export CONTAINERS_CONF=$state/containers.conf CONTAINERS_STORAGE_CONF=$state/storage.conf
 }
 
-install() {
-  if command -v podman >/dev/null && command -v runc >/dev/null && command -v debootstrap >/dev/null; then
-    return
-  fi
-  ((EUID == 0)) || die "podman, runc and debootstrap are missing and installing them needs root"
-  log "installing podman, runc and debootstrap"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc debootstrap >/dev/null
-}
+install() { bash "$here/packages.sh" containers; }
 
 mirror() {
   local uri

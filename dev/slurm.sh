@@ -2,7 +2,7 @@
 # A real multi-node Slurm cluster on this one machine, for the end-to-end tests, the benchmark and developers.
 # Every node is a host of its own: its own network namespace, address, host name and hosts file.
 #
-#   dev/slurm.sh start               install slurm-wlm + munge if missing (apt, as root), remove what a killed
+#   dev/slurm.sh start               install slurm-wlm + munge if missing (dev/packages.sh), remove what a killed
 #                                    run left (naming it), make the nodes' network, write the config into the
 #                                    state folder, start munged, slurmctld and one slurmd per node (n1..n8 by
 #                                    default, $VERLC_SLURM_NODES to change; 8 fake GPUs each)
@@ -48,15 +48,7 @@ fi
 node_ip() { printf '%s.%d' "$subnet" $((10 + ${1#n})); }
 netns() { printf 'verlc-%s' "$1"; }
 
-install() {
-  if command -v slurmctld >/dev/null && command -v munged >/dev/null; then
-    return
-  fi
-  ((EUID == 0)) || die "slurm-wlm and munge are missing and installing them needs root"
-  log "installing slurm-wlm and munge"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
-}
+install() { bash "$(dirname "$0")/packages.sh" slurm; }
 
 # ---- the nodes' network ----------------------------------------------------------------------------------
 make_network() {
@@ -155,6 +147,10 @@ MinJobAge=3600
 # The mails a job asks for (--mail-type) go into \$state/mail.log: what slurmctld ran, one line per mail
 MailProg=$state/mail
 KillWait=30
+# After KILL, a step's processes have this long to go before Slurm drains the node ("Kill task failed"; its
+# default: 60 s): on this busy 2-core machine a node's Ray processes once took longer, and every later test
+# that asked for that node waited for it
+UnkillableStepTimeout=300
 SlurmctldTimeout=30
 # A node that stops answering is DOWN after this long (Slurm's default: 300 s), and its jobs end; longer
 # than Ray's node-death detection in the tests (ray.node_timeout 10 s) and the cleanup after it

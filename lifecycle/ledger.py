@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..contract.launcher import SubmittedRun
+
 FILE = "runs.jsonl"
 
 
@@ -83,11 +85,29 @@ class Run:
     def final(self) -> bool:
         return self.finished_at is not None
 
-    def __getattr__(self, name: str):  # noqa: ANN204 - submission fields: target, job_id, where, spec, ...
-        try:
-            return self.__dict__["submitted"][name]
-        except KeyError:
-            raise AttributeError(name) from None
+    @property
+    def target(self) -> str:
+        return self.submitted["target"]
+
+    @property
+    def job_id(self) -> str:
+        return str(self.submitted["job_id"])
+
+    @property
+    def where(self) -> str:
+        return self.submitted.get("where", "")
+
+    @property
+    def name(self) -> str:
+        """The spec's name (a sweep's variants and a pipeline's stages share it)."""
+        return self.submitted.get("name", "")
+
+    @property
+    def submission(self) -> SubmittedRun:
+        """What its target's launcher is told of it."""
+        s = self.submitted
+        return SubmittedRun(run=self.run, target=self.target, job_id=self.job_id, where=self.where,
+                            bundle=s.get("bundle", ""), log=s.get("log"), record=s.get("record"))
 
 
 def fold(ledger: Path) -> dict[str, Run]:

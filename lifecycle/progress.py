@@ -11,8 +11,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
-from ..targets.protocol import STEP_LINE, parse_event
+from ..runtime.protocol import (CHECK_LINE, SERVICE_READY, STEP_LINE, STEP_TIMES, TRAINER_MESSAGE, TRAINING_MESSAGE,
+                                Event as Line, parse_event)
 
 TOTAL = re.compile(r"Total training steps: (\d+)")
 STEP = STEP_LINE  # verl's console logger line, parsed as the runtime's stall watchdog parses it
@@ -48,26 +50,84 @@ def parse_step(line: str) -> Step | None:
     return Step(int(match[1]), metrics)
 
 
+# The event lines that say why a run stops, fails or starts over (the runtime's and the Slurm script's)
+WHY = re.compile(r"(ERROR: |PREFLIGHT FAILED: |USR1: |not requeued: |requeueing job |a node was lost|Slurm sees |"
+                 r"every node still answers|stopping after stage |training exited with code |exit code )")
+
+
 @dataclass(frozen=True)
 class Event:
-    """Something worth one line: a stage started, a node joined, the step total, a training step."""
-    kind: str  # stage | nodes | total | step
+    """Something worth one line: a stage started, a node joined, the step total, a training step, why a run
+    stops, fails or is requeued, and how long a phase took as it ends."""
+    kind: str  # stage | nodes | total | step | why | took
     text: str
     step: Step | None = None
     total: int | None = None
 
 
-def events(lines: Iterable[str]) -> Iterator[Event]:
+class Clock:
+    """How long each phase took, said as it ends, from the event lines as they come (one per followed run)."""
+
+    def __init__(self) -> None:
+        self.stage: tuple[str, datetime] | None = None
+        self.trainer: datetime | None = None
+
+    def took(self, line: Line) -> str | None:
+        """What ended at this event line, and how long it took; the stage it begins starts the clock."""
+        at, message, said = line.at, line.message, None
+        if (line.stage or line.skipped or line.exit_code is not None) and self.stage:
+            said = f"{self.stage[0]} took {(at - self.stage[1]).total_seconds():.1f}s"
+            self.stage = None
+        if line.stage:
+            self.stage = (line.stage, at)
+        if CHECK_LINE.fullmatch(message) or SERVICE_READY.match(message):
+            said = message
+        elif message.startswith(TRAINING_MESSAGE):
+            self.trainer = at
+        elif message.startswith(TRAINER_MESSAGE) and self.trainer and not STEP_TIMES.fullmatch(message):
+            said = f"verl: {message.removeprefix(TRAINER_MESSAGE).split(': ')[0]}, " \
+                   f"{(at - self.trainer).total_seconds():.1f}s after the trainer started"
+        return said
+
+
+def events(lines: Iterable[str], clock: Clock | None = None) -> Iterator[Event]:
+    clock = clock or Clock()
     for line in lines:
         event = parse_event(line)
+        took = clock.took(event) if event else None
+        if took:
+            yield Event("took", took)
         if event and event.stage:
             yield Event("stage", event.stage)
         elif event and event.node_count:
             yield Event("nodes", "ray {}/{} nodes".format(*event.node_count))
+        elif event and WHY.match(event.message):
+            yield Event("why", event.message)
         elif m := TOTAL.search(line):
             yield Event("total", m[0], total=int(m[1]))
         elif step := parse_step(line):
             yield Event("step", f"step {step.step}", step=step)
+
+
+ATTEMPT = re.compile(r"job \S+ on .*SLURM_RESTART_COUNT=\d+")  # the Slurm script's first line of each attempt
+
+
+def attempts_seconds(lines: Iterable[str]) -> int | None:
+    """How long a requeued job ran over all its attempts, from its log's own event times (each attempt from its
+    first line to its last; the time in Slurm's queue between them left out), or None for a log of one attempt.
+    The scheduler reports the last attempt's start only."""
+    spans: list[list[datetime]] = []
+    for line in lines:
+        event = parse_event(line)
+        if event is None:
+            continue
+        at = event.at
+        if ATTEMPT.fullmatch(event.message) or not spans:
+            spans.append([at, at])
+        spans[-1][1] = at
+    if len(spans) < 2:
+        return None
+    return round(sum((end - start).total_seconds() for start, end in spans))
 
 
 def step_line(step: Step, total: int | None, keys: Sequence[str], tty: bool, width: int = 24) -> str:

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import TextIO
 
 from ..compiler.ir import JobIR
-from ..targets.protocol import MANIFEST, RAY_LOGS
+from ..contract.launcher import RESUMES, TRACKER_RUN, Launchers, Observed
+from ..runtime.protocol import MANIFEST, RAY_LOGS, RUNNER_STAGES, SERVICE_LOGS, STOP_AFTER
 from . import ledger, progress
 from . import results as results_of
-from .scheduler import RESUMES, TRACKER_RUN, Launchers, Observed
+from . import timeline as timeline_of
 
 
 def submit(ir: JobIR, spec: Path, target: str, folder: Path, cwd: Path, env: dict[str, str],
@@ -39,7 +40,7 @@ def submit(ir: JobIR, spec: Path, target: str, folder: Path, cwd: Path, env: dic
             "tracker_run": own.get("WANDB_RUN_ID") or env.get(TRACKER_RUN) or s.run,
             **({"resumes": env[RESUMES]} if env.get(RESUMES) else {}),
             # VERLC_STOP_AFTER: the run ends after this stage, short of training; its success is not a trained run's
-            **({"stop_after": env["VERLC_STOP_AFTER"]} if env.get("VERLC_STOP_AFTER") not in (None, "", "train")
+            **({"stop_after": env[STOP_AFTER]} if env.get(STOP_AFTER) not in (None, "", RUNNER_STAGES[-1])
                else {}),
             **({"variant": {k: v for k, v in ir.variants[s.variant].settings}} if s.variant is not None else {}),
             **({"pipeline": ir.pipeline.name, "stage": ir.pipeline.stage, "after": after} if ir.pipeline else {}),
@@ -93,18 +94,18 @@ def _shown(path: Path, root: Path) -> str:
 
 def observe(ledger_file: Path, run: ledger.Run, launchers: Launchers) -> Observed:
     """Ask the scheduler; append a `state` event when something changed, `finished` once it ended."""
-    seen = launchers(run.target).state(run.submitted)
+    seen = launchers(run.target).state(run.submission)
     facts = {k: v for k, v in (("started", seen.started), ("ended", seen.ended)) if v}  # the scheduler's own times
     if seen.log and not run.submitted.get("log"):  # named once the job started (a Slurm array task's)
         facts["log"] = seen.log
     if seen.final:
         if not run.final:
-            ledger.append(ledger_file, {"event": "finished", "run": run.run, "state": seen.state,
+            ledger.append(ledger_file, {"event": "finished", "run": run.run, "state": seen.scheduler_state,
                                         "restarts": max(seen.restarts, run.restarts), "exit_code": seen.exit_code,
                                         "record": run.submitted.get("record"), "source": seen.source, **facts})
-    elif ((seen.state, seen.restarts) != (run.state, run.restarts) or (seen.started and not run.started_at)
+    elif ((seen.scheduler_state, seen.restarts) != (run.state, run.restarts) or (seen.started and not run.started_at)
           or "log" in facts):
-        ledger.append(ledger_file, {"event": "state", "run": run.run, "state": seen.state,
+        ledger.append(ledger_file, {"event": "state", "run": run.run, "state": seen.scheduler_state,
                                     "restarts": seen.restarts, "source": seen.source, **facts})
     return seen
 
@@ -112,20 +113,19 @@ def observe(ledger_file: Path, run: ledger.Run, launchers: Launchers) -> Observe
 def cancel(ledger_file: Path, run: ledger.Run, launchers: Launchers) -> Observed:
     """Cancel with the target's tool. Where nothing is left to ask afterwards (Compose's `down`), the
     launcher reports the end itself; otherwise the scheduler is asked as for `status`."""
-    ended = launchers(run.target).cancel(run.submitted)
+    ended = launchers(run.target).cancel(run.submission)
     if run.final:  # e.g. `down` after a compose run ended: its containers go, its record stays
         return ended or observe(ledger_file, run, launchers)
-    ledger.append(ledger_file, {"event": "state", "run": run.run, "state": "CANCEL_REQUESTED",
-                                "restarts": run.restarts, "source": "verlc cancel"})
+    ledger.append(ledger_file, {"event": "cancel", "run": run.run, "source": "verlc cancel"})  # no state of its own
     if ended is not None:
-        ledger.append(ledger_file, {"event": "finished", "run": run.run, "state": ended.state,
+        ledger.append(ledger_file, {"event": "finished", "run": run.run, "state": ended.scheduler_state,
                                     "restarts": run.restarts, "exit_code": None, "source": ended.source})
         return ended
     return observe(ledger_file, ledger.fold(ledger_file)[run.run], launchers)
 
 
 def log_text(run: ledger.Run, launchers: Launchers) -> str:
-    return launchers(run.target).logs(run.submitted)
+    return launchers(run.target).logs(run.submission)
 
 
 def follow(ledger_file: Path, chosen: Sequence[ledger.Run], keys: Sequence[str], out: TextIO, launchers: Launchers,
@@ -137,18 +137,14 @@ def follow(ledger_file: Path, chosen: Sequence[ledger.Run], keys: Sequence[str],
     finals: dict[str, Observed] = {}
     for first in chosen:
         one = len(chosen) == 1
-        printed, total, last_state = 0, None, None
+        printed, total, last_state, clock = 0, None, None, progress.Clock()
         while True:
             run = ledger.fold(ledger_file)[first.run]
             seen = observe(ledger_file, run, launchers)
-            if (seen.state, seen.restarts) != last_state:
-                last_state = (seen.state, seen.restarts)
-                out.write(f"{run.run}: {seen.state.lower()}"
-                          + (f" (restart {seen.restarts})" if seen.restarts else "") + "\n")
             lines = log_text(run, launchers).splitlines()
             if len(lines) < printed:  # a requeued job's log starts over when not appended to
                 printed = 0
-            for event in progress.events(lines[printed:]):
+            for event in progress.events(lines[printed:], clock):
                 if event.kind == "total":
                     total = event.total
                 elif event.kind == "step" and event.step:
@@ -157,6 +153,11 @@ def follow(ledger_file: Path, chosen: Sequence[ledger.Run], keys: Sequence[str],
                 else:
                     out.write(f"{run.run}: {event.text}\n")
             printed = len(lines)
+            # the state after the lines that led to it (a failing preflight's, a requeue's reason)
+            if (seen.scheduler_state, seen.restarts) != last_state:
+                last_state = (seen.scheduler_state, seen.restarts)
+                out.write(f"{run.run}: {seen.scheduler_state.lower()}"
+                          + (f" (restart {seen.restarts})" if seen.restarts else "") + "\n")
             out.flush()
             if seen.final:
                 if tty and one:
@@ -247,12 +248,16 @@ def results(ledger_file: Path, chosen: Sequence[ledger.Run], asked: Sequence[str
         if not run.final:
             observe(ledger_file, run, launchers)  # a run still going: its state as the scheduler says it now
     folded = ledger.fold(ledger_file)  # with what observing recorded (the state, an array task's log path)
-    logs = [(folded[r.run], results_of.read(log_text(folded[r.run], launchers).splitlines())) for r in chosen]
+    texts = {r.run: log_text(folded[r.run], launchers).splitlines() for r in chosen}
+    logs = [(folded[r.run], results_of.read(texts[r.run])) for r in chosen]
     keys = results_of.chosen_keys([logged for _, logged in logs], metrics, asked=bool(asked))
-    rows = [results_of.row(run.run, run.submitted.get("variant") or {}, run.submitted["spec_sha256"],
-                           shown_state(run), logged, keys, metrics, seconds(run), duration(run),
-                           run.submitted.get("nodes", 0) * run.submitted.get("gpus_per_node", 0) or None)
-            for run, logged in logs]
+    rows = []
+    for run, logged in logs:
+        # a requeued run: every attempt's time counts (the scheduler's times are the last attempt's)
+        took = (progress.attempts_seconds(texts[run.run]) if run.restarts else None) or seconds(run)
+        rows.append(results_of.row(run.run, run.submitted.get("variant") or {}, run.submitted["spec_sha256"],
+                                   shown_state(run), logged, keys, metrics, took, clock(took),
+                                   run.submitted.get("nodes", 0) * run.submitted.get("gpus_per_node", 0) or None))
     return results_of.render(rows, keys, fmt)
 
 
@@ -274,6 +279,42 @@ def plot(ledger_file: Path, chosen: Sequence[ledger.Run], metric: str, output: P
     return [label for label, _ in lines]
 
 
+def timeline(ledger_file: Path, chosen: Sequence[ledger.Run], fmt: str, launchers: Launchers) -> str:
+    """Where each run's start-up time went (lifecycle/timeline.py), every attempt of each: a table."""
+    body = []
+    for run, found in _timelines(ledger_file, chosen, launchers):
+        queued = None
+        if run.started_at and not run.restarts:  # the scheduler's start is the last attempt's
+            queued = max(0.0, (_parse(run.started_at) - _parse(run.submitted["at"])).total_seconds())
+        body += timeline_of.rows(run.run, found, queued)
+    return results_of.tabulate(timeline_of.COLUMNS, body, fmt)
+
+
+def _timelines(ledger_file: Path, chosen: Sequence[ledger.Run], launchers: Launchers
+               ) -> list[tuple[ledger.Run, list[timeline_of.Attempt]]]:
+    for run in chosen:
+        if not run.final:
+            observe(ledger_file, run, launchers)  # a run still going: where its log is now
+    folded = ledger.fold(ledger_file)
+    out = []
+    for r in chosen:
+        found = timeline_of.attempts(log_text(folded[r.run], launchers).splitlines(), folded[r.run].final)
+        if not found:
+            raise results_of.ResultError(f"{r.run}: its log has no verlc line yet (state {shown_state(folded[r.run])})")
+        out.append((folded[r.run], found))
+    return out
+
+
+def plot_timeline(ledger_file: Path, chosen: Sequence[ledger.Run], output: Path, launchers: Launchers
+                  ) -> list[str]:
+    """Each run's phases up to its first step as one bar (its last attempt), into `output`; the bars' labels."""
+    from .plot import draw_timeline
+
+    bars = [(_label(run), timeline_of.bar(found[-1])) for run, found in _timelines(ledger_file, chosen, launchers)]
+    draw_timeline(bars, output)
+    return [label for label, _ in bars]
+
+
 def _label(run: ledger.Run) -> str:
     """A plotted line's name: a sweep variant's swept values by their last key part (the whole key where two
     parts are the same, such as actor and critic lr), else the run id."""
@@ -285,7 +326,7 @@ def _label(run: ledger.Run) -> str:
 
 def ray_logs(run: ledger.Run, node: str | None) -> str:
     """The Ray logs each node kept in the run folder (protocol.RAY_LOGS/<node>/), as `==> file <==` sections."""
-    from .scheduler import LaunchError
+    from ..contract.launcher import LaunchError
 
     folder = Path(run.record).parent / RAY_LOGS if run.record else None
     if folder is None or not folder.is_dir():
@@ -298,3 +339,24 @@ def ray_logs(run: ledger.Run, node: str | None) -> str:
     for path in sorted(f for n in nodes for f in n.rglob("*") if f.is_file()):
         out.append(f"==> {path.relative_to(folder)} <==\n{path.read_text(errors='replace')}")
     return "\n".join(out)
+
+
+def service_logs(run: ledger.Run, name: str, node: str | None) -> str:
+    """A service's output from the run folder (protocol.SERVICE_LOGS/NAME.log on the head, NAME-NODE.log for a
+    service on every node): the one file as it is, several as `==> file <==` sections."""
+    from ..contract.launcher import LaunchError
+
+    folder = Path(run.record).parent / SERVICE_LOGS if run.record else None
+    if folder is None or not folder.is_dir():
+        where = f" (its run folder: {Path(run.record).parent}, on the cluster's head)" if run.record else ""
+        raise LaunchError(f"{run.run} has no service logs here{where}")
+    logs = sorted(p for p in folder.glob("*.log") if p.stem == name or p.stem.startswith(f"{name}-"))
+    if node is not None:
+        logs = [p for p in logs if p.stem == f"{name}-{node}"]
+    if not logs:
+        kept = sorted(p.name for p in folder.glob("*.log"))
+        raise LaunchError(f"no log of service {name!r}{f' on node {node}' if node else ''} in {folder}: it has "
+                          f"{', '.join(kept) or 'none'}")
+    if len(logs) == 1:
+        return logs[0].read_text(errors="replace")
+    return "\n".join(f"==> {p.name} <==\n{p.read_text(errors='replace')}" for p in logs)

@@ -19,7 +19,7 @@ from .target import Target
 if TYPE_CHECKING:
     from ..compiler.catalog import Catalog
     from ..compiler.ir import JobIR
-    from ..lifecycle.scheduler import Launcher
+    from ..contract.launcher import Launcher
     from .bundle import Bundle
 
 TARGETS: tuple[Target, ...] = (slurm.TARGET, ray_job.TARGET, compose.TARGET, kuberay.TARGET, skypilot.TARGET)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..compiler.ir import CODE_DIFF, JobIR
-from .protocol import MANIFEST
+from ..runtime.protocol import MANIFEST
 
 
 
@@ -114,6 +114,20 @@ class EditedError(Exception):
     """A generated file was changed by hand; overwriting it would lose that work."""
 
 
+class OtherSpecError(Exception):
+    """A bundle folder holds what verlc built from another spec (two specs of one name): (folder, its spec, the
+    spec now built) for each."""
+
+
+def built_from(folder: Path) -> str | None:
+    """The spec a bundle folder was built from, as its manifest names it (None: no readable manifest)."""
+    try:
+        spec = json.loads((folder / MANIFEST).read_text()).get("spec")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return spec if isinstance(spec, str) else None
+
+
 def edited_files(folder: Path) -> list[str]:
     """Files in an existing bundle folder whose content no longer matches its manifest."""
     try:
@@ -172,6 +186,11 @@ def write(bundles: Sequence[Bundle], out: Path, *, force: bool = False) -> None:
         edited = [f"{b.folder}/{rel}" for b in bundles for rel in edited_files(out / b.folder)]
         if edited:
             raise EditedError(edited)
+        others = [(b.folder, old, new) for b in bundles
+                  if (old := built_from(out / b.folder)) is not None
+                  and old != (new := json.loads(next(f.text for f in b.files if f.path == MANIFEST))["spec"])]
+        if others:
+            raise OtherSpecError(others)
     staging = Path(tempfile.mkdtemp(prefix=".verlc-staging-", dir=out))
     try:
         for bundle in bundles:

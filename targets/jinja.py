@@ -28,7 +28,7 @@ class Rendered(str):
 
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_DIRECTIVE = re.compile(r"--[a-z-]+(=[A-Za-z0-9_.,:%@+=/\[\]{}~-]+)?")
+_DIRECTIVE = re.compile(r"--[a-z-]+(=[A-Za-z0-9_.,:%@+=/\[\]{}~*&|()!-]+)?")  # sbatch reads #SBATCH lines: no shell
 
 
 def _literal(text: str) -> str:

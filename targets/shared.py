@@ -47,6 +47,11 @@ def node_workdir(spec: Spec, own: str | None) -> str | None:
     return spec.compose.workdir if spec.compose else None
 
 
+def path_list(*entries: str) -> str:
+    """A PATH-like value of `entries` in order (a variable the target sets and the spec sets too: both kept)."""
+    return ":".join(entries)
+
+
 def persistent_home(path: str, workdir: str | None, mounts: list[str]) -> str | None:
     """The mount (of `mounts`) that holds `path` (relative paths are under `workdir`), or None."""
     full = path if path.startswith("/") else f"{(workdir or '').rstrip('/')}/{path}"

@@ -12,7 +12,7 @@
                     check_section(spec, sourced) where the section has problems pydantic cannot see
       lower.py      lower(spec, ir) -> its part of the IR, built only when the target is built
       render.py     render(ir) -> Bundle
-      launch.py     the Launcher protocol (lifecycle/scheduler.py): submit, state, logs, cancel, attach
+      launch.py     the Launcher protocol (contract/launcher.py): submit, state, logs, cancel, attach
 
 Only the descriptor is imported with the registry; the section when the Spec is built (every spec), the rest
 when the target is built or launched, so building one target loads only that one.
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from ..compiler.load import Sourced
     from ..compiler.spec import Spec
     from ..compiler.verl.check import Selection
-    from ..lifecycle.scheduler import Launcher
+    from ..contract.launcher import Launcher
     from .bundle import Bundle
 
 

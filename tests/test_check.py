@@ -180,6 +180,24 @@ def test_two_specs_of_one_name_are_named_as_a_clash_by_check_and_build(tmp_path:
         assert "edited by hand" not in result.stderr and "--force" not in result.stderr
 
 
+def test_a_build_does_not_replace_a_bundle_of_another_spec_of_the_same_name_unless_forced(tmp_path: Path) -> None:
+    """#53 item 8: built one after the other, two specs of one name would replace each other's bundle."""
+    for name in ("a.yaml", "b.yaml"):
+        shutil.copy(REPO / "specs" / "quickstart-gsm8k-1node.yaml", tmp_path / name)
+    assert run_verlc("build", "a.yaml", "--target", "slurm", cwd=tmp_path).returncode == 0
+    first = (tmp_path / "out" / "quickstart-gsm8k-1node" / "slurm" / "manifest.json").read_text()
+    again = run_verlc("build", "a.yaml", "--target", "slurm", cwd=tmp_path)  # its own bundle: rebuilt
+    assert again.returncode == 0, again.stderr
+    refused = run_verlc("build", "b.yaml", "--target", "slurm", cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    assert "verlc: out/quickstart-gsm8k-1node/slurm/ was built from a.yaml (its manifest says so), not b.yaml" \
+           in refused.stderr and "pass --force to replace the bundle" in refused.stderr, refused.stderr
+    assert (tmp_path / "out" / "quickstart-gsm8k-1node" / "slurm" / "manifest.json").read_text() == first
+    forced = run_verlc("build", "b.yaml", "--target", "slurm", "--force", cwd=tmp_path)
+    assert forced.returncode == 0, forced.stderr
+    assert '"spec": "b.yaml"' in (tmp_path / "out" / "quickstart-gsm8k-1node" / "slurm" / "manifest.json").read_text()
+
+
 def test_a_wandb_logger_without_its_key_is_a_note(tmp_path: Path) -> None:
     spec = tmp_path / "w.yaml"
     spec.write_text(CONTAINER_SPEC.replace("MOUNTS", "[]").replace("secrets: [WANDB_API_KEY]\n", ""))
@@ -211,3 +229,38 @@ def test_a_file_a_setting_names_without_a_code_folder_gets_a_note(tmp_path: Path
     spec.write_text(spec.read_text() + "code: .\n")
     shipped = run_verlc("validate", "s.yaml", "--strict", cwd=tmp_path)
     assert shipped.returncode == 0 and "rewards/mine.py" not in shipped.stderr, shipped.stderr
+
+
+ENROOT = "container.image: "
+
+
+@pytest.mark.parametrize(("image", "said"), [
+    ("nvcr.io#nvidia/pytorch:24.05-py3", None),
+    ("nvidia/pytorch:24.05-py3", None),  # Docker Hub's, in either syntax
+    ("/images/verl.sqsh", None),  # a file, checked on every node instead
+    (f"nvcr.io#nvidia/pytorch@sha256:{'a' * 64}", None),
+    ("nvcr.io/nvidia/pytorch:24.05-py3", "note: enroot's own syntax names the registry with '#' "
+                                         "(nvcr.io#nvidia/pytorch:24.05-py3)"),
+    ("nvcr.io#nvidia/pytorch::24.05-py3", "'::' is no tag separator"),
+    ("nvcr.io#nvidia/pytorch:24.05 py3", "has white space: enroot refuses it"),
+    ("nvcr.io#nvidia/pytorch@sha256:abc123", "a sha256 digest is 64 hex digits (lowercase); this one has 6"),
+    ("nvcr.io#NVIDIA/PyTorch:24.05", "enroot takes an image name of lowercase letters, digits and /._- only "
+                                     "('NVIDIA/PyTorch')"),
+])
+def test_an_enroot_image_reference_is_refused_or_noted_as_enroot_would_take_it(
+        tmp_path: Path, image: str, said: str | None) -> None:
+    """#53 item 6: enroot's docker.sh parses [USER@][REGISTRY#]IMAGE[:TAG] (lowercase image names); what it refuses,
+    or what a registry cannot resolve, is refused at the image's line; the Docker form that only newer enroots
+    read as REGISTRY/IMAGE is a note."""
+    text = CONTAINER_SPEC.replace("{runtime: docker, image: verl:1, workdir: /workspace/verl, mounts: MOUNTS}",
+                                  f"{{runtime: pyxis, image: {image!r}, workdir: /workspace/verl, mounts: []}}")
+    (tmp_path / "spec.yaml").write_text(text)
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if "runtime: pyxis" in t)
+    done = run_verlc("validate", "spec.yaml", "--target", "slurm", cwd=tmp_path)
+    found = [t for t in done.stderr.splitlines() if f"{ENROOT}" in t and ("enroot" in t or "digest" in t
+                                                                         or "'::'" in t)]
+    if said is None:
+        assert done.returncode == 0 and not found, done.stderr
+        return
+    assert len(found) == 1 and said in found[0] and found[0].startswith(f"spec.yaml:{line}:"), done.stderr
+    assert done.returncode == (0 if said.startswith("note:") else 2), done.stderr

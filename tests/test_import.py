@@ -204,8 +204,15 @@ def differences(theirs: list[str], ours: tuple[str, ...], root: Path) -> list[st
     if path and Path(path).is_absolute() and Path(path).resolve() != (root / yours.get("--config-dir", "?")).resolve():
         found.append(f"config folder {path} vs --config-dir {yours.get('--config-dir')}")
     a, b = hydra_values(theirs[2:]), hydra_values(ours[3:])
+
+    def same(script: Any, bundle: Any) -> bool:
+        """The same value, or the same file: the script's path into its checkout, the bundle's relative to the
+        run's code (that checkout, where the job runs)."""
+        return bundle == script or isinstance(script, str) and isinstance(bundle, str) and not \
+            bundle.startswith("/") and os.path.normpath(root / bundle) == os.path.normpath(script)
+
     for key, value in a.items():
-        if key not in DERIVED and b.get(key, "<missing>") != value:
+        if key not in DERIVED and not same(value, b.get(key, "<missing>")):
             found.append(f"{key}: the script passes {value!r}, the bundle {b.get(key, '<missing>')!r}")
     extra = set(b) - set(a) - VERLC_ADDS
     defaults = verl_defaults(root)
@@ -639,6 +646,48 @@ def test_what_a_spec_cannot_hold_is_kept_as_comments_with_its_line(tmp_path: Pat
     assert "ray: {address: http://head:8265}" in out and "targets: [ray-job]" in out and "A: '1'" in out
 
 
+def test_limits_and_dates_the_script_set_are_said_not_dropped(tmp_path: Path) -> None:
+    """#53 item 8: a `ulimit` that sets a limit becomes a line of the spec's header (a query does not), and a
+    `$(date)` a note that its output is now a constant; neither ends the import."""
+    result = import_text(tmp_path, "ulimit -n 65535\nulimit -n\nulimit -c unlimited\nSTAMP=$(date +%Y%m%d)\n"
+                                   f"{TRAINER.rstrip()} trainer.experiment_name=run-$STAMP\n")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "#   line 1: ulimit -n 65535: the open-files limit: Ray raises each of its processes' soft limit" in out
+    assert "#   line 3: ulimit -c unlimited: a limit of the nodes' processes" in out
+    assert "line 2: ulimit" not in out, out  # the query (`ulimit -n`) sets nothing
+    assert "# note: line 4: `$(date +%Y%m%d)` ran once, at import: what it printed is now a constant" in out
+    assert "line 4: `$(date +%Y%m%d)` ran once" in result.stderr
+
+
+def test_a_path_under_the_scripts_own_folder_becomes_code_relative(tmp_path: Path) -> None:
+    """#53 item 8: `$(pwd)/examples/...` (the checkout the script runs from) is written relative to the run's
+    code, which is that folder; a path elsewhere stays as it is."""
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "tools.yaml").write_text("tools: []\n")
+    result = import_text(tmp_path, f"{TRAINER.rstrip()} actor_rollout_ref.rollout.multi_turn.tool_config_path="
+                                   f"$(pwd)/examples/tools.yaml trainer.default_local_dir=/ckpt/run\n")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "tool_config_path: examples/tools.yaml" in out and "default_local_dir: /ckpt/run" in out, out
+    assert re.search(r"^code: \.$", out, re.M), out
+    assert "actor_rollout_ref.rollout.multi_turn.tool_config_path: a path under the folder the script ran from" in out
+
+
+def test_two_scripts_of_one_file_name_import_as_specs_of_two_names(tmp_path: Path) -> None:
+    """#53 item 8: run.sh of two folders, imported beside each other, get names of their own (a bundle folder
+    each); the first keeps the plain name."""
+    for folder in ("grpo", "ppo"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "run.sh").write_text(TRAINER)
+        result = run_verlc("import", f"{folder}/run.sh", "--verl-version", "0.7.1", "-o", f"{folder}.yaml",
+                           cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+    names = [re.search(r"^name: (.*)$", (tmp_path / f"{f}.yaml").read_text(), re.M)[1] for f in ("grpo", "ppo")]
+    assert names == ["run", "ppo-run"]
+    assert run_verlc("build", "grpo.yaml", "ppo.yaml", "--target", "slurm", cwd=tmp_path).returncode == 0
+
+
 def test_srun_and_uv_run_start_the_trainer_and_sbatch_lines_fill_cluster_slurm(tmp_path: Path) -> None:
     result = import_text(tmp_path, "#!/bin/bash\n#SBATCH --cpus-per-task=32 --partition=gpu\n#SBATCH --mail-type=END\n"
                                    "srun --overlap -N 1 uv run --with verl python3 -m verl.trainer.main_ppo "
@@ -718,6 +767,12 @@ def test_an_ascend_scripts_hccl_port_ranges_are_translated_not_refused(tmp_path:
     (tmp_path / "spec.yaml").write_text(result.stdout)
     built = run_verlc("build", "spec.yaml", "--target", "slurm", "--out", "out", cwd=tmp_path)
     assert built.returncode == 0, built.stderr
+    # `auto` (HCCL picks its ports, as verl's runtime env asks): taken into the spec's env, and it builds
+    auto = import_text(tmp_path, "#!/bin/bash\nexport HCCL_HOST_SOCKET_PORT_RANGE=auto\n"
+                                 + TRAINER.replace("trainer.nnodes=1", "trainer.device=npu trainer.nnodes=1"),
+                       "--accelerator", "npu")
+    assert auto.returncode == 0 and "HCCL_HOST_SOCKET_PORT_RANGE: auto" in auto.stdout, auto.stdout + auto.stderr
+    assert "export HCCL_HOST_SOCKET_PORT_RANGE:" not in auto.stdout
 
 
 def test_an_ascend_script_becomes_an_npu_spec(imported: dict[str, Any]) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import run_verlc
 
-from verlc.targets import runtime as incluster
+from verlc.runtime import record as incluster
 from verlc.targets.job_package import one_program
 
 COMMIT = "0123456789abcdef" * 2 + "01234567"

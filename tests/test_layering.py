@@ -1,23 +1,27 @@
 """The layering docs/architecture.md states, read from the source with `ast`: every import (type-only ones
-too), resolved to the verlc package it names.
+too), resolved to the verlc folder it names. The layers are the folders, with no exception for a file.
 
-    compiler/   imports nothing of targets/, lifecycle/ or the commands (verlc/): it gets the targets as a
-                Catalog (compiler/catalog.py) from the composition root
-    targets/    the compiler, the lifecycle's launcher interface (lifecycle/scheduler.py) and its own folder
-    lifecycle/  the compiler and, of targets/, the protocol only (targets/protocol.py); launchers are handed in
+    runtime/    what runs on the cluster: nothing of verlc but itself (and only the standard library: it ships)
+    compiler/   nothing of verlc but itself; it gets the targets as a Catalog (compiler/catalog.py) from the
+                composition root
+    contract/   the launcher interface: the compiler (the IR a launcher submits)
+    targets/    the compiler, the runtime (its protocol and job), the launcher interface and itself
+    lifecycle/  the compiler, the runtime's protocol, the launcher interface and itself; launchers are handed in
     verlc/      the composition root: everything
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO
 
-FOLDERS = {"compiler": "verlc.compiler", "targets": "verlc.targets", "lifecycle": "verlc.lifecycle", "verlc": "verlc"}
+FOLDERS = {"compiler": "verlc.compiler", "targets": "verlc.targets", "lifecycle": "verlc.lifecycle", "verlc": "verlc",
+           "runtime": "verlc.runtime", "contract": "verlc.contract"}
 
 
 def module_of(path: Path) -> str:
@@ -46,19 +50,17 @@ def sources(folder: str) -> list[Path]:
 
 
 def layer(module: str) -> str:
-    """verlc.compiler.x -> compiler; verlc.targets.protocol -> protocol (a layer of its own); verlc.cli -> verlc."""
+    """verlc.compiler.x -> compiler, verlc.runtime.protocol.Job -> runtime; verlc.cli -> verlc."""
     parts = module.split(".")
-    if parts[1:3] == ["targets", "protocol"]:
-        return "protocol"
-    if parts[1:3] == ["lifecycle", "scheduler"]:
-        return "launcher interface"
-    return parts[1] if len(parts) > 1 and parts[1] in ("compiler", "targets", "lifecycle") else "verlc"
+    return parts[1] if len(parts) > 1 and parts[1] in FOLDERS and parts[1] != "verlc" else "verlc"
 
 
 ALLOWED = {
+    "runtime": {"runtime"},
     "compiler": {"compiler"},
-    "targets": {"compiler", "targets", "protocol", "launcher interface"},
-    "lifecycle": {"compiler", "lifecycle", "protocol", "launcher interface"},
+    "contract": {"compiler", "contract"},
+    "targets": {"compiler", "runtime", "contract", "targets"},
+    "lifecycle": {"compiler", "runtime", "contract", "lifecycle"},
 }
 
 
@@ -66,15 +68,35 @@ ALLOWED = {
 def test_imports_follow_the_layers(folder: str) -> None:
     assert sources(folder), f"no sources under {folder}/"
     wrong = [f"{p.relative_to(REPO)} imports {m}" for p in sources(folder) for m in sorted(imports(p))
-             if layer(m) not in ALLOWED[folder] and m != "verlc.__version__"]
+             if layer(m) not in ALLOWED[folder]]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_runtime_needs_only_the_standard_library() -> None:
+    """It ships to every node and container as it is: an import outside the standard library is made where it is
+    used, inside a function (ray, torch, pyarrow and transformers, which verl's images have), never at the top."""
+    found = []
+    for path in sources("runtime"):
+        for node in ast.parse(path.read_text(), str(path)).body:
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found += [f"{path.name}: {n}" for n in names if n and n.split(".")[0] not in sys.stdlib_module_names]
+    assert not found, found
+
+
+def test_the_version_the_compiler_stamps_is_the_distributions() -> None:
+    import tomllib
+
+    from verlc.compiler.version import VERSION
+
+    assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"] == VERSION
 
 
 def test_the_reader_sees_relative_imports_as_they_resolve(tmp_path: Path) -> None:
     """The check's own reading: a relative import two levels up from a target's folder is the compiler."""
     seen = imports(REPO / "targets" / "slurm" / "lower.py")
     assert "verlc.compiler.ir.JobIR" in seen and all(m.startswith("verlc.") for m in seen)
-    assert layer("verlc.targets.slurm.view") == "targets" and layer("verlc.targets.protocol.Job") == "protocol"
+    assert layer("verlc.targets.slurm.view") == "targets" and layer("verlc.runtime.job.Job") == "runtime"
 
 
 def test_no_target_is_named_outside_its_folder_in_the_compiler() -> None:

@@ -55,13 +55,47 @@ def test_events_and_lines_from_a_job_log() -> None:
 (TaskRunner pid=9) Total training steps: 40
 (TaskRunner pid=9) step:10 - critic/score/mean:0.5 - actor/pg_loss:-0.25
 """.splitlines()
-    events = list(progress.events(log))
+    events = [e for e in progress.events(log) if e.kind != "took"]
     assert [e.text for e in events] == ["ray", "ray 1/2 nodes", "ray 2/2 nodes", "train",
                                         "Total training steps: 40", "step 10"]
+    assert [e.text for e in progress.events(log) if e.kind == "took"] == ["ray took 2.9s"]  # as the next one began
     step = events[-1].step
     assert progress.step_line(step, 40, ["critic/score/mean"], tty=False) == "step 10/40 critic/score/mean=0.5"
     assert progress.step_line(step, 40, [], tty=True, width=8) == "step 10/40 [##      ] 25%"
     assert list(progress.stage_lines(log, "ray"))[1:] == log[2:4]
+
+
+def test_follow_says_why_a_run_failed_or_starts_over() -> None:
+    """#53 item 11: the preflight's failing line, a requeue and its reason, the cap on requeues, the exit code."""
+    log = """\
+[2026-12-01T03:00:00.000Z] verlc: stage preflight
+[2026-12-01T03:00:01.000Z] verlc: PREFLIGHT FAILED: data file data/nope.parquet does not exist (cwd /w)
+[2026-12-01T03:00:02.000Z] verlc: USR1: preemption or time limit ahead; stopping and requeueing
+[2026-12-01T03:00:03.000Z] verlc: requeueing job 7
+[2026-12-01T03:00:04.000Z] verlc: not requeued: max_requeues (3) reached: this job was requeued 3 time(s) already
+[2026-12-01T03:00:05.000Z] verlc: preflight passed: 1 nodes, 8 GPUs, 2 data files
+[2026-12-01T03:00:06.000Z] verlc: exit code 1
+""".splitlines()
+    assert [(e.kind, e.text) for e in progress.events(log)] == [
+        ("stage", "preflight"),
+        ("why", "PREFLIGHT FAILED: data file data/nope.parquet does not exist (cwd /w)"),
+        ("why", "USR1: preemption or time limit ahead; stopping and requeueing"),
+        ("why", "requeueing job 7"),
+        ("why", "not requeued: max_requeues (3) reached: this job was requeued 3 time(s) already"),
+        ("took", "preflight took 6.0s"),  # #56: the stage under way when the job ended
+        ("why", "exit code 1")]
+
+
+def test_a_requeued_runs_wall_time_counts_every_attempt_and_not_the_queue_between() -> None:
+    """#53 item 12: the scheduler's start is the last attempt's; the log has each attempt's own times."""
+    log = ["[2026-12-01T03:00:00.000Z] verlc: job 7 on n1 n2; head n1; SLURM_RESTART_COUNT=0",
+           "(TaskRunner pid=1) step:1 - critic/score/mean:0.1",
+           "[2026-12-01T04:00:00.000Z] verlc: requeueing job 7",
+           "[2026-12-01T04:00:30.000Z] verlc: exit code 0",
+           "[2026-12-01T05:00:00.000Z] verlc: job 7 on n3 n4; head n3; SLURM_RESTART_COUNT=1",  # 30 min queued
+           "[2026-12-01T05:20:00.000Z] verlc: exit code 0"]
+    assert progress.attempts_seconds(log) == 3630 + 1200
+    assert progress.attempts_seconds(log[:4]) is None  # one attempt: the scheduler's times stand
 
 
 def test_results_read_the_scores_verls_evaluation_prints() -> None:
@@ -247,11 +281,11 @@ def test_a_run_stopped_by_verlc_stop_after_shows_where_it_stopped(tmp_path: Path
 
 def test_cancel_of_a_sweeps_prefix_or_array_job_id_cancels_each_unfinished_variant(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """#40 item 8: the README says RUN may be the job id; a sweep's array job id (or the prefix of its runs)
+    """#40 item 8: docs/running.md says RUN may be the job id; a sweep's array job id (or the prefix of its runs)
     names every variant, and was refused as ambiguous."""
     from verlc.commands import runs as commands
     from verlc.lifecycle import runs
-    from verlc.lifecycle.scheduler import Observed
+    from verlc.contract.launcher import Observed
 
     (tmp_path / ".git").mkdir()
     book = tmp_path / ledger.FILE
@@ -261,7 +295,7 @@ def test_cancel_of_a_sweeps_prefix_or_array_job_id_cancels_each_unfinished_varia
     ledger.append(book, {"event": "submitted", "run": "other-8", "job_id": "8", "target": "slurm"})
     sent: list[str] = []
     monkeypatch.setattr(runs, "cancel", lambda _book, run, _launchers: sent.append(run.run) or Observed(
-        state="CANCELLED", restarts=0, source="test"))
+        scheduler_state="CANCELLED", restarts=0, source="test"))
     monkeypatch.chdir(tmp_path)
     for key in ("s-7", "7"):
         sent.clear()

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_verlc
+from conftest import failing_first, run_verlc
 from test_ray_job import build as build_ray_job
 from test_ray_job import ray_env, ray_head  # noqa: F401
 from test_slurm_e2e import (SLURM_CONF, SUBMIT_ENV, build, fake_venv, slurm, stand_in, wait_for,  # noqa: F401
                             write_fixtures)
 
 from verlc.lifecycle import ledger
+from verlc.runtime.protocol import TOOL_CONFIG_FILE, parse_event
 
 
 def verlc(root: Path, *args: str, stop_after: str = "preflight", env: dict[str, str] | None = None,
@@ -52,7 +53,13 @@ def test_submit_follow_shows_each_stage_and_the_ledger_keeps_the_run(slurm: None
     lines = [line.removeprefix(f"{run.run}: ") for line in out.splitlines()]
     stages = [line for line in lines if line in ("ray", "ray 1/2 nodes", "ray 2/2 nodes", "data", "preflight")]
     assert stages == ["ray", "ray 1/2 nodes", "ray 2/2 nodes", "data", "preflight"], out
-    assert lines[-1] == "completed", out
+    took = [line.split(" took ")[0] for line in lines if re.fullmatch(r"\w+ took \d+\.\ds", line)]
+    assert took == ["containers", "ray", "data", "preflight"], out  # #56: each stage's time as it ends
+    assert any(re.fullmatch(r"check all-reduce: \d+\.\d{3}s", line) for line in lines), out
+    assert lines[-1] == "completed" and "exit code 0" in lines, out  # why it ended, then the state (#53 item 11)
+    assert "stopping after stage preflight (VERLC_STOP_AFTER)" in lines, out
+    status = verlc(tmp_path, "status", run.run).stdout
+    assert status.startswith(f"{run.run}: stopped after preflight, exit code 0"), status  # #53 item 11
     assert (run.state, run.final, run.exit_code) == ("COMPLETED", True, 0)
     assert run.submitted["spec"] == "spec.yaml" and run.submitted["target"] == "slurm"
     manifest = (tmp_path / "out" / run.name / "slurm" / "manifest.json").read_bytes()
@@ -239,19 +246,87 @@ def test_a_pipeline_runs_its_stages_in_order_and_a_failed_stage_stops_the_chain(
     assert "sft failed, the chain stopped (sft failed, grpo cancelled)" in table[1], table
 
 
+def test_services_on_slurm_reach_the_trainer_come_back_after_a_requeue_and_their_logs_are_kept(
+        slurm: None, tmp_path: Path) -> None:
+    """#55 on the local Slurm cluster: a sandbox on the head (its run's token required) and a retriever on each
+    of the two nodes, started by the job's runtime, ready and probed before the stand-in trainer (no GPU here:
+    it trains nothing) reaches both at the addresses verlc wired, the retriever also through the spec's tool
+    config (in the run folder, which every node sees). Requeued ahead of preemption while it trains,
+    the job brings them back at addresses of the same form (the job's port block) with a new token; nothing of
+    them runs once the job ended, their output is in the run folder (`verlc logs RUN --service NAME`), and no
+    token is in a log, the record or the bundle."""
+    from test_ray_job import SERVICES_TOOLS, SERVICES_VERL, service_fixtures, service_processes
+
+    services = service_fixtures(tmp_path)
+    reward = json.dumps(SERVICES_VERL["reward"])
+    build(tmp_path, venv=fake_venv(tmp_path), grace="60s", verl=f", reward: {reward}",
+          extra=f"services: {json.dumps(services)}\ntool_config: {json.dumps(SERVICES_TOOLS)}\n")
+    env = {"FAKE_TRAINER": "trainer.py", "TRAINER_WAITS_FOR_REQUEUE": "1"}
+    submitted = verlc(tmp_path, "submit", "spec.yaml", "--target", "slurm", "--out", "out", stop_after="train", env=env)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    [run] = runs_of(tmp_path).values()
+    wait_for(lambda: "STAND-IN TRAINER: waiting to be requeued" in verlc(tmp_path, "logs", run.run).stdout, 300,
+             "the first attempt's trainer", seen=lambda: failing_first(verlc(tmp_path, "logs", run.run).stdout))
+    subprocess.run(["scancel", "--signal=USR1", "--batch", run.job_id], check=True)  # as ahead of preemption
+    until_final(tmp_path, run.run, timeout=600, env=env)
+    run = runs_of(tmp_path)[run.run]
+    log = verlc(tmp_path, "logs", run.run).stdout
+    assert (run.state, run.restarts) == ("COMPLETED", 1), failing_first(log)
+    started = re.findall(r"service sandbox: started on the head node at http://(10\.77\.0\.\d+):(\d+)", log)
+    assert len(started) == 2 and started[0][1] == started[1][1], started  # the head's address, the block's port
+    for name in ("sandbox", "retriever"):
+        assert len(re.findall(rf"service {name}: ready in [\d.]+s, {name} probe passed", log)) == 2, log
+    assert len(re.findall(r"sandbox at http://10\.77\.0\.\d+:\d+/run_code printed 42", log)) == 2, log
+    assert len(re.findall(r"retriever at http://127\.0\.0\.1:\d+/retrieve found pg", log)) == 2, log
+    assert log.count("services stopped: sandbox, retriever") == 2, log
+    # the tool config in the run folder (every node sees it), reached through verl's key in each attempt, and
+    # kept with the run as verl read it
+    kept_config = Path(run.record).parent / TOOL_CONFIG_FILE
+    assert log.count(f"tool config: {kept_config} (VERLC_TOOL_CONFIG)") == 2, log
+    assert '"retrieval_service_url": "${oc.env:VERLC_SERVICE_RETRIEVER_URL}/retrieve"' in kept_config.read_text()
+    assert len(re.findall(r"the tool config at /\S+ reached the retriever at http://127\.0\.0\.1:\d+/retrieve: ppo",
+                          log)) == 2, log
+    record = json.loads(Path(run.record).read_text())
+    assert record["services"]["sandbox"]["probe_passed"] and record["services"]["retriever"]["probe_passed"]
+    assert not service_processes(tmp_path)
+    sandbox = verlc(tmp_path, "logs", run.run, "--service", "sandbox")
+    assert sandbox.returncode == 0 and sandbox.stdout.count("sandbox listening on 10.77.0.") == 2, sandbox.stderr
+    nodes = verlc(tmp_path, "logs", run.run, "--service", "retriever").stdout
+    assert len(re.findall(r"^==> retriever-n\d\.log <==$", nodes, re.M)) >= 2, nodes
+    head = run_head(log)
+    one = verlc(tmp_path, "logs", run.run, "--service", "retriever", "--node", head).stdout
+    assert "==>" not in one and "retriever: 3 documents, listening on 127.0.0.1:" in one, one
+    missing = verlc(tmp_path, "logs", run.run, "--service", "judge")
+    assert missing.returncode == 3 and "no log of service 'judge'" in missing.stderr, missing.stderr
+    tokens = (tmp_path / "token.seen").read_text().split()
+    assert len(tokens) == 2 and tokens[0] != tokens[1] and all(len(t) >= 32 for t in tokens), tokens
+    kept = log + Path(run.record).read_text() + sandbox.stdout + nodes
+    assert not [t for t in tokens if t in kept]
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()
+                and any(t in p.read_text(errors="replace") for t in tokens)]
+
+
+def run_head(log: str) -> str:
+    """The job's head node, as its log names it ("head n3")."""
+    found = re.search(r"verlc: job \d+ on .*; head (\w+);", log)
+    assert found, log
+    return found[1]
+
+
 def test_state_of_a_job_slurm_forgot_comes_from_its_log_and_else_is_an_error(slurm: None, tmp_path: Path) -> None:
     """Without accounting, a job slurmctld no longer knows has only its own log: its last exit line."""
-    from verlc.lifecycle.scheduler import LaunchError
+    from verlc.contract.launcher import LaunchError, SubmittedRun
     from verlc.targets.slurm import launch
 
     log = tmp_path / "slurm-999999.out"
     log.write_text("[2026-12-01T03:00:00.000Z] verlc: cleaning up (exit code 1)\n"
                    "[2026-12-01T03:00:01.000Z] verlc: exit code 1\n")
-    seen = launch.state({"job_id": "999999", "log": str(log)})
-    assert (seen.state, seen.exit_code, seen.final) == ("FAILED", 1, True) and "log" in seen.source
+    forgotten = SubmittedRun(run="e2e-999999", target="slurm", job_id="999999", where="", bundle="", log=str(log))
+    seen = launch.state(forgotten)
+    assert (seen.scheduler_state, seen.exit_code, seen.final) == ("FAILED", 1, True) and "log" in seen.source
     log.write_text("[2026-12-01T03:00:00.000Z] verlc: stage ray\n")
     try:
-        launch.state({"job_id": "999999", "log": str(log)})
+        launch.state(forgotten)
     except LaunchError as exc:
         assert "Slurm no longer knows job 999999" in str(exc)
     else:
@@ -339,6 +414,53 @@ def check_plot(root: Path, key: str, runs: list[ledger.Run], env: dict[str, str]
     assert not (root / "nope.png").exists()
 
 
+MILESTONES = ["verl: dataloader ready", "verl: first model loaded", "verl: workers up", "verl: initial validation done",
+              "verl: first step"]
+
+
+def check_timeline(root: Path, key: str, runs: list[ledger.Run], env: dict[str, str] | None = None) -> None:
+    """#56: each run's start-up timeline, read from its log: the stages, the nodes' arrival, each preflight check
+    within the preflight, and verl's milestones as the runtime stamped the fake trainer's lines (verl's own text),
+    up to the first training step (step 0 is the validation before it); and a bar per run, the same bytes twice."""
+    shown = verlc(root, "runs", key, "--timeline", "--format", "json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    rows = json.loads(shown.stdout)
+    for run in runs:
+        mine = {row["phase"].strip(): row for row in rows if row["run"] == run.run}
+        phases = list(mine)
+        stages = [p for p in phases if p in ("containers", "ray", "data", "preflight", "train")]
+        assert stages[-4:] == ["ray", "data", "preflight", "train"], phases
+        assert any(re.fullmatch(r"all \d+ nodes in Ray", p) for p in phases), phases
+        assert [p for p in phases if p.startswith("verl: ")] == MILESTONES, phases
+        at = lambda p: float(mine[p]["start"].strip("+s"))  # noqa: E731
+        checks = [p for p in phases if p.startswith("check ")]
+        assert {"check cluster", "check nodes", "check all-reduce", "check paths"} <= set(checks), phases
+        took = lambda p: float(mine[p]["duration"].rstrip("s"))  # noqa: E731
+        end = at("preflight") + took("preflight")
+        # within the preflight, to the table's resolution (0.1 s): a check that starts 1 ms after the stage line
+        # can show +0.6s beside the stage's +0.7s (it failed so, twice in five runs, at 0.01 s)
+        assert all(at("preflight") - 0.1 <= at(c) <= end + 0.1 for c in checks), rows
+        # the head hashed the inputs while the nodes answered (#56 item 3): the two checks overlap
+        assert at("check inputs") < at("check nodes") + took("check nodes"), rows
+        # each node's clock against the head's (one host here: every offset within its bound, none named off)
+        assert re.fullmatch(r"\S+ [+-]\d+\.\d{3}s \(within \d+\.\d{3}s\) against the head's, the furthest of "
+                            rf"{run.submitted['nodes']}", mine["node clocks"]["note"]), mine["node clocks"]
+        assert mine["verl: workers up"]["note"] == "Training from scratch", mine
+        assert mine["verl: first step"]["note"] == "first step (step 1)", mine  # not the validation's step 0
+        assert mine["median step"]["note"] == "over 3 steps", mine
+        assert mine["time to first step"]["duration"] != "unknown" and at("verl: first step") >= at("train")
+    table = verlc(root, "runs", key, "--timeline", env=env).stdout.splitlines()
+    assert table[0].split() == ["run", "attempt", "phase", "start", "duration", "share", "note"], table
+    drawn = [verlc(root, "plot", key, "--timeline", "-o", f"timeline{i}.svg", env=env) for i in (1, 2)]
+    assert all(d.returncode == 0 for d in drawn), drawn[0].stderr
+    first = (root / "timeline1.svg").read_bytes()
+    assert first == (root / "timeline2.svg").read_bytes()
+    text = first.decode()
+    bars = json.loads(html.unescape(text.split("<dc:description>")[1].split("</dc:description>")[0]))
+    assert bars.keys() == {f"lr={r.submitted['variant'][LR]}" for r in runs}, bars
+    assert all([name for name, _, _ in phases][-1] == "first step" for phases in bars.values()), bars
+
+
 def test_results_and_plot_of_a_slurm_sweep_are_what_its_logs_printed(slurm: None, tmp_path: Path) -> None:
     """A 3-variant sweep (a job array: one run per task), each task's fake trainer printing verl's lines; Slurm
     mails the end of each task (dev/slurm.sh's MailProg records them) and --on-end runs once per run."""
@@ -369,6 +491,7 @@ def test_results_and_plot_of_a_slurm_sweep_are_what_its_logs_printed(slurm: None
     assert all(Path(r.record).is_file() for r in runs)  # each task's own run folder
     check_results(tmp_path, runs)
     check_plot(tmp_path, f"{runs[0].name}-{job}", runs)
+    check_timeline(tmp_path, f"{runs[0].name}-{job}", runs)
 
 
 def test_results_and_plot_of_a_ray_job_sweep_are_what_its_logs_printed(ray_head: str, tmp_path: Path) -> None:  # noqa: F811
@@ -377,14 +500,26 @@ def test_results_and_plot_of_a_ray_job_sweep_are_what_its_logs_printed(ray_head:
     build_ray_job(tmp_path, env={"PATH": f"{fake}:/usr/bin:/bin", "FAKE_METRICS": "1"},
                   sweep={"matrix": {LR: [1e-6, 2e-6]}})
     env = ray_env({"RAY_ADDRESS": ray_head, "VERLC_STOP_AFTER": "train"})
-    done = subprocess.run([sys.executable, "-m", "verlc", "submit", "spec.yaml", "--target", "ray-job", "--wait"],
+    done = subprocess.run([sys.executable, "-m", "verlc", "submit", "spec.yaml", "--target", "ray-job", "--follow"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     runs = list(runs_of(tmp_path).values())
     assert [r.submitted["variant"] for r in runs] == [{LR: 1e-6}, {LR: 2e-6}]
     assert all(r.state == "SUCCEEDED" for r in runs), runs
+    # --follow followed the whole sweep, one run after the other
+    assert all(f"{r.run}: step 3" in done.stdout and f"{r.run}: succeeded" in done.stdout for r in runs), done.stdout
+    # #53 item 4: submitted together to a cluster sized for one, the variants ran in turn: the second waited on
+    # the cluster for the first to end, and its stages began after the first one's last line
+    first, second = ([e for e in map(parse_event, verlc(tmp_path, "logs", r.run, env=env).stdout.splitlines()) if e]
+                     for r in runs)
+    waited = [e for e in second if e.message.startswith("waiting for its turn")]
+    assert [e.message for e in waited] == [f"waiting for its turn: 1 variant(s) submitted before it still to end "
+                                           f"({runs[0].run}); 1 at a time (ray.sweep_parallel)"], second
+    came = next(e for e in second if e.message.startswith("its turn came after"))
+    assert came.time >= first[-1].time and next(e for e in second if e.stage == "data").time >= first[-1].time
     check_results(tmp_path, runs, env=env)
     check_plot(tmp_path, "rayjob-e2e", runs, env=env)
+    check_timeline(tmp_path, "rayjob-e2e", runs, env=env)
 
 
 def test_a_ray_job_resubmit_continues_the_runs_wandb_run(ray_head: str, tmp_path: Path) -> None:  # noqa: F811

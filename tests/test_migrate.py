@@ -27,6 +27,7 @@ from conftest import MAIN_PPO_SPECS, run_verlc
 from test_verl_releases import RULED, baseline, leaves, nest, oracle
 from verlc.compiler import migrate
 from verlc.compiler.verl import moves as verl_moves
+from verlc.compiler.verl.hydra import SERVICE_ATTRIBUTES, service_variable
 from verlc.compiler.diagnostics import SpecError
 from verlc.compiler.load import load
 from verlc.compiler.pipeline import compile_spec
@@ -297,10 +298,20 @@ def migrated(job: tuple[int, str, str, str, Path]) -> tuple[list[str], dict[str,
     return failures, case, True, bool(p.decisions)
 
 
+def service_addresses() -> list[tuple[str, str, str]]:
+    """(service, attribute, a value as the runtime sets it) for every service of the example specs."""
+    names = {n for s in MAIN_PPO_SPECS for n in (yaml.safe_load(s.read_text()).get("services") or {})}
+    assert names, "no example spec has a service: the oracle's service variables are untested"
+    values = {"url": "http://10.0.0.1:8080", "host": "10.0.0.1", "port": "8080", "token": "t0k3n"}
+    return [(n, a, values[a]) for n in sorted(names) for a in SERVICE_ATTRIBUTES]
+
+
 def test_every_spec_to_every_release_and_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Validation, settings kept, behaviour kept, and verl's own verdict on every migrated spec."""
     monkeypatch.setenv("SCRATCH", "/scratch")  # an example's checkpoint folder names it (resolved on the node)
     monkeypatch.setenv("GPU_REHEARSAL", "/gpu-rehearsal")  # the GPU rehearsal's paths (its folder on that machine)
+    for name, attribute, value in service_addresses():  # ${services.N.A}: set by the runtime where the job runs
+        monkeypatch.setenv(service_variable(name, attribute), value)
     cases: dict[str, list[dict[str, Any]]] = {v: [] for v in RELEASES}
     failures: list[str] = []
     checked = decided = 0

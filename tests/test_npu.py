@@ -75,7 +75,7 @@ def test_the_slurm_bundle_asks_for_npus_and_sets_them_up_as_verls_ascend_guide_d
     assert sbatch_lines(script, "gres") == ["#SBATCH --gres=npu:16"] and not sbatch_lines(script, "gpus-per-node")
     # Ray's NPU resource on every node (JSON, one word), never GPUs; no CUDA/ROCm/NCCL settings at all
     assert script.count("'--resources={\"NPU\": 16}'") == 2
-    generated = script.split("# targets/runtime.py of verlc")[0]  # the job's part (the runtime serves every job)
+    generated = script.split("# runtime/ of verlc")[0]  # the job's part (the runtime serves every job)
     assert not CUDA_OR_ROCM.findall(generated), CUDA_OR_ROCM.findall(generated)
     env = dict(re.findall(r"^  export (\w+)=(.*?)(?:  # .*)?$", script, flags=re.M))
     assert env["ASCEND_RT_VISIBLE_DEVICES"] == ",".join(map(str, range(16)))
@@ -257,9 +257,9 @@ def npu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 # The start of a program run by runtime(): connected to the cluster, once both nodes are there (by name)
 CONNECTED = """
 import time
-ray = runtime.connect(address)
+ray = cluster.connect(address)
 for _ in range(60):
-    nodes = runtime.alive_nodes(ray)
+    nodes = cluster.alive_nodes(ray)
     if len(nodes) == 2:
         break
     time.sleep(1)
@@ -268,20 +268,21 @@ nodes = sorted(nodes, key=lambda n: n["NodeName"])
 
 
 def runtime(program: str, address: str, **env: str) -> subprocess.CompletedProcess[str]:
-    code = f"import json, sys\nfrom verlc.targets import runtime\naddress = sys.argv[1]\n{program}"
+    code = (f"import json, sys\nfrom verlc.runtime import cluster, collective, nodes as on_nodes\n"
+            f"address = sys.argv[1]\n{program}")
     return subprocess.run([sys.executable, "-c", code, address], capture_output=True, text=True,
                           env=ray_env(env), timeout=300)
 
 
 def test_the_wait_counts_npus_and_names_a_node_with_too_few(npu_cluster: str) -> None:
-    ready = runtime("sys.exit(runtime.wait(address, 2, 3, 60, 'NPU'))", npu_cluster)
+    ready = runtime("sys.exit(cluster.wait(address, 2, 3, 60, 'NPU'))", npu_cluster)
     assert ready.returncode == 0, ready.stdout + ready.stderr
     assert re.search(r"node registered: npu-head \([\d.]+\) NPUs=2 \(\d/2\)", ready.stdout), ready.stdout
     assert re.search(r"node registered: npu-short \([\d.]+\) NPUs=1 \(\d/2\)", ready.stdout), ready.stdout
     assert "cluster ready: 2 nodes, 3 NPUs" in ready.stdout
     # every node the job started (the Slurm bundle names them) has come: it fails at once, naming the short one
     began = time.monotonic()
-    short = runtime("sys.exit(runtime.wait(address, 2, 4, 120, 'NPU'))", npu_cluster,
+    short = runtime("sys.exit(cluster.wait(address, 2, 4, 120, 'NPU'))", npu_cluster,
                     VERLC_NODE_NAMES="npu-head npu-short")
     assert short.returncode == 1, short.stdout + short.stderr
     assert time.monotonic() - began < 60, "it waited for the deadline"
@@ -293,11 +294,11 @@ def test_the_preflight_reads_each_nodes_npus_and_the_all_reduce_holds_them(npu_c
     """npu-smi's chips per node against Ray's NPU resource (the short node's npu-smi shows none), torch_npu's
     version recorded; the all-reduce's tasks hold each node's NPUs (gloo here: no torch_npu)."""
     program = CONNECTED + """
-seen, unanswered = runtime.versions_per_node(ray, nodes, "NPU")
+seen, unanswered = on_nodes.versions_per_node(ray, nodes, "NPU")
 assert unanswered == [], unanswered
-problems, summary = runtime.collective_problems(ray, nodes, device="NPU")
+problems, summary = collective.collective_problems(ray, nodes, device="NPU")
 print(json.dumps({"seen": {n["NodeName"]: seen[n["NodeID"]] for n in nodes},
-                  "npu": runtime.npu_problems(seen, nodes), "allreduce": problems, "summary": summary}))
+                  "npu": on_nodes.npu_problems(seen, nodes), "allreduce": problems, "summary": summary}))
 """
     result = runtime(program, npu_cluster)
     assert result.returncode == 0, result.stderr
@@ -325,8 +326,8 @@ def short_hangs():
     return "fine"
 
 began = time.monotonic()
-failed = runtime.on_each_node(ray, nodes, short_fails, what="versions")
-hung = runtime.on_each_node(ray, nodes, short_hangs, what="environment", timeout=5)
+failed = cluster.on_each_node(ray, nodes, short_fails, what="versions")
+hung = cluster.on_each_node(ray, nodes, short_hangs, what="environment", timeout=5)
 print(json.dumps({"failed": failed, "hung": hung, "seconds": time.monotonic() - began}))
 """
     result = runtime(program, npu_cluster)

@@ -4,6 +4,8 @@ test_lifecycle_e2e.py."""
 
 from __future__ import annotations
 
+import re
+
 import json
 import os
 import subprocess
@@ -14,7 +16,9 @@ import pytest
 
 from conftest import REPO, run_verlc, slurm_job
 
-from verlc.targets import runtime
+from verlc.runtime.data import merge_inputs
+from verlc.runtime.job import StageInput
+from verlc.runtime.record import record_items, stage_records
 
 EXAMPLE = REPO / "specs" / "pipelines" / "sft-grpo-qwen2.5-0.5b.yaml"
 SHELLCHECK = Path(sys.executable).parent / "shellcheck"
@@ -130,7 +134,7 @@ def test_each_stage_is_a_job_of_its_own_and_the_later_takes_the_earlier_ones_mer
      "p.yaml:11:19: stages.sft.verl.data.max_lenght: verl 0.6.1 has no key 'max_lenght' under 'data' (did you "
      "mean 'max_length'?)"),
     (("    program: verl.trainer.sft_trainer", "    programme: verl.trainer.sft_trainer"),
-     "p.yaml:10:5: stages.sft.programme: unknown key 'programme'"),
+     "p.yaml:10:5: stages.sft.programme: unknown key 'programme' (did you mean 'program'?)"),
     (("  rl:\n", "  rl:\n    data: {train_files: [\"${stages.sft.output}\"], val_files: [v.parquet]}\n"),
      "p.yaml:13:26: stages.rl.data.train_files[0]: stage sft (verl.trainer.sft_trainer) writes no file of "
      "responses: verl's generation (verl.trainer.main_generation or verl.trainer.main_generation_server) does"),
@@ -218,32 +222,32 @@ for name in ("config.json", "model.safetensors"):
 """
 
 
-def stage_entry(tmp_path: Path) -> dict:
+def stage_entry(tmp_path: Path) -> StageInput:
     (tmp_path / "merger.py").write_text(MERGER)
-    return {"stage": "p-sft", "checkpoint_dir": [str(tmp_path / "ckpt")], "layout": "actor",
-            "merger": [sys.executable, str(tmp_path / "merger.py"), "merge"],
-            "merged": [str(tmp_path / "ckpt"), "/verlc-merged"],
-            "latest": [str(tmp_path / "ckpt"), "/verlc-merged/latest"]}
+    return StageInput(stage="p-sft", checkpoint_dir=[str(tmp_path / "ckpt")], layout="actor",
+                      merger=[sys.executable, str(tmp_path / "merger.py"), "merge"],
+                      merged=[str(tmp_path / "ckpt"), "/verlc-merged"],
+                      latest=[str(tmp_path / "ckpt"), "/verlc-merged/latest"])
 
 
 def test_the_data_stage_merges_the_last_checkpoint_once_and_points_latest_at_it(tmp_path: Path, capsys) -> None:
     entry = stage_entry(tmp_path)
-    assert runtime.merge_inputs([entry]) == 1  # no checkpoint yet
+    assert merge_inputs([entry]) == 1  # no checkpoint yet
     assert "stage p-sft left no checkpoint in" in capsys.readouterr().out
     for step in (2, 4):
         (tmp_path / "ckpt" / f"global_step_{step}" / "actor").mkdir(parents=True)
         (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text(str(step))
-        assert runtime.merge_inputs([entry]) == 0
+        assert merge_inputs([entry]) == 0
     merged = tmp_path / "ckpt" / "verlc-merged"
     assert os.readlink(merged / "latest") == "global_step_4"
     assert (merged / "global_step_4" / "config.json").read_text() == str(tmp_path / "ckpt" / "global_step_4" / "actor")
     assert sorted(p.name for p in merged.iterdir()) == ["global_step_2", "global_step_4", "latest"]
     capsys.readouterr()
-    assert runtime.merge_inputs([entry]) == 0
+    assert merge_inputs([entry]) == 0
     assert "stage p-sft's step 4 is merged already" in capsys.readouterr().out
-    [record], found = runtime.stage_records([entry])
+    [record], found = stage_records([entry])
     assert found == [] and record["step"] == 4 and set(record["files"]) == {"config.json", "model.safetensors"}
-    items = runtime.record_items({"inputs": {"stages": [record]}})["inputs"]
+    items = record_items({"inputs": {"stages": [record]}})["inputs"]
     assert items["stage p-sft step"] == 4 and "stage p-sft model model.safetensors sha256" in items
 
 
@@ -252,11 +256,11 @@ def test_a_merge_that_fails_leaves_no_model_behind(tmp_path: Path, monkeypatch: 
     (tmp_path / "ckpt" / "global_step_3" / "actor").mkdir(parents=True)
     (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("3")
     monkeypatch.setenv("MERGER_FAILS", "1")
-    assert runtime.merge_inputs([entry]) == 3
+    assert merge_inputs([entry]) == 3
     assert "ERROR: verl's model merger exited with 3" in capsys.readouterr().out
     merged = tmp_path / "ckpt" / "verlc-merged"
     assert not merged.exists() or list(merged.iterdir()) == []
-    [record], found = runtime.stage_records([entry])
+    [record], found = stage_records([entry])
     assert found == [f"stage p-sft's merged model {merged}/global_step_3 is missing (the data stage merges it)"]
 
 
@@ -268,6 +272,15 @@ def test_plan_shows_each_stage_and_the_pipelines_gpu_hours() -> None:
     hours = 12 * 8 * 4  # the spec's cluster.slurm.time 12:00:00 x 8 GPUs, for each of its four stages
     assert f"pipeline sft-grpo-qwen2p5-0p5b: its stages one after another, at most {hours} GPU-hours in all" \
         in result.stdout
+    # generation: the rollout alone, its prompts and responses; evaluation: no GPU used (#53); neither has
+    # actor updates or a training batch
+    stages = dict(re.findall(r"^sft-grpo-qwen2p5-0p5b-(\w+): .*?\n((?:  .*\n)+)", result.stdout, re.M))
+    assert "GPUs:     the rollout alone on 8 (nothing is trained)" in stages["generate"], stages["generate"]
+    assert "rollout:  vllm, 8 replica(s) of TP 1" in stages["generate"]
+    assert re.search(r"prompts:  \d+ at a time x \d+ response\(s\) each, into data.output_path", stages["generate"])
+    assert "GPUs:     none used: it scores the responses in data.path" in stages["eval"], stages["eval"]
+    for stage in ("generate", "eval"):
+        assert "actor:" not in stages[stage] and "step:" not in stages[stage] and "None" not in stages[stage]
 
 
 def test_stage_in_takes_every_stages_downloads(tmp_path: Path) -> None:
@@ -281,3 +294,24 @@ def test_stage_in_takes_every_stages_downloads(tmp_path: Path) -> None:
     result = run_verlc("stage-in", "p.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("data in prepared already prepared; skipping") == 1, result.stdout  # once, not per stage
+
+
+def test_a_stage_fetches_and_prepares_only_what_its_program_reads(tmp_path: Path) -> None:
+    """#53: with the spec's model pinned and its gsm8k prepared, and no stage saying `prepare: []`: verl's
+    evaluation (it scores the generation's output file and takes no model) fetches no model and prepares
+    nothing; the generation, whose prompts are in the prepared folder, prepares them; the SFT stage (its own
+    files) prepares nothing."""
+    from verlc.compiler.pipeline import compile_file
+    from verlc.targets import CATALOG
+
+    text = EXAMPLE.read_text().replace("model: Qwen/Qwen2.5-0.5B-Instruct\n", "model: {path: Qwen/Qwen2.5-0.5B-"
+                                       "Instruct, revision: 7ae557604adf67be50417f59c2c2f167def9a775}\n", 1)
+    head, _, stages = text.partition("\nstages:\n")
+    stages = re.sub(r"(  (?:generate|eval):\n(?:    .*\n|\s*#.*\n)*?)      prepare: \[\]\n", r"\1", stages)
+    assert stages.count("prepare: []") == 1  # the SFT stage's own
+    spec = tmp_path / "p.yaml"
+    spec.write_text(head + "\nstages:\n" + stages)
+    irs = {ir.pipeline.stage: ir for ir in compile_file(spec, CATALOG, display="p.yaml", source="p.yaml")}
+    assert [p.out_dir for p in irs["generate"].data_prep] == ["data/gsm8k"]
+    assert irs["eval"].data_prep == () and irs["eval"].model_fetch is None and irs["eval"].model.parts == ()
+    assert irs["sft"].data_prep == () and irs["sft"].model_fetch is not None

@@ -25,9 +25,10 @@ from verlc.compiler.diagnostics import SpecError
 from verlc.compiler.pipeline import compile_spec
 from verlc.targets import CATALOG
 from verlc.targets.job_package import job_of
-from verlc.targets.protocol import Job
+from verlc.runtime.job import Job
 from verlc.compiler.verl.check import select, settings
 from verlc.compiler.verl.commit import _release, commit_release
+from verlc.compiler.verl.release import RELEASES
 from verlc.compiler.verl.hydra import verl_value
 from verlc.compiler.verl.program import resolve
 
@@ -238,9 +239,21 @@ def installed_verl() -> Path:
 # --- a commit read from a checkout, once --------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def commit_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One $XDG_CACHE_HOME for the tests that read a checkout's commit (each commit is read once)."""
-    return tmp_path_factory.mktemp("cache")
+def commit_cache(tmp_path_factory: pytest.TempPathFactory, checkouts: Path) -> Path:
+    """One $XDG_CACHE_HOME for the tests that read a checkout's commit (each commit is read once). The rolling
+    recipe checkout's commit holds verl at ROLLING, whose shipped schema is its facts: it starts in the cache, as
+    a first read would leave it (reading it takes minutes; dev/verl_schema.py --check, in test_verl_rules.py,
+    reads ROLLING from those very files and compares it with the shipped schema)."""
+    from importlib import resources
+
+    from verlc.compiler.verl.commit import _extractor_digest
+
+    root = tmp_path_factory.mktemp("cache")
+    folder = root / "verlc" / "verl-commits"
+    folder.mkdir(parents=True)
+    shipped = resources.files("verlc.compiler.verl").joinpath("schemas", f"{ROLLING}.json.gz").read_bytes()
+    (folder / f"{head(checkouts / 'verl-bcb6386-recipe')}-{_extractor_digest()}.json.gz").write_bytes(shipped)
+    return root
 
 
 def head(checkout: Path) -> str:
@@ -249,8 +262,7 @@ def head(checkout: Path) -> str:
 
 
 @pytest.mark.parametrize("checkout, shipped, program", [
-    ("verl-bcb6386-recipe", ROLLING, "recipe.dapo.main_dapo"),
-    ("verl-4f80e465", REPRODUCTION, "recipe.dapo.src.main_dapo"),
+    ("verl-4f80e465", REPRODUCTION, "recipe.dapo.src.main_dapo"),  # (the rolling checkout's: in commit_cache)
 ])
 def test_a_commit_is_read_from_its_checkout_once_then_cached(checkouts: Path, tmp_path: Path, commit_cache: Path,
                                                              checkout: str, shipped: str, program: str) -> None:
@@ -280,6 +292,55 @@ def test_a_commit_is_read_from_its_checkout_once_then_cached(checkouts: Path, tm
     # the same files as the shipped schema of the commit they were unpacked from
     known, read = commit_release(shipped, None), _release(commit, cached[0].read_bytes())
     assert (read.configs, read.classes, read.version) == (known.configs, known.classes, known.version)
+
+
+def test_import_with_a_verl_checkout_pins_its_commit_and_names_it(checkouts: Path, tmp_path: Path,
+                                                                   commit_cache: Path) -> None:
+    """#53 item 8: `verlc import --verl-checkout DIR` pins DIR's commit (read from it where verlc has no schema
+    of it: here the cache the test above filled) and writes DIR as the spec's verl_checkout, and the spec
+    validates; a folder that is not a checkout, or --verl-version beside it, is refused."""
+    folder = checkouts / "verl-4f80e465"
+    script = tmp_path / "run_dapo.sh"
+    script.write_text("python3 -m recipe.dapo.src.main_dapo trainer.nnodes=1 trainer.n_gpus_per_node=8 "
+                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 "
+                      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 "
+                      "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4\n")
+    env = {**os.environ, "XDG_CACHE_HOME": str(commit_cache)}
+
+    def verlc(*args: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "verlc", *map(str, args)], capture_output=True, text=True,
+                              cwd=folder, env=env, timeout=900)
+
+    result = verlc("import", script, "--verl-checkout", folder, "-o", tmp_path / "spec.yaml")
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "spec.yaml").read_text()
+    assert f"verl_commit: {head(folder)}\n" in text and f"verl_checkout: {os.path.relpath(folder, tmp_path)}\n" in text
+    assert verlc("validate", tmp_path / "spec.yaml").returncode == 0
+    refused = verlc("import", script, "--verl-checkout", tmp_path, "-o", tmp_path / "b.yaml")
+    assert refused.returncode == 2 and "not a git checkout" in refused.stderr, refused.stderr
+    both = verlc("import", script, "--verl-checkout", folder, "--verl-version", "0.7.1", "-o", tmp_path / "b.yaml")
+    assert both.returncode == 2 and "give one" in both.stderr and not (tmp_path / "b.yaml").exists()
+
+
+def test_a_release_tags_commit_is_checked_against_that_releases_schema(tmp_path: Path) -> None:
+    """#53 item 9: a verl_commit that is a release's tag (verl's own scripts pin them) needs no checkout: the
+    release's shipped schema is that commit's; another unseen commit still asks for a checkout."""
+    from verlc.compiler.verl.commit import RELEASE_TAGS
+    from verlc.compiler.verl.release import snapshot
+
+    assert sorted(RELEASE_TAGS.values()) == sorted(v for v in RELEASES if v != "0.9.1")  # 0.9.1 has no tag
+    for commit, version in RELEASE_TAGS.items():
+        assert commit_release(commit, None).configs == snapshot(version).configs
+    spec = tmp_path / "spec.yaml"
+    for commit, says in (("bec9ef74768dd201881cd4e54cd0385e87caae27", "checked against verl 0.7.1 at commit bec9ef74768d"),
+                         ("1" * 40, "verlc has no schema of verl commit 111111111111 yet")):
+        spec.write_text(json.dumps({"name": "tag", "project": "p", "model": "m", "verl_commit": commit,
+                                    "verl": base_verl(), "data": {"train_files": ["t.parquet"],
+                                                                  "val_files": ["v.parquet"]},
+                                    "cluster": {"nodes": 1, "gpus_per_node": 8}}))
+        result = subprocess.run([sys.executable, "-m", "verlc", "validate", str(spec)], capture_output=True,
+                                text=True, timeout=300, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "c")})
+        assert says in result.stdout + result.stderr, result.stderr
 
 
 def test_a_checkout_whose_verl_has_uncommitted_changes_is_refused(checkouts: Path, tmp_path: Path,
@@ -653,3 +714,24 @@ def test_a_key_of_another_programs_config_is_not_said_to_exist_in_other_releases
     checked = subprocess.run([sys.executable, "-m", "verlc", "validate", str(sft)], capture_output=True, text=True)
     assert "verl.data.micro_batch_size: verl 0.7.1 has no key 'micro_batch_size' under 'data'" in checked.stderr
     assert "exists in verl" not in checked.stderr, checked.stderr  # no release's sft_trainer_engine has it
+
+
+def test_a_program_the_pinned_commit_lacks_is_named_with_the_commits_programs(tmp_path: Path) -> None:
+    """#53 item 9: verl removed main_generation; a spec pinned to a commit without it is not told to pin one."""
+    from conftest import run_verlc
+
+    (tmp_path / "spec.yaml").write_text("""\
+name: gen
+project: p
+model: /models/m
+verl_commit: bcb638649a50e58494a8ddd92085ad1174f674b8
+program: verl.trainer.main_generation
+data: {train_files: [/d/t.parquet], val_files: [/d/v.parquet]}
+cluster: {nodes: 1, gpus_per_node: 8, slurm: {cpus_per_task: 4}}
+container: {runtime: none}
+""")
+    done = run_verlc("validate", "spec.yaml", cwd=tmp_path)
+    assert done.returncode == 2 and "pin verl_commit" not in done.stderr, done.stderr
+    assert "spec.yaml:5:10: program: cannot find verl.trainer.main_generation" in done.stderr
+    assert "verl at bcb638649a50 has no such program (its programs: " in done.stderr
+    assert "verl.trainer.main_generation_server" in done.stderr, done.stderr

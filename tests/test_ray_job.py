@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import IN_CI, failing_first, rollout_engine_site, run_verlc
+from verlc.runtime.protocol import record_from_log
 from test_slurm_e2e import write_fixtures
 
 BIN = Path(sys.executable).parent
@@ -36,8 +37,11 @@ GCS: dict[str, str] = {}  # "address": the head's GCS address, set by the ray_he
 
 
 def ray_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    # The node has the rollout engine. Its raylet waits up to 300 s (Ray's default: 60 s) for a fresh worker
+    # process to register: on this 2-core machine beside the Slurm cluster's jobs, a worker's start (Python,
+    # Ray's imports) can take longer than 60 s, and Ray then kills it and starts another, again and again.
     return {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "RAY_USAGE_STATS_ENABLED": "0",
-            "PYTHONPATH": str(rollout_engine_site()), **(extra or {})}  # the node has the rollout engine
+            "RAY_worker_register_timeout_seconds": "300", "PYTHONPATH": str(rollout_engine_site()), **(extra or {})}
 
 
 @pytest.fixture(scope="module")
@@ -106,15 +110,18 @@ def stop_by_pid(temp: Path) -> None:
             time.sleep(0.2)
 
 
-def build(root: Path, val_file: str = "data/test.parquet", checkpoints: str | None = None, **extra: object) -> Path:
+def build(root: Path, val_file: str = "data/test.parquet", checkpoints: str | None = None,
+          tool_config_path: str | None = None, **extra: object) -> Path:
     trainer = {"trainer": {"default_local_dir": checkpoints}} if checkpoints else {}
+    multi_turn = {"multi_turn": {"tool_config_path": tool_config_path}} if tool_config_path else {}
     spec = root / "spec.yaml"
     spec.write_text(json.dumps({
         "name": "rayjob-e2e", "project": "e2e", "model": str(root / "model"),
         "data": {"train_files": ["data/train.parquet"], "val_files": [val_file]},
-        "verl": {"actor_rollout_ref": {"rollout": {"name": "vllm", "log_prob_micro_batch_size_per_gpu": 4},
+        "verl": {"actor_rollout_ref": {"rollout": {"name": "vllm", "log_prob_micro_batch_size_per_gpu": 4,
+                                                   **multi_turn},
                                        "actor": {"ppo_micro_batch_size_per_gpu": 4}},
-                 "critic": {"ppo_micro_batch_size_per_gpu": 4}, **trainer},
+                 "critic": {"ppo_micro_batch_size_per_gpu": 4}, **trainer, **extra.pop("verl", {})},
         "cluster": {"nodes": 1, "gpus_per_node": 8},
         "ray": {"working_dir": str(root), "wait_for_nodes": "60s"},
         **extra,
@@ -156,7 +163,10 @@ def test_job_runs_preflight_on_a_real_ray_cluster(ray_head: str, tmp_path: Path)
 
     write_fixtures(tmp_path)
     hub_cache(tmp_path / "hf")  # the model pinned to a revision, from the local HF cache with the hub offline
-    script = build(tmp_path, model={"path": "org/tiny", "revision": COMMIT},
+    tools = tmp_path / "shared-storage" / "tools.yaml"  # a tool config outside the code, by its absolute path
+    tools.parent.mkdir()
+    tools.write_text("tools: []\n")
+    script = build(tmp_path, model={"path": "org/tiny", "revision": COMMIT}, tool_config_path=str(tools),
                    env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
     status, logs = submit_and_wait(script, ray_head)
     assert status == "SUCCEEDED", failing_first(logs)
@@ -166,18 +176,19 @@ def test_job_runs_preflight_on_a_real_ray_cluster(ray_head: str, tmp_path: Path)
     assert "preflight passed: 1 nodes, 8 GPUs, 2 data files" in logs
     assert ", all-reduce over 1 ranks on 1 nodes\n" in logs
     assert "stopping after stage preflight" in logs
-    record = json.loads(re.search(r"run record: (\{.*\})", logs)[1])
+    record = record_from_log(logs)
     assert record["gpus"] == 8
     assert record["versions"]["ray"] == ray.__version__
     assert record["pins"] == {"verl": "0.9.1"} and record["versions"]["verl"] == "0.9.1"
     assert record["inputs"]["model"]["revision"] == COMMIT and record["inputs"]["model"]["path"] == folder
+    assert record["inputs"]["files"] == {str(tools): hashlib.sha256(tools.read_bytes()).hexdigest()}  # #53 item 7
 
 
 def test_the_wait_counts_every_nodes_gpus_against_the_specs(ray_head: str) -> None:
     """The runtime's wait stage on a real cluster of one 8-GPU node, for a job that asks for 16 GPUs on 1 node:
     the node count is met, the GPU count is not, so the cluster is not ready (it once compared the total with
     the last registered node's GPUs) and the deadline names both numbers."""
-    code = "import sys\nfrom verlc.targets import runtime\nsys.exit(runtime.wait(sys.argv[1], 1, 16, 3))"
+    code = "import sys\nfrom verlc.runtime import cluster\nsys.exit(cluster.wait(sys.argv[1], 1, 16, 3))"
     result = subprocess.run([sys.executable, "-c", code, GCS["address"]], capture_output=True, text=True,
                             env=ray_env(), timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
@@ -208,9 +219,23 @@ def test_env_vars_of_the_node_expand_there_and_are_required(ray_head: str, tmp_p
 
 def test_missing_data_file_fails_the_job(ray_head: str, tmp_path: Path) -> None:
     write_fixtures(tmp_path)
-    status, logs = submit_and_wait(build(tmp_path, val_file="data/nope.parquet"), ray_head)
+    status, logs = submit_and_wait(build(tmp_path, val_file="data/nope.parquet",
+                                         tool_config_path=f"{tmp_path}/gone/tools.yaml"), ray_head)
     assert status == "FAILED", failing_first(logs)
     assert "PREFLIGHT FAILED: data file data/nope.parquet does not exist" in logs
+    assert f"file {tmp_path}/gone/tools.yaml (named by a verl setting) does not exist" in logs
+
+
+def test_a_file_a_verl_setting_names_by_an_absolute_path_is_checked_on_every_node(tmp_path: Path) -> None:
+    """The same function runs on each other node (on_each_node): a file one node cannot see is named there."""
+    from verlc.runtime.nodes import paths_on_node
+
+    write_fixtures(tmp_path)
+    (tmp_path / "tools.yaml").write_text("tools: []\n")
+    data = [[str(tmp_path / "data" / "train.parquet")]]
+    seen = paths_on_node([str(tmp_path / "model")], [str(tmp_path / "ckpt")], data,
+                         [[str(tmp_path / "tools.yaml")], [str(tmp_path), "/", {"env": "VERLC_TEST_NONE"}, "x.py"]])
+    assert seen == [f"file {tmp_path}/x.py (named by a verl setting) does not exist"], seen
 
 
 def test_reproducible_reruns_must_match_the_first_run(ray_head: str, tmp_path: Path) -> None:
@@ -305,7 +330,7 @@ def test_the_runs_code_reaches_the_job_is_recorded_and_each_nodes_verl_commit_is
     assert status == "FAILED", failing_first(logs)
     assert re.search(rf"PREFLIGHT FAILED: node \S+ \(\w+\): verl is commit {other}; the spec pins commit {ROLLING}",
                      logs), logs
-    record = json.loads(re.search(r"run record: (\{.*\})", logs)[1])  # written before the preflight fails
+    record = record_from_log(logs)  # written before the preflight fails
     reward_file = tmp_path / "code" / "rewards" / "math.py"
     reward = hashlib.sha256(reward_file.read_bytes()).hexdigest()
     assert record["inputs"]["code"] == {"commit": commit, "dirty": False, "diff_sha256": None,
@@ -322,7 +347,7 @@ def test_the_runs_code_reaches_the_job_is_recorded_and_each_nodes_verl_commit_is
         run(ROLLING, **pinned)
     status, logs = run(ROLLING, accept=True, **pinned)
     assert status == "SUCCEEDED", failing_first(logs)
-    record = json.loads(re.search(r"run record: (\{.*\})", logs)[1])
+    record = record_from_log(logs)
     diff = (tmp_path / "out" / "own-code" / "ray-job" / "code.diff").read_bytes()
     assert record["inputs"]["code"] == {
         "commit": commit, "dirty": True, "diff_sha256": hashlib.sha256(diff).hexdigest(),
@@ -443,7 +468,7 @@ def test_a_pipelines_stages_run_in_turn_in_one_ray_job(ray_head: str, tmp_path: 
     assert f"merging stage rayjob-chain-sft's checkpoint (step 2) into a Hugging Face folder: python3 -m " \
            f"verl.model_merger merge --backend fsdp --local_dir {tmp_path}/ckpt/sft/global_step_2 " in logs
     assert f"actor_rollout_ref.model.path={merged}/latest" in logs and (merged / "global_step_2" / "config.json").is_file()
-    record = json.loads(re.findall(r"run record: (\{.*\})", logs)[-1])
+    record = record_from_log(logs)
     assert record["inputs"]["stages"][0]["step"] == 2 and "model.safetensors" in record["inputs"]["stages"][0]["files"]
     status, logs = outcomes["1"]
     assert status == "FAILED" and "ERROR: stage sft exited with code 1; the pipeline stops (grpo not run)" in logs
@@ -488,8 +513,8 @@ def test_torchrun_on_every_node_runs_each_nodes_rank_and_one_failure_stops_them_
             up = subprocess.run([str(BIN / "ray"), "start", *start, *common], capture_output=True, text=True,
                                 env=env, timeout=120)
             assert up.returncode == 0, up.stdout + up.stderr
-        train = ("import os, sys\nfrom verlc.targets import runtime\n"
-                 "sys.exit(runtime.train(['torchrun', '--nnodes=2', '--nproc_per_node=2', '-m', 'verl.trainer.sft_"
+        train = ("import os, sys\nfrom verlc.runtime import train\n"
+                 "sys.exit(train.train(['torchrun', '--nnodes=2', '--nproc_per_node=2', '-m', 'verl.trainer.sft_"
                  "trainer'], dict(os.environ), 300, os.environ['RAY_ADDRESS'], nodes=2))\n")
         runs = {}
         for case in ("ok", "other_fails", "rank0_fails"):
@@ -526,3 +551,117 @@ def test_torchrun_on_every_node_runs_each_nodes_rank_and_one_failure_stops_them_
     run, took, ranks, left = runs["rank0_fails"]
     assert run.returncode == 4 and ranks == ["pid-0", "pid-1"] and not left and took < 60, \
         (took, left, run.stdout + run.stderr)
+
+
+SERVICES = Path(__file__).parent / "services"  # the real HTTP servers the services tests start
+
+
+SERVICES_VERL = {"reward": {"sandbox_fusion": {"url": "${services.sandbox.url}/run_code"}}}
+# verl's multi-turn tool config as a Search-R1 run writes it: its search tool reaches the retriever on its own node
+SERVICES_TOOLS = {"tools": [{"class_name": "search_r1.tools.SearchTool",
+                             "config": {"type": "native", "retrieval_service_url": "${services.retriever.url}/retrieve",
+                                        "topk": 1},
+                             "tool_schema": {"type": "function", "function": {
+                                 "name": "search", "description": "Searches the corpus.",
+                                 "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
+                                                "required": ["query"]}}}}]}
+
+
+def service_fixtures(root: Path) -> dict:
+    """The test servers, the stand-in trainer and the retriever's corpus in `root`; the spec's services: a code
+    sandbox on the head node and a BM25 retriever on every node (real servers, started by the runtime)."""
+    write_fixtures(root)
+    for name in ("sandbox.py", "retriever.py", "trainer.py"):
+        shutil.copy(SERVICES / name, root / name)
+    (root / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in (
+        {"id": "pg", "contents": "Policy gradient methods optimise the policy directly from sampled returns."},
+        {"id": "ppo", "contents": "Proximal policy optimisation clips the ratio of new to old policy."},
+        {"id": "bm25", "contents": "BM25 ranks documents by term frequency and inverse document frequency."})))
+    return {
+        "sandbox": {"command": ["python3", "sandbox.py", "--host", "${services.sandbox.host}",
+                                "--port", "${services.sandbox.port}", "--token-env", "VERLC_SERVICE_SANDBOX_TOKEN"],
+                    "ready": {"http": "/health", "deadline": "60s"}, "probe": {"kind": "sandbox"}},
+        "retriever": {"command": ["python3", "retriever.py", "--host", "${services.retriever.host}",
+                                  "--port", "${services.retriever.port}", "--corpus", "corpus.jsonl"],
+                      "on": "every_node", "probe": {"kind": "retriever", "query": "policy optimisation"}},
+    }
+
+
+def services_spec(root: Path, retriever: dict | None = None, **sandbox: object) -> Path:
+    """A job with the services of service_fixtures, and a stand-in trainer (tests/services/trainer.py) that calls
+    both at the addresses verlc wired: the sandbox's through verl's reward.sandbox_fusion.url (with the run's
+    token, which the sandbox requires), the retriever's through its env."""
+    from test_slurm_e2e import fake_venv
+
+    services = service_fixtures(root)
+    services["sandbox"].update(sandbox)
+    services["retriever"].update(retriever or {})
+    fake = fake_venv(root) / "bin"
+    return build(root, env={"PATH": f"{fake}:/usr/bin:/bin", "FAKE_TRAINER": "trainer.py",
+                            "TOKEN_SEEN": str(root / "token.seen")}, verl=SERVICES_VERL,
+                 services=services, tool_config=SERVICES_TOOLS)
+
+
+def service_processes(root: Path) -> list[str]:
+    """The command lines of the test's service processes still running (none once a job has ended)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if entry.name.isdigit() and ("sandbox.py" in line or "retriever.py" in line) and str(root) in \
+                os.readlink(entry / "cwd"):
+            found.append(line)
+    return found
+
+
+def test_services_start_with_the_job_pass_their_probes_and_reach_the_trainer_then_stop(ray_head: str,
+                                                                                        tmp_path: Path) -> None:
+    """#55: a sandbox on the head and a retriever on every node, started by the runtime beside the bring-up,
+    ready and probed before training; the stand-in trainer reaches both at the addresses verlc wired; nothing of
+    them runs once the job has ended."""
+    status, logs = submit_and_wait(services_spec(tmp_path), ray_head, stop_after="train")
+    assert status == "SUCCEEDED", failing_first(logs)
+    assert re.search(r"service sandbox: started on the head node at http://[\d.]+:\d+", logs)
+    assert re.search(r"service sandbox: ready in [\d.]+s, sandbox probe passed", logs), logs
+    assert re.search(r"service retriever: ready in [\d.]+s, retriever probe passed", logs), logs
+    # verl's setting reads the variable the runtime set (OmegaConf resolves it in the trainer's process)
+    assert "reward.sandbox_fusion.url='${oc.env:VERLC_SERVICE_SANDBOX_URL}/run_code'" in logs
+    url = re.search(r"sandbox at (http://[\d.]+:(\d+))/run_code printed 42", logs)
+    assert url and url[1] in logs.split("service sandbox: started on the head node at ")[1], logs
+    assert re.search(r"retriever at http://127\.0\.0\.1:\d+/retrieve found pg", logs), logs
+    record = record_from_log(logs)
+    assert record["services"]["sandbox"]["probe_passed"] and record["services"]["retriever"]["probe_passed"]
+    assert "services stopped: sandbox, retriever" in logs
+    assert not service_processes(tmp_path)
+    # the spec's tool config: written on the node, reached by the trainer through verl's key, removed at the end
+    placed = re.search(r"tool config: (/\S+\.yaml) on 1 nodes \(VERLC_TOOL_CONFIG\)", logs)
+    assert placed, logs
+    assert re.search(rf"the tool config at {re.escape(placed[1])} reached the retriever at "
+                     r"http://127\.0\.0\.1:\d+/retrieve: ppo", logs), logs
+    assert not Path(placed[1]).exists()
+    [token] = (tmp_path / "token.seen").read_text().split()  # the stand-in trainer's (the sandbox requires it)
+    assert len(token) >= 32 and token not in logs
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file() and token in p.read_text(errors="replace")]
+
+
+def test_a_service_whose_probe_fails_fails_the_job_before_training_naming_it(ray_head: str,
+                                                                             tmp_path: Path) -> None:
+    """A sandbox that answers but runs nothing (verl #7853's kind): its probe fails the preflight with the request
+    and the answer; a retriever that cannot start on its nodes (no corpus) is named with its node and that node's
+    log; the trainer never starts, and the services are stopped."""
+    no_corpus = {"command": ["python3", "retriever.py", "--host", "${services.retriever.host}", "--port",
+                             "${services.retriever.port}", "--corpus", "no-such-corpus.jsonl"]}
+    status, logs = submit_and_wait(services_spec(tmp_path, retriever=no_corpus, env={"SANDBOX_BROKEN": "1"}),
+                                   ray_head, stop_after="train")
+    assert status == "FAILED", failing_first(logs)
+    assert re.search(r'PREFLIGHT FAILED: service sandbox failed its sandbox probe: POST /run_code '
+                     r'\{"code": "print\(1\)", "language": "python"\} answered 200 .*"stdout": ""', logs), logs
+    assert "sandbox listening on" in logs  # its last lines
+    # a service on every node that exits: its node, and that node's own log
+    assert re.search(r"PREFLIGHT FAILED: service retriever exited with code 1 on \S+ \(its last lines are above; "
+                     r"its log: \S+/services/retriever-\S+\.log\)", logs), logs
+    assert "[service retriever] FileNotFoundError" in logs or "no-such-corpus.jsonl" in logs, logs
+    assert "TRAINER" not in logs
+    assert not service_processes(tmp_path)

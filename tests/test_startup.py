@@ -1,5 +1,5 @@
 """What verl's workers need at start-up (compiler/verl/workers.py), judged against each release's own code, and
-the preflight's check of it on a node (targets/runtime.py).
+the preflight's check of it on a node (runtime/startup.py).
 
 Every fact names a verl file and line: each is read back from that release's installed source here, so a fact
 that points at the wrong line, or at a line that does not say it, fails. The build's refusals are tested both
@@ -20,7 +20,9 @@ from conftest import REPO
 from verlc.compiler.verl.release import RELEASES, snapshot
 from verlc.compiler.verl.rules import Config
 from verlc.compiler.verl.workers import FA2, needs, read
-from verlc.targets import runtime
+from verlc.runtime import startup as runtime_startup
+from verlc.runtime.job import Expiry, StartupNeed
+from verlc.runtime.train import with_deadline
 
 sys.path.insert(0, str(REPO / "dev"))
 from verl_schema import release_package  # noqa: E402  (installs a release's files into .cache, cached)
@@ -54,6 +56,12 @@ def test_every_fact_points_at_a_line_of_the_release_that_states_it(version: str)
         generate, repeat = (line_of(package, w) for w in facts["hf_repeats_n"])
         assert "num_return_sequences" in generate and "config.n" in generate, generate
         assert "gen_batch = gen_batch.repeat" in repeat and "rollout.n" in repeat, repeat
+    assert facts["loggers"] and "supported_backend" in line_of(package, facts["loggers"]["where"])
+    assert "wandb" in facts["loggers"]["names"] and "console" in facts["loggers"]["names"]
+    if facts["sglang_model_len"]:  # the assert, written on one line or wrapped over the next few
+        path, number = facts["sglang_model_len"].rsplit(":", 1)
+        lines = (package.parent / path).read_text(encoding="utf-8").splitlines()[int(number) - 1:int(number) + 3]
+        assert lines[0].strip().startswith("assert") and "self.config.max_model_len >= " in " ".join(lines), lines
     if facts["expiry_save"]:
         assert "def should_save_ckpt_esi(" in line_of(package, facts["expiry_save"]["check"])
         assert "should_save_ckpt_esi(" in line_of(package, facts["expiry_save"]["called"])
@@ -152,6 +160,86 @@ def test_the_build_refuses_what_the_workers_refuse_and_takes_what_they_take(
         assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.parametrize("registers", ['("myengine", "async")', '("otherengine", "async")', None],
+                         ids=["registers-it", "registers-another", "not-in-the-code"])
+def test_a_rollout_the_runs_external_modules_register_gets_verls_own_verdict(tmp_path: Path,
+                                                                            registers: str | None) -> None:
+    """#53 item 9: VERL_USE_EXTERNAL_MODULES names a module of the run's code that adds to verl's rollout registry
+    as verl loads: verl 0.9.1's own registry (imported with that env) says whether it holds the spec's rollout, and
+    verlc says the same; a module that is not in the run's code (installed in the image) is a note: verlc cannot
+    know."""
+    from conftest import run_verlc
+
+    code = tmp_path / "code"
+    code.mkdir()
+    if registers:
+        (code / "my_rollout.py").write_text("from verl.workers.rollout.base import _ROLLOUT_REGISTRY\n"
+                                            f"_ROLLOUT_REGISTRY[{registers}] = 'my_rollout.Adapter'\n")
+    probe = ("import json, verl.workers.rollout.base as b; "
+             "print(json.dumps(('myengine', 'async') in b._ROLLOUT_REGISTRY))")
+    verl = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=code,
+                          env={**os.environ, "VERL_USE_EXTERNAL_MODULES": "my_rollout",
+                               "PYTHONPATH": f"{release_package('0.9.1').parent}:{code}"})
+    build(tmp_path, "0.9.1", rollout(name="myengine"), lambda *a: a)  # the spec alone
+    spec = json.loads((tmp_path / "spec.yaml").read_text())
+    (tmp_path / "spec.yaml").write_text(json.dumps({**spec, "code": "code",
+                                                    "env": {"VERL_USE_EXTERNAL_MODULES": "my_rollout"}}))
+    done = run_verlc("validate", tmp_path / "spec.yaml")
+    if registers is None:
+        assert verl.returncode != 0  # verl itself cannot load without the module: no verdict to match
+        assert done.returncode == 0 and "my_rollout (imported as verl loads; not in the run's code" in done.stderr \
+            and "verlc cannot know" in done.stderr, done.stderr
+        return
+    assert verl.returncode == 0, verl.stderr[-2000:]
+    takes = json.loads(verl.stdout.splitlines()[-1])
+    assert takes == (registers == '("myengine", "async")')
+    assert (done.returncode == 0) == takes, done.stderr
+    if not takes:
+        assert "must be one of myengine" not in done.stderr and "otherengine" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(("version", "logger", "refused"), [
+    ("0.9.1", ["console", "wandbb"], "'wandbb' is not one of them (did you mean 'wandb'?): its Tracking asserts it "
+                                     "(verl/utils/tracking.py:"),
+    ("0.9.1", "wandb", None),  # one name: Tracking makes it a list
+    ("0.9.1", ["console", "tracking"], None),  # the old name: a warning
+    ("0.9.1", ["rl_insight"], None),
+    ("0.8.0", ["rl_insight"], "'rl_insight' is not one of them"),  # it came in 0.9.0
+    ("0.5.0", ["trackio"], "verl 0.5.0's trainer logs to wandb, mlflow, swanlab, vemlp_wandb, tensorboard, console, "
+                           "clearml; 'trackio' is not one of them"),
+])
+def test_a_logger_the_releases_tracking_does_not_know_is_refused(
+        tmp_path: Path, version: str, logger: object, refused: str | None) -> None:
+    from conftest import run_verlc
+
+    done = build(tmp_path, version, {**rollout(name="vllm"), "trainer": {"logger": logger}}, run_verlc)
+    if refused:
+        assert done.returncode == 2 and refused in done.stderr, done.stderr
+        assert "spec.yaml:" in done.stderr and "verl itself only finds this once the workers start" in done.stderr
+    else:
+        assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(("version", "name", "refused"), [
+    ("0.4.1", "sglang", True),  # its SGLang rollout asserts it
+    ("0.4.1", "vllm", False),
+    ("0.9.1", "sglang", False),
+])
+def test_a_max_model_len_below_prompt_and_response_is_refused_where_verl_asserts_it_else_noted(
+        tmp_path: Path, version: str, name: str, refused: bool) -> None:
+    from conftest import run_verlc
+
+    settings = {**rollout(name=name, max_model_len=1024),
+                "data": {"train_batch_size": 16, "max_prompt_length": 512, "max_response_length": 1024}}
+    done = build(tmp_path, version, settings, run_verlc)
+    said = "rollout.max_model_len (1024) is below data.max_prompt_length + data.max_response_length (512 + 1024 = 1536)"
+    assert said in done.stderr, done.stderr
+    if refused:
+        assert done.returncode == 2 and "SGLang rollout asserts it (verl/workers/rollout/sglang_rollout/" in done.stderr
+    else:
+        assert done.returncode == 0 and "note:" in done.stderr and "cuts a response short" in done.stderr, done.stderr
+
+
 def test_the_critics_flash_attn_is_a_note_at_build(tmp_path: Path) -> None:
     from conftest import run_verlc
 
@@ -171,41 +259,41 @@ def test_the_preflight_imports_each_need_in_a_fresh_python_and_names_what_fails(
         {"check": FA2, "module": "flash_attn", "device": "cuda", "where": "verl/c.py:3", "why": "w3", "avoid": ""},
         {"check": "import", "module": "torch_npu", "device": "npu", "where": "verl/d.py:4", "why": "w4", "avoid": ""},
     ]
-    found = runtime.startup_found(wanted)
+    found = runtime_startup.startup_found(wanted)
     results = found["results"]
     assert [r["ok"] for r in results[:2]] == [True, False]
     assert "ModuleNotFoundError" in results[1]["detail"] and "no_such_module_xyz" in results[1]["detail"]
     assert results[2]["ok"] is None and "CUDA" in results[2]["detail"]  # this machine's torch sees no GPU
     assert results[3]["ok"] is None
-    problems = runtime.startup_problems({"abcdef0123": found}, wanted)
+    needs = [StartupNeed(**need) for need in wanted]
+    problems = runtime_startup.startup_problems({"abcdef0123": found}, needs)
     assert problems == [f"node {found['host']} (abcdef01): no_such_module_xyz: {results[1]['detail']}; "
                         f"verl 0.5.0: the actor worker imports it (verl/b.py:2); set x: false"]
-    record = runtime.startup_record({"abcdef0123": found}, wanted)
+    record = runtime_startup.startup_record({"abcdef0123": found}, needs)
     assert record["needs"][1]["nodes"][found["host"]]["ok"] is False
-    assert "unknown" in runtime.startup_record({}, None)
+    assert "unknown" in runtime_startup.startup_record({}, None)
 
 
 def test_the_deadline_reaches_the_jobs_ray_env_merged_with_what_is_there(tmp_path: Path) -> None:
     """#42: verl reads its deadline in its own Ray actor: the runtime puts it into the job-level runtime env that
     Ray's ray.init() merges (keeping a `ray job submit` runtime env's own entries), read from the target's file."""
     from verlc.compiler.verl.workers import read
-    from verlc.targets import runtime
 
     end = tmp_path / "end-time"
     end.write_text("2000000000\n")
-    expiry = {"variable": "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP", "lead": 300, "end_file": [str(end)]}
+    expiry = Expiry(variable="MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP", lead=300, end_file=[str(end)])
     submitted = {"RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"runtime_env": {"env_vars": {"A": "1"},
                                                                             "working_dir": "w"}, "metadata": {}})}
-    env = runtime.with_deadline(submitted, expiry)
+    env = with_deadline(submitted, expiry)
     job = json.loads(env["RAY_JOB_CONFIG_JSON_ENV_VAR"])
-    assert job["runtime_env"] == {"env_vars": {"A": "1", expiry["variable"]: "1999999700"}, "working_dir": "w"}
-    assert env[expiry["variable"]] == "1999999700" and job["metadata"] == {}
+    assert job["runtime_env"] == {"env_vars": {"A": "1", expiry.variable: "1999999700"}, "working_dir": "w"}
+    assert env[expiry.variable] == "1999999700" and job["metadata"] == {}
     end.unlink()  # no end time known: the environment as it was
-    assert runtime.with_deadline(submitted, expiry) == submitted
+    assert with_deadline(submitted, expiry) == submitted
     # the variable is the one each release's should_save_ckpt_esi reads (0.5.0 on), none before
     for version, has in (("0.4.1", False), ("0.5.0", True), ("0.9.1", True)):
         fact = read(release_package(version)).get("expiry_save")
-        assert (fact or {}).get("variable") == (expiry["variable"] if has else None), version
+        assert (fact or {}).get("variable") == (expiry.variable if has else None), version
 
 
 @pytest.mark.parametrize(("version", "target", "noted"), [
@@ -229,3 +317,9 @@ def test_a_release_without_verls_save_ahead_of_the_deadline_is_a_note_where_slur
     done = run_verlc("build", spec, "--target", target, "--out", tmp_path / "out")
     assert done.returncode == 0, done.stderr
     assert ("cannot save a checkpoint ahead of the time limit" in done.stderr) == noted, done.stderr
+    if noted:  # #53: verl's evaluation saves no checkpoint at all: no note of what it cannot save
+        data = json.loads(spec.read_text())
+        data.update(program="verl.trainer.main_eval", verl={})
+        spec.write_text(json.dumps(data))
+        done = run_verlc("build", spec, "--target", target, "--out", tmp_path / "eval", "--force")
+        assert done.returncode == 0 and "checkpoint" not in done.stderr, done.stderr

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_verlc
-from verlc.targets.protocol import Job, Variant
+from verlc.runtime.job import Job, Variant
 from test_hostile import BASE, fake_bin, run_script, write  # noqa: F401 - fake_bin is a fixture
 from test_hostile import build as build_for_targets
 from test_verl_differential import PARSER, composed, hydra_loader
@@ -77,7 +77,7 @@ def test_an_array_task_runs_its_own_variant(tmp_path: Path, fake_bin: Path) -> N
     assert job.variant.startswith("variant 37: ")
     assert job.checkpoint_dir == ir.variants[37].checkpoint_dir.as_json()
     # the script holds the job once and a line per variant: well under Slurm's 4 MB batch script limit
-    assert len((folder / "sbatch.sh").read_bytes()) < 200_000
+    assert len((folder / "sbatch.sh").read_bytes()) < 250_000  # the job JSON (2 KB or more) 100 times would add 200 KB
 
 
 def test_ray_job_submits_each_variant(tmp_path: Path, fake_bin: Path) -> None:  # noqa: F811

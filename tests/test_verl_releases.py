@@ -41,12 +41,14 @@ from verl_schema import release_package  # noqa: E402
 # The release the test environment installs: its dataclasses can be imported (torch is there).
 IMPORTABLE = "0.9.1"
 CASES_PER_RELEASE = int(os.environ.get("VERLC_CASES", "160"))
-# Keys that verl's consistency rules read, or that verlc derives: their verdicts are tested elsewhere
-# (test_verl_rules.py, test_check.py); here a key's own verdict must not depend on a rule.
+# Keys that verl's consistency rules or its workers' start-up asserts read, or that verlc derives: their verdicts
+# are tested elsewhere (test_verl_rules.py, test_startup.py, test_check.py); here a key's own verdict must not
+# depend on a rule (the oracle composes the config; it starts no worker).
 RULED = ("batch_size", "parallel_size", "nnodes", "n_gpus", "use_dynamic_bsz", "use_kl", "use_remove_padding",
          "strategy", "do_sample", "loss_agg_mode", "enable", "adv_estimator", "model_engine", ".path",
          "_files", "project_name", "experiment_name", "rollout.n", "temperature", "_target_", "default_local_dir",
-         "resume_mode", "critic.", "mode", "name", "total_training_steps", "ulysses")
+         "resume_mode", "critic.", "mode", "name", "total_training_steps", "ulysses", "logger",
+         "max_model_len")
 ENV_ON_NODE = {"VERLC_TEST_SCRATCH": "/scratch/verlc"}
 
 
@@ -383,6 +385,12 @@ def hydra_forms(engine: str) -> dict[str, tuple[dict[str, Any], str | None]]:
         "new-key-of-a-free-form-mapping": ({"actor_rollout_ref.model.override_config.+my_setting": 1},
                                            "+actor_rollout_ref.model.override_config.my_setting=1"),
         "add-a-key-a-built-dataclass-lacks": ({"actor_rollout_ref.actor.+my_plugin_flag": 1}, None),
+        # keys that are no part of a dotted key, in a mapping that takes any key: one dict value, escaped (#53)
+        "dict-keys-with-dots-and-braces": (
+            {"actor_rollout_ref.model.+override_config": {"rope_scaling.type": "linear", "layers.{*}.mlp": "x y"}},
+            r"+actor_rollout_ref.model.override_config={rope_scaling.type:linear,layers.\{*\}.mlp:'x y'}"),
+        "dict-keys-with-dots-without-plus": (
+            {"actor_rollout_ref.model.override_config": {"rope_scaling.type": "linear"}}, None),
     }
 
 

@@ -3,6 +3,9 @@ kept in step with verl, live and snapshot giving the same verdicts, and the bund
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,11 +65,42 @@ def test_every_shipped_schema_is_what_its_release_says() -> None:
     result = subprocess.run([sys.executable, str(REPO / "dev" / "verl_schema.py"), "--check"],
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
+    # read again, or read from the very same inputs before (schemas/inputs.json: the reader is deterministic)
+    again = r"( \(read from the same inputs before\))?\n"
     for version in RELEASES:  # the facts every check reads, and the descriptions editors and explain show
         for name in (f"{version}.json.gz", f"{version}.docs.json.gz"):
-            assert f"compiler/verl/schemas/{name}: matches verl {version}'s own files\n" in result.stdout, name
+            assert re.search(rf"compiler/verl/schemas/{re.escape(name)}: matches verl {re.escape(version)}'s own "
+                             rf"files{again}", result.stdout), name
     for commit in COMMITS:  # the commits recipes pin, from their source in ../shared/verl-recipe
-        assert f"compiler/verl/schemas/{commit}.json.gz: matches verl {commit[:12]}'s own files\n" in result.stdout
+        assert re.search(rf"compiler/verl/schemas/{commit}.json.gz: matches verl {commit[:12]}'s own files{again}",
+                         result.stdout), commit
+
+
+def test_a_schema_is_read_again_once_any_of_its_inputs_changes(tmp_path: Path) -> None:
+    """The check skips a release whose shipped files were read (or found equal) from the very same inputs:
+    a byte changed in the release's files, in the shipped file, or in what reads them, reads it again."""
+    import shutil
+
+    sys.path.insert(0, str(REPO / "dev"))
+    import verl_schema
+
+    name, shipped = "0.3.0.post1.json.gz", REPO / "compiler" / "verl" / "schemas" / "0.3.0.post1.json.gz"
+    package = tmp_path / "verl"
+    shutil.copytree(verl_schema.release_package("0.3.0.post1"), package)
+    # the record as a read of these inputs by today's reader writes it (the committed one may predate an edit
+    # of the reader, which only makes the suite's check read everything again)
+    recorded = {name: {"inputs": verl_schema.inputs_digest(package),
+                       "sha256": hashlib.sha256(shipped.read_bytes()).hexdigest()}}
+    assert verl_schema.unchanged(name, shipped, package, recorded)
+    config = package / "trainer" / "config" / "ppo_trainer.yaml"
+    config.write_text(config.read_text() + "# edited\n")
+    assert not verl_schema.unchanged(name, shipped, package, recorded)
+    config.write_text(config.read_text().removesuffix("# edited\n"))
+    assert verl_schema.unchanged(name, shipped, package, recorded)
+    edited = tmp_path / name
+    edited.write_bytes(shipped.read_bytes() + b"\0")
+    assert not verl_schema.unchanged(name, edited, package, recorded)
+    assert not verl_schema.unchanged(name, shipped, package, {**recorded, name: {**recorded[name], "inputs": "0"}})
 
 
 def test_hydra_parses_each_file_once_and_sees_an_edited_one(tmp_path: Path) -> None:

@@ -70,6 +70,8 @@ ACCEPTED = {
     "old-release-megatron-config": ({"actor_rollout_ref": {"actor": {"megatron": {
         "tensor_model_parallel_size": 2}}}}, "0.4.1", {"hydra": {"config_name": "ppo_megatron_trainer"}}),
     "old-release-float": ({"actor_rollout_ref": {"actor": {"entropy_coeff": 0.001}}}, "0.3.0.post1", {}),
+    # Hydra reads a search path without a scheme as file:// (#53 item 9)
+    "searchpath-without-a-scheme": ({}, "0.9.1", {"hydra": {"searchpath": ["/opt/plugin/config"]}}),
 }
 REJECTED = {
     "shell-variable-in-a-verl-value": ({"trainer": {"default_local_dir": "/lustre/${USER}/ckpt"}}, "0.9.1", {},
@@ -117,8 +119,12 @@ REJECTED = {
                       "verl 0.9.1 has no config group 'actr' (did you mean 'actor'?)"),
     "micro-batch-auto-on-a-release-that-divides-by-it": (
         {"actor_rollout_ref": {"actor": {"ppo_micro_batch_size_per_gpu": "auto"}}}, "0.4.1", {},
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu must be a whole number of samples, got 'auto': "
-        "verl's workers divide by it (verl itself only finds this once the workers start)"),
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu must be a positive whole number of samples, got 'auto': "
+        "verl's workers divide the batch by it (verl itself only finds this once the workers start)"),
+    "micro-batch-zero": (
+        {"actor_rollout_ref": {"rollout": {"log_prob_micro_batch_size_per_gpu": 0}}}, "0.9.1", {},
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu must be a positive whole number of samples, got "
+        "0: verl's workers divide the batch by it"),
     "fsdp-settings-in-a-megatron-run": (
         {"actor_rollout_ref": {"actor": {"fsdp_config": {"param_offload": True}}}}, "0.9.1",
         {"hydra": {"config_name": "ppo_megatron_trainer"}},

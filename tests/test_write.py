@@ -62,7 +62,9 @@ def test_what_runs_wrote_into_a_compose_bundle_survives_rebuilds_and_check(tmp_p
     assert run_verlc("check", spec, "--out", out).returncode == 0
     edited = tmp_path / "s.yaml"
     edited.write_text(spec.read_text().replace("total_epochs: 3", "total_epochs: 4"))
-    assert run_verlc("build", edited, "--target", "compose", "--out", out).returncode == 0
+    # another file of the same spec name: its build replaces the bundle only when forced (#53 item 8)
+    assert run_verlc("build", edited, "--target", "compose", "--out", out).returncode == 2
+    assert run_verlc("build", edited, "--target", "compose", "--out", out, "--force").returncode == 0
     assert "trainer.total_epochs=4" in (bundle / "verlc_job" / "job.json").read_text()
     assert (bundle / "runs" / "run-record.json").read_text() == "{}"
     assert (bundle / "data" / "gsm8k" / "train.parquet").read_bytes() == b"PAR1"

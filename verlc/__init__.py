@@ -1,3 +1,3 @@
 """verlc: a compiler from declarative verl experiment specs to runnable bundles."""
 
-__version__ = "0.1.0"
+from .compiler.version import VERSION as __version__  # noqa: F401 (the compiler stamps it)

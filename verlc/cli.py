@@ -13,7 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 from . import __version__
-from .targets.protocol import STAGES
+from .runtime.protocol import STAGES
 
 # Exit codes: 0 ok; 1 a run ended unsuccessfully, a check found stale files, migrate left decisions; 2 bad
 # input (nothing written); 3 the scheduler or the ledger could not answer; 4 a target's tool is not on PATH;
@@ -109,9 +109,11 @@ def _parser() -> argparse.ArgumentParser:
     logs.add_argument("--stage", choices=STAGES,
                       help="only the lines of one stage")
     logs.add_argument("--metric", action="append", default=[], metavar="KEY", help="with --follow: metrics to show")
-    logs.add_argument("--ray", action="store_true",
+    kept = logs.add_mutually_exclusive_group()
+    kept.add_argument("--ray", action="store_true",
                       help="Ray's own logs, which each node kept in the run folder when its Ray stopped (slurm)")
-    logs.add_argument("--node", help="with --ray: one node's logs only")
+    kept.add_argument("--service", metavar="NAME", help="a service's output, from the run folder")
+    logs.add_argument("--node", help="with --ray or --service: one node's logs only")
     cancel = sub.add_parser("cancel", help="cancel a run with the target's own tool")
     cancel.add_argument("run", metavar="RUN")
     attach = sub.add_parser("attach", help="a shell (or CMD) where a running job's commands run on its head node",
@@ -126,7 +128,11 @@ def _parser() -> argparse.ArgumentParser:
                                       "of each metric verl's console logger printed, wall time, GPU-hours and "
                                       "the last checkpoint folder.")
     runs.add_argument("runs", nargs="*", metavar="RUN")
-    runs.add_argument("--results", action="store_true", help="metrics from each run's log (see --metric)")
+    shown = runs.add_mutually_exclusive_group()
+    shown.add_argument("--results", action="store_true", help="metrics from each run's log (see --metric)")
+    shown.add_argument("--timeline", action="store_true",
+                       help="where each run's start-up time went: its stages, the preflight's checks, its services "
+                            "and verl's own start-up milestones up to the first step, per attempt (from its log)")
     runs.add_argument("--metric", action="append", default=[], metavar="KEY[:min]",
                       help="with --results: a metric key, or a prefix ending in / (default: val-core/, "
                            "val/test_score/ and critic/score/mean); best is the highest value, with :min the lowest")
@@ -136,9 +142,12 @@ def _parser() -> argparse.ArgumentParser:
                                       "console logger's lines in each run's log. The figure carries the plotted "
                                       "series as JSON (PNG text chunk `verlc:series`, SVG description).")
     plot.add_argument("runs", nargs="+", metavar="RUN", help="run ids, prefixes of ids (a sweep's), or job ids")
-    plot.add_argument("--metric", required=True, metavar="KEY")
+    what = plot.add_mutually_exclusive_group(required=True)
+    what.add_argument("--metric", metavar="KEY")
+    what.add_argument("--timeline", action="store_true",
+                      help="each run's start-up phases as a bar, up to verl's first step (see runs --timeline)")
     plot.add_argument("-o", "--output", type=Path, default=None, metavar="FILE",
-                      help="FILE.png or FILE.svg (default: <metric>.png here)")
+                      help="FILE.png or FILE.svg (default: <metric>.png, or timeline.png, here)")
 
     stage_in = sub.add_parser(
         "stage-in", help="fetch a spec's pinned model and prepare its data here, for nodes without internet",
@@ -196,6 +205,10 @@ def _parser() -> argparse.ArgumentParser:
     pin.add_argument("--verl-version", metavar="VERSION", help="the release the script was written for (default: "
                                                                "the installed verl, else 0.9.1)")
     pin.add_argument("--verl-commit", metavar="SHA", help="verl pinned to a commit (a recipe's REQUIRED_VERL.txt)")
+    importing.add_argument("--verl-checkout", type=Path, metavar="DIR",
+                           help="the verl checkout the script runs against: the spec pins its commit (--verl-commit "
+                                "names another commit of it) and names it as verl_checkout, where verlc reads a "
+                                "commit it has no schema of")
     importing.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                            help="a variable the script reads from its environment (e.g. NNODES=4)")
     importing.add_argument("--timeout", type=float, default=30, metavar="SECONDS",
@@ -232,15 +245,16 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "submit": lambda a: _group("runs").submit(a.spec, a.target, a.out, a.wait, a.follow, a.metric, a.on_end,
                                               a.profile, a.resume),
     "status": lambda a: _group("runs").status(a.run),
-    "logs": lambda a: _group("runs").logs(a.run, a.follow, a.stage, a.metric, a.ray, a.node),
+    "logs": lambda a: _group("runs").logs(a.run, a.follow, a.stage, a.metric, a.ray, a.service, a.node),
     "cancel": lambda a: _group("runs").cancel(a.run),
     "attach": lambda a: _group("runs").attach(a.run, a.cmd),
-    "runs": lambda a: _group("runs").table(a.runs, a.results, a.metric, a.format),
-    "plot": lambda a: _group("runs").plot(a.runs, a.metric, a.output),
+    "runs": lambda a: _group("runs").table(a.runs, a.results, a.timeline, a.metric, a.format),
+    "plot": lambda a: _group("runs").plot(a.runs, a.metric, a.timeline, a.output),
     "explain": lambda a: _group("verl").explain(a.key, a.verl_version, a.spec, a.profile),
     "migrate": lambda a: _group("verl").migrate(a.spec, a.to, a.write, a.write_bases, a.format == "markdown"),
     "import": lambda a: _group("verl").import_script(a.script, a.args, a.verl_version, a.verl_commit, a.output,
-                                                     a.timeout, a.set, a.accelerator, a.then),
+                                                     a.timeout, a.set, a.accelerator, a.then,
+                                                     a.verl_checkout),
     "schema": lambda a: _group("verl").schema(a.format, a.verl_version, a.spec),
     "stage-in": lambda a: _group("verl").stage_in(a.spec),
 }

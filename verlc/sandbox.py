@@ -23,6 +23,7 @@ which owns no mount: it cannot remount them writable.
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -66,8 +67,11 @@ case "${0##*/}" in
 esac
 exit 0
 """
-# The script's bash sources this first: `ulimit` that may not raise a limit here, and `command -v` recorded.
-_BASH_ENV = """ulimit() { builtin ulimit "$@" 2>/dev/null || true; }
+# The script's bash sources this first: `ulimit` (which may not raise a limit here) and `command -v` recorded.
+_BASH_ENV = """ulimit() {
+  printf '%s\\n' "$*" >> "$VERLC_CALLS/../limits"
+  builtin ulimit "$@" 2>/dev/null || true
+}
 command() {
   case "${1:-}" in -v | -V) printf '%s\\n' "${2:-}" >> "$VERLC_CALLS/../looked-up" ;; esac
   builtin command "$@"
@@ -116,6 +120,7 @@ class Outcome:
     exit_code: int
     output: str               # what it printed (stdout and stderr), at most OUTPUT_LIMIT bytes
     looked_up: tuple[str, ...] = ()  # the names the script asked `command -v` about, in order
+    limits: tuple[str, ...] = ()  # the arguments of each `ulimit` that sets a limit (e.g. "-n 65535")
     accelerator: str = "cuda"  # the host its probes were answered as
 
     def probes(self) -> list[tuple[Call, int]]:
@@ -169,7 +174,10 @@ def run(script: Path, args: tuple[str, ...], cwd: Path, timeout: float, given: d
         calls = tuple(_read(c) for c in sorted((tmp / "calls").iterdir()))
         looked = tmp / "looked-up"
         looked_up = tuple(looked.read_text().splitlines()) if looked.exists() else ()
-        return Outcome(calls, base, code, output, looked_up, accelerator)
+        limits = tmp / "limits"
+        set_limits = tuple(line for line in (limits.read_text().splitlines() if limits.exists() else ())
+                           if re.search(r"(^| )([0-9]+|unlimited)$", line))  # not a query (`ulimit -n`)
+        return Outcome(calls, base, code, output, looked_up, accelerator=accelerator, limits=set_limits)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..diagnostics import Diagnostic, did_you_mean
 from ..load import Sourced
-from .hydra import KEY, hydra_value, shown, verl_value
+from .hydra import KEY, SERVICE_REFERENCE, hydra_value, shown, verl_value
 from .place import KNOWN, UNDER_VALUE, UNKNOWN, Place, Walker
 from .release import ENGINE_KEY, MISSING, RELEASES, Release, snapshot
 from .rules import WORKERS, WORKERS_NOTE, Config, absolute, rules
@@ -181,7 +181,12 @@ def settings(verl: dict[str, Any], walker: Walker) -> list[Setting]:
             now = max(prefix, mine, key=len)  # '++' over '+' over none
             place = walker.place(key_parts)
             mapping = isinstance(value, dict) and value
-            if mapping and place.status == KNOWN and not place.stop and (place.in_yaml or now or _prefixed(value)):
+            if mapping and place.status == KNOWN and _free_keys(value) \
+                    and walker.place([*key_parts, "-"]).status == KNOWN:
+                # keys that are no part of a dotted key (`rope_scaling.type`, `layers.{*}.mlp`) in a mapping
+                # that takes any key: one dict value, which Hydra merges there as it is
+                out.append(Setting(".".join(key_parts), value, here, now, place))
+            elif mapping and place.status == KNOWN and not place.stop and (place.in_yaml or now or _prefixed(value)):
                 # `+key: {...}` over a mapping verl has: Hydra merges it, setting what is there, adding the rest
                 walk(value, key_parts, here, "++" if mine == "+" and place.in_yaml else now)
             elif mapping and place.status != KNOWN and (now or _prefixed(value)):
@@ -191,6 +196,11 @@ def settings(verl: dict[str, Any], walker: Walker) -> list[Setting]:
 
     walk(verl, [], ("verl",), "")
     return out
+
+
+def _free_keys(mapping: dict[Any, Any]) -> bool:
+    """Whether a mapping has a key that cannot be one part of a dotted key (beyond Hydra's `+`/`~`)."""
+    return any(not isinstance(k, str) or not KEY.fullmatch(split_prefix(k)[1].lstrip("~")) for k in mapping)
 
 
 def check_verl(verl: dict[str, Any], derived: dict[str, Any], sourced: Sourced, chosen: Selection,
@@ -286,6 +296,16 @@ def _setting(s: Setting, chosen: Selection, sourced: Sourced, spec_keys: frozens
             yield sourced.diagnostic(s.loc, _needs_plus(parts, chosen), at_key=True)
             return
         yield from _near_miss(s, chosen, sourced)
+    elif isinstance(s.value, dict) and _free_keys(s.value) and not s.prefix:
+        # one dict value merged into verl's mapping: Hydra's struct config refuses a key it lacks without '+'
+        current = Config(chosen.tree, {}).get(s.key)
+        new = [k for k in s.value if isinstance(current, dict) and k not in current]
+        if isinstance(current, dict) and new:
+            yield sourced.diagnostic(s.loc, (
+                f"no key {new[0]!r} under '{s.key}' in verl's config: '{s.key}' takes new keys, but "
+                f"{release.label}'s YAML does not have this one, {NEEDS_PLUS}; write '+{parts[-1]}' (Hydra's "
+                f"+{s.key}={{...}}, which adds the mapping's keys)"), at_key=True)
+            return
     elif s.prefix == "+" and not isinstance(s.value, (dict, list)):
         current = Config(chosen.tree, {}).get(s.key)
         if current is not None and current != MISSING:
@@ -460,7 +480,7 @@ def _interpolations(s: Setting, chosen: Selection, spec_keys: frozenset[str]) ->
     text = s.value
     for match in _INTERPOLATION.finditer(text):
         body = match[1].strip()
-        if _ENV.fullmatch(body):
+        if _ENV.fullmatch(body) or SERVICE_REFERENCE.fullmatch(match[0]):  # a service's: compiler/services.py
             continue
         select = _SELECT.fullmatch(body)
         ref = select[1] if select else body if _KEY_REF.fullmatch(body) else None

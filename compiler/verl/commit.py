@@ -9,6 +9,7 @@ the commits its example specs pin (COMMITS, written by dev/verl_schema.py --comm
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -21,12 +22,26 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from .release import Release, from_data, pack, unpack
+from .release import Release, from_data, pack, snapshot, unpack
 
 # Shipped: commit -> the version it installs as (verl/version/version).
 COMMITS = {
     "bcb638649a50e58494a8ddd92085ad1174f674b8": "0.8.0.dev0",  # verl-recipe's ROLLING_VERL_COMMIT (2026-04)
     "4f80e465c2ec79ab9c3c30ec74b9745de61d0490": "0.2.0.dev0",  # DAPO's reproduction commit (2025-05)
+}
+# The commit of each release's tag in verl's repository (`git rev-parse vX^{commit}`): a spec that pins one gets
+# that release's shipped schema. v0.9.1 has no tag there (its wheel is PyPI's alone): its commit is not known.
+RELEASE_TAGS = {
+    "070ed6ac3f6aea13a916556794f34e8f2bde7dde": "0.3.0.post1",
+    "0758489422e8d41a89e6c36d4c477714520f0dcc": "0.4.0",
+    "8d9e350ea58c7ad4b50dd14d9dcb50577242c55f": "0.4.1",
+    "8fdc4d3f202f41461f4de9f42a637228e342668b": "0.5.0",
+    "ddd86f527a4af75095e4677b02b5aa272913a088": "0.6.0",
+    "d62da4950573d7a4b7ef2362337952e7ab59e78d": "0.6.1",
+    "f9c855f7cf04d603c9546bc01776c74806a879c1": "0.7.0",
+    "bec9ef74768dd201881cd4e54cd0385e87caae27": "0.7.1",
+    "7aed6b230776f963fa09509c10d9c3a767d1102c": "0.8.0",
+    "483b8a009ba3a97563edee3a19887e4862b8094a": "0.9.0",
 }
 
 
@@ -53,7 +68,10 @@ def cached_path(commit: str) -> Path:
 
 @cache
 def commit_release(commit: str, checkout: Path | None) -> Release:
-    """The facts of verl at `commit`: shipped, else cached, else read from `checkout` (then cached)."""
+    """The facts of verl at `commit`: a release's tag (its shipped schema), shipped, else cached, else read from
+    `checkout` (then cached)."""
+    if commit in RELEASE_TAGS:
+        return dataclasses.replace(snapshot(RELEASE_TAGS[commit]), commit=commit)
     if commit in COMMITS:
         blob = resources.files("verlc.compiler.verl").joinpath("schemas", f"{commit}.json.gz").read_bytes()
         return _release(commit, blob)

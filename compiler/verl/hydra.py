@@ -51,6 +51,7 @@ def verl_value(value: Any) -> Any:
     """verlc's `${env:NAME}` (and its ${HOME}, ${USER}) as OmegaConf's `${oc.env:NAME}`, which verl resolves on
     the node it runs on (OmegaConf would read `${HOME}` as a key of verl's config, which has none)."""
     if isinstance(value, str):
+        value = SERVICE_REFERENCE.sub(lambda m: "${oc.env:" + service_variable(*m[1].split(".", 1)) + "}", value)
         return _OWN.sub(r"${oc.env:\1}", _ENV.sub("${oc.env:", value))
     if isinstance(value, list):
         return [verl_value(v) for v in value]
@@ -60,13 +61,33 @@ def verl_value(value: Any) -> Any:
 
 
 _ENV = re.compile(r"\$\{env:(?=[A-Za-z_])")
+# `${services.NAME.ATTR}` in a spec (compiler/services.py checks each): the build turns it into the environment
+# variable service_variable(NAME, ATTR), which the runtime sets where the job runs before it starts the services
+# and the trainer: verl's settings get OmegaConf's ${oc.env:...} of it, a service's command and env an env part.
+SERVICE_REFERENCE = re.compile(r"\$\{services\.([^{}]*)\}")
+SERVICE_ATTRIBUTES = ("url", "host", "port", "token")  # token: made by the runtime for each run
+
+
+def service_variable(name: str, attribute: str) -> str:
+    """The environment variable that holds `${services.NAME.ATTRIBUTE}` where the job runs."""
+    return f"VERLC_SERVICE_{name.upper()}_{attribute.upper()}"
+
+
 _OWN = re.compile(r"\$\{(HOME|USER)\}")
 
 
-def _key(key: str) -> str:
-    if not KEY.fullmatch(key):
+# A dict value's key in Hydra's grammar: its ID, number and other unquoted characters as they are, and the
+# characters that end or split a key escaped; a key Hydra would read as another type (1, 1.5, true, null) has no
+# spelling as a string.
+_KEY_PLAIN = re.compile(r"[A-Za-z0-9_/\-+.$%*@?|]")
+_KEY_ESCAPED = frozenset("\\()[]{}:=, \t")
+
+
+def _key(key: Any) -> str:
+    if not isinstance(key, str) or not key or _NOT_A_STRING.fullmatch(key) \
+            or any(not _KEY_PLAIN.fullmatch(c) and c not in _KEY_ESCAPED for c in key):
         raise ValueError(f"{key!r} cannot be a key in a Hydra dict value")
-    return key
+    return "".join("\\" + c if c in _KEY_ESCAPED else c for c in key)
 
 
 def _quote(text: str) -> str:

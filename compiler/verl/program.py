@@ -37,6 +37,11 @@ RAY_PROGRAMS = ("verl.trainer.main_generation", "verl.trainer.main_eval")
 # a key ppo_trainer lacks (tests/test_verl_releases.py reads these from each release's code)
 GENERATION_SERVER = "verl.trainer.main_generation_server"
 GENERATION = ("verl.trainer.main_generation", GENERATION_SERVER)
+
+
+def saves_checkpoints(program: str) -> bool:
+    """Whether the program saves checkpoints at all: verl's generation and evaluation train nothing."""
+    return program not in (*GENERATION, *RAY_PROGRAMS)
 VERL_CONFIG = ("verl", "trainer", "config")  # where verl's own trainer configs live in a checkout
 
 
@@ -131,9 +136,13 @@ def resolve(module: str, config_name: str | None, release: Release, *, code: Pat
     if source is None:
         where = "the run's code" if code else "no code folder"
         looked = ", ".join(str(r) for r in roots) or "nowhere"
-        hint = ("; verl's own programs are read from its source: pin verl_commit" if module.startswith("verl.")
-                and verl_source is None else "; name the folder of the run's code in `code:`" if code is None
-                else "")
+        ours = module.startswith("verl.") and verl_source is None
+        if ours and release.commit is not None:  # the spec pins a commit already: it lacks the program
+            hint = (f"; verl at {release.commit[:12]} has no such program (its programs: "
+                    f"{', '.join(sorted(release.programs)) or 'none'})")
+        else:
+            hint = ("; verl's own programs are read from its source: pin verl_commit" if ours
+                    else "; name the folder of the run's code in `code:`" if code is None else "")
         raise ProgramError(f"cannot find {module} ({where}; looked in {looked}){hint}")
     tree = parsed(source)
     path, name = hydra_main(source, tree)

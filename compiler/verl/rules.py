@@ -75,7 +75,7 @@ _GPUS = ("trainer.nnodes", "trainer.n_gpus_per_node")
 RULES: tuple[tuple[tuple[str, ...], str], ...] = (
     ((f"{_A}.ppo_micro_batch_size_per_gpu", f"{_R}.log_prob_micro_batch_size_per_gpu",
       f"{_REF}.log_prob_micro_batch_size_per_gpu", f"{_C}.ppo_micro_batch_size_per_gpu"),
-     "micro batch sizes are whole numbers: the workers divide by them (found once the workers start)"),
+     "micro batch sizes are positive whole numbers: the workers divide by them (found once the workers start)"),
     ((f"{_A}.ppo_micro_batch_size_per_gpu", f"{_A}.ppo_micro_batch_size", f"{_A}.use_dynamic_bsz"),
      "unless actor.use_dynamic_bsz, the actor needs ppo_micro_batch_size_per_gpu (or the deprecated "
      "ppo_micro_batch_size, never both)"),
@@ -131,10 +131,10 @@ def rules(cfg: Config, use_critic: bool, replicas_span_nodes: bool = True
     n_gpus = nnodes * per_node
     counts = [f"{actor}.ppo_micro_batch_size_per_gpu", f"{rollout}.log_prob_micro_batch_size_per_gpu",
               f"{ref}.log_prob_micro_batch_size_per_gpu", f"{critic}.ppo_micro_batch_size_per_gpu"]
-    odd = [k for k in counts if g(k) is not None and not _int(g(k))]
+    odd = [k for k in counts if g(k) is not None and not (_int(g(k)) and g(k) > 0)]
     for count in odd:  # where no dataclass types them, verl's workers divide by them as they come
-        yield (f"{count}",), (f"{count} must be a whole number of samples, got {g(count)!r}: verl's workers "
-                              f"divide by it"), WORKERS
+        yield (f"{count}",), (f"{count} must be a positive whole number of samples, got {g(count)!r}: verl's "
+                              f"workers divide the batch by it"), WORKERS
     if odd:
         return
     train, n, mini = g("data.train_batch_size"), g(f"{rollout}.n"), g(f"{actor}.ppo_mini_batch_size")

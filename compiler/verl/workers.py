@@ -4,7 +4,7 @@ The trainer's start-up path imports and loads things that no config check sees: 
 worker asks transformers for, a package a worker module imports at its top, a rollout class looked up in a
 registry. A missing one kills the run about a minute after the workers start, on a real cluster after the
 queue and the bring-up of every node. These facts let the preflight check them on every node first
-(targets/runtime.py `startup_problems`) and the build refuse what the workers would refuse.
+(runtime/startup.py `startup_problems`) and the build refuse what the workers would refuse.
 
 Read (`read`), stored in the release's schema under "startup", each fact with the verl file and line that
 states it:
@@ -16,6 +16,10 @@ states it:
   changes it when the code reads one (None: nothing in the config avoids it);
 - flags: a package a worker imports only when a model flag is set (`if use_liger:`);
 - rollouts: the rollout registry, (name/mode) -> the module of its class, where the release has one;
+- loggers: the names trainer.logger may hold (Tracking.supported_backend, which Tracking asserts when the
+  trainer starts logging, after the workers have started), and "tracking", which it takes with a warning;
+- sglang_model_len: where the SGLang rollout asserts rollout.max_model_len >= prompt + response length (0.4);
+  elsewhere a shorter max_model_len is taken, and the rollout engine cuts responses short;
 - hf_repeats_n: where the HF rollout generates `rollout.n` sequences per prompt although the trainer has
   already repeated each prompt n times (the batch sizes then differ: verl 0.5.0).
 
@@ -27,6 +31,8 @@ Scope: the legacy FSDP/Megatron workers (`workers/fsdp_workers.py`, `workers/meg
 from __future__ import annotations
 
 import ast
+import difflib
+import re
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -56,6 +62,8 @@ def read(package: Path) -> dict[str, Any]:
         "rollouts": code.rollouts(),
         "hf_repeats_n": code.hf_repeats_n(),
         "expiry_save": code.expiry_save(),
+        "loggers": code.loggers(),
+        "sglang_model_len": code.sglang_model_len(),
     }
 
 
@@ -251,6 +259,35 @@ class _Code:
                 "called": self.where(trainer, call.lineno)}
 
 
+    # --- the loggers the trainer's Tracking takes ---------------------------------------------------------
+
+    def loggers(self) -> dict[str, Any] | None:
+        """Tracking's supported_backend in verl/utils/tracking.py (the names trainer.logger may hold), with its
+        file:line; None where the release has no such list."""
+        path = self.file("verl.utils.tracking")
+        if path is None:
+            return None
+        for node in ast.walk(self.tree(path)):
+            if (isinstance(node, ast.Assign) and any(ast.unparse(t).split(".")[-1] == "supported_backend"
+                                                     for t in node.targets)):
+                try:
+                    names = ast.literal_eval(node.value)
+                except ValueError:
+                    return None
+                return {"names": list(names), "where": self.where(path, node.lineno)}
+        return None
+
+
+    def sglang_model_len(self) -> str | None:
+        """Where the SGLang rollout asserts max_model_len >= prompt_length + response_length, or None."""
+        path = self.file("verl.workers.rollout.sglang_rollout.sglang_rollout")
+        if path is None:
+            return None
+        return next((self.where(path, n.lineno) for n in ast.walk(self.tree(path)) if isinstance(n, ast.Assert)
+                     and re.fullmatch(r"self\.config\.max_model_len >= self\.config\.prompt_length \+ "
+                                      r"self\.config\.response_length", ast.unparse(n.test))), None)
+
+
 def _parents(module: str) -> list[str]:
     """The packages Python runs first when it imports `module` (verl.a.b: verl, verl.a)."""
     parts = module.split(".")
@@ -354,7 +391,7 @@ ROLE_WORDS = {"": "", "actor_rollout_ref": "actor", "critic": "critic", "reward_
 
 @dataclass(frozen=True)
 class Need:
-    """One thing every node must have for the trainer's start-up path (targets/runtime.py checks it)."""
+    """One thing every node must have for the trainer's start-up path (the runtime's preflight checks it: runtime/startup.py)."""
 
     check: str   # "import": the module imports; "flash_attention_2": transformers can use flash-attn 2
     module: str  # what is imported (for flash_attention_2: the flash_attn package)
@@ -362,10 +399,6 @@ class Need:
     where: str   # the verl file and line that needs it (and where it is called from)
     why: str     # who needs it, in words
     avoid: str   # how a spec avoids it, or ""
-
-    def as_json(self) -> dict[str, str]:
-        return {"check": self.check, "module": self.module, "device": self.device, "where": self.where,
-                "why": self.why, "avoid": self.avoid}
 
 
 def engine_of(get: Any) -> str:
@@ -438,6 +471,58 @@ def needs(startup: dict[str, Any], get: Any, *, use_critic: bool, accelerator: s
     return tuple(out.values())
 
 
+@dataclass(frozen=True)
+class External:
+    """The modules a run's VERL_USE_EXTERNAL_MODULES names (verl imports them as it loads, in every release with
+    a rollout registry): the rollouts those read from the run's code register ("name/mode"), and the modules
+    verlc could not read there (installed in the image, say)."""
+
+    modules: tuple[str, ...] = ()
+    rollouts: frozenset[str] = frozenset()
+    unread: tuple[str, ...] = ()
+
+
+# A registration in a module's source: a (name, mode) pair in a file that names verl's registry.
+_REGISTERED = re.compile(r"""\(\s*["']([\w.-]+)["']\s*,\s*["']([\w.-]+)["']\s*\)""")
+
+
+def external_modules(names: str, code: Path | None) -> External:
+    """What VERL_USE_EXTERNAL_MODULES (comma-separated module names) registers, read from the run's `code`."""
+    modules = tuple(m.strip() for m in names.split(",") if m.strip())
+    rollouts: set[str] = set()
+    unread = []
+    for module in modules:
+        base = (code / module.replace(".", "/")) if code is not None else None
+        source = next((f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()), None) \
+            if base is not None else None
+        if source is None:
+            unread.append(module)
+            continue
+        text = source.read_text(errors="replace")
+        if "_ROLLOUT_REGISTRY" in text:
+            rollouts.update(f"{n}/{m}" for n, m in _REGISTERED.findall(text))
+    return External(modules, frozenset(rollouts), tuple(unread))
+
+
+def with_external(release: Any, external: External) -> Any:
+    """`release` as a run whose VERL_USE_EXTERNAL_MODULES names `external` sees it: the rollouts those modules
+    register are in its registry (and so among the names and modes it takes); where a module could not be read,
+    verlc cannot know what it registers, and the registry's refusal becomes a note."""
+    from dataclasses import replace
+
+    names = "actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.mode"
+    allowed = dict(release.allowed)
+    startup = dict(release.startup)
+    if "rollouts" in startup:
+        startup["rollouts"] = {**startup["rollouts"], **{r: None for r in external.rollouts}}
+        startup["external_unread"] = list(external.unread)
+    for i, key in enumerate(names):
+        if key in allowed:
+            allowed[key] = () if external.unread else tuple(sorted(
+                {*allowed[key], *(r.split("/")[i] for r in external.rollouts)}))
+    return replace(release, allowed={k: v for k, v in allowed.items() if v}, startup=startup)
+
+
 def startup_rules(startup: dict[str, Any], get: Any, *, use_critic: bool, label: str
                   ) -> Iterator[tuple[tuple[str, ...], str, bool]]:
     """What the workers will refuse at start-up, or a note of what they will need: (keys involved, message,
@@ -446,9 +531,37 @@ def startup_rules(startup: dict[str, Any], get: Any, *, use_critic: bool, label:
     registry = startup.get("rollouts", {})
     if registry and isinstance(name, str) and MISSING not in (name, mode) and f"{name}/{mode}" not in registry:
         pairs = ", ".join(f"({p.replace('/', ', ')})" for p in registry)
-        yield (("actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.mode"),
-               f"{label} builds its rollout from a registry of (name, mode) {pairs}; ({name}, {mode}) is not in it "
-               f"(verl/workers/rollout/base.py get_rollout_class)", True)
+        said = (f"{label} builds its rollout from a registry of (name, mode) {pairs}; ({name}, {mode}) is not in it "
+                f"(verl/workers/rollout/base.py get_rollout_class)")
+        unread = startup.get("external_unread")
+        if unread:
+            yield (("actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.mode"),
+                   f"{said}, unless VERL_USE_EXTERNAL_MODULES' {', '.join(unread)} (imported as verl loads; not in "
+                   f"the run's code, where verlc reads such a module) registers it: verlc cannot know", False)
+        else:
+            yield (("actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.mode"), said + (
+                ", nor do the modules of VERL_USE_EXTERNAL_MODULES register it" if "external_unread" in startup
+                else ""), True)
+    loggers, logger = startup.get("loggers"), get("trainer.logger")
+    named = [logger] if isinstance(logger, str) else logger if isinstance(logger, list) else []
+    if loggers and MISSING not in named:
+        for unknown in (n for n in named if isinstance(n, str) and n not in (*loggers["names"], "tracking")):
+            near = difflib.get_close_matches(unknown, loggers["names"], n=1)
+            yield (("trainer.logger",),
+                   f"{label}'s trainer logs to {', '.join(loggers['names'])}; {unknown!r} is not one of them"
+                   + (f" (did you mean {near[0]!r}?)" if near else "")
+                   + f": its Tracking asserts it ({loggers['where']})", True)
+    limit, prompt, response = (get(k) for k in ("actor_rollout_ref.rollout.max_model_len", "data.max_prompt_length",
+                                                "data.max_response_length"))
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in (limit, prompt, response)) \
+            and prompt + response > limit:
+        asserted = startup.get("sglang_model_len") if name == "sglang" else None
+        said = (f"rollout.max_model_len ({limit}) is below data.max_prompt_length + data.max_response_length "
+                f"({prompt} + {response} = {prompt + response})")
+        yield (("actor_rollout_ref.rollout.max_model_len", "data.max_prompt_length", "data.max_response_length"),
+               f"{said}: {label}'s SGLang rollout asserts it ({asserted})" if asserted else
+               f"{said}: {label} takes it, and the rollout engine cuts a response short once prompt and response "
+               f"reach {limit} tokens", bool(asserted))
     n = get("actor_rollout_ref.rollout.n")
     repeats = startup.get("hf_repeats_n", [])
     if name == "hf" and repeats and isinstance(n, int) and n > 1:

@@ -8,7 +8,7 @@
 # configs of dev/gpu/cases/ must fail before the trainer, at the build or in the preflight. Writes into OUT
 # (default /tmp/gpu-rehearsal-out): its log, everything it saw
 # (rehearsal.tar.gz: logs, events, versions, results), and docs/gpu.md's text and figure (dev/gpu/report.py):
-# copy gpu.md and gpu-rehearsal.svg into docs/.
+# copy gpu.md, gpu-rehearsal.svg and gpu-timeline.svg into docs/.
 #
 #   bash dev/gpu/rehearse.sh          # from the repository root, .whl/ beside it
 #
@@ -114,6 +114,9 @@ submit specs/gpu-rehearsal-reinforce.yaml train
 verlc runs --results "$run" --format markdown >"$out/results.md" 2>&1
 cat "$out/results.md"
 verlc plot "$run" --metric critic/score/mean -o "$results/gpu-rehearsal.svg"
+verlc runs --timeline "$run" --format markdown >"$out/timeline.md" 2>&1
+cat "$out/timeline.md"
+verlc plot "$run" --timeline -o "$results/gpu-timeline.svg"  # now: the next Ray head forgets this run's log
 ls -R "$GPU_REHEARSAL/checkpoints" >"$out/checkpoints.txt" 2>&1
 submit dev/gpu/cases/critic-0.5.0.yaml critic
 build dev/gpu/cases/hf-rollout-n4-0.5.0.yaml hf-n4
@@ -122,6 +125,7 @@ use_release 0.6.1
 ray_up
 submit dev/gpu/cases/vllm-missing-0.6.1.yaml vllm-0.6.1
 submit specs/gpu-rehearsal-sft.yaml sft train/loss  # verl 0.6.1's SFT trainer under torchrun
+verlc runs --timeline "$run" --format markdown >"$out/sft-timeline.md" 2>&1
 ls -R "$GPU_REHEARSAL/checkpoints/sft" >"$out/sft-checkpoints.txt" 2>&1
 # a pipeline in one Ray job: SFT, verl's merger on its last checkpoint, a second stage from the merged model
 submit specs/pipelines/gpu-rehearsal-pipeline.yaml pipeline train/loss
@@ -141,6 +145,6 @@ else
 fi
 ray stop --force >/dev/null 2>&1
 mark finished
-cp "$results/gpu-rehearsal.svg" "$out/" 2>/dev/null
+cp "$results/gpu-rehearsal.svg" "$results/gpu-timeline.svg" "$out/" 2>/dev/null
 python3 dev/gpu/report.py "$out" "$results/gpu.md"
 pack

@@ -7,13 +7,13 @@ Everything in the page is read from those files: nothing here is typed in by han
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from datetime import datetime
 from pathlib import Path
 
 from verlc.lifecycle.progress import parse_step, plain
+from verlc.runtime.protocol import record_from_log
 
 SHOWN = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean", "response_length/mean",
          "timing_s/step")  # the per-step table's columns (every key is in the raw lines below it)
@@ -51,6 +51,12 @@ def stage_table(log: str) -> list[str]:
             rows.append(f"| {what.removeprefix('stage ')} | {(when - seen[0][0]).total_seconds():.1f} s | "
                         f"{(after - when).total_seconds():.1f} s |")
     return rows
+
+
+def timeline(table: Path, log: str) -> list[str]:
+    """The run's timeline as verlc printed it; the stage table from the log where the timeline is missing."""
+    text = table.read_text().strip() if table.exists() else ""
+    return text.splitlines() if text.startswith("| run |") else stage_table(log)
 
 
 def outcome(folder: Path, label: str, detail: str) -> str:
@@ -97,7 +103,8 @@ def sft_section(folder: Path, seen: dict[str, tuple[float, str]]) -> list[str]:
         f"Spec: `{SFT_SPEC}`: verl's own SFT program, which sets up torch.distributed itself, so verlc starts it",
         "with torchrun (one process per GPU of the one node) after the same bring-up and preflight.", "",
         "```yaml", SFT_SPEC.read_text().strip(), "```", "",
-        *stage_table(log), "",
+        "Its start-up timeline (verl's SFT trainer prints none of the main_ppo milestones: unknown, not guessed):",
+        "", *timeline(folder / "sft-timeline.md", log), "",
         f"- outcome: {outcome(folder, 'sft', seen['sft'][1])}",
         f"- checkpoints written: {', '.join(saved) or 'none'}",
         *([f"- the trainer's command, as the job logged it: `{launched[:300]}`"] if launched else []), "",
@@ -148,11 +155,9 @@ def pipeline_section(folder: Path, seen: dict[str, tuple[float, str]]) -> list[s
             stages.append((plain(line).split("verlc: pipeline stage ", 1)[1], []))
         elif stages and (step := parse_step(line)):
             stages[-1][1].append(step)
-    records = [plain(ln).split("verlc: run record: ", 1)[1] for ln in log.splitlines() if "verlc: run record: " in ln]
     merged = {}
-    for record in records:
-        for stage in json.loads(record).get("inputs", {}).get("stages", []):
-            merged = {"stage": stage["stage"], "step": stage["step"], "files": stage["files"]}
+    for stage in record_from_log(plain(log)).get("inputs", {}).get("stages", []):  # the last stage's record
+        merged = {"stage": stage["stage"], "step": stage["step"], "files": stage["files"]}
     lines = [
         "", "## A pipeline: SFT, verl's merger, a stage from the merged model", "",
         f"Spec: `{PIPELINE_SPEC}`: two stages in one Ray job (the ray-job target runs a pipeline's stages in turn;",
@@ -225,9 +230,10 @@ def main(folder: Path, output: Path) -> None:
                                                                                    "ray-head") if name in seen)
         + " after the script started (cumulative).",
         "",
-        "The job's stages (from its log's stamped stage lines):",
+        "Where its start-up time went, `verlc runs --timeline RUN --format markdown` (#56: the stages, each",
+        "preflight check, and verl's own start-up milestones as the runtime stamped them from the trainer's output):",
         "",
-        *stage_table(train_log),
+        *timeline(folder / "timeline.md", train_log),
         "",
         f"- time from `verlc submit` to step 1: {first_step:.1f} s" if first_step is not None else
         "- step 1 was not reached",
@@ -253,6 +259,10 @@ def main(folder: Path, output: Path) -> None:
         "`verlc runs --results --format markdown`, as it read the run's log:",
         "",
         (folder / "results.md").read_text().strip(),
+        "",
+        "`verlc plot RUN --timeline -o gpu-timeline.svg`:",
+        "",
+        "![the training run's start-up, phase by phase](gpu-timeline.svg)",
         "",
         "`verlc plot RUN --metric critic/score/mean -o gpu-rehearsal.svg`:",
         "",

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from ...compiler.derive import tracker_env
 from ...compiler.ir import JobIR
-from ...lifecycle.scheduler import TRACKER_RUN, LaunchError, Observed, State, Submission, observed, require_secrets
-from ...lifecycle.scheduler import run as command
-from ..protocol import RECORD
+from ...contract.launcher import (TRACKER_RUN, LaunchError, Observed, State, Submission, SubmittedRun, observed,
+                                  require_secrets)
+from ...contract.launcher import run as command
+from ...runtime.protocol import RECORD
 from .view import HEAD, RUN_LABEL
 
 # The head container's state (`compose ps`), or how it ended, as verlc's
@@ -54,8 +55,8 @@ def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Subm
                        record=str(bundle / "runs" / RECORD))]
 
 
-def _bundle(run: dict) -> Path:
-    return Path(run["bundle"])
+def _bundle(run: SubmittedRun) -> Path:
+    return Path(run.bundle)
 
 
 def _head(bundle: Path) -> dict | None:
@@ -74,17 +75,20 @@ def _owner(head: dict) -> str:
     return labels.get(RUN_LABEL, "")
 
 
-def state(run: dict) -> Observed:
+def state(run: SubmittedRun) -> Observed:
     if (code := _kept_exit(run)) is not None:
         return _ended(code, "the exit code kept in runs/")
     head = _head(_bundle(run))
     owner = _owner(head) if head is not None else ""
-    if head is None or owner not in ("", run["run"]):
+    if head is None or owner not in ("", run.run):
         now = f"its containers now run {owner}" if head is not None else "its containers were taken down"
-        raise LaunchError(f"Compose has no {HEAD} container of {run['run']}: {now}")
+        raise LaunchError(f"Compose has no {HEAD} container of {run.run}: {now}")
     if head.get("State") in ENDED:
         code = int(head.get("ExitCode", 1))
-        _keep(_bundle(run), run["run"], code)
+        _keep(_bundle(run), run.run, code)
+        # the job has ended with the head: its workers, whose Ray would only notice the head gone after its
+        # health checks, stop now (their containers and logs stay until `down`)
+        command([*compose(), "stop"], cwd=_bundle(run), timeout=300)
         return _ended(code, "compose ps")
     return observed(STATES, str(head.get("State", "unknown")).upper(), 0, None, False, "compose ps")
 
@@ -99,8 +103,8 @@ def _kept(bundle: Path, run: str, suffix: str) -> Path:
     return bundle / "runs" / f"{run}.{suffix}"
 
 
-def _kept_exit(run: dict) -> int | None:
-    kept = _kept(_bundle(run), run["run"], "exit")
+def _kept_exit(run: SubmittedRun) -> int | None:
+    kept = _kept(_bundle(run), run.run, "exit")
     return int(kept.read_text()) if kept.exists() else None
 
 
@@ -116,31 +120,31 @@ def _compose_logs(bundle: Path) -> str:
     return command([*compose(), "logs", "--no-color", "--no-log-prefix", HEAD], cwd=bundle).stdout
 
 
-def logs(run: dict) -> str:
-    if (kept := _kept(_bundle(run), run["run"], "log")).exists():
+def logs(run: SubmittedRun) -> str:
+    if (kept := _kept(_bundle(run), run.run, "log")).exists():
         return kept.read_text(errors="replace")
     head = _head(_bundle(run))
-    if head is not None and _owner(head) not in ("", run["run"]):
-        raise LaunchError(f"{run['run']}'s log is gone: its containers were replaced by {_owner(head)}'s "
+    if head is not None and _owner(head) not in ("", run.run):
+        raise LaunchError(f"{run.run}'s log is gone: its containers were replaced by {_owner(head)}'s "
                           f"before verlc kept it")
     return _compose_logs(_bundle(run))
 
 
-def cancel(run: dict) -> Observed | None:
+def cancel(run: SubmittedRun) -> Observed | None:
     """`down` removes the containers, so Compose keeps no state to ask afterwards: the run ends here, with
     its log kept first. A run whose containers another run's `up` has replaced has nothing left to take down
     (and the other run's containers stay)."""
     head = _head(_bundle(run))
-    if head is not None and _owner(head) not in ("", run["run"]):
+    if head is not None and _owner(head) not in ("", run.run):
         code = _kept_exit(run)
         return None if code is None else _ended(code, "the exit code kept in runs/")
     if head is not None:
-        _keep(_bundle(run), run["run"], None)
+        _keep(_bundle(run), run.run, None)
     command([*compose(), "down", "--volumes"], cwd=_bundle(run), timeout=300)
     return observed(STATES, "CANCELLED", 0, None, True, "compose down")
 
 
-def attach(run: dict, argv: list[str]) -> list[str]:
+def attach(run: SubmittedRun, argv: list[str]) -> list[str]:
     """`compose exec` on the head service (which runs the job): ARGV, or a shell."""
-    return [*compose(), "--project-directory", run["bundle"], "-f", f"{run['bundle']}/compose.yaml", "exec",
+    return [*compose(), "--project-directory", run.bundle, "-f", f"{run.bundle}/compose.yaml", "exec",
             *(["--no-TTY"] if argv else []), HEAD, *(argv or ["bash", "-i"])]

@@ -6,7 +6,7 @@ from ...compiler.ir import JobIR, Word
 from ...compiler import yaml_text
 from ..bundle import Bundle, File, finish, header_lines
 from ..job_package import job_package
-from ..protocol import RECORD
+from ...runtime.protocol import RECORD, RUNNER_STAGES, STOP_AFTER
 from .view import HEAD, compose_file, run_time_folders
 
 RECORD_IN_CONTAINER = f"/verlc/runs/{RECORD}"  # ./runs/ on the host
@@ -15,7 +15,7 @@ RECORD_IN_CONTAINER = f"/verlc/runs/{RECORD}"  # ./runs/ on the host
 def render(ir: JobIR) -> Bundle:
     header = "".join(f"# {line}\n" for line in header_lines(ir))
     usage = (f"# Run:  docker compose up --abort-on-container-exit --exit-code-from {HEAD}\n"
-             "#       VERLC_STOP_AFTER=preflight docker compose up ...   (stages: ray, data, preflight, train)\n")
+             f"#       {STOP_AFTER}={RUNNER_STAGES[-2]} docker compose up ...   (stages: {', '.join(RUNNER_STAGES)})\n")
     files = [
         File("compose.yaml", header + usage + yaml_text.dump(compose_file(ir))),
         *job_package(ir, record=Word((RECORD_IN_CONTAINER,))),  # the job runs on the head

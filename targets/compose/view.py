@@ -10,7 +10,9 @@ from typing import Any
 
 from ...compiler.derive import tracker_env
 from ...compiler.ir import ContainerIR, JobIR, Var, Word
+from ...runtime.protocol import RUNNER_STAGES, STOP_AFTER
 from ..job_package import COMMAND, PACKAGE
+from ..shared import path_list, persistent_home
 
 HEAD = "ray-head"
 RUN_LABEL = "verlc.run"
@@ -45,11 +47,13 @@ def _gpu_settings(ir: JobIR, c: ContainerIR, node: int) -> dict[str, Any]:
 def _service(ir: JobIR, c: ContainerIR, command: list[str], node: int | None) -> dict[str, Any]:
     assert c.image is not None
     # a bare NAME comes from the host: secrets, and the env vars the spec reads on "the node" (this host)
-    env = [f"{e.name}={text(e.value)}" for e in ir.env] + list(ir.secrets) + list(ir.node_env)
+    env = [f"{e.name}={text(e.value)}" for e in ir.env if e.name != "PYTHONPATH"] + list(ir.secrets) \
+        + list(ir.node_env)
     # the run's W&B run, from `verlc submit` (launch.py): unset where compose is run by hand
     env += list(tracker_env((e.name for e in ir.env), None))
-    # verlc's job package on every node: Ray imports the helper's remote functions from it there
-    env.append(f"PYTHONPATH={HELPER_DIR}")
+    # verlc's job package on every node (Ray imports the helper's remote functions from it there), then the spec's
+    env.append(f"PYTHONPATH={path_list(HELPER_DIR, *(text(e.value) for e in ir.env if e.name == 'PYTHONPATH'))}")
+    checkpoints = checkpoint_mount(ir)
     service: dict[str, Any] = {
         "image": text(c.image),
         "init": True,
@@ -57,7 +61,8 @@ def _service(ir: JobIR, c: ContainerIR, command: list[str], node: int | None) ->
         "working_dir": text(c.workdir),
         "environment": env,
         "volumes": [text(m) for m in c.mounts] + ["hf-cache:/root/.cache/huggingface",
-                                                  f"./{PACKAGE}:{HELPER_DIR}/{PACKAGE}:ro"],
+                                                  f"./{PACKAGE}:{HELPER_DIR}/{PACKAGE}:ro"]
+        + ([checkpoints] if checkpoints else []),
         "command": command,
     }
     if node is not None:
@@ -65,35 +70,51 @@ def _service(ir: JobIR, c: ContainerIR, command: list[str], node: int | None) ->
     return service
 
 
+CHECKPOINTS = "checkpoints"  # the bundle's folder for the checkpoints, where no mount of the spec's holds them
+
+
+def checkpoint_mount(ir: JobIR) -> str | None:
+    """The bind mount that puts verl's checkpoint folder on this host, for every service: each node's ranks
+    write their own shards there (FSDP). None: one of the spec's mounts, on every service too, holds it."""
+    c: ContainerIR = ir.part("compose")
+    absolute = isinstance(ir.checkpoint_dir.parts[0], Var) or ir.checkpoint_dir.parts[0].startswith("/")
+    path = text(ir.checkpoint_dir) if absolute else \
+        f"{text(c.workdir)}/{text(ir.checkpoint_dir)}"  # verl writes relative to its working dir
+    targets = [text(m).split(":")[1] for m in c.mounts]
+    if "$" not in path and persistent_home(path, None, targets) is not None:
+        return None
+    return f"./{CHECKPOINTS}:{path}"
+
+
 def run_time_folders(ir: JobIR) -> tuple[str, ...]:
-    """What runs write into the bundle folder: the run record, and mount sources relative to it."""
+    """What runs write into the bundle folder: the run record, the checkpoints verlc mounts, and mount sources
+    relative to it."""
     sources = [text(m).split(":")[0] for m in ir.part("compose").mounts]
     relative = [s.removeprefix("./").split("/")[0] for s in sources if not s.startswith(("/", "$", "~", "../"))]
-    return tuple(sorted({"runs", *(r for r in relative if r not in ("", "."))}))
+    own = [CHECKPOINTS] if checkpoint_mount(ir) else []
+    return tuple(sorted({"runs", *own, *(r for r in relative if r not in ("", "."))}))
 
 
 def compose_file(ir: JobIR) -> dict[str, Any]:
     c: ContainerIR = ir.part("compose")
     assert c is not None and c.workdir is not None, "checks require a docker image for the compose target"
-    ray_common = [ir.ray_resources, "--disable-usage-stats"]
+    ray_common = [ir.ray_resources, "--disable-usage-stats", *ir.ray.start_options]
     # The job runs on the head, as `ray job submit` runs a driver there: a Ray driver needs a Ray node of
     # its own (ray.init finds the cluster through the local raylet). `ray start` returns once the head is
     # up; the job is the container's main process, so the service ends with the job and its exit code.
     head = _service(ir, c, ["bash", "-c", text(f'ray start --head "$@" && exec {" ".join(COMMAND)}'), "verlc-head",
                             f"--port={GCS_PORT}", "--dashboard-host=0.0.0.0",
                             f"--dashboard-port={DASHBOARD_PORT}", *ray_common], 0)
-    head["environment"].append("VERLC_STOP_AFTER=${VERLC_STOP_AFTER:-train}")
+    head["environment"].append(f"{STOP_AFTER}=${{{STOP_AFTER}:-{RUNNER_STAGES[-1]}}}")
     if ir.reproducible:
         head["environment"].append("VERLC_ACCEPT_CHANGES=${VERLC_ACCEPT_CHANGES:-}")
-    absolute = isinstance(ir.checkpoint_dir.parts[0], Var) or ir.checkpoint_dir.parts[0].startswith("/")
-    checkpoints = text(ir.checkpoint_dir) if absolute else \
-        f"{text(c.workdir)}/{text(ir.checkpoint_dir)}"  # verl writes relative to its working dir
-    head["volumes"] += [f"checkpoints:{checkpoints}", "./runs:/verlc/runs"]
+    head["volumes"] += ["./runs:/verlc/runs"]
     # The dashboard serves the Jobs API (code runs as the container's user): published on the host's
     # loopback only, unless the spec opens it, on the spec's dashboard port.
     host = f"{'' if ir.ray.expose_dashboard else '127.0.0.1:'}{ir.ray.dashboard_port or DASHBOARD_PORT}"
     head["ports"] = [f"{host}:{DASHBOARD_PORT}"]
-    # Workers start once the head answers (Compose runs this check; podman without systemd does not).
+    # What `docker ps` shows as the head's health. Nothing waits for it: podman without systemd never runs a
+    # healthcheck, so a worker gated on it would never start; each worker waits for the head's GCS itself.
     head["healthcheck"] = {"test": ["CMD", "ray", "status", f"--address=127.0.0.1:{GCS_PORT}"],
                            "interval": "5s", "timeout": "10s", "retries": 60, "start_period": "10s"}
     head["restart"] = "no"
@@ -102,8 +123,15 @@ def compose_file(ir: JobIR) -> dict[str, Any]:
     # they are
     head["labels"] = {RUN_LABEL: "${VERLC_RUN:-}"}
     services = {HEAD: head}
+    # A worker joins once the head's GCS port answers, within the spec's wait for the nodes (the runtime's ray
+    # stage then waits for every node and GPU); it ends with the head's Ray, which it joined with --block.
+    join = (f"deadline=$((SECONDS + {ir.ray.wait_seconds})); "
+            f"until (exec 3<>/dev/tcp/{HEAD}/{GCS_PORT}) 2>/dev/null; do "
+            f"if ((SECONDS >= deadline)); then echo \"the Ray head {HEAD}:{GCS_PORT} did not answer within "
+            f"{ir.ray.wait_seconds}s\" >&2; exit 1; fi; sleep 1; done; exec ray start --block \"$@\"")
     for node in range(1, ir.nodes):
-        worker = _service(ir, c, ["ray", "start", "--block", f"--address={HEAD}:{GCS_PORT}", *ray_common], node)
-        worker["depends_on"] = {HEAD: {"condition": "service_healthy"}}
+        worker = _service(ir, c, ["bash", "-c", text(join), "verlc-worker", f"--address={HEAD}:{GCS_PORT}",
+                                  *ray_common], node)
+        worker["depends_on"] = {HEAD: {"condition": "service_started"}}
         services[f"ray-worker-{node}"] = worker
-    return {"name": ir.name, "services": services, "volumes": {"hf-cache": {}, "checkpoints": {}}}
+    return {"name": ir.name, "services": services, "volumes": {"hf-cache": {}}}

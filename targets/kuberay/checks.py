@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from ...compiler.diagnostics import Diagnostic
 from ...compiler.load import Sourced
 from ...compiler.verl.check import Selection
+from ...compiler.verl.program import saves_checkpoints
 from ...compiler.code import has_code
 from ...compiler.spec import Spec
 from ...compiler.verl.check import NOTE
@@ -49,7 +50,8 @@ def check_build(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterat
             f"holding {', '.join(spec.secrets)} (one key per name)"))
     yield from literal_env(spec, sourced, "kuberay")
     yield from _gpu_label(spec, sourced, k)
-    if k.deadline and isinstance(chosen, Selection) and not chosen.release.startup.get("expiry_save"):
+    if k.deadline and isinstance(chosen, Selection) and not chosen.release.startup.get("expiry_save") \
+            and saves_checkpoints(spec.program):
         yield sourced.diagnostic(("kubernetes", "deadline"), (
             f"{NOTE}{chosen.release.label}'s trainer cannot save a checkpoint ahead of the deadline (verl's "
             f"should_save_ckpt_esi came with 0.5.0): the steps since its last trainer.save_freq checkpoint are "

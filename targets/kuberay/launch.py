@@ -13,8 +13,8 @@ from ruamel.yaml import YAML
 
 from ...compiler import yaml_text
 from ...compiler.ir import JobIR
-from ...lifecycle.scheduler import LaunchError, Observed, State, Submission, observed, tool, variants_of
-from ...lifecycle.scheduler import run as command
+from ...contract.launcher import LaunchError, Observed, State, Submission, SubmittedRun, observed, tool, variants_of
+from ...contract.launcher import run as command
 from .lower import KubeIR
 from .view import with_end
 
@@ -47,12 +47,12 @@ def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Subm
             for name, v in zip(names, variants_of(ir, names, "kubectl"))]
 
 
-def _rayjob(run: dict) -> dict:
-    out = command([kubectl(), "get", "rayjob", run["job_id"], "--namespace", run["where"], "--output", "json"]).stdout
+def _rayjob(run: SubmittedRun) -> dict:
+    out = command([kubectl(), "get", "rayjob", run.job_id, "--namespace", run.where, "--output", "json"]).stdout
     return json.loads(out)
 
 
-def state(run: dict) -> Observed:
+def state(run: SubmittedRun) -> Observed:
     status = _rayjob(run).get("status", {})
     deployment = status.get("jobDeploymentStatus", "")
     job = status.get("jobStatus", "")
@@ -62,25 +62,25 @@ def state(run: dict) -> Observed:
                     "kubectl get rayjob")
 
 
-def logs(run: dict) -> str:
+def logs(run: SubmittedRun) -> str:
     """The submitter Job's log: `ray job submit` following the driver (stages, steps, the run record)."""
-    return command([kubectl(), "logs", "--namespace", run["where"], f"job/{run['job_id']}"], timeout=300).stdout
+    return command([kubectl(), "logs", "--namespace", run.where, f"job/{run.job_id}"], timeout=300).stdout
 
 
-def cancel(run: dict) -> Observed:
+def cancel(run: SubmittedRun) -> Observed:
     """Deleting the RayJob deletes its cluster, so nothing is left to ask: the run ends here."""
-    command([kubectl(), "delete", "rayjob", run["job_id"], "--namespace", run["where"], "--wait=false"])
+    command([kubectl(), "delete", "rayjob", run.job_id, "--namespace", run.where, "--wait=false"])
     return observed(STATES, "CANCELLED", 0, None, True, "kubectl delete rayjob")
 
 
-def attach(run: dict, argv: list[str]) -> list[str]:
+def attach(run: SubmittedRun, argv: list[str]) -> list[str]:
     """`kubectl exec` into the head pod of the RayJob's cluster: ARGV, or a shell."""
     cluster = _rayjob(run).get("status", {}).get("rayClusterName")
     if not cluster:
-        raise LaunchError(f"{run['job_id']} has no RayCluster (yet, or any more)")
-    pods = command([kubectl(), "get", "pods", "--namespace", run["where"], "--selector",
+        raise LaunchError(f"{run.job_id} has no RayCluster (yet, or any more)")
+    pods = command([kubectl(), "get", "pods", "--namespace", run.where, "--selector",
                     f"ray.io/cluster={cluster},ray.io/node-type=head", "--output", "name"]).stdout.split()
     if not pods:
         raise LaunchError(f"the RayCluster {cluster} has no head pod running")
-    return [kubectl(), "exec", "--namespace", run["where"], *(["--stdin", "--tty"] if not argv else []), pods[0],
+    return [kubectl(), "exec", "--namespace", run.where, *(["--stdin", "--tty"] if not argv else []), pods[0],
             "--", *(argv or ["bash", "-i"])]

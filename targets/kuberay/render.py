@@ -7,7 +7,8 @@ from ...compiler import yaml_text
 from ...compiler.ir import JobIR
 from ..bundle import Bundle, File, finish, header_lines
 from ..job_package import job_package
-from ..protocol import JOB_END
+from ...runtime.job import Expiry
+from ...runtime.protocol import JOB_END
 from .lower import KubeIR
 from .view import DEADLINE_LEAD, SUBMISSION_WHY, configmap, rayjobs
 
@@ -16,7 +17,7 @@ def render(ir: JobIR) -> Bundle:
     k: KubeIR = ir.part("kuberay")
     header = "".join(f"# {line}\n" for line in header_lines(ir))
     # verl (0.5.0 on) saves ahead of the RayJob's deadline: `verlc submit` sets its end in the head's environment
-    expiry = {"variable": ir.expiry_variable, "lead": DEADLINE_LEAD, "end_env": JOB_END} \
+    expiry = Expiry(variable=ir.expiry_variable, lead=DEADLINE_LEAD, end_env=JOB_END) \
         if k.deadline and ir.expiry_variable else None
     package = job_package(ir, record=None, image=k.image, expiry=expiry)  # the run record goes to the job log
     usage = (f"# Run:  kubectl apply --namespace {k.namespace} -f configmap.yaml -f rayjob.yaml   (or: verlc submit)\n"

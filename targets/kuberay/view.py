@@ -2,7 +2,7 @@
 
 Each RayJob brings up its own RayCluster (a head, and one worker group of nodes - 1 pods), runs the job
 package's `job` command on it as the Ray job's entrypoint (wait for every node and GPU, data, preflight,
-train: targets/runtime.py), and deletes the cluster when the job has finished.
+train: runtime/runner.py), and deletes the cluster when the job has finished.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from ...compiler.derive import tracker_env
 from ...compiler.ir import JobIR
 from ..bundle import File
 from ..job_package import COMMAND, PACKAGE
-from ..protocol import JOB_END
+from ...runtime.protocol import JOB_END, RUNNER_STAGES, STOP_AFTER
+from ..shared import path_list
 from .lower import KubeIR
 
 HELPER_DIR = "/opt/verlc"  # the ConfigMap is mounted at HELPER_DIR/verlc_job, on PYTHONPATH, in every pod
@@ -54,13 +55,16 @@ def _key(path: str) -> str:
 
 def _env(ir: JobIR, k: KubeIR, head: bool, run: str) -> list[dict[str, Any]]:
     # Kubernetes expands $(NAME) in env values and reads $$ as $: every $ doubled keeps a value as written
-    env: list[dict[str, Any]] = [{"name": e.name, "value": e.value.display.replace("$", "$$")} for e in ir.env]
+    env: list[dict[str, Any]] = [{"name": e.name, "value": e.value.display.replace("$", "$$")} for e in ir.env
+                                 if e.name != "PYTHONPATH"]
     # the RayJob's name is the run's id: its retries (backoffLimit) continue the one W&B run
     env += [{"name": name, "value": value} for name, value in tracker_env((e.name for e in ir.env), run).items()]
     env += [{"name": name, "valueFrom": {"secretKeyRef": {"name": k.secret, "key": name}}} for name in ir.secrets]
-    env.append({"name": "PYTHONPATH", "value": HELPER_DIR})  # Ray imports the helper's remote functions on every node
+    # verlc's job package on every node (Ray imports the helper's remote functions from it there), then the spec's
+    env.append({"name": "PYTHONPATH", "value": path_list(HELPER_DIR, *(e.value.display.replace("$", "$$")
+                                                                      for e in ir.env if e.name == "PYTHONPATH"))})
     if head:
-        env.append({"name": "VERLC_STOP_AFTER", "value": "train"})  # ray, data, preflight: stop after that stage
+        env.append({"name": STOP_AFTER, "value": RUNNER_STAGES[-1]})  # or an earlier stage: stop after it
     return env
 
 
@@ -123,7 +127,8 @@ def rayjobs(ir: JobIR, files: list[File]) -> list[dict[str, Any]]:
     variants = [str(v.index) for v in ir.variants] or [None]
     # KubeRay passes rayStartParams to `ray start` through a shell: the NPU resource's JSON is quoted for it
     start = {**({"resources": f'"{{\\"NPU\\": {ir.gpus_per_node}}}"'} if ir.device == "NPU"
-                else {"num-gpus": str(ir.gpus_per_node)}), "disable-usage-stats": "true"}
+                else {"num-gpus": str(ir.gpus_per_node)}), "disable-usage-stats": "true",
+             **{option.removeprefix("--"): "true" for option in ir.ray.start_options}}
     out = []
     for name, variant in zip(k.names, variants):
         entrypoint = f"cd {shlex.quote(k.workdir)} && exec {shlex.join([*COMMAND, *([variant] if variant else [])])}"

@@ -3,6 +3,7 @@ one working dir: the run's code, when the spec has one."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 
 from ...compiler.diagnostics import Diagnostic
@@ -18,6 +19,15 @@ def check_build(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterat
     if has_code(spec) and "working_dir" in spec.ray.model_fields_set:
         yield sourced.diagnostic(("ray", "working_dir"), "the job's working_dir is the run's code (code:); "
                                                          "drop ray.working_dir", at_key=True)
+    if spec.sweep is not None:
+        count = math.prod(len(values) for values in spec.sweep.matrix.values())
+        at_once = spec.ray.sweep_parallel
+        yield sourced.diagnostic(("sweep",), (
+            f"{NOTE}submit.sh submits the sweep's {count} variants at once to one Ray cluster, and they run "
+            + ("in turn: each waits there for the ones before it to end (ray.sweep_parallel: 1; raise it for a "
+               "cluster sized for several)" if at_once == 1 else
+               f"{at_once} at a time (ray.sweep_parallel): each waits there until fewer than {at_once} of the ones "
+               f"before it are still to end; the cluster must have the GPUs of {at_once} variants")), at_key=True)
     if spec.ray.node_timeout is not None:
         yield sourced.diagnostic(("ray", "node_timeout"), (
             f"{NOTE}the cluster's Ray reads its health-check settings when its head starts, and the ray-job target "

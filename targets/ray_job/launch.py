@@ -11,8 +11,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ...compiler.ir import JobIR
-from ...lifecycle.scheduler import LaunchError, Observed, State, Submission, observed, tool, utc, variants_of
-from ...lifecycle.scheduler import run as command
+from ...contract.launcher import (LaunchError, Observed, State, Submission, SubmittedRun, observed, tool, utc,
+                                  variants_of)
+from ...contract.launcher import run as command
 
 FINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
@@ -51,8 +52,8 @@ def _api(address: str, path: str, method: str = "GET") -> dict:
         raise LaunchError(f"cannot reach the Ray dashboard at {address}: {reason}") from None
 
 
-def state(run: dict) -> Observed:
-    info = _api(run["where"], f"/api/jobs/{run['job_id']}")
+def state(run: SubmittedRun) -> Observed:
+    info = _api(run.where, f"/api/jobs/{run.job_id}")
     status = info.get("status", "UNKNOWN")
     # the driver's exit code is not in the API; "SUCCEEDED" is the job's exit 0
     def moment(ms: object) -> str | None:  # the Jobs API gives milliseconds since the epoch (0: not yet)
@@ -62,15 +63,15 @@ def state(run: dict) -> Observed:
                     moment(info.get("start_time")), moment(info.get("end_time")) if status in FINAL else None)
 
 
-def logs(run: dict) -> str:
-    return _api(run["where"], f"/api/jobs/{run['job_id']}/logs").get("logs", "")
+def logs(run: SubmittedRun) -> str:
+    return _api(run.where, f"/api/jobs/{run.job_id}/logs").get("logs", "")
 
 
-def cancel(run: dict) -> None:  # the scheduler reports the end itself
-    if not _api(run["where"], f"/api/jobs/{run['job_id']}/stop", "POST").get("stopped", True):
-        raise LaunchError(f"Ray did not stop {run['job_id']}: it had already ended")
+def cancel(run: SubmittedRun) -> None:  # the scheduler reports the end itself
+    if not _api(run.where, f"/api/jobs/{run.job_id}/stop", "POST").get("stopped", True):
+        raise LaunchError(f"Ray did not stop {run.job_id}: it had already ended")
 
 
-def attach(run: dict, argv: list[str]) -> list[str]:
-    raise LaunchError(f"{run['run']} runs on a Ray cluster verlc did not start: attach with your cluster's own "
-                      f"access (the job's driver runs on the head of {run['where']})")
+def attach(run: SubmittedRun, argv: list[str]) -> list[str]:
+    raise LaunchError(f"{run.run} runs on a Ray cluster verlc did not start: attach with your cluster's own "
+                      f"access (the job's driver runs on the head of {run.where})")

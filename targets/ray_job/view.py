@@ -14,7 +14,7 @@ from typing import Any
 from ...compiler.ir import JobIR
 from ..bundle import header_lines
 from ..job_package import COMMAND, PACKAGE, PIPELINE_COMMAND
-from ..protocol import RUNNER_STAGES, RUNS
+from ...runtime.protocol import RUNNER_STAGES, RUNS, SWEEP_AFTER, SWEEP_PARALLEL
 
 UPLOAD_CHECK = "upload_size.py"  # targets/ray_job/upload_size.py, shipped beside submit.sh
 # verl's own runtime_env.yaml sets these for `ray job submit`; the spec's env wins.
@@ -32,12 +32,15 @@ class RayJobView:
     entrypoint: tuple[str, ...]
     upload_check: str  # the bundle's script that measures the upload before submitting
     variants: tuple[str, ...]  # a sweep's variant indexes; each is one submission
+    sweep_parallel: str = "1"  # how many of them run at once on the cluster (a number, as env holds it)
     stages: tuple[str, ...] = RUNNER_STAGES  # what VERLC_STOP_AFTER may name
+    sweep_after: str = SWEEP_AFTER
+    sweep_parallel_variable: str = SWEEP_PARALLEL
 
 
 def ray_job_view(ir: JobIR) -> RayJobView:
     return RayJobView(header_lines(ir), ir.name, ir.ray.address, ir.secrets, COMMAND, UPLOAD_CHECK,
-                      tuple(str(v.index) for v in ir.variants))
+                      tuple(str(v.index) for v in ir.variants), str(ir.ray.sweep_parallel))
 
 
 def pipeline_view(irs: list[JobIR]) -> RayJobView:

@@ -9,9 +9,9 @@ import re
 from pathlib import Path
 
 from ...compiler.ir import JobIR
-from ...lifecycle.scheduler import (LaunchError, Observed, State, Submission, observed, require_secrets, tool,
-                                    variants_of)
-from ...lifecycle.scheduler import run as command
+from ...contract.launcher import (LaunchError, Observed, State, Submission, SubmittedRun, observed, require_secrets,
+                                  tool, variants_of)
+from ...contract.launcher import run as command
 
 FINAL = {"SUCCEEDED", "CANCELLED", "FAILED", "FAILED_SETUP", "FAILED_PRECHECKS", "FAILED_NO_RESOURCE",
          "FAILED_CONTROLLER"}
@@ -39,25 +39,25 @@ def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Subm
             for name, v in zip(names, variants_of(ir, names, "launch.sh"))]
 
 
-def state(run: dict) -> Observed:
+def state(run: SubmittedRun) -> Observed:
     jobs = json.loads(command([sky(), "jobs", "queue", "--output", "json"], timeout=300).stdout or "[]")
-    mine = [j for j in jobs if j.get("job_name") == run["job_id"]]
+    mine = [j for j in jobs if j.get("job_name") == run.job_id]
     if not mine:
-        raise LaunchError(f"sky jobs queue has no job named {run['job_id']}")
+        raise LaunchError(f"sky jobs queue has no job named {run.job_id}")
     job = max(mine, key=lambda j: j.get("job_id") or 0)
     status = str(job.get("status") or "UNKNOWN").upper()
     code = 0 if status == "SUCCEEDED" else (1 if status in FINAL else None)
     return observed(STATES, status, int(job.get("recovery_count") or 0), code, status in FINAL, "sky jobs queue")
 
 
-def logs(run: dict) -> str:
-    return command([sky(), "jobs", "logs", "--name", run["job_id"], "--no-follow"], timeout=300).stdout
+def logs(run: SubmittedRun) -> str:
+    return command([sky(), "jobs", "logs", "--name", run.job_id, "--no-follow"], timeout=300).stdout
 
 
-def cancel(run: dict) -> None:  # the controller reports the end; `status` asks it
-    command([sky(), "jobs", "cancel", "--yes", "--name", run["job_id"]], timeout=300)
+def cancel(run: SubmittedRun) -> None:  # the controller reports the end; `status` asks it
+    command([sky(), "jobs", "cancel", "--yes", "--name", run.job_id], timeout=300)
 
 
-def attach(run: dict, argv: list[str]) -> list[str]:
-    raise LaunchError(f"{run['run']} runs on a cluster SkyPilot manages for the job: find it with "
+def attach(run: SubmittedRun, argv: list[str]) -> list[str]:
+    raise LaunchError(f"{run.run} runs on a cluster SkyPilot manages for the job: find it with "
                       f"`sky status` and reach its head with `ssh <cluster>`")

@@ -2,7 +2,7 @@
 
 The task runs the same job package as the other targets: `run` brings up the run's own Ray on every
 node (SkyPilot's node rank and IPs say which node is the head), and the head runs `python3 -m verlc_job
-job`, which waits for every node and GPU before data, preflight and training (targets/runtime.py).
+job`, which waits for every node and GPU before data, preflight and training (runtime/runner.py).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...compiler.derive import tracker_env
-from ...compiler.ir import JobIR
+from ...compiler.ir import JobIR, Var, Word
 from ..bundle import header_lines
 from ..job_package import PACKAGE
-from ..protocol import RUNNER_STAGES, STOP_AFTER
+from ...runtime.protocol import EVENT_DATE, EXIT_MESSAGE, RUNNER_STAGES, STOP_AFTER
 from .lower import SkyIR
 
 HELPER_DIR = "/opt/verlc"  # ./verlc_job is mounted at HELPER_DIR/verlc_job on every node
@@ -39,7 +39,10 @@ class SkyView:
     secrets: tuple[str, ...]
     variants: tuple[str, ...]
     tracker: tuple[tuple[str, str | None], ...]  # W&B's run: (name, value; None: the managed job's name)
+    ray_options: tuple[str, ...]  # every node's `ray start` takes them (the spec's ray.debug)
     stages: tuple[str, ...] = RUNNER_STAGES  # what VERLC_STOP_AFTER may name
+    event_date: str = EVENT_DATE  # date(1)'s format of an event line's time (runtime/protocol.py)
+    exit_message: Word = Word((EXIT_MESSAGE, Var("status")))  # the job's last line (protocol.Event.exit_code)
 
 
 def sky_view(ir: JobIR) -> SkyView:
@@ -47,7 +50,7 @@ def sky_view(ir: JobIR) -> SkyView:
     return SkyView(header_lines(ir), ir.name, k.workdir, ir.code.folder if ir.code else None, HELPER_DIR, PACKAGE,
                    RAY_PORT, DASHBOARD_PORT,
                    ir.nodes, ir.ray.wait_seconds, ir.secrets, tuple(str(v.index) for v in ir.variants),
-                   tuple(tracker_env((e.name for e in ir.env), None).items()))
+                   tuple(tracker_env((e.name for e in ir.env), None).items()), ir.ray.start_options)
 
 
 def task(ir: JobIR, k: SkyIR, run: str) -> dict[str, Any]:

@@ -10,9 +10,10 @@ from datetime import datetime
 from pathlib import Path
 
 from ...compiler.ir import JobIR
-from ...lifecycle.scheduler import LaunchError, Observed, State, Submission, observed, require_secrets, tool, utc
-from ...lifecycle.scheduler import run as command
-from ..protocol import ATTACH, RECORD, RUNS, parse_event, run_id
+from ...contract.launcher import (LaunchError, Observed, State, Submission, SubmittedRun, observed, require_secrets,
+                                  tool, utc)
+from ...contract.launcher import run as command
+from ...runtime.protocol import ATTACH, RECORD, RUNS, parse_event, run_id
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY",
          "BOOT_FAIL", "DEADLINE"}
@@ -88,8 +89,8 @@ def _sacct(job: str) -> Observed | None:
                     _time(row[3]), _time(row[4]) if state in FINAL else None)
 
 
-def state(run: dict) -> Observed:
-    job, log = run["job_id"], run.get("log")
+def state(run: SubmittedRun) -> Observed:
+    job, log = run.job_id, run.log
     shown = _show(job)
     if shown is not None:  # slurmctld's own view, with the restart count accounting does not keep
         name = shown.get("JobState", "UNKNOWN")
@@ -120,30 +121,30 @@ def _last_exit(log: str | None) -> int | None:
     return codes[-1] if codes else None
 
 
-def logs(run: dict) -> str:
+def logs(run: SubmittedRun) -> str:
     """The job's log so far (its --output file; the trainer's lines are in it too). An array task's file is
     named once the task started: slurmctld says where."""
-    log = run.get("log") or state(run).log
+    log = run.log or state(run).log
     try:
         return Path(log).read_text(errors="replace") if log else ""
     except FileNotFoundError:
         return ""  # pending: Slurm creates it when the job starts
 
 
-def cancel(run: dict) -> None:  # the scheduler reports the end itself
-    command([tool("scancel", "the slurm target cancels with scancel"), run["job_id"]])
+def cancel(run: SubmittedRun) -> None:  # the scheduler reports the end itself
+    command([tool("scancel", "the slurm target cancels with scancel"), run.job_id])
 
 
-def attach(run: dict, argv: list[str]) -> list[str]:
+def attach(run: SubmittedRun, argv: list[str]) -> list[str]:
     """The srun command that runs ARGV (default: a shell) on the head node of a running job, where its
     commands run (inside its container), from the `attach.argv` the batch script wrote."""
     try:
-        words = (Path(run["record"]).parent / ATTACH).read_bytes().split(b"\0")[:-1]
+        words = (Path(run.record).parent / ATTACH).read_bytes().split(b"\0")[:-1]
     except (OSError, TypeError):
-        raise LaunchError(f"{run['run']} has not started yet (no {ATTACH} in its run folder)") from None
+        raise LaunchError(f"{run.run} has not started yet (no {ATTACH} in its run folder)") from None
     node, count, rest = words[0].decode(), int(words[1]), [w.decode() for w in words[2:]]
     step_args, prefix = rest[:count], rest[count:]
     interactive = not argv
-    return [tool("srun", "attach runs a job step"), f"--jobid={run['job_id']}", "--overlap", "--nodes=1",
+    return [tool("srun", "attach runs a job step"), f"--jobid={run.job_id}", "--overlap", "--nodes=1",
             "--ntasks=1", f"--nodelist={node}", *(["--pty"] if interactive else []), *step_args, *prefix,
             *(argv or ["bash", "-i"])]

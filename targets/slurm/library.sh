@@ -66,7 +66,8 @@ fan_out() {
 
 # Run by fan_out on each node (SLURMD_NODENAME and SLURM_PROCID are Slurm's, per task) -------------
 readonly node_functions=(log in_container image_commands container_commands ray_command node_address build_image
-  verify_image run_container container_ready await_ray_logs drop_step_lock remove_container remove_leftovers ray_node)
+  verify_image run_container container_ready await_ray_logs drop_step_lock remove_container remove_leftovers
+  startup_timed_out ray_node)
 
 # node_address: this node's name, the IPv4 address Ray uses on it, and that address's interface (where
 # gloo, and NCCL unless told, open their sockets). With network.head_interface: that interface's address.
@@ -194,10 +195,23 @@ remove_leftovers() {
   rm -f "$step_lock"
 }
 
+# Whether `ray start`'s output (a file tee writes) says the raylet did not register in time. tee may not have
+# written the lines of a start that failed fast yet: the file is read again for up to 2 s.
+startup_timed_out() {
+  local _
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    ! grep -qs "timed out during startup" "$1" || return 0
+    sleep 0.2
+  done
+  return 1
+}
+
 # ray_node FIRST: this node's Ray until the cleanup stops it: the head where the node's place in the job
 # (FIRST + SLURM_PROCID) is 0, a worker elsewhere. A Ray that stops on its own exits non-zero, so that its
 # step ends at once (the log names the node); one stopped by a signal (cleanup, scancel) exits 0. However
 # Ray stops, the node then keeps Ray's session logs in the run folder (bounded) and removes Ray's temp dir.
+# A worker whose raylet did not register with the head within Ray's fixed 30 s ("The current node timed out
+# during startup": a busy head or node, `ray start` has no setting for it) is started again, twice at most.
 ray_node() {
   local i=$(($1 + SLURM_PROCID))
   local node_ip=${node_ips[$SLURMD_NODENAME]} node_dev=${node_devs[$SLURMD_NODENAME]} ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-$i
@@ -207,18 +221,31 @@ ray_node() {
   ray_command "$i"
   local logs=$ray_logs/$SLURMD_NODENAME  # created now: the container waits for it before going
   mkdir -p "$logs"
-  log "starting Ray on $SLURMD_NODENAME ($node_ip)"
+  local started=$logs/ray-start.out attempt=1 attempts=3 ray_pid='' rc=0 stop_at=''
   # In a process group of its own: when Slurm signals the step, every Ray process of the node gets TERM,
   # and KILL ray_kill_after s later (a `ray start` signalled mid-startup can hang), well within Slurm's KillWait.
-  setsid "${exec_prefix[@]}" "${ray[@]}" &
-  local ray_pid=$! rc=0 stop_at=''
-  trap 'stop_at=${stop_at:-$SECONDS}; kill -TERM -- "-$ray_pid" 2>/dev/null' TERM INT
-  wait "$ray_pid" || true
-  while kill -0 "$ray_pid" 2>/dev/null; do  # a signal ended `wait`, not Ray: Ray has a few seconds, then KILL
-    ((SECONDS - ${stop_at:-$SECONDS} < ray_kill_after)) || kill -KILL -- "-$ray_pid" 2>/dev/null
-    sleep 0.5
+  trap 'stop_at=${stop_at:-$SECONDS}; [[ -z $ray_pid ]] || kill -TERM -- "-$ray_pid" 2>/dev/null' TERM INT
+  while :; do
+    log "starting Ray on $SLURMD_NODENAME ($node_ip)"
+    # Its output also kept in the run folder (a signal to the step leaves that copy running to the end).
+    setsid "${exec_prefix[@]}" "${ray[@]}" > >(trap '' TERM INT; exec tee "$started") 2>&1 &
+    ray_pid=$! rc=0
+    [[ -z $stop_at ]] || kill -TERM -- "-$ray_pid" 2>/dev/null  # the signal came as it started
+    wait "$ray_pid" || true
+    while kill -0 "$ray_pid" 2>/dev/null; do  # a signal ended `wait`, not Ray: Ray has a few seconds, then KILL
+      ((SECONDS - ${stop_at:-$SECONDS} < ray_kill_after)) || kill -KILL -- "-$ray_pid" 2>/dev/null
+      sleep 0.5
+    done
+    wait "$ray_pid" || rc=$?
+    if [[ -n $stop_at ]] || ((i == 0 || rc == 0 || attempt == attempts)) || ! startup_timed_out "$started"; then
+      break
+    fi
+    attempt=$((attempt + 1))
+    log "Ray on $SLURMD_NODENAME did not register with the head in Ray's 30 s; starting it again ($attempt of $attempts)"
+    kill -KILL -- "-$ray_pid" 2>/dev/null
+    sleep 2  # Ray's reaper ends what the failed start left (within its 1 s grace), freeing the node's ports
+    [[ -z $stop_at ]] || break
   done
-  wait "$ray_pid" || rc=$?
   if [[ -n $stop_at ]]; then
     log "Ray on $SLURMD_NODENAME stopped (the job is ending)"
   else
@@ -240,6 +267,7 @@ ray_node() {
 
 # ---- cleanup: runs on every exit, including scancel (TERM) and Ctrl-C ----------------------------
 declare -A ray_steps=()  # srun pid -> which Ray: names what died during bring-up
+end_time_pid=''  # keep_end_time's, where the job keeps its end time
 cleanup() {
   local rc=$?
   # A second signal (scancel signals every process of the job, and again on a second scancel) must not
@@ -253,6 +281,9 @@ cleanup() {
   # KILL whatever is left before Slurm's KillWait runs out (after scancel or the time limit, Slurm kills
   # this script then), at most after cleanup_cap s.
   local pids pid alive patience
+  if [[ -n $end_time_pid ]]; then  # keep_end_time (its trap ends the sleep it waits in)
+    kill -TERM "$end_time_pid" 2>/dev/null
+  fi
   patience=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" { print $3 }')
   [[ $patience =~ ^[0-9]+$ ]] && ((patience > 4)) && patience=$((patience - cleanup_margin)) || patience=2
   ((patience <= cleanup_cap)) || patience=$cleanup_cap
@@ -278,8 +309,8 @@ cleanup() {
       || log "no step could look for leftover containers (after scancel, each container's own step removed it)"
   fi
   if ((requeue_enabled && requeue && ${SLURM_RESTART_COUNT:-0} >= max_requeues)); then
-    log "not requeued: this job was requeued ${SLURM_RESTART_COUNT:-0} time(s) already" \
-      "(cluster.slurm.max_requeues: $max_requeues)"
+    log "not requeued: max_requeues ($max_requeues) reached: this job was requeued ${SLURM_RESTART_COUNT:-0}" \
+      "time(s) already (cluster.slurm.max_requeues)"
   elif ((requeue_enabled && requeue)); then
     log "requeueing job $this_job"
     scontrol requeue "$this_job" || log "scontrol requeue failed"
@@ -350,12 +381,14 @@ fi
 # verlc's runtime reads it when the trainer starts, and verl saves a checkpoint ahead of it
 keep_end_time() {
   local end
+  trap 'kill "$!" 2>/dev/null; exit 0' TERM  # the cleanup's: ends the sleep it waits in, quietly
   while :; do
     end=$(squeue --noheader --jobs="$SLURM_JOB_ID" --format=%e 2>/dev/null | head -n 1)
     if [[ $end =~ ^[0-9]{4}-[0-9]{2}-[0-9]{2}T ]] && end=$(date -d "$end" +%s 2>/dev/null); then
       printf '%s\n' "$end" >"$end_file.tmp" && mv -f "$end_file.tmp" "$end_file"
     fi
-    sleep 30
+    sleep 30 &
+    wait "$!"
   done
 }
 
@@ -506,7 +539,10 @@ main() {
   mkdir -p "$run_dir"
   runtime_source >"$run_dir/$runtime_file"  # verlc's runtime, below the banner at the end of this script
   if [[ -n $end_file ]]; then
+    # not one of this shell's jobs (disowned): the cleanup stops it by its pid, and bash reports no "Killed"
     keep_end_time &
+    end_time_pid=$!
+    disown "$end_time_pid"
   fi
   # For `verlc attach`: where the job's commands run on the head node, NUL-separated: the node, the
   # number of srun arguments, those arguments, then the command prefix (the container's exec, if any).

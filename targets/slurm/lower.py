@@ -34,7 +34,7 @@ def accelerators(spec: Spec) -> list[tuple[str, str | int | None]]:
     """The node's GPUs (a typed GRES when the spec names the GPU model), or its NPUs as the site's GRES."""
     c, s = spec.cluster, spec.cluster.slurm
     assert s is not None
-    typed = f"{c.gpu_type}:{c.gpus_per_node}" if c.gpu_type else c.gpus_per_node
+    typed = f"{c.gpu_type}:{c.gpus_per_node}" if c.gpu_type and s.typed_gpus else c.gpus_per_node
     if c.accelerator != "npu":
         return [("gpus-per-node", typed)]
     return [("gres", f"{s.npu_gres}:{typed}")] if s.npu_gres else []
@@ -56,10 +56,14 @@ def lower(spec: Spec, ir: JobIR) -> SlurmIR:
         ("qos", s.qos),
         ("nodelist", s.nodelist),
         ("exclude", s.exclude),
+        ("exclusive", "" if s.exclusive else None),
+        ("constraint", s.constraint),
+        ("reservation", s.reservation),
         ("output", s.output),
         ("error", s.error),
         ("mail-type", ",".join(s.mail_type) or None),
         ("mail-user", s.mail_user),
+        *sorted((option, "" if value is True else str(value)) for option, value in s.sbatch.items()),
     ]
     if s.requeue_grace is not None:
         directives += [

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, Strict
 
-from ...compiler.fields import Directive, Int, Model, Seconds, SlurmMem, SlurmTime, matching
+from ...compiler.fields import Bool, Directive, Int, Model, Seconds, SlurmMem, SlurmTime, matching
 from ...compiler.ir import TimeLimit
 
 if TYPE_CHECKING:
@@ -18,6 +18,11 @@ MailType = Literal["NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DE
 MailUser = Annotated[str, Strict(), matching(r"[A-Za-z0-9._%+-]{1,64}(@[A-Za-z0-9.-]{1,190})?",
                                              "an e-mail address or a user name")]
 GresName = Annotated[str, Strict(), matching(r"[A-Za-z][A-Za-z0-9_]{0,62}", "a Slurm GRES name such as npu")]
+# sbatch reads #SBATCH lines itself (no shell): a constraint's &, |, [], * and () reach it as they are
+Constraint = Annotated[str, Strict(), matching(r"[A-Za-z0-9_.,:@+=/\[\]*&|()!-]{1,255}",
+                                               "a Slurm node feature expression (features joined by & | , * [])")]
+SbatchOption = Annotated[str, Strict(), matching(r"[a-z][a-z0-9-]{0,40}", "an sbatch long option without its "
+                                                                          "dashes, such as gres-flags")]
 
 
 class Slurm(Model):
@@ -31,6 +36,17 @@ class Slurm(Model):
     qos: Directive | None = Field(None, description="#SBATCH --qos.")
     nodelist: Directive | None = Field(None, description="#SBATCH --nodelist: run on exactly these nodes.")
     exclude: Directive | None = Field(None, description="#SBATCH --exclude: never these nodes.")
+    exclusive: Bool = Field(False, description="#SBATCH --exclusive: the nodes are the job's alone (no other job's "
+                                                "tasks beside Ray's).")
+    constraint: Constraint | None = Field(None, description="#SBATCH --constraint: node features, e.g. h100&ib.")
+    reservation: Directive | None = Field(None, description="#SBATCH --reservation: run in this reservation.")
+    typed_gpus: Bool = Field(True, description="With cluster.gpu_type: ask for the GPUs by type "
+                                               "(#SBATCH --gpus-per-node=H100:8); false: by count alone "
+                                               "(--gpus-per-node=8), for sites whose gres.conf names no types.")
+    sbatch: dict[SbatchOption, Literal[True] | Int | Directive] = Field(
+        {}, description="Other #SBATCH options verlc does not model, by long name: {hint: nomultithread, "
+                        "overcommit: true} (true: an option without a value). Checked against sbatch's own "
+                        "options; those verlc sets are refused (set their field instead).")
     output: Directive = Field("slurm-%j.out", description="#SBATCH --output; its folder must exist where sbatch "
                                                           "runs (Slurm does not create it).")
     error: Directive | None = Field(None, description="#SBATCH --error; default: with the output.")

@@ -13,8 +13,9 @@ from ...compiler.derive import tracker_env
 from ...compiler.ir import Arg, EnvVar, JobIR, Var, Word
 from ..bundle import header_lines
 from ..job_package import job_of, one_program
-from .. import protocol
-from ..protocol import END_TIME, RECORD, RUNS, Variant
+from ...runtime import protocol
+from ...runtime.job import Expiry, Variant
+from ...runtime.protocol import END_TIME, RECORD, RUNS
 from .lower import SlurmIR
 from .ports import PLAN, PortPlan
 
@@ -41,7 +42,7 @@ class VariantView:
 
 @dataclass(frozen=True)
 class ProtocolView:
-    """What the script shares with the runtime and the lifecycle (targets/protocol.py): the stages, the exit
+    """What the script shares with the runtime and the lifecycle (runtime/protocol.py): the stages, the exit
     code of a lost node, and the run folder's files (under the script's `run_dir`)."""
 
     stages: tuple[str, ...] = protocol.STAGES
@@ -92,7 +93,7 @@ class SlurmView:
     secrets: tuple[str, ...]
     nodes: int
     gpus_per_node: int
-    hccl_ports: tuple[tuple[str, int, int], ...]  # (name, first, last): Ascend's HCCL ports in the job's block
+    hccl_ports: tuple[tuple[str, int, int], ...]  # (name, first, last): HCCL's (Ascend) and the services' ports
     ports: PortPlan  # the job's block of ports (ports.py)
     stopping: Stopping  # how long each part of a stop may take
     ray_port: int | None
@@ -120,7 +121,7 @@ class SlurmView:
     job: str  # the job the runtime runs (wait, data, preflight, train) as JSON; a sweep's without its varied keys
     variants: tuple[VariantView, ...]  # a sweep: each array task's changes to it
     runtime_file: str  # the runtime's file in the run folder
-    runtime_source: str  # targets/runtime.py, embedded after the job's logic
+    runtime_source: str  # the runtime (runtime/) as one program, embedded after the job's logic
     runtime_banner: tuple[str, ...]
     protocol: ProtocolView = ProtocolView()
 
@@ -168,7 +169,10 @@ def slurm_view(ir: JobIR) -> SlurmView:
     slurm: SlurmIR = ir.part("slurm")
     c = ir.container
     # HCCL's ports come from the job's block of ports (the template exports them once it has the block)
-    hccl_ports = PLAN.hccl if ir.device == "NPU" else ()
+    own = {e.name for e in ir.env if e.origin == "env"}  # `auto`: HCCL picks them (compiler/derive.py)
+    hccl_ports = tuple(h for h in PLAN.hccl if h[0] not in own) if ir.device == "NPU" else ()
+    # and the services' ports (the runtime starts them: runtime/services.py), the same way
+    hccl_ports += ((protocol.SERVICE_PORTS, *PLAN.services),) if ir.services else ()
     ports = tuple(name for name, *_ in hccl_ports)
     env = tuple(e for e in (*ir.env, *job_env(ir)) if e.name not in ports)
     env_names = (*(e.name for e in env), *ports, *ir.secrets, *ir.node_env)
@@ -231,6 +235,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
         (_word("--dashboard-agent-listen-port=", AGENT_PORT),),
         (_word("--node-name=", NODE_NAME),),  # Ray's name for the node (dashboard, preflight) is Slurm's
         ("--disable-usage-stats",),
+        *((option,) for option in ir.ray.start_options),
     )
     # Ray's processes, and so verl's workers, open gloo's sockets on the interface of Ray's own address: gloo
     # would otherwise bind the address of the host name (127.0.1.1 on Debian). The spec's own env wins.
@@ -249,7 +254,6 @@ def slurm_view(ir: JobIR) -> SlurmView:
          _word("--dashboard-port=", DASHBOARD_PORT)),
         (_word("--ray-client-server-port=", CLIENT_PORT),),
         *ray_common,
-        *((("--ray-debugger-external",),) if ir.ray.debugger_external else ()),
     )
     # A worker asks the GCS for the head node's record 20 times, 2 s apart, then gives up (Ray's
     # RAY_NUM_REDIS_GET_RETRIES): started beside the head on a loaded host it can ask before the head registered
@@ -268,15 +272,15 @@ def slurm_view(ir: JobIR) -> SlurmView:
     # script keeps in the run folder as Slurm has it (scontrol update moves it), less the USR1 lead before it
     end_file = Word((*run_dir.parts, f"/{END_TIME}"))
     # Slurm may send the --signal up to 60 s before the time it was asked for (sbatch(1)): the lead covers that
-    expiry = {"variable": ir.expiry_variable, "lead": slurm.requeue_grace + USR1_EARLY if slurm.requeue_grace else 0,
-              "end_file": end_file.as_json()} if ir.expiry_variable else None
-    job = job_of(ir, record=record, expiry=expiry)
+    expiry = Expiry(variable=ir.expiry_variable, lead=slurm.requeue_grace + USR1_EARLY if slurm.requeue_grace else 0,
+                    end_file=end_file.as_json()) if ir.expiry_variable else None
+    job = job_of(ir, record=record, expiry=expiry, run_folder=run_dir)
     variants = []
     if ir.variants:  # the base job without the varied keys; each array task adds its own values back
         varied = set(ir.varied_keys)
         job = replace(job, train=[*ir.program_argv, *(o.arg for o in ir.overrides if o.key not in varied)])
         for v in ir.variants:
-            full = job_of(ir, record=record, variant=v, expiry=expiry)
+            full = job_of(ir, record=record, variant=v, expiry=expiry, run_folder=run_dir)
             patch = Variant(label=full.variant, checkpoint_dir=full.checkpoint_dir, reference=full.reference,
                             train_overrides=[o.arg for o in ir.variant_overrides(v)])
             assert job.with_variant(patch) == full
@@ -324,9 +328,9 @@ def slurm_view(ir: JobIR) -> SlurmView:
         variants=tuple(variants),
         runtime_file=RUNTIME_FILE,
         runtime_source=runtime,
-        runtime_banner=(f"targets/protocol.py and targets/runtime.py of verlc {ir.verlc_version}, as one program, sha256 "
+        runtime_banner=(f"runtime/ of verlc {ir.verlc_version}, as one program, sha256 "
                         f"{hashlib.sha256(runtime.encode()).hexdigest()}:",
-                        "what every verlc bundle runs on the cluster (the others ship them as verlc_job/protocol.py and",
-                        "verlc_job/__init__.py, after their header). Nothing below is specific to this job."),
+                        "what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after",
+                        "their header). Nothing below is specific to this job."),
     )
 

@@ -126,7 +126,7 @@ def _name_clash(irs: list) -> bool:
 
 def build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_config: str,
            max_variants: int, strict: bool, profile: str | None = None) -> int:
-    from ..targets.bundle import EditedError, write
+    from ..targets.bundle import EditedError, OtherSpecError, write
 
     shown, out = out, out.resolve()  # messages name the folder as the user gave it
     result = compile_all(specs, [target], verl_config, max_variants, strict, profile=profile)
@@ -141,6 +141,13 @@ def build(specs: Sequence[Path], target: str, out: Path, force: bool, verl_confi
         for rel in exc.args[0]:
             print(f"verlc: {out / rel}: edited by hand since it was generated", file=sys.stderr)
         print("verlc: nothing written; move your edits into the spec, or pass --force to discard them",
+              file=sys.stderr)
+        return EXIT_SPEC
+    except OtherSpecError as exc:
+        for folder, old, new in exc.args[0]:
+            print(f"verlc: {shown / folder}/ was built from {old} (its manifest says so), not {new}: two specs of "
+                  f"one name", file=sys.stderr)
+        print("verlc: nothing written; rename one of the specs, or pass --force to replace the bundle",
               file=sys.stderr)
         return EXIT_SPEC
     for b in bundles:
@@ -234,7 +241,7 @@ def diff(a: Path, b: Path, markdown: bool) -> int:
 def _diff_records(a: Path, b: Path, markdown: bool) -> int:
     """Two run records (what the preflight wrote): exit 0 when the same, 1 when they differ, 2 on bad input."""
     from ..compiler import diff
-    from ..targets.runtime import record_differences
+    from ..runtime.record import record_differences
 
     records = []
     for path in (a, b):

@@ -24,7 +24,7 @@ def one_line_errors(command: Callable[..., int]) -> Callable[..., int]:
     def run(*args: Any, **kwargs: Any) -> int:
         from ..lifecycle import ledger
         from ..lifecycle.results import ResultError
-        from ..lifecycle.scheduler import LaunchError
+        from ..contract.launcher import LaunchError
         from ..targets.bundle import EditedError
 
         try:
@@ -79,7 +79,7 @@ def _book() -> tuple[Path, dict]:
 def submit(spec: Path, target: str, out: Path, wait: bool, follow: bool, metrics: list[str],
            on_end: str | None, profile: str | None = None, resume: str | None = None) -> int:
     from ..lifecycle import ledger, runs
-    from ..lifecycle.scheduler import RESUMES, TRACKER_RUN, State
+    from ..contract.launcher import RESUMES, TRACKER_RUN, State
 
     if on_end is not None and not (wait or follow):
         print("verlc: --on-end runs when the run ends: it goes with --wait or --follow", file=sys.stderr)
@@ -110,7 +110,7 @@ def submit(spec: Path, target: str, out: Path, wait: bool, follow: bool, metrics
         if not (wait or follow):
             return 0
         outcomes = _until_done(ledger.location(spec), submitted, follow, metrics, on_end)
-        failed = next((r for r, o in zip(submitted, outcomes) if o.status is not State.SUCCEEDED), None)
+        failed = next((r for r, o in zip(submitted, outcomes) if o.state is not State.SUCCEEDED), None)
         if failed is not None:
             stage = failed.submitted.get("stage")
             print(f"verlc: the pipeline stopped at stage {stage}" if stage else
@@ -135,7 +135,7 @@ def submit(spec: Path, target: str, out: Path, wait: bool, follow: bool, metrics
     if not (wait or follow):
         return 0
     outcomes = _until_done(book, submitted, follow, metrics, on_end)
-    return 0 if all(o.status is State.SUCCEEDED for o in outcomes) else EXIT_FAILED
+    return 0 if all(o.state is State.SUCCEEDED for o in outcomes) else EXIT_FAILED
 
 
 def _submit_pipeline(irs: list, spec: Path, target: str, out: Path, env: dict[str, str]) -> list:
@@ -180,10 +180,10 @@ def _until_done(book: Path, submitted: list, follow: bool, metrics: list[str], o
 
     def ended(run: ledger.Run, seen: runs.Observed) -> None:
         if not follow:  # --follow has printed every state already
-            print(f"{run.run}: {seen.state.lower()}" + (f" (exit code {seen.exit_code})" if seen.exit_code else ""))
+            print(f"{run.run}: {seen.scheduler_state.lower()}" + (f" (exit code {seen.exit_code})" if seen.exit_code else ""))
         if on_end is not None:  # the run's outcome stays the exit code; the command's failure is only reported
             sys.stdout.flush()
-            told = {"VERLC_RUN": run.run, "VERLC_STATE": seen.state,
+            told = {"VERLC_RUN": run.run, "VERLC_STATE": seen.scheduler_state,
                     "VERLC_EXIT_CODE": "" if seen.exit_code is None else str(seen.exit_code)}
             code = subprocess.call(["sh", "-c", on_end], env={**os.environ, **told})
             if code:
@@ -203,7 +203,9 @@ def status(key: str | None) -> int:
     chosen = [ledger.find(known, key)] if key else [r for r in known.values() if not r.final]
     for run in chosen:
         seen = runs.observe(book, run, launcher)
-        print(f"{run.run}: {seen.state.lower()}" + (f", {seen.restarts} restart(s)" if seen.restarts else "")
+        # a run VERLC_STOP_AFTER ended early says so (as `verlc runs` does), once the ledger has its end
+        state = runs.shown_state(ledger.fold(book)[run.run]) if seen.final else seen.scheduler_state.lower()
+        print(f"{run.run}: {state}" + (f", {seen.restarts} restart(s)" if seen.restarts else "")
               + (f", exit code {seen.exit_code}" if seen.exit_code is not None else "")
               + f" (job {run.job_id} on {run.where}, from {seen.source})")
     if not chosen:
@@ -212,13 +214,17 @@ def status(key: str | None) -> int:
 
 
 @one_line_errors
-def logs(key: str, follow: bool, stage: str | None, metrics: list[str], ray: bool, node: str | None) -> int:
+def logs(key: str, follow: bool, stage: str | None, metrics: list[str], ray: bool, service: str | None,
+         node: str | None) -> int:
     from ..lifecycle import ledger, progress, runs
 
     book, known = _book()
     run = ledger.find(known, key)
     if ray:
         sys.stdout.write(runs.ray_logs(run, node))
+        return 0
+    if service:
+        sys.stdout.write(runs.service_logs(run, service, node))
         return 0
     if follow:
         runs.follow(book, [run], metrics, sys.stdout, launcher, tty=sys.stdout.isatty())
@@ -239,7 +245,7 @@ def cancel(key: str) -> int:
     going = [r for r in named if not r.final] if len(named) > 1 else named  # one run: cancelled even if ended
     for run in going:  # (Compose's `down` of an ended run removes its containers)
         seen = runs.cancel(book, run, launcher)
-        print(f"{run.run}: cancel sent; now {seen.state.lower()}")
+        print(f"{run.run}: cancel sent; now {seen.scheduler_state.lower()}")
     if not going:
         print(f"verlc: the {len(named)} runs '{key}' names have ended: {', '.join(r.run for r in named)}")
     return 0
@@ -256,7 +262,7 @@ def attach(key: str, cmd: list[str]) -> int:
     if run.final:
         print(f"verlc: {run.run} has ended ({run.state.lower()}): nothing to attach to", file=sys.stderr)
         return 3
-    return subprocess.call(launcher(run.target).attach(run.submitted, cmd[1:] if cmd[:1] == ["--"] else cmd))
+    return subprocess.call(launcher(run.target).attach(run.submission, cmd[1:] if cmd[:1] == ["--"] else cmd))
 
 
 def _chosen(known: dict, keys: list[str]) -> list:
@@ -266,13 +272,15 @@ def _chosen(known: dict, keys: list[str]) -> list:
 
 
 @one_line_errors
-def table(keys: list[str], results: bool, metrics: list[str], fmt: str) -> int:
+def table(keys: list[str], results: bool, timeline: bool, metrics: list[str], fmt: str) -> int:
     from ..lifecycle import runs
 
     book, known = _book()
     chosen = _chosen(known, keys)
     if results:
         sys.stdout.write(runs.results(book, chosen, metrics, fmt, launcher))
+    elif timeline:
+        sys.stdout.write(runs.timeline(book, chosen, fmt, launcher))
     elif metrics:
         print("verlc: --metric goes with --results", file=sys.stderr)
         return EXIT_SPEC
@@ -282,10 +290,15 @@ def table(keys: list[str], results: bool, metrics: list[str], fmt: str) -> int:
 
 
 @one_line_errors
-def plot(keys: list[str], metric: str, output: Path | None) -> int:
+def plot(keys: list[str], metric: str | None, timeline: bool, output: Path | None) -> int:
     from ..lifecycle import runs
 
     book, known = _book()
+    if timeline:
+        output = output or Path("timeline.png")
+        lines = runs.plot_timeline(book, _chosen(known, keys), output, launcher)
+        print(f"wrote {output}: the start-up timeline of {', '.join(lines)}")
+        return 0
     output = output or Path(metric.replace("/", "_") + ".png")
     lines = runs.plot(book, _chosen(known, keys), metric, output, launcher)
     print(f"wrote {output}: {metric} of {', '.join(lines)}")

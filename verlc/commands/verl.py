@@ -104,7 +104,8 @@ def _program_schema(path: Path) -> int:
 
 def stage_in(spec: Path) -> int:
     """The data stage's downloads, here: exit 0 when everything is in place, 1 when a step failed."""
-    from ..targets import runtime
+    from ..runtime.data import materialize, prepare
+    from ..runtime.job import expand
 
     result = compile_all([spec], (), "snapshot")
     if isinstance(result, int):
@@ -112,9 +113,9 @@ def stage_in(spec: Path) -> int:
     ir = result[0]  # a pipeline's stages share the container: where the data stage runs
     if ir.container.runtime == "none":  # where, and with which python3, the job's data stage runs
         if ir.container.workdir is not None:
-            os.chdir(runtime.expand(ir.container.workdir.as_json()))
+            os.chdir(expand(ir.container.workdir.as_json()))
         if ir.container.venv is not None:
-            os.environ["PATH"] = f"{runtime.expand(ir.container.venv.as_json())}/bin:{os.environ['PATH']}"
+            os.environ["PATH"] = f"{expand(ir.container.venv.as_json())}/bin:{os.environ['PATH']}"
     fetches = list(dict.fromkeys(i.model_fetch for i in result if i.model_fetch is not None))  # each stage's
     preparing = list(dict.fromkeys(step for i in result for step in i.data_prep))
     if not fetches and not preparing:
@@ -122,9 +123,9 @@ def stage_in(spec: Path) -> int:
         return 0
     rc = 0
     for fetch in fetches:
-        rc = rc or runtime.materialize(fetch.repo, fetch.revision, runtime.expand(fetch.folder.as_json()))
+        rc = rc or materialize(fetch.repo, fetch.revision, expand(fetch.folder.as_json()))
     for step in preparing:
-        rc = rc or runtime.prepare(step.out_dir, list(step.argv))
+        rc = rc or prepare(step.out_dir, list(step.argv))
     offline = any(e.name == "HF_HUB_OFFLINE" for e in ir.env)
     if rc == 0 and not offline:
         print(f"{spec}: staged in {os.getcwd()}; to keep the nodes off the hub, add HF_HUB_OFFLINE: '1' under "
@@ -133,7 +134,8 @@ def stage_in(spec: Path) -> int:
 
 
 def import_script(script: Path, args: Sequence[str], version: str | None, commit: str | None, out: Path | None,
-                  timeout: float, given: Sequence[str], accelerator: str = "cuda", then: Sequence[str] = ()) -> int:
+                  timeout: float, given: Sequence[str], accelerator: str = "cuda", then: Sequence[str] = (),
+                  checkout: Path | None = None) -> int:
     """The spec a launch script's trainer command means: on stdout, or written to `out`; with `then` (the next
     stages' scripts, each with its arguments), a pipeline spec of them all. Exit 2 with the reasons, positioned
     in the script, when it cannot be read or its spec does not validate."""
@@ -156,6 +158,15 @@ def import_script(script: Path, args: Sequence[str], version: str | None, commit
     if out is not None and out.exists():
         print(f"verlc: {out} exists: import writes a new spec (remove it, or name another file)", file=sys.stderr)
         return EXIT_SPEC
+    if checkout is not None:
+        if version is not None:
+            print("verlc: --verl-checkout pins the checkout's commit; --verl-version names a release instead: "
+                  "give one", file=sys.stderr)
+            return EXIT_SPEC
+        head = _checkout_commit(checkout, commit)
+        if head is None:
+            return EXIT_SPEC
+        commit = head
     variables = {}
     for item in given:
         name, eq, value = item.partition("=")
@@ -164,7 +175,7 @@ def import_script(script: Path, args: Sequence[str], version: str | None, commit
             return EXIT_SPEC
         variables[name] = value
     try:
-        read = [read_script(path, words, version, commit, out, timeout, variables, accelerator)
+        read = [read_script(path, words, version, commit, out, timeout, variables, accelerator, checkout)
                 for path, words in scripts]
         imported, notes, _ = read[0] if len(read) == 1 else _pipeline([r[0] for r in read], out)
         notes = [n for r in read for n in r[1]] + notes if len(read) > 1 else notes
@@ -211,7 +222,7 @@ def _pipeline(parts: list, out: Path | None) -> tuple[Any, list[str], list]:
 
 def read_script(script: Path, args: tuple[str, ...], version: str | None, commit: str | None,
                 out: Path | None, timeout: float, variables: dict[str, str], accelerator: str = "cuda",
-                ) -> tuple[Any, list[str], Any]:
+                checkout: Path | None = None) -> tuple[Any, list[str], Any]:
     """Run the script's shell code in the sandbox, read its trainer command as a spec and compile that spec
     as `verlc build` would: (the Imported spec, verlc's notes on it, its JobIR). ImportFailed, positioned in the
     script, when any step cannot be done."""
@@ -262,9 +273,13 @@ def read_script(script: Path, args: tuple[str, ...], version: str | None, commit
             version = DEFAULT_VERSION
     spec_path = (out or Path.cwd() / "imported.yaml").resolve()
     code = os.path.relpath(trainer.call.cwd or Path.cwd(), spec_path.parent)
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", script.stem).strip("-._")[:63] or "imported"
+    name = _unique_name(script, spec_path)
     imported = to_spec(trainer, outcome.base_env, shown, text, verl_version=version or DEFAULT_VERSION,
-                       version_note=note, verl_commit=commit, code=code, name=name, accelerator=accelerator)
+                       version_note=note, verl_commit=commit, code=code, name=name, accelerator=accelerator,
+                       checkout=checkout and checkout.resolve(),
+                       checkout_as=checkout and os.path.relpath(checkout.resolve(), spec_path.parent))
+    imported.left += _limits_left(outcome.limits, text)
+    imported.notes += _frozen_commands(text)
     def in_script(path: str, message: str) -> Diagnostic:
         """A problem of the imported spec at the script's line that gave `path` its value."""
         key = path.replace("+", "")
@@ -310,6 +325,80 @@ def probe_notes(outcome: Any, shown: str, text: str) -> list[str]:
         notes.append(str(Diagnostic(shown, *where, "script", f"note: the script probed its host with `command -v "
                                                            f"{name}`: {'found' if there else 'not found'}, as on "
                                                            f"{host}")))
+    return notes
+
+
+# What a script's `ulimit` meant for the run, by option: the open-files limit (verl's scripts raise it before
+# Ray) Ray raises itself in every process it starts (ray.init: the soft limit up to min(hard, 65536)).
+_LIMIT_WHY = {
+    "-n": "the open-files limit: Ray raises each of its processes' soft limit to min(hard, 65536) itself; a hard "
+          "limit below that is the nodes' (Slurm's PropagateResourceLimits, the container engine's --ulimit)",
+}
+
+
+def _checkout_commit(checkout: Path, commit: str | None) -> str | None:
+    """The commit an import pins with --verl-checkout: `commit` if the checkout has it, else its HEAD; None
+    (said why) when the folder is not a git checkout or lacks the commit."""
+    from ..compiler.verl.commit import git, has_commit
+
+    if not checkout.is_dir():
+        print(f"verlc: --verl-checkout {checkout}: no such folder", file=sys.stderr)
+        return None
+    head = git(checkout, "rev-parse", "--verify", f"{commit or 'HEAD'}^{{commit}}")
+    if head.returncode != 0 or not has_commit(checkout, head.stdout.decode().strip()):
+        print(f"verlc: --verl-checkout {checkout}: " + (f"has no commit {commit}" if commit else
+              "not a git checkout (verlc pins the commit it holds)"), file=sys.stderr)
+        return None
+    return head.stdout.decode().strip()
+
+
+def _unique_name(script: Path, spec_path: Path) -> str:
+    """The imported spec's name: the script's file name, unless a spec beside the one being written has that
+    name (two scripts of one file name, e.g. run.sh of two recipes, whose bundles would share a folder): then
+    the script's folder and file name, numbered if still taken."""
+    from ruamel.yaml import YAML
+
+    def clean(text: str) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-._")[:63] or "imported"
+
+    taken = set()
+    for other in spec_path.parent.glob("*.y*ml"):
+        try:
+            data = YAML(typ="safe").load(other.read_text(errors="replace")) if other != spec_path else None
+        except Exception:  # noqa: BLE001 (not a spec: it names nothing)
+            continue
+        if isinstance(data, dict) and isinstance(data.get("name"), str):
+            taken.add(data["name"])
+    name = clean(script.stem)
+    if name in taken:
+        name = clean(f"{script.resolve().parent.name}-{script.stem}")
+    base, n = name, 2
+    while name in taken:
+        name, n = f"{base[:60]}-{n}", n + 1
+    return name
+
+
+def _limits_left(limits: tuple[str, ...], text: str) -> list[str]:
+    """A line of the spec's header for each limit the script set: the spec has no place for one."""
+    from ..compiler.import_script import locate
+
+    left = []
+    for limit in dict.fromkeys(limits):
+        option = next((w for w in limit.split() if w.startswith("-") and w not in ("-S", "-H")), "-f")
+        why = _LIMIT_WHY.get(option, "a limit of the nodes' processes, not of the trainer command: set it where "
+                                     "the cluster sets limits (Slurm's PropagateResourceLimits, the container "
+                                     "engine's --ulimit)")
+        left.append(f"line {locate(text, f'ulimit {limit}', 'ulimit')[0]}: ulimit {limit}: {why}")
+    return left
+
+
+def _frozen_commands(text: str) -> list[str]:
+    """A note for each `$(date ...)` in the script: it ran once, at import, and its output is now a constant."""
+    notes = []
+    for found in re.finditer(r"\$\(date\b[^)]*\)|`date\b[^`]*`", text):
+        line = text.count("\n", 0, found.start()) + 1
+        notes.append(f"line {line}: `{found[0]}` ran once, at import: what it printed is now a constant in the "
+                     f"spec, the same for every run of it (verlc tells runs apart by their run id: verlc runs)")
     return notes
 
 

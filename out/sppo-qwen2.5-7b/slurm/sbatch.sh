@@ -27,7 +27,7 @@ readonly this_job=$SLURM_JOB_ID sweep=0
 # requeue on Slurm's USR1 (cluster.slurm.requeue_grace), at most max_requeues times
 readonly requeue_enabled=1 requeue_grace=300 max_requeues=3
 # the job's port block (targets/slurm/ports.py; ray.port and ray.dashboard_port pin those two)
-readonly port_first=20000 port_blocks=127 port_size=100
+readonly port_first=20000 port_blocks=116 port_size=110
 readonly port_gcs=0 port_dashboard=1 port_client=2
 readonly agent_first=3 agent_count=7
 readonly pinned_ray_port='' pinned_dashboard_port=''
@@ -41,7 +41,7 @@ readonly step_args=()
 # how long each part of a stop may take, in seconds (view.py Stopping: they fit Slurm's KillWait)
 readonly ray_kill_after=5 logs_wait=20 lock_wait=5
 readonly cleanup_margin=2 cleanup_cap=30
-# the run folder's files and the exit code of a lost node (targets/protocol.py)
+# the run folder's files and the exit code of a lost node (runtime/protocol.py)
 readonly job_log="${run_dir}"/job.log ray_logs="${run_dir}"/ray-logs truncated=TRUNCATED.txt
 readonly attach_file="${run_dir}"/attach.argv time_limit_reached="${run_dir}"/time-limit-reached
 readonly end_file="${SLURM_SUBMIT_DIR}"/verlc-runs/sppo-qwen2.5-7b-"${SLURM_JOB_ID}"/end-time  # the job's end, for verl's save ahead of it
@@ -181,7 +181,8 @@ fan_out() {
 
 # Run by fan_out on each node (SLURMD_NODENAME and SLURM_PROCID are Slurm's, per task) -------------
 readonly node_functions=(log in_container image_commands container_commands ray_command node_address build_image
-  verify_image run_container container_ready await_ray_logs drop_step_lock remove_container remove_leftovers ray_node)
+  verify_image run_container container_ready await_ray_logs drop_step_lock remove_container remove_leftovers
+  startup_timed_out ray_node)
 
 # node_address: this node's name, the IPv4 address Ray uses on it, and that address's interface (where
 # gloo, and NCCL unless told, open their sockets). With network.head_interface: that interface's address.
@@ -309,10 +310,23 @@ remove_leftovers() {
   rm -f "$step_lock"
 }
 
+# Whether `ray start`'s output (a file tee writes) says the raylet did not register in time. tee may not have
+# written the lines of a start that failed fast yet: the file is read again for up to 2 s.
+startup_timed_out() {
+  local _
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    ! grep -qs "timed out during startup" "$1" || return 0
+    sleep 0.2
+  done
+  return 1
+}
+
 # ray_node FIRST: this node's Ray until the cleanup stops it: the head where the node's place in the job
 # (FIRST + SLURM_PROCID) is 0, a worker elsewhere. A Ray that stops on its own exits non-zero, so that its
 # step ends at once (the log names the node); one stopped by a signal (cleanup, scancel) exits 0. However
 # Ray stops, the node then keeps Ray's session logs in the run folder (bounded) and removes Ray's temp dir.
+# A worker whose raylet did not register with the head within Ray's fixed 30 s ("The current node timed out
+# during startup": a busy head or node, `ray start` has no setting for it) is started again, twice at most.
 ray_node() {
   local i=$(($1 + SLURM_PROCID))
   local node_ip=${node_ips[$SLURMD_NODENAME]} node_dev=${node_devs[$SLURMD_NODENAME]} ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-$i
@@ -322,18 +336,31 @@ ray_node() {
   ray_command "$i"
   local logs=$ray_logs/$SLURMD_NODENAME  # created now: the container waits for it before going
   mkdir -p "$logs"
-  log "starting Ray on $SLURMD_NODENAME ($node_ip)"
+  local started=$logs/ray-start.out attempt=1 attempts=3 ray_pid='' rc=0 stop_at=''
   # In a process group of its own: when Slurm signals the step, every Ray process of the node gets TERM,
   # and KILL ray_kill_after s later (a `ray start` signalled mid-startup can hang), well within Slurm's KillWait.
-  setsid "${exec_prefix[@]}" "${ray[@]}" &
-  local ray_pid=$! rc=0 stop_at=''
-  trap 'stop_at=${stop_at:-$SECONDS}; kill -TERM -- "-$ray_pid" 2>/dev/null' TERM INT
-  wait "$ray_pid" || true
-  while kill -0 "$ray_pid" 2>/dev/null; do  # a signal ended `wait`, not Ray: Ray has a few seconds, then KILL
-    ((SECONDS - ${stop_at:-$SECONDS} < ray_kill_after)) || kill -KILL -- "-$ray_pid" 2>/dev/null
-    sleep 0.5
+  trap 'stop_at=${stop_at:-$SECONDS}; [[ -z $ray_pid ]] || kill -TERM -- "-$ray_pid" 2>/dev/null' TERM INT
+  while :; do
+    log "starting Ray on $SLURMD_NODENAME ($node_ip)"
+    # Its output also kept in the run folder (a signal to the step leaves that copy running to the end).
+    setsid "${exec_prefix[@]}" "${ray[@]}" > >(trap '' TERM INT; exec tee "$started") 2>&1 &
+    ray_pid=$! rc=0
+    [[ -z $stop_at ]] || kill -TERM -- "-$ray_pid" 2>/dev/null  # the signal came as it started
+    wait "$ray_pid" || true
+    while kill -0 "$ray_pid" 2>/dev/null; do  # a signal ended `wait`, not Ray: Ray has a few seconds, then KILL
+      ((SECONDS - ${stop_at:-$SECONDS} < ray_kill_after)) || kill -KILL -- "-$ray_pid" 2>/dev/null
+      sleep 0.5
+    done
+    wait "$ray_pid" || rc=$?
+    if [[ -n $stop_at ]] || ((i == 0 || rc == 0 || attempt == attempts)) || ! startup_timed_out "$started"; then
+      break
+    fi
+    attempt=$((attempt + 1))
+    log "Ray on $SLURMD_NODENAME did not register with the head in Ray's 30 s; starting it again ($attempt of $attempts)"
+    kill -KILL -- "-$ray_pid" 2>/dev/null
+    sleep 2  # Ray's reaper ends what the failed start left (within its 1 s grace), freeing the node's ports
+    [[ -z $stop_at ]] || break
   done
-  wait "$ray_pid" || rc=$?
   if [[ -n $stop_at ]]; then
     log "Ray on $SLURMD_NODENAME stopped (the job is ending)"
   else
@@ -355,6 +382,7 @@ ray_node() {
 
 # ---- cleanup: runs on every exit, including scancel (TERM) and Ctrl-C ----------------------------
 declare -A ray_steps=()  # srun pid -> which Ray: names what died during bring-up
+end_time_pid=''  # keep_end_time's, where the job keeps its end time
 cleanup() {
   local rc=$?
   # A second signal (scancel signals every process of the job, and again on a second scancel) must not
@@ -368,6 +396,9 @@ cleanup() {
   # KILL whatever is left before Slurm's KillWait runs out (after scancel or the time limit, Slurm kills
   # this script then), at most after cleanup_cap s.
   local pids pid alive patience
+  if [[ -n $end_time_pid ]]; then  # keep_end_time (its trap ends the sleep it waits in)
+    kill -TERM "$end_time_pid" 2>/dev/null
+  fi
   patience=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" { print $3 }')
   [[ $patience =~ ^[0-9]+$ ]] && ((patience > 4)) && patience=$((patience - cleanup_margin)) || patience=2
   ((patience <= cleanup_cap)) || patience=$cleanup_cap
@@ -393,8 +424,8 @@ cleanup() {
       || log "no step could look for leftover containers (after scancel, each container's own step removed it)"
   fi
   if ((requeue_enabled && requeue && ${SLURM_RESTART_COUNT:-0} >= max_requeues)); then
-    log "not requeued: this job was requeued ${SLURM_RESTART_COUNT:-0} time(s) already" \
-      "(cluster.slurm.max_requeues: $max_requeues)"
+    log "not requeued: max_requeues ($max_requeues) reached: this job was requeued ${SLURM_RESTART_COUNT:-0}" \
+      "time(s) already (cluster.slurm.max_requeues)"
   elif ((requeue_enabled && requeue)); then
     log "requeueing job $this_job"
     scontrol requeue "$this_job" || log "scontrol requeue failed"
@@ -465,12 +496,14 @@ fi
 # verlc's runtime reads it when the trainer starts, and verl saves a checkpoint ahead of it
 keep_end_time() {
   local end
+  trap 'kill "$!" 2>/dev/null; exit 0' TERM  # the cleanup's: ends the sleep it waits in, quietly
   while :; do
     end=$(squeue --noheader --jobs="$SLURM_JOB_ID" --format=%e 2>/dev/null | head -n 1)
     if [[ $end =~ ^[0-9]{4}-[0-9]{2}-[0-9]{2}T ]] && end=$(date -d "$end" +%s 2>/dev/null); then
       printf '%s\n' "$end" >"$end_file.tmp" && mv -f "$end_file.tmp" "$end_file"
     fi
-    sleep 30
+    sleep 30 &
+    wait "$!"
   done
 }
 
@@ -621,7 +654,10 @@ main() {
   mkdir -p "$run_dir"
   runtime_source >"$run_dir/$runtime_file"  # verlc's runtime, below the banner at the end of this script
   if [[ -n $end_file ]]; then
+    # not one of this shell's jobs (disowned): the cleanup stops it by its pid, and bash reports no "Killed"
     keep_end_time &
+    end_time_pid=$!
+    disown "$end_time_pid"
   fi
   # For `verlc attach`: where the job's commands run on the head node, NUL-separated: the node, the
   # number of srun arguments, those arguments, then the command prefix (the container's exec, if any).
@@ -722,9 +758,13 @@ job_description() {
     "trainer.val_before_train=true"
   ],
   "stall_timeout": null,
-  "expiry": {"variable": "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP", "lead": 360, "end_file": [{"env": "SLURM_SUBMIT_DIR"}, "/verlc-runs/sppo-qwen2.5-7b-", {"env": "SLURM_JOB_ID"}, "/end-time"]},
+  "expiry": {"variable": "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP", "lead": 360, "end_file": [{"env": "SLURM_SUBMIT_DIR"}, "/verlc-runs/sppo-qwen2.5-7b-", {"env": "SLURM_JOB_ID"}, "/end-time"], "end_env": null},
   "inputs": null,
-  "every_node": false
+  "every_node": false,
+  "files": [],
+  "run_folder": [{"env": "SLURM_SUBMIT_DIR"}, "/verlc-runs/sppo-qwen2.5-7b-", {"env": "SLURM_JOB_ID"}],
+  "services": [],
+  "tool_config": null
 }
 VERLC_JOB
 }
@@ -736,31 +776,255 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# targets/protocol.py and targets/runtime.py of verlc 0.1.0, as one program, sha256 d6563bf8755172ce456927e709223fb4dbef2c053518ff5b5d608bcd2e5dfcc1:
-# what every verlc bundle runs on the cluster (the others ship them as verlc_job/protocol.py and
-# verlc_job/__init__.py, after their header). Nothing below is specific to this job.
+# runtime/ of verlc 0.1.0, as one program, sha256 348f5c087344a423cbb841623dfe97e2ef5fe57bdbeff46a1037bbc9f9c428fe:
+# what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
+# their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
 runtime_source() {
   cat <<'VERLC_RUNTIME'
-"""The job protocol: what the build hands the cluster, and what the cluster hands back, written once.
+from __future__ import annotations
 
-Three parties share it. The build (targets/*/view.py) decides a `Job` and writes it into the bundle; the
-runtime (targets/runtime.py) loads that `Job` on the cluster, runs its stages and prints event lines; the
+
+# ==== runtime/job.py ====
+"""The job: what the build hands the cluster, typed all the way down.
+
+The build (targets/job_package.py `job_of`) makes a `Job` from the JobIR and writes it as JSON into the bundle; the
+runtime reads it back on the cluster. Every part is a frozen dataclass whose field names are its JSON keys, written
+here once; a key the runtime does not know is an error, never ignored.
+
+Paths are words (`Word`): text parts and {"env": NAME} parts that `expand` fills in from the node's environment.
+"""
+
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Dict, List, Union
+
+# A path or argument as the build leaves it: text, and {"env": NAME} parts expanded on the node (compiler/ir.py Word)
+Word = List[Union[str, Dict[str, str]]]
+
+
+def expand(word: Word) -> str:
+    """A word on this node: text parts as they are, {"env": NAME} as this node's NAME."""
+    return "".join(p if isinstance(p, str) else os.environ.get(p["env"], "") for p in word)
+
+
+def record(of: type, **default: Any) -> Any:
+    """A Job field that holds records of `of` (one, a list of them, or None): loaded as `of` from JSON."""
+    return field(metadata={"of": of}, **default)
+
+
+def load(cls: type, data: dict[str, Any]) -> Any:
+    """A record (or the Job) from its JSON object, its own records loaded as theirs; unknown keys refused."""
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ValueError(f"not a {cls.__name__} of this runtime: unknown keys {', '.join(unknown)}")
+    values = {}
+    for key, value in data.items():
+        of = known[key].metadata.get("of")
+        if of is not None and isinstance(value, list):
+            value = [load(of, v) for v in value]
+        elif of is not None and isinstance(value, dict):
+            value = load(of, value)
+        values[key] = value
+    return cls(**values)
+
+
+@dataclass(frozen=True)
+class DataPrep:
+    """One data preparation command, run unless out_dir holds train.parquet and test.parquet already."""
+    out_dir: str
+    argv: List[str]
+
+
+@dataclass(frozen=True)
+class ModelFetch:
+    """A hub model's pinned revision, put into `folder` (what verl gets) unless it holds it already."""
+    repo: str
+    revision: str
+    folder: Word
+
+
+@dataclass(frozen=True)
+class StartupNeed:
+    """One thing every node must have for verl's workers to start (compiler/verl/workers.py Need)."""
+    check: str  # "import": the module imports; "flash_attention_2": transformers can use flash-attn 2
+    module: str
+    device: str  # "cuda" or "npu": checked only where the node's torch sees it; "" everywhere
+    where: str  # the verl file and line that needs it
+    why: str
+    avoid: str  # how a spec avoids it, or ""
+
+
+@dataclass(frozen=True)
+class Code:
+    """The run's code as built: where the job runs, its git state, and each file the build hashed."""
+    folder: str
+    commit: Union[str, None]
+    dirty: bool
+    diff_sha256: Union[str, None]
+    files: Dict[str, str]  # path in the folder -> sha256
+
+
+@dataclass(frozen=True)
+class Expiry:
+    """verl's save ahead of the job's end: the variable verl reads its deadline from, the seconds before the end
+    the target needs to stop cleanly, and where the end (epoch seconds) is: a file (a word) or a variable."""
+    variable: str
+    lead: int
+    end_file: Union[Word, None] = None
+    end_env: Union[str, None] = None
+
+
+@dataclass(frozen=True)
+class StageInput:
+    """An earlier pipeline stage's model, merged in this stage's data stage."""
+    stage: str  # its job name
+    checkpoint_dir: Word
+    layout: str  # the shards' folder in global_step_N ("actor" or "")
+    merger: List[str]  # verl's merger argv up to --local_dir
+    merged: Word  # the folder of merged steps
+    latest: Word  # the link in it to the last one merged (the stage's model)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A service's contract probe (runtime/services.py PROBES runs each kind)."""
+    kind: str  # sandbox, retriever, judge, http
+    query: Union[str, None] = None
+    model: Union[str, None] = None
+    method: Union[str, None] = None
+    path: Union[str, None] = None
+    body: Any = None
+    expect: Union[str, None] = None
+
+
+@dataclass(frozen=True)
+class Service:
+    """A process beside the trainer: started with the job, ready and probed before training, watched while it
+    trains, stopped with it. Its words read the variables (`variables`: attribute -> name) the runtime sets."""
+    name: str
+    argv: List[Word]
+    env: Dict[str, Word]
+    every_node: bool
+    listen_all: bool
+    ready_http: Union[str, None]
+    ready_command: Union[List[Word], None]
+    deadline: int
+    probe: Union[Probe, None] = record(Probe)
+    restart: int
+    variables: Dict[str, str]
+
+
+@dataclass(frozen=True)
+class ToolConfig:
+    """verl's multi-turn tool config from the spec: the runtime writes `content` (JSON, which is YAML) on every
+    node before training, at a path it puts in `variable`, which verl's tool_config_path reads."""
+    variable: str
+    content: Any
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the runtime runs: wait for the cluster, data, preflight, train."""
+    generated_from: str
+    spec_sha256: str
+    name: str
+    variant: Union[str, None]  # a sweep variant's label, logged first
+    nodes: int
+    total_gpus: int  # over every node
+    device: str  # Ray's resource name of the accelerators: GPU, or NPU on Ascend
+    wait_seconds: int
+    data_prep: List[DataPrep] = record(DataPrep)
+    model_fetch: Union[ModelFetch, None] = record(ModelFetch)
+    model: Word
+    checkpoint_dir: Word
+    data_files: List[Word]
+    data_columns: List[str]  # every data file must have them (none: not checked)
+    require_env: List[str]
+    pins: List[str]  # "package=version"
+    verl_commit: Union[str, None]
+    code: Union[Code, None] = record(Code)
+    rollout_package: Union[str, None]
+    startup: Union[List[StartupNeed], None] = record(StartupNeed)  # None: verlc cannot know this release's
+    image: str
+    record: Union[Word, None]  # where the preflight writes the run record
+    reference: Union[Word, None]  # a reproducible job's first run record
+    train: List[str]  # the trainer's argv
+    stall_timeout: Union[int, None]
+    expiry: Union[Expiry, None] = record(Expiry, default=None)
+    # a pipeline stage's models from earlier stages
+    inputs: Union[List[StageInput], None] = record(StageInput, default=None)
+    # torchrun on every node (a program that sets up torch.distributed itself, on more than one node): node i
+    # runs `train` with --node_rank=i and the rendezvous at the runtime's own node, rank 0
+    every_node: bool = False
+    # files outside the run's code that verl's settings name by an absolute path (a tool config, a reward
+    # function): checked on every node and hashed into the run record
+    files: List[Word] = field(default_factory=list)
+    # the folder the scheduler made for the run before the runtime started (Slurm's run folder): the run record
+    # and the job's end time are there, so the runtime must see it where it runs (in the job's container)
+    run_folder: Union[Word, None] = None
+    # processes beside the trainer (a sandbox, a judge, a retriever), in the spec's order
+    services: List[Service] = record(Service, default_factory=list)
+    tool_config: Union[ToolConfig, None] = record(ToolConfig, default=None)
+
+    def to_json(self) -> str:
+        """For review: one key per line, and a long list (the trainer's argv) one item per line."""
+        lines = []
+        for key, value in asdict(self).items():
+            text = json.dumps(value, ensure_ascii=False)
+            if isinstance(value, list) and value and len(text) > 100:
+                text = "[\n" + ",\n".join(f"    {json.dumps(v, ensure_ascii=False)}" for v in value) + "\n  ]"
+            lines.append(f"  {json.dumps(key)}: {text}")
+        return "{\n" + ",\n".join(lines) + "\n}\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Job:
+        return load(cls, json.loads(text))
+
+    def with_variant(self, variant: Variant) -> Job:
+        """A sweep's job for one variant: the base job's trainer overrides, then the variant's."""
+        return replace(self, variant=variant.label, checkpoint_dir=variant.checkpoint_dir,
+                       reference=variant.reference, train=[*self.train, *variant.train_overrides])
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What one array task of a sweep changes in its job (the Slurm script passes it beside the job)."""
+    label: str
+    checkpoint_dir: Word
+    reference: Union[Word, None]
+    train_overrides: List[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> Variant:
+        return load(cls, json.loads(text))
+
+
+# ==== runtime/protocol.py ====
+"""The job protocol: what the cluster hands back, and the names both sides use, written once.
+
+Three parties share it. The build (targets/*/view.py) decides a `Job` (runtime/job.py) and writes it into the
+bundle; the runtime (this package) loads that `Job` on the cluster, runs its stages and prints event lines; the
 lifecycle (lifecycle/, each target's launch.py) reads those lines and the run folder's files back. Each of
 them takes the names below from here, and the bash templates get them from their views, so a rename is one
 edit here.
 
-Standard library only: every bundle ships this file beside the runtime (the package verlc_job/; the Slurm
-script embeds both, this one first).
+Standard library only: every bundle ships it with the rest of the runtime (runtime/ship.py).
 """
 
-from __future__ import annotations
 
 import json
 import re
+import sys
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from dataclasses import dataclass
+from datetime import datetime
 
 # ---- the stages ------------------------------------------------------------------------------------------
 # Every stage a run goes through, in order. "containers" is the Slurm script's own (it starts the job's
@@ -787,7 +1051,8 @@ NODE_LOST = 75  # Ray declared a node dead during the run (EX_TEMPFAIL: worth a 
 # Everything the bundles and the runtime report is one line `[<UTC time>] verlc: <message>`; a log may put its
 # own prefix ahead of it (Compose: the service's name).
 EVENT = re.compile(r"\[(?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)\] verlc: (?P<message>.*?)\s*$")
-EVENT_TIME = "%Y-%m-%dT%H:%M:%S"  # and milliseconds, then Z (bash: date -u +%Y-%m-%dT%H:%M:%S.%3NZ)
+EVENT_TIME = "%Y-%m-%dT%H:%M:%S"  # and milliseconds, then Z
+EVENT_DATE = "+%Y-%m-%dT%H:%M:%S.%3NZ"  # the same for date -u (the bundles' bash; the Slurm library writes it too)
 
 
 def stamp(now: float | None = None) -> str:
@@ -799,11 +1064,22 @@ def event_line(message: str, now: float | None = None) -> str:
     return f"[{stamp(now)}] verlc: {message}"
 
 
+def say(message: str) -> None:
+    """Print one event line now (the runtime's every report): one write, whole, whichever thread says it."""
+    sys.stdout.write(event_line(message) + "\n")
+    sys.stdout.flush()
+
+
 @dataclass(frozen=True)
 class Event:
     """One event line, read back: when, what, and (for the messages below) what it means."""
     time: str
     message: str
+
+    @property
+    def at(self) -> datetime:
+        """Its time (UTC, naive), to compute with."""
+        return datetime.strptime(self.time, EVENT_TIME + ".%fZ")
 
     @property
     def stage(self) -> str | None:
@@ -825,13 +1101,48 @@ class Event:
     @property
     def exit_code(self) -> int | None:
         """The job's exit code, from its last line "exit code N"."""
-        m = re.fullmatch(r"exit code (\d+)", self.message)
+        m = re.fullmatch(re.escape(EXIT_MESSAGE) + r"(\d+)", self.message)
         return int(m[1]) if m else None
 
 
 def parse_event(line: str) -> Event | None:
     m = EVENT.search(line)
     return Event(m["time"], m["message"]) if m else None
+
+
+# The run record in the job's log (the record file has verl's whole config too): a line per group, and per item
+# of a group that is a mapping (`inputs.model`, `versions.torch`), so that no line runs to kilobytes.
+RECORD_LINE = "run record: "
+
+
+def record_messages(record: dict) -> list[str]:
+    lines = []
+    for key, value in sorted(record.items()):
+        items = sorted(value.items()) if isinstance(value, dict) and value else [(None, value)]
+        lines += [f"{RECORD_LINE}{key}{'.' + sub if sub is not None else ''}: {json.dumps(v, sort_keys=True)}"
+                  for sub, v in items]
+    return lines
+
+
+def record_from_log(text: str) -> dict:
+    """The run record a log's last preflight printed (its record_messages), rebuilt."""
+    record: dict = {}
+    seen: set[str] = set()
+    for key, value in re.findall(rf"verlc: {RECORD_LINE}([\w.-]+): (.*)$", text, re.M):
+        if key in seen:  # a later preflight's record (a requeued attempt) begins
+            record, seen = {}, set()
+        seen.add(key)
+        group, _, sub = key.partition(".")
+        record[group] = json.loads(value) if not sub else {**record.get(group, {}), sub: json.loads(value)}
+    return record
+
+
+TRAINING_MESSAGE = "training: "  # the runtime's line as it starts verl's trainer, then its argv
+SERVICE_READY = re.compile(r"service (?P<name>[\w-]+): ready in ")  # service_ready_message, read back
+
+
+def service_ready_message(name: str, seconds: float) -> str:
+    return f"service {name}: ready in {seconds:g}s"
 
 
 def stage_message(stage: str) -> str:
@@ -846,8 +1157,11 @@ def node_message(label: str, device: str, count: float, seen: int, expected: int
     return f"node registered: {label} {device}s={count:g} ({seen}/{expected})"
 
 
+EXIT_MESSAGE = "exit code "  # the job's last line, and its exit code
+
+
 def exit_message(code: int) -> str:
-    return f"exit code {code}"
+    return f"{EXIT_MESSAGE}{code}"
 
 
 # One line of verl's console logger, `step:N - key:value - key:value ...` (behind Ray's `(TaskRunner pid=...)`
@@ -855,6 +1169,47 @@ def exit_message(code: int) -> str:
 # watchdog, `verlc logs --follow` in lifecycle/progress.py).
 STEP_LINE = re.compile(r"(?:^|[\s)\]])step:(\d+)((?: - [^\s:]+:\S+)*)\s*$")
 
+
+# ---- the start-up timeline -------------------------------------------------------------------------------
+# Event lines that time a run's phases beside the stage lines (lifecycle/timeline.py reads them back).
+CHECK_MESSAGE = "check "  # "check NAME: 1.234s": one preflight check, and how long it took
+
+
+def check_message(name: str, seconds: float) -> str:
+    return f"{CHECK_MESSAGE}{name}: {seconds:.3f}s"
+
+
+CHECK_LINE = re.compile(re.escape(CHECK_MESSAGE) + r"(?P<name>[\w -]+): (?P<seconds>\d+\.\d+)s")
+TRAINER_MESSAGE = "trainer: "  # a milestone of verl's own start-up, stamped as the runtime relays the line
+# verl's start-up milestones, each known by a line its trainer prints: the same text in every release from 0.3.0 to
+# 0.9.1 (read from their code). In the order they come: RayPPOTrainer's __init__ builds the dataloader (and prints
+# the step total), init_workers builds the worker groups (print_model_size, as each model loads) and the rollout
+# engine, fit() loads a checkpoint or says it trains from scratch, validates first where val_before_train, then
+# its console logger prints a line per step.
+TRAINER_MILESTONES = (
+    ("dataloader ready", re.compile(r"Total training steps: \d+")),
+    ("first model loaded", re.compile(r"\bcontains [\d.]+\w? parameters")),
+    ("workers up", re.compile(r"Training from scratch|Load from checkpoint folder: \S+")),
+    ("initial validation done", re.compile(r"Initial validation metrics")),
+)
+FIRST_STEP = "first step"  # "trainer: first step (step N)": a requeued run's first step is its checkpoint's next
+STEP_TIMES = re.compile(re.escape(TRAINER_MESSAGE) + r"(?P<steps>\d+) steps, median step (?P<median>\d+\.\d+)s")
+
+
+def step_times_message(steps: int, median: float) -> str:
+    return f"{TRAINER_MESSAGE}{steps} steps, median step {median:.3f}s"
+
+
+CLOCKS_MESSAGE = "node clocks against the head's: "  # each node's offset, as the preflight measured it
+
+
+def clocks_message(offsets: dict[str, tuple[float, float]]) -> str:
+    """Each node's clock against the head's (node -> (offset, within)): its log lines' times are off by that."""
+    return CLOCKS_MESSAGE + ", ".join(f"{node} {offset:+.3f}s (within {within:.3f}s)"
+                                      for node, (offset, within) in sorted(offsets.items()))
+
+
+CLOCK_OFFSET = re.compile(r"(?P<node>\S+) (?P<offset>[+-]\d+\.\d+)s \(within (?P<within>\d+\.\d+)s\)")
 
 # ---- the bundle -------------------------------------------------------------------------------------------
 MANIFEST = "manifest.json"  # a bundle's files with their sha256 and modes, its spec and verlc's version
@@ -873,6 +1228,16 @@ TRAIN_STARTS = "train-start.json"  # per attempt: the latest checkpoint's step w
 TIME_LIMIT_REACHED = "time-limit-reached"  # the attempt (SLURM_RESTART_COUNT) that the time limit stopped
 REFERENCE = "verlc-first-run.json"  # a reproducible job's first run record, beside its checkpoints
 JOB_END = "VERLC_JOB_END"  # the job's end (epoch seconds) where a launcher sets it at submission (kuberay)
+# A sweep submitted at once to one Ray cluster (ray-job): a variant's job waits until fewer than SWEEP_PARALLEL of
+# the submissions in SWEEP_AFTER (the variants submitted before it, space-separated) have yet to end
+SWEEP_AFTER = "VERLC_SWEEP_AFTER"
+SWEEP_PARALLEL = "VERLC_SWEEP_PARALLEL"
+
+
+# ---- services beside the trainer -------------------------------------------------------------------------
+SERVICE_PORTS = "VERLC_SERVICE_PORTS"  # "FIRST-LAST": the ports of the job's block a target gives its services
+SERVICE_LOGS = "services"  # <run folder>/services/<name>.log: each head service's output
+TOOL_CONFIG_FILE = "tool-config.yaml"  # <run folder>/: the spec's tool config, as verl read it (kept with the run)
 
 
 # ---- run ids ---------------------------------------------------------------------------------------------
@@ -888,134 +1253,263 @@ def run_id_parts(name: str, job_id: object, task: object = None) -> tuple[object
     return (f"{name}-", job_id, *(("_", task) if task is not None else ()))
 
 
-# ---- the job ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Job:
-    """What the runtime runs: wait for the cluster, data, preflight, train. Paths are words: lists of text
-    and {"env": NAME} parts that the runtime expands on the node."""
-    generated_from: str
-    spec_sha256: str
-    name: str
-    variant: str | None  # a sweep variant's label, logged first
-    nodes: int
-    total_gpus: int  # over every node
-    device: str  # Ray's resource name of the accelerators: GPU, or NPU on Ascend
-    wait_seconds: int
-    data_prep: list[dict[str, Any]]  # {"out_dir", "argv"}
-    model_fetch: dict[str, Any] | None  # {"repo", "revision", "folder"}
-    model: list
-    checkpoint_dir: list
-    data_files: list[list]
-    data_columns: list[str]  # every data file must have them (none: the program's columns are not checked)
-    require_env: list[str]
-    pins: list[str]  # "package=version"
-    verl_commit: str | None
-    code: dict[str, Any] | None
-    rollout_package: str | None
-    startup: list[dict[str, Any]] | None  # what verl's workers import and refuse at start-up
-    image: str
-    record: list | None  # where the preflight writes the run record
-    reference: list | None  # a reproducible job's first run record
-    train: list[str]  # the trainer's argv
-    stall_timeout: int | None
-    # verl's save ahead of the job's end: {"variable": where verl reads its deadline, "lead": seconds before the
-    # end, and where the end (epoch seconds) is: "end_file" (a word) or "end_env" (a variable, e.g. JOB_END)}
-    expiry: dict[str, Any] | None = None
-    # a pipeline stage's models from earlier stages, merged in its data stage: {"stage": its job name,
-    # "checkpoint_dir": a word, "layout": the shards' folder in global_step_N ("actor" or ""), "merger": verl's
-    # merger argv up to --local_dir, "merged": a word, the folder of merged steps, "latest": a word, the link in it
-    # to the last one merged (the stage's model)}
-    inputs: list[dict[str, Any]] | None = None
-    # torchrun on every node (a program that sets up torch.distributed itself, on more than one node): node i
-    # runs `train` with --node_rank=i and the rendezvous at the runtime's own node, rank 0
-    every_node: bool = False
-
-    def to_json(self) -> str:
-        """For review: one key per line, and a long list (the trainer's argv) one item per line."""
-        lines = []
-        for key, value in asdict(self).items():
-            text = json.dumps(value, ensure_ascii=False)
-            if isinstance(value, list) and value and len(text) > 100:
-                text = "[\n" + ",\n".join(f"    {json.dumps(v, ensure_ascii=False)}" for v in value) + "\n  ]"
-            lines.append(f"  {json.dumps(key)}: {text}")
-        return "{\n" + ",\n".join(lines) + "\n}\n"
-
-    @classmethod
-    def from_json(cls, text: str) -> Job:
-        data = json.loads(text)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"not a job of this runtime: unknown keys {', '.join(unknown)}")
-        return cls(**data)
-
-    def with_variant(self, variant: Variant) -> Job:
-        """A sweep's job for one variant: the base job's trainer overrides, then the variant's."""
-        return replace(self, variant=variant.label, checkpoint_dir=variant.checkpoint_dir,
-                       reference=variant.reference, train=[*self.train, *variant.train_overrides])
+# ==== runtime/data.py ====
+"""The data stage: the data preparation, a pinned hub model's revision, and the models of a pipeline's earlier
+stages, each put in place by one writer at a time and renamed into place once whole."""
 
 
-@dataclass(frozen=True)
-class Variant:
-    """What one array task of a sweep changes in its job (the Slurm script passes it beside the job)."""
-    label: str
-    checkpoint_dir: list
-    reference: list | None
-    train_overrides: list[str] = field(default_factory=list)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
-
-    @classmethod
-    def from_json(cls, text: str) -> Variant:
-        return cls(**json.loads(text))
-
-
-"""verlc's in-cluster runtime: what runs on the cluster, on the head node (and each node's Ray logs), inside
-the job's container, next to verl.
-
-Every bundle ships this one file: the Slurm script embeds it verbatim (below a banner with its sha256) and
-runs it as `python3 - COMMAND ...`; the other bundles ship it as the package `verlc_job`. It needs only the
-standard library and ray, and torch for the preflight's all-reduce; pyarrow and transformers are used when
-the image has them (verl's images have all of these).
-
-Its command line (what bundles call):
-  job          the job: wait for the Ray cluster, data, preflight, train (with the stall watchdog), stopping
-               after the stage VERLC_STOP_AFTER names; the package's job.json, or --json from the Slurm script
-  ray-logs     a node's Ray session logs as a tar stream (bounded), then Ray's temp dir removed
-  materialize  put a hub model's pinned revision into a folder, unless it holds it already
-
-The stages, each a function below: `wait` blocks until the cluster has the expected nodes and GPUs (NPUs on
-Ascend), or fails at a deadline; `materialize` and `prepare` put the model and the data in place; `preflight`
-checks the cluster, package versions and what verl's workers import at start-up on every node, an all-reduce over every GPU, data files, model and
-checkpoint folder, and writes the run record; `train` runs verl's program, watching verl's step lines
-(protocol.STEP_LINE) for a stall.
-"""
-
-
-import argparse
-import glob
+import contextlib
 import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
+from collections.abc import Iterator
+
+
+
+@contextlib.contextmanager
+def one_writer(path: str) -> Iterator[None]:
+    """Hold the lock PATH.lock for the block: runs that share a folder (a sweep's array tasks start together)
+    fill it one at a time, and a later one finds it filled. A POSIX record lock (fcntl), which NFS and Lustre
+    (mounted with flock) hold across nodes; the kernel drops it with a process that dies, so none is stale."""
+    import fcntl
+
+    lock = f"{os.path.normpath(path)}.lock"
+    os.makedirs(os.path.dirname(os.path.abspath(lock)), exist_ok=True)
+    with open(lock, "a", encoding="utf-8") as fh:
+        try:
+            fcntl.lockf(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            say(f"waiting for another run that is filling {path} ({lock})")
+            fcntl.lockf(fh, fcntl.LOCK_EX)
+        yield
+
+
+def prepare(out_dir: str, cmd: list[str]) -> int:
+    """Run one data preparation command unless its outputs exist already. The command writes into a folder of
+    its own, whose files then replace out_dir's one by one (each a rename): nothing reads a half-written file."""
+    outputs = [os.path.join(out_dir, name) for name in ("train.parquet", "test.parquet")]
+    with one_writer(out_dir):
+        if all(os.path.isfile(p) for p in outputs):
+            say(f"data in {out_dir} already prepared; skipping")
+            return 0
+        partial = f"{os.path.normpath(out_dir)}.partial-{platform.node()}-{os.getpid()}"
+        shutil.rmtree(partial, ignore_errors=True)
+        os.makedirs(partial)  # as out_dir may be: a script that writes its files without making the folder works
+        say(f"preparing data into {out_dir}: {' '.join(cmd)}")
+        try:
+            rc = subprocess.call([partial if arg == out_dir else arg for arg in cmd])
+            written = [os.path.join(partial, p) for p in ("train.parquet", "test.parquet")]
+            if rc != 0:
+                say(f"ERROR: data preparation exited with {rc}")
+                return rc
+            missing = [o for o, w in zip(outputs, written) if not os.path.isfile(w)]
+            if missing:
+                say(f"ERROR: data preparation finished but did not write {', '.join(missing)}")
+                return 1
+            os.makedirs(out_dir, exist_ok=True)
+            for parent, _, names in os.walk(partial):
+                for name in names:
+                    rel = os.path.relpath(os.path.join(parent, name), partial)
+                    os.makedirs(os.path.dirname(os.path.join(out_dir, rel)), exist_ok=True)
+                    os.replace(os.path.join(parent, name), os.path.join(out_dir, rel))
+            return 0
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+REVISION_FILE = ".verlc-revision.json"  # written by `materialize` into the folder it fills
+
+
+def revision_manifest(folder: str) -> dict:
+    """What `materialize` wrote into `folder` ({} for a folder it did not fill)."""
+    try:
+        with open(os.path.join(folder, REVISION_FILE), encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return {}
+
+
+def revision_held(folder: str, revision: str) -> dict | None:
+    """The manifest `materialize` wrote into `folder`, when the folder still holds every file of `revision`."""
+    held = revision_manifest(folder)
+    if revision not in (held.get("revision"), held.get("requested")):
+        return None
+    for rel, size in held.get("files", {}).items():
+        path = os.path.join(folder, rel)
+        if not os.path.isfile(path) or os.path.getsize(path) != size:
+            return None
+    return held
+
+
+def materialize(repo: str, revision: str, folder: str) -> int:
+    """Put a hub model's revision into a folder verl can read: from the hub, or with HF_HUB_OFFLINE=1 from
+    the local Hugging Face cache; skipped when the folder holds every file of it already."""
+    with one_writer(folder):
+        return _materialize(repo, revision, folder)
+
+
+def _materialize(repo: str, revision: str, folder: str) -> int:
+    held = revision_held(folder, revision)
+    if held:
+        say(f"model {repo} at {revision} already in {folder} ({len(held['files'])} files); skipping")
+        return 0
+    if os.path.exists(folder) and not os.path.isfile(os.path.join(folder, REVISION_FILE)):
+        say(f"ERROR: {folder} exists and verlc did not fill it: move it away, or choose another model.local_dir")
+        return 1
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        say("ERROR: a pinned model needs huggingface_hub on the head node (transformers, which verl needs, has it)")
+        return 1
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+    say(f"fetching model {repo} at {revision} into {folder}"
+        + (" from the local Hugging Face cache (HF_HUB_OFFLINE)" if offline else ""))
+    try:
+        source = snapshot_download(repo_id=repo, revision=revision, local_files_only=offline)
+    except Exception as exc:
+        lines = str(exc).strip().splitlines()
+        say(f"ERROR: cannot fetch {repo} at {revision}: {type(exc).__name__}: {lines[0] if lines else ''}")
+        return 1
+    partial = f"{folder}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    files = {}
+    for parent, _, names in os.walk(source):
+        for name in sorted(names):
+            rel = os.path.relpath(os.path.join(parent, name), source)
+            real, into = os.path.realpath(os.path.join(parent, name)), os.path.join(partial, rel)
+            os.makedirs(os.path.dirname(into), exist_ok=True)
+            try:  # the cache's own file, without a second copy, where both are on one file system
+                os.link(real, into)
+            except OSError:
+                shutil.copyfile(real, into)
+            files[rel] = os.path.getsize(into)
+    commit = os.path.basename(os.path.normpath(source))  # the cache names a snapshot by its commit
+    with open(os.path.join(partial, REVISION_FILE), "w", encoding="utf-8") as fh:
+        json.dump({"repo": repo, "requested": revision, "revision": commit, "files": files}, fh,
+                  indent=1, sort_keys=True)
+    shutil.rmtree(folder, ignore_errors=True)  # verlc's own folder of another revision, or a partial one
+    os.replace(partial, folder)
+    say(f"model {repo} at {commit}: {len(files)} files, {mib(sum(files.values()))} in {folder}")
+    return 0
+
+
+def mib(size: int) -> str:
+    return f"{size / 1024**2:.1f} MiB"
+
+
+MERGED_MARK = "config.json"  # a merged model's folder is complete once the merger wrote it (its last step)
+
+
+def saved_step(checkpoint_dir: str) -> int | None:
+    """The step of verl's latest checkpoint in the folder (its latest_checkpointed_iteration.txt), or None."""
+    try:
+        with open(os.path.join(checkpoint_dir, "latest_checkpointed_iteration.txt"), encoding="utf-8") as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def stage_input(entry: StageInput) -> tuple[dict | None, str | None]:
+    """An earlier stage's last checkpoint (verl's latest_checkpointed_iteration.txt in its folder) and where its
+    merged model goes; or why there is none."""
+    folder = expand(entry.checkpoint_dir)
+    step = saved_step(folder)
+    if step is None:
+        return None, (f"stage {entry.stage} left no checkpoint in {folder} (no latest_checkpointed_iteration.txt, "
+                      f"cwd {os.getcwd()}): it saves one every trainer.save_freq steps and at its last step")
+    checkpoint = os.path.join(folder, f"global_step_{step}", *([entry.layout] if entry.layout else []))
+    merged = expand(entry.merged)
+    return {"stage": entry.stage, "step": step, "checkpoint": checkpoint,
+            "model": os.path.join(merged, f"global_step_{step}"), "latest": expand(entry.latest)}, None
+
+
+def merge_inputs(inputs: list[StageInput]) -> int:
+    """Each earlier stage's last checkpoint merged into a Hugging Face folder with verl's own merger (unless
+    that step is merged already), into a temporary folder first, so that a merge that fails leaves nothing a
+    later run would take for a model; then `latest` points at it."""
+    for entry in inputs:
+        found, problem = stage_input(entry)
+        if found is None:
+            say(f"ERROR: {problem}")
+            return 1
+        stage, model = found["stage"], found["model"]
+        if os.path.isfile(os.path.join(model, MERGED_MARK)):
+            say(f"stage {stage}'s step {found['step']} is merged already: {model}")
+        elif not os.path.isdir(found["checkpoint"]):
+            say(f"ERROR: stage {stage}'s checkpoint {found['checkpoint']} does not exist (its tracker names step "
+                f"{found['step']})")
+            return 1
+        else:
+            partial = f"{model}.partial-{os.getpid()}"
+            cmd = [*entry.merger, "--local_dir", found["checkpoint"], "--target_dir", partial]
+            say(f"merging stage {stage}'s checkpoint (step {found['step']}) into a Hugging Face folder: "
+                + " ".join(cmd))
+            rc = subprocess.call(cmd)
+            if rc != 0 or not os.path.isfile(os.path.join(partial, MERGED_MARK)):
+                shutil.rmtree(partial, ignore_errors=True)
+                say(f"ERROR: verl's model merger exited with {rc}" + ("" if rc else f" without writing {MERGED_MARK}"))
+                return rc or 1
+            shutil.rmtree(model, ignore_errors=True)  # an earlier merge that did not finish
+            os.replace(partial, model)
+        link = f"{found['latest']}.{os.getpid()}"
+        os.symlink(os.path.basename(model), link)
+        os.replace(link, found["latest"])
+        say(f"stage {stage}'s model: {found['latest']} -> {os.path.basename(model)}")
+    return 0
+
+
+# ==== runtime/raylogs.py ====
+"""A node's Ray session logs, bounded, as a tar stream (the Slurm script keeps each node's in the run folder)."""
+
+
+import os
+import sys
+
+
+def ray_logs(temp_dir: str, limit_mib: int) -> int:
+    """Write this node's Ray session logs as a tar stream to stdout, at most --limit-mib of them (each file
+    over its share keeps its end; TRUNCATED.txt says what was cut), then remove Ray's temp dir."""
+    import io
+    import shutil
+    import tarfile
+
+    logs = os.path.join(temp_dir, "session_latest", "logs")
+    files = sorted((os.path.join(d, f) for d, _, names in os.walk(logs) for f in names), key=os.path.getsize)
+    budget, cut = limit_mib * 1024**2, []
+    with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as tar:
+        for n, path in enumerate(files):
+            share = budget // (len(files) - n)  # small files first: what they leave goes to the large ones
+            size = os.path.getsize(path)
+            with open(path, "rb") as fh:
+                if size > share:
+                    fh.seek(size - share)
+                    cut.append(f"{os.path.relpath(path, logs)}: kept the last {share} of {size} bytes")
+                data = fh.read(share)
+            info = tarfile.TarInfo(os.path.relpath(path, logs))
+            info.size, info.mtime = len(data), int(os.path.getmtime(path))
+            tar.addfile(info, io.BytesIO(data))
+            budget -= len(data)
+        note = ("\n".join(cut) or "nothing was cut") + "\n"
+        info = tarfile.TarInfo("TRUNCATED.txt")
+        info.size = len(note.encode())
+        tar.addfile(info, io.BytesIO(note.encode()))
+    shutil.rmtree(temp_dir, ignore_errors=True)
+    return 0
+
+
+# ==== runtime/cluster.py ====
+"""The job's Ray cluster: connecting, its nodes, waiting for all of them, tasks pinned to each node, and a
+sweep's turn on a shared cluster (ray-job)."""
+
+
+import json
+import os
+import socket
 import sys
 import time
 
-if __package__:  # verlc_job/ (verlc.targets while developing): the protocol is the module beside this one
-    from .protocol import (NODE_LOST, PAUSE_AT, PIPELINE_JOBS, RUNNER_STAGES, STEP_LINE, STOP_AFTER,
-                           TIME_LIMIT_REACHED, TRAIN_STARTS, USAGE, Job, Variant, event_line, node_message,
-                           skipped_message, stage_message, stamp, stop_after_problem)
-# else: run as `python3 -` by the Slurm script, which feeds protocol.py's text ahead of this file's
-
-PACKAGES = ("verl", "ray", "torch", "transformers", "vllm", "sglang", "tensorrt_llm")
-MIN_RAY = (2, 40)  # older Ray is incompatible with verl
-
-
-def say(message: str) -> None:
-    print(event_line(message), flush=True)
 
 
 def connect(address: str):  # noqa: ANN201 - ray is imported lazily: `prepare` must work without it
@@ -1038,11 +1532,15 @@ def lost_nodes(ray, started: list[dict]) -> list[dict]:  # noqa: ANN001
     return [n for n in started if n["NodeID"] not in alive]
 
 
+def node_name(node: dict) -> str:
+    """A Ray node's name: the one the Slurm bundle gives it (Slurm's), else its host's."""
+    given = node.get("NodeName")
+    return given if given not in (None, "", node.get("NodeManagerAddress")) else node.get("NodeManagerHostname")
+
+
 def node_label(node: dict) -> str:
-    """How messages name a Ray node: its name (the Slurm bundle names it as Slurm does) or host, and address."""
-    address = node.get("NodeManagerAddress")
-    name = node.get("NodeName") if node.get("NodeName") not in (None, "", address) else node.get("NodeManagerHostname")
-    return f"{name} ({address})"
+    """How messages name a Ray node: its name and address."""
+    return f"{node_name(node)} ({node.get('NodeManagerAddress')})"
 
 
 def wait(address: str, nodes: int, gpus: int, timeout: int, device: str = "GPU") -> int:
@@ -1089,151 +1587,156 @@ def wait(address: str, nodes: int, gpus: int, timeout: int, device: str = "GPU")
         time.sleep(0.5)
 
 
-def prepare(out_dir: str, cmd: list[str]) -> int:
-    """Run one data preparation command unless its outputs exist already."""
-    outputs = [os.path.join(out_dir, name) for name in ("train.parquet", "test.parquet")]
-    if all(os.path.isfile(p) for p in outputs):
-        say(f"data in {out_dir} already prepared; skipping")
-        return 0
-    say(f"preparing data into {out_dir}: {' '.join(cmd)}")
-    rc = subprocess.call(cmd)
-    if rc != 0:
-        say(f"ERROR: data preparation exited with {rc}")
-        return rc
-    missing = [p for p in outputs if not os.path.isfile(p)]
-    if missing:
-        say(f"ERROR: data preparation finished but did not write {', '.join(missing)}")
-        return 1
-    return 0
+def holding(device: str, count: float) -> dict:
+    """A Ray task's options that hold `count` of resource `device` (Ray takes GPUs as num_gpus only)."""
+    if device == "GPU":
+        return {"num_gpus": count}
+    return {"resources": {device: count}} if count else {}
 
 
-def revision_manifest(folder: str) -> dict:
-    """What `materialize` wrote into `folder` ({} for a folder it did not fill)."""
-    try:
-        with open(os.path.join(folder, REVISION_FILE), encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return {}
+def on_each_node(ray, nodes: list[dict], function, *args: object, what: str,  # noqa: ANN001
+                 timeout: float = 300, hold: str | None = None) -> tuple[dict, list[str]]:
+    """`function(*args)` as a zero-CPU task pinned to each node: {NodeID: its result}, and a problem naming each
+    node whose task failed, that Ray declared dead meanwhile (a task pinned there may never return), or that
+    did not answer within `timeout`. `hold`: a resource (GPU, NPU) the task holds all of on its node, so that it
+    sees the node's accelerators as verl's workers will (Ray hides them from a task that holds none)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(num_cpus=0, max_retries=0)(function)
+    pending = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
+                            **(holding(hold, n.get("Resources", {}).get(hold, 0)) if hold else {}))
+               .remote(*args) for n in nodes]
+    refs = {ref.hex(): n for ref, n in zip(pending, nodes)}
+    results, problems = {}, []
+    deadline, checked = time.monotonic() + timeout, time.monotonic()
+    while pending and time.monotonic() < deadline:
+        done, pending = ray.wait(pending, timeout=0.5)
+        for ref in done:
+            node = refs[ref.hex()]
+            try:
+                results[node["NodeID"]] = ray.get(ref)
+            except Exception as exc:  # the task itself failed there
+                lines = str(exc).strip().splitlines()
+                problems.append(f"{what}: node {node_label(node)}: {lines[-1] if lines else exc}")
+        if pending and time.monotonic() - checked >= 2:
+            checked = time.monotonic()
+            dead = {n["NodeID"] for n in lost_nodes(ray, [refs[r.hex()] for r in pending])}
+            for ref in [r for r in pending if refs[r.hex()]["NodeID"] in dead]:
+                problems.append(f"{what}: node {node_label(refs[ref.hex()])}: Ray declared it dead (it stopped "
+                                f"answering Ray's health checks; ray.node_timeout)")
+                pending.remove(ref)
+                ray.cancel(ref, force=True)
+    for ref in pending:
+        problems.append(f"{what}: node {node_label(refs[ref.hex()])} did not answer within {timeout:g}s")
+        ray.cancel(ref, force=True)
+    return results, problems
 
 
-def revision_held(folder: str, revision: str) -> dict | None:
-    """The manifest `materialize` wrote into `folder`, when the folder still holds every file of `revision`."""
-    held = revision_manifest(folder)
-    if revision not in (held.get("revision"), held.get("requested")):
-        return None
-    for rel, size in held.get("files", {}).items():
-        path = os.path.join(folder, rel)
-        if not os.path.isfile(path) or os.path.getsize(path) != size:
-            return None
-    return held
-
-
-def materialize(repo: str, revision: str, folder: str) -> int:
-    """Put a hub model's revision into a folder verl can read: from the hub, or with HF_HUB_OFFLINE=1 from
-    the local Hugging Face cache; skipped when the folder holds every file of it already."""
-    import shutil
-
-    held = revision_held(folder, revision)
-    if held:
-        say(f"model {repo} at {revision} already in {folder} ({len(held['files'])} files); skipping")
-        return 0
-    if os.path.exists(folder) and not os.path.isfile(os.path.join(folder, REVISION_FILE)):
-        say(f"ERROR: {folder} exists and verlc did not fill it: move it away, or choose another model.local_dir")
-        return 1
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        say("ERROR: a pinned model needs huggingface_hub on the head node (transformers, which verl needs, has it)")
-        return 1
-    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-    say(f"fetching model {repo} at {revision} into {folder}"
-        + (" from the local Hugging Face cache (HF_HUB_OFFLINE)" if offline else ""))
-    try:
-        source = snapshot_download(repo_id=repo, revision=revision, local_files_only=offline)
-    except Exception as exc:
-        lines = str(exc).strip().splitlines()
-        say(f"ERROR: cannot fetch {repo} at {revision}: {type(exc).__name__}: {lines[0] if lines else ''}")
-        return 1
-    partial = f"{folder}.partial-{os.getpid()}"
-    shutil.rmtree(partial, ignore_errors=True)
-    files = {}
-    for parent, _, names in os.walk(source):
-        for name in sorted(names):
-            rel = os.path.relpath(os.path.join(parent, name), source)
-            real, into = os.path.realpath(os.path.join(parent, name)), os.path.join(partial, rel)
-            os.makedirs(os.path.dirname(into), exist_ok=True)
-            try:  # the cache's own file, without a second copy, where both are on one file system
-                os.link(real, into)
-            except OSError:
-                shutil.copyfile(real, into)
-            files[rel] = os.path.getsize(into)
-    commit = os.path.basename(os.path.normpath(source))  # the cache names a snapshot by its commit
-    with open(os.path.join(partial, REVISION_FILE), "w", encoding="utf-8") as fh:
-        json.dump({"repo": repo, "requested": revision, "revision": commit, "files": files}, fh,
-                  indent=1, sort_keys=True)
-    shutil.rmtree(folder, ignore_errors=True)  # verlc's own folder of another revision, or a partial one
-    os.replace(partial, folder)
-    say(f"model {repo} at {commit}: {len(files)} files, {mib(sum(files.values()))} in {folder}")
-    return 0
-
-
-def parquet_columns(path: str) -> list[str] | None:
-    """Top-level column names of a parquet file, or None when pyarrow is not installed."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        return None
-    return list(pq.read_schema(path).names)
-
-
-def check_model(model: str) -> str | None:
-    """Problem with the model, or None. A local folder needs a readable config.json; a hub id is
-    resolved through transformers (config only, no weights) when it is installed."""
-    if os.path.isdir(os.path.expanduser(model)):
-        config = os.path.join(os.path.expanduser(model), "config.json")
+def head_address(address: str) -> str:
+    """The head node's address as the other nodes reach it: the host of the cluster's address where that is not
+    a loopback one (the Slurm script gives every node the head's own address: Ray's pick on a Debian host can be
+    its name's 127.0.1.1, which no other node reaches), else the address Ray picks on this node (compose's head
+    container, whose runtime reaches Ray at 127.0.0.1)."""
+    host, _, port = address.rpartition(":")
+    if host and port.isdigit() and "/" not in host:
         try:
-            with open(config, encoding="utf-8") as fh:
-                json.load(fh)
-        except (OSError, ValueError) as exc:
-            return f"model folder {model}: cannot read config.json ({exc})"
-        return None
-    if model.startswith(("/", "./", "../", "~")):
-        return f"model path {model} does not exist"
-    try:
-        from transformers import AutoConfig
-    except ImportError:
-        return None
-    try:
-        AutoConfig.from_pretrained(model)
-    except Exception as exc:
-        return f"model {model}: config does not load ({type(exc).__name__}: {exc})"
-    return None
+            found = socket.gethostbyname(host)
+            if not found.startswith("127."):
+                return found
+        except OSError:
+            pass
+    import ray
+
+    return ray.util.get_node_ip_address()
 
 
-def checkpoint_problem(folder: str) -> str | None:
-    """Why the checkpoint folder cannot take verl's checkpoints here, or None (it is made if missing)."""
-    try:
-        os.makedirs(folder, exist_ok=True)
-        probe = os.path.join(folder, f".verlc-write-test-{os.getpid()}")
-        with open(probe, "w", encoding="utf-8") as fh:
-            fh.write("ok")
-        os.remove(probe)
-    except OSError as exc:
-        return f"checkpoint folder {folder} is not writable ({exc.strerror})"
-    return None
+def clock() -> float:
+    return time.time()
 
 
-def paths_on_node(model: list, checkpoint_dir: list, data: list[list]) -> list[str]:
-    """On one node, what its verl processes would meet: every data file, a local model folder and the checkpoint
-    folder (each verl worker loads the model and writes its shard of each checkpoint), with the paths expanded
-    in this node's environment as verl's ${oc.env:...} would be. A hub model is checked once, on the head."""
-    problems = [f"data file {path} does not exist (cwd {os.getcwd()})" for path in map(expand, data)
-                if not os.path.isfile(path)]
-    folder = expand(model)
-    if folder.startswith(("/", "./", "../", "~")) or os.path.isdir(os.path.expanduser(folder)):
-        problems += [p for p in [check_model(folder)] if p]
-    problems += [p for p in [checkpoint_problem(expand(checkpoint_dir))] if p]
-    return problems
+def clock_offsets(ray, nodes: list[dict]) -> dict[str, tuple[float, float]]:  # noqa: ANN001
+    """Each node's clock against this node's: node -> (offset in seconds, within +-): a task pinned there reads its
+    clock between two readings here, and the offset is from their midpoint (half their distance bounds it). First
+    tasks, on every node at once, lease a worker there, so that each measured round trip is short. A node that
+    does not answer within 30 s is left out (the nodes check names it)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    read = ray.remote(num_cpus=0, max_retries=0)(clock)
+    pinned = [read.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)) for n in nodes]
+    ray.wait([p.remote() for p in pinned], num_returns=len(pinned), timeout=30)  # the leases, all nodes at once
+    out = {}
+    for node, task in zip(nodes, pinned):
+        try:
+            before = time.time()
+            theirs = ray.get(task.remote(), timeout=30)
+            after = time.time()
+        except Exception:  # gone, or too slow to say: no offset for it
+            continue
+        out[node_name(node)] = (theirs - (before + after) / 2, (after - before) / 2)
+    return out
+
+
+JOBS_ENDED = {"SUCCEEDED", "FAILED", "STOPPED"}  # the Ray Jobs API's final statuses
+
+
+def sweep_turn(address: str, after: list[str], parallel: int, poll: float = 5) -> int:
+    """A sweep's variant, submitted with every other variant to one Ray cluster, waits here until fewer than
+    `parallel` of the variants submitted before it (`after`: their submission ids) have yet to end: the
+    variants run in turn (parallel 1), each with the cluster's GPUs, instead of failing for want of them. Their
+    states come from the Jobs API of the cluster's own dashboard; an id it does not know (a submission that
+    failed) has ended."""
+    import urllib.error
+    import urllib.request
+
+    import ray
+
+    dashboard = ray.init(address=address, logging_level="ERROR", log_to_driver=False,
+                         ignore_reinit_error=True).dashboard_url
+    if not dashboard:
+        say("ERROR: the sweep's variants run in turn through Ray's Jobs API, and this cluster has no dashboard")
+        return 1
+
+    def running() -> list[str]:
+        busy = []
+        for sid in after:
+            try:
+                with urllib.request.urlopen(f"http://{dashboard}/api/jobs/{sid}", timeout=30) as response:
+                    status = json.loads(response.read() or b"{}").get("status")
+            except urllib.error.HTTPError as exc:
+                status = None if exc.code == 404 else "UNKNOWN"
+            if status is not None and status not in JOBS_ENDED:
+                busy.append(sid)
+        return busy
+
+    started, told = time.monotonic(), None
+    while len(busy := running()) >= parallel:
+        if busy != told:
+            say(f"waiting for its turn: {len(busy)} variant(s) submitted before it still to end "
+                f"({', '.join(busy)}); {parallel} at a time (ray.sweep_parallel)")
+            told = busy
+        time.sleep(poll)
+    if told is not None:
+        say(f"its turn came after {time.monotonic() - started:.0f}s")
+    return 0
+
+
+# ==== runtime/nodes.py ====
+"""What each node has: its packages and their versions, verl's source, Ascend NPUs, the environment the spec
+reads, and the paths verl's processes open there (each called on the node, as a Ray task pinned to it)."""
+
+
+import glob
+import json
+import os
+import platform
+import subprocess
+
+
+
+PACKAGES = ("verl", "ray", "torch", "transformers", "vllm", "sglang", "tensorrt_llm")
+
+
+MIN_RAY = (2, 40)  # older Ray is incompatible with verl
 
 
 def installed_versions(device: str = "GPU") -> dict:
@@ -1248,6 +1751,22 @@ def installed_versions(device: str = "GPU") -> dict:
             found[name] = None
     return {"host": platform.node(), "python": platform.python_version(), "packages": found,
             "verl_source": installed_from("verl"), **({"npus": npu_devices()} if device == "NPU" else {})}
+
+
+def local_devices() -> tuple[int, str]:
+    """How many accelerators torch sees on this node, and the backend of the all-reduce over them: HCCL where
+    torch_npu sees Ascend NPUs, NCCL (RCCL on ROCm) where torch sees GPUs, else gloo (one rank)."""
+    import importlib
+
+    import torch
+
+    try:
+        importlib.import_module("torch_npu")  # adds torch.npu and the hccl backend
+        if torch.npu.is_available():
+            return torch.npu.device_count(), "hccl"
+    except ImportError:
+        pass
+    return (torch.cuda.device_count(), "nccl") if torch.cuda.is_available() else (0, "gloo")
 
 
 def npu_devices() -> dict:
@@ -1322,61 +1841,6 @@ def verl_commit_problems(seen: dict, commit: str) -> list[str]:
     return problems
 
 
-def code_inputs(code: dict) -> tuple[dict, list[str]]:
-    """The run's code where the job runs (its working dir): each file the bundle was built with, hashed
-    here; problems for one that is missing or not the same bytes."""
-    files, problems = {}, []
-    for name, built in sorted(code.get("files", {}).items()):
-        if not os.path.isfile(name):
-            files[name] = None
-            problems.append(f"the run's code lacks {name} here ({os.getcwd()}): the job runs in {code['folder']}")
-            continue
-        files[name] = sha256_file(name)
-        if files[name] != built:
-            problems.append(f"{name} here is not the file the bundle was built with (sha256 {files[name][:12]}, "
-                            f"built {built[:12]}): rebuild, or ship the code that was built")
-    return {"commit": code.get("commit"), "dirty": code.get("dirty"), "diff_sha256": code.get("diff_sha256"),
-            "files": files}, problems
-
-
-def on_each_node(ray, nodes: list[dict], function, *args: object, what: str,  # noqa: ANN001
-                 timeout: float = 300, hold: str | None = None) -> tuple[dict, list[str]]:
-    """`function(*args)` as a zero-CPU task pinned to each node: {NodeID: its result}, and a problem naming each
-    node whose task failed, that Ray declared dead meanwhile (a task pinned there may never return), or that
-    did not answer within `timeout`. `hold`: a resource (GPU, NPU) the task holds all of on its node, so that it
-    sees the node's accelerators as verl's workers will (Ray hides them from a task that holds none)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    task = ray.remote(num_cpus=0, max_retries=0)(function)
-    pending = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
-                            **(holding(hold, n.get("Resources", {}).get(hold, 0)) if hold else {}))
-               .remote(*args) for n in nodes]
-    refs = {ref.hex(): n for ref, n in zip(pending, nodes)}
-    results, problems = {}, []
-    deadline, checked = time.monotonic() + timeout, time.monotonic()
-    while pending and time.monotonic() < deadline:
-        done, pending = ray.wait(pending, timeout=0.5)
-        for ref in done:
-            node = refs[ref.hex()]
-            try:
-                results[node["NodeID"]] = ray.get(ref)
-            except Exception as exc:  # the task itself failed there
-                lines = str(exc).strip().splitlines()
-                problems.append(f"{what}: node {node_label(node)}: {lines[-1] if lines else exc}")
-        if pending and time.monotonic() - checked >= 2:
-            checked = time.monotonic()
-            dead = {n["NodeID"] for n in lost_nodes(ray, [refs[r.hex()] for r in pending])}
-            for ref in [r for r in pending if refs[r.hex()]["NodeID"] in dead]:
-                problems.append(f"{what}: node {node_label(refs[ref.hex()])}: Ray declared it dead (it stopped "
-                                f"answering Ray's health checks; ray.node_timeout)")
-                pending.remove(ref)
-                ray.cancel(ref, force=True)
-    for ref in pending:
-        problems.append(f"{what}: node {node_label(refs[ref.hex()])} did not answer within {timeout:g}s")
-        ray.cancel(ref, force=True)
-    return results, problems
-
-
 def versions_per_node(ray, nodes: list[dict], device: str = "GPU") -> tuple[dict, list[str]]:  # noqa: ANN001
     """What each node's Python sees (by NodeID), and the nodes that could not say."""
     return on_each_node(ray, nodes, installed_versions, device, what="versions")
@@ -1414,11 +1878,99 @@ def version_problems(seen: dict, pins: dict[str, str], rollout_package: str | No
     return problems
 
 
-# ---- what verl's workers need when they start -----------------------------------------------------------
-# The job's "startup" list (compiler/verl/workers.py reads it from the release's code): modules the workers
-# import, and flash-attn 2 where a worker asks transformers for it. Checked on every node in a fresh Python,
-# as verl's workers would import them: an import can take seconds and must not stay loaded in a Ray worker.
+def environment_of(names: list[str]) -> dict:
+    return {"host": platform.node(), "missing": [n for n in names if not os.environ.get(n)]}
+
+
+def missing_env_per_node(ray, nodes: list[dict], names: list[str]) -> list[str]:  # noqa: ANN001
+    """The env vars the spec reads on the nodes that a node lacks (unset or empty), and the nodes that could
+    not say."""
+    seen, problems = on_each_node(ray, nodes, environment_of, names, what="environment")
+    return problems + [f"node {s['host']}: environment variable {n} is not set (the spec reads ${{env:{n}}})"
+                       for s in seen.values() for n in s["missing"]]
+
+
+def parquet_columns(path: str) -> list[str] | None:
+    """Top-level column names of a parquet file, or None when pyarrow is not installed."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        return None
+    return list(pq.read_schema(path).names)
+
+
+def check_model(model: str) -> str | None:
+    """Problem with the model, or None. A local folder needs a readable config.json; a hub id is
+    resolved through transformers (config only, no weights) when it is installed."""
+    if os.path.isdir(os.path.expanduser(model)):
+        config = os.path.join(os.path.expanduser(model), "config.json")
+        try:
+            with open(config, encoding="utf-8") as fh:
+                json.load(fh)
+        except (OSError, ValueError) as exc:
+            return f"model folder {model}: cannot read config.json ({exc})"
+        return None
+    if model.startswith(("/", "./", "../", "~")):
+        return f"model path {model} does not exist"
+    try:
+        from transformers import AutoConfig
+    except ImportError:
+        return None
+    try:
+        AutoConfig.from_pretrained(model)
+    except Exception as exc:
+        return f"model {model}: config does not load ({type(exc).__name__}: {exc})"
+    return None
+
+
+def checkpoint_problem(folder: str) -> str | None:
+    """Why the checkpoint folder cannot take verl's checkpoints here, or None (it is made if missing)."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = os.path.join(folder, f".verlc-write-test-{os.getpid()}")
+        with open(probe, "w", encoding="utf-8") as fh:
+            fh.write("ok")
+        os.remove(probe)
+    except OSError as exc:
+        return f"checkpoint folder {folder} is not writable ({exc.strerror})"
+    return None
+
+
+def paths_on_node(model: Word, checkpoint_dir: Word, data: list[Word], files: list[Word] = ()) -> list[str]:
+    """On one node, what its verl processes would meet: every data file, a local model folder, the checkpoint
+    folder (each verl worker loads the model and writes its shard of each checkpoint) and the files verl's settings
+    name, with the paths expanded in this node's environment as verl's ${oc.env:...} would be. A hub model is
+    checked once, on the head."""
+    problems = [f"data file {path} does not exist (cwd {os.getcwd()})" for path in map(expand, data)
+                if not os.path.isfile(path)]
+    problems += [f"file {path} (named by a verl setting) does not exist" for path in map(expand, files)
+                 if not os.path.isfile(path)]
+    folder = expand(model)
+    if folder.startswith(("/", "./", "../", "~")) or os.path.isdir(os.path.expanduser(folder)):
+        problems += [p for p in [check_model(folder)] if p]
+    problems += [p for p in [checkpoint_problem(expand(checkpoint_dir))] if p]
+    return problems
+
+
+# ==== runtime/startup.py ====
+"""What verl's workers need when they start, checked on every node.
+
+The job's `startup` list (compiler/verl/workers.py reads it from the release's code): modules the workers import,
+and flash-attn 2 where a worker asks transformers for it. Checked on every node in a fresh Python, as verl's workers
+would import them: an import can take seconds and must not stay loaded in a Ray worker."""
+
+
+import json
+import platform
+import subprocess
+import sys
+from dataclasses import asdict
+
+
+
 STARTUP_TIMEOUT = 300
+
+
 STARTUP_PROBE = r"""
 import importlib, json, sys
 needs = json.loads(sys.argv[1])
@@ -1458,8 +2010,8 @@ print(json.dumps(results))
 
 
 def startup_found(needs: list[dict]) -> dict:
-    """One node's outcome of each start-up need, in the needs' order: ok true, false (with why) or null (not
-    checked: the need is for a device this node's torch does not see)."""
+    """One node's outcome of each start-up need (as JSON: a Ray task's argument), in the needs' order: ok true,
+    false (with why) or null (not checked: the need is for a device this node's torch does not see)."""
     host = platform.node()
     try:
         done = subprocess.run([sys.executable, "-c", STARTUP_PROBE, json.dumps(needs)], capture_output=True,
@@ -1473,7 +2025,7 @@ def startup_found(needs: list[dict]) -> dict:
     return {"host": host, "results": json.loads(lines[-1])}
 
 
-def startup_problems(found: dict, needs: list[dict]) -> list[str]:
+def startup_problems(found: dict, needs: list[StartupNeed]) -> list[str]:
     """A problem for each need a node lacks, naming the node, the package, and the verl file and line."""
     problems = []
     for node, info in sorted(found.items()):
@@ -1483,18 +2035,667 @@ def startup_problems(found: dict, needs: list[dict]) -> list[str]:
             continue
         for need, result in zip(needs, info["results"]):
             if result["ok"] is False:
-                avoid = f"; {need['avoid']}" if need["avoid"] else ""
-                problems.append(f"{where}: {need['module']}: {result['detail']}; {need['why']} ({need['where']})"
-                                f"{avoid}")
+                avoid = f"; {need.avoid}" if need.avoid else ""
+                problems.append(f"{where}: {need.module}: {result['detail']}; {need.why} ({need.where}){avoid}")
     return problems
 
 
-def startup_record(found: dict, needs: list[dict] | None) -> dict:
+def startup_record(found: dict, needs: list[StartupNeed] | None) -> dict:
     """What the run record keeps: each need and what every node showed, or why nothing was checked."""
     if needs is None:
         return {"unknown": "verlc has no start-up facts for this release's workers (verl 0.8 on: engine workers)"}
-    return {"needs": [{**need, "nodes": {info["host"]: info.get("results", [{}] * len(needs))[i]
+    return {"needs": [{**asdict(need), "nodes": {info["host"]: info.get("results", [{}] * len(needs))[i]
                                          for info in found.values()}} for i, need in enumerate(needs)]}
+
+
+# ==== runtime/collective.py ====
+"""The collective smoke test: one all-reduce over every GPU (NPU) of every node.
+
+Rendezvous in a TCP store this process (on the head) serves: each node says how many ranks it has, gets its first
+rank and the world size, and each rank marks its progress, so a node that never arrives or fails is named, and the
+first failure ends the test instead of a timeout on every rank."""
+
+
+import platform
+import subprocess
+import sys
+import time
+
+
+
+# ---- the collective smoke test: one all-reduce over every GPU of every node -------------------------
+# Rendezvous in a TCP store this process (on the head) serves: each node says how many ranks it has, gets
+# its first rank and the world size, and each rank marks its progress, so a node that never arrives or
+# fails is named, and the first failure ends the test instead of a timeout on every rank.
+COLLECTIVE_TIMEOUT = 120  # seconds; NCCL's own set-up on many nodes takes tens of them
+
+
+# One rank, as a process of its own (NCCL wants a process per GPU). It dies with its node task.
+RANK_PROGRAM = """
+import ctypes, signal, sys
+from datetime import timedelta
+ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+import torch
+import torch.distributed as dist
+host, port, rank, world, local, timeout = sys.argv[1:7]
+rank, world, timeout = int(rank), int(world), timedelta(seconds=float(timeout))
+try:
+    import torch_npu  # noqa: F401  (Ascend: torch.npu and the hccl backend)
+    npu = torch.npu.is_available()
+except ImportError:
+    npu = False
+cuda = not npu and torch.cuda.is_available()
+device, backend = ("npu", "hccl") if npu else ("cuda", "nccl") if cuda else ("cpu", "gloo")
+if device != "cpu":
+    getattr(torch, device).set_device(int(local))
+store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+store.set(f"joined/{rank}", "1")
+dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world, timeout=timeout)
+x = torch.ones(256 * 1024, device=device)  # 1 MiB
+dist.all_reduce(x)
+got = x[0].item()
+dist.destroy_process_group()
+store.set(f"done/{rank}", str(got))
+sys.exit(0 if got == world else 3)
+"""
+
+
+def allreduce_node(host: str, port: int, index: int, timeout: float) -> dict:
+    """A node's part of the all-reduce (a Ray task holding every GPU or NPU of the node): a rank per device,
+    or one gloo rank where torch sees none."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    # the plan comes once every node has arrived: as late as the head waits for the slowest (STARTUP_TIMEOUT)
+    store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=STARTUP_TIMEOUT + timeout))
+    count, backend = local_devices()
+    ranks = count or 1
+    store.set(f"ranks/{index}", str(ranks))
+    first, world = map(int, store.get(f"plan/{index}").decode().split())
+    procs = [subprocess.Popen([sys.executable, "-c", RANK_PROGRAM, host, str(port), str(first + local), str(world),
+                               str(local), str(timeout)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for local in range(ranks)]
+    failed = []
+    for local, proc in enumerate(procs):
+        _, err = proc.communicate()
+        if proc.returncode:
+            lines = [line for line in err.strip().splitlines() if line.strip()]
+            failed.append(f"rank {first + local} exited {proc.returncode}: {lines[-1] if lines else 'no output'}")
+    return {"host": platform.node(), "ranks": ranks, "backend": backend, "failed": failed}
+
+
+def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIMEOUT,  # noqa: ANN001
+                        device: str = "GPU") -> tuple[list[str], str]:
+    """Problems of an all-reduce across every GPU (NPU) of every node, each naming its node; and a summary."""
+    from datetime import timedelta
+
+    try:
+        from torch.distributed import TCPStore
+    except ImportError:
+        return ["all-reduce: torch is not installed here (verl needs it)"], ""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    host = ray.util.get_node_ip_address()
+    store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
+    names = [node_label(n) for n in nodes]
+    task = ray.remote(allreduce_node)
+    refs = [task.options(
+        num_cpus=0, **holding(device, n.get("Resources", {}).get(device, 0)), max_retries=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
+    ).remote(host, store.port, i, timeout) for i, n in enumerate(nodes)]
+    which = {ref.hex(): i for i, ref in enumerate(refs)}
+    # Reaching the rendezvous takes a fresh Ray worker that imports torch, as long as the start-up check's
+    # probe may take on a loaded node; the all-reduce itself then has `timeout`.
+    arrival = STARTUP_TIMEOUT
+    deadline, problems, planned, ranks = time.monotonic() + arrival, [], False, []
+
+    pending = list(refs)
+    checked = time.monotonic()
+    while pending and not problems and time.monotonic() < deadline:
+        if time.monotonic() - checked >= 2:  # a task on a node Ray declared dead may never return: look
+            checked = time.monotonic()
+            problems += [f"all-reduce: node {node_label(n)}: Ray declared it dead (it stopped answering Ray's "
+                         f"health checks; ray.node_timeout)" for n in lost_nodes(ray, nodes)]
+        if not planned and store.check([f"ranks/{i}" for i in range(len(nodes))]):
+            ranks = [int(store.get(f"ranks/{i}")) for i in range(len(nodes))]
+            for i in range(len(nodes)):
+                store.set(f"plan/{i}", f"{sum(ranks[:i])} {sum(ranks)}")
+            planned, deadline = True, time.monotonic() + timeout
+        done, pending = ray.wait(pending, timeout=0.5)
+        for ref in done:
+            try:
+                result = ray.get(ref)
+            except Exception as exc:  # the task itself failed: torch missing, store unreachable, ...
+                lines = str(exc).strip().splitlines()
+                problems.append(f"all-reduce: node {names[which[ref.hex()]]}: {lines[-1] if lines else exc}")
+                continue
+            problems += [f"all-reduce: node {names[which[ref.hex()]]}: {f}" for f in result["failed"]]
+    if pending and not problems:
+        problems.append(unfinished(store, names, ranks, planned, timeout if planned else arrival))
+    for ref in pending:
+        ray.cancel(ref, force=True)
+    summary = f"all-reduce over {sum(ranks)} ranks on {len(nodes)} nodes" if ranks else ""
+    return problems, summary
+
+
+def unfinished(store, names: list[str], ranks: list[int], planned: bool, waited: float) -> str:  # noqa: ANN001
+    """Why the all-reduce did not end in time, naming the nodes it waited for: those that never reached the
+    rendezvous, else those with a rank that never joined, else those with a rank that never finished."""
+    if not planned:
+        missing = [names[i] for i in range(len(names)) if not store.check([f"ranks/{i}"])]
+        return (f"all-reduce: node(s) {', '.join(missing)} did not reach the rendezvous at {store.host}:{store.port} "
+                f"within {waited:g}s")
+
+    def node_of(rank: int) -> str:
+        return names[next(i for i in range(len(names)) if rank < sum(ranks[:i + 1]))]
+
+    stuck = sorted({node_of(r) for r in range(sum(ranks)) if not store.check([f"joined/{r}"])}
+                   or {node_of(r) for r in range(sum(ranks)) if not store.check([f"done/{r}"])})
+    return f"all-reduce: did not finish within {waited:g}s; waiting for node(s) {', '.join(stuck)}"
+
+
+# ==== runtime/probes.py ====
+"""A service's readiness, its contract probe (one real request of its kind) and whether it listens privately: the
+HTTP side of runtime/services.py, asked on the head node or, for a service on every node, on that node."""
+
+
+import json
+import socket
+import subprocess
+
+
+SERVICE_REQUEST_TIMEOUT = 30  # seconds for one readiness or probe request
+
+
+def _request(url: str, token: str, body: object = None) -> tuple[int, str]:
+    """One HTTP request (POST with a JSON body, else GET) with the service's token as a bearer token (a service
+    that takes none ignores it): the status and the answer's text; 0 and why where none came. (urllib is imported
+    here: every start of the runtime, such as a node keeping Ray's logs, would pay for it.)"""
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Authorization": f"Bearer {token}", **({"Content-Type": "application/json"} if data else {})}
+    request = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=SERVICE_REQUEST_TIMEOUT) as answer:
+            return answer.status, answer.read(65536).decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(65536).decode(errors="replace")
+    except (OSError, ValueError) as exc:
+        return 0, str(getattr(exc, "reason", exc))
+
+
+def _json(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _sandbox(url: str, token: str, probe: Probe) -> tuple[str, str, bool]:
+    body = {"code": "print(1)", "language": "python"}
+    status, text = _request(url + "/run_code", token, body)
+    answer = _json(text)
+    stdout = (answer.get("run_result") or {}).get("stdout") if isinstance(answer, dict) else None
+    return f"POST /run_code {json.dumps(body)}", f"{status} {text}", status // 100 == 2 and \
+        isinstance(stdout, str) and stdout.strip() == "1"
+
+
+def _retriever(url: str, token: str, probe: Probe) -> tuple[str, str, bool]:
+    body = {"queries": [probe.query], "topk": 1, "return_scores": True}
+    status, text = _request(url + "/retrieve", token, body)
+    answer = _json(text)
+    result = answer.get("result") if isinstance(answer, dict) else None
+    return f"POST /retrieve {json.dumps(body)}", f"{status} {text}", status // 100 == 2 and \
+        isinstance(result, list) and len(result) == 1 and isinstance(result[0], list) and len(result[0]) >= 1
+
+
+def _judge(url: str, token: str, probe: Probe) -> tuple[str, str, bool]:
+    status, text = _request(url + "/v1/models", token)
+    answer = _json(text)
+    listed = [m.get("id") for m in answer.get("data") or [] if isinstance(m, dict)] if isinstance(answer, dict) else []
+    if status // 100 != 2 or probe.model not in listed:
+        return "GET /v1/models", f"{status} {text}", False
+    body = {"model": probe.model, "messages": [{"role": "user", "content": "Answer with one word: ready?"}],
+            "max_tokens": 8}
+    status, text = _request(url + "/v1/chat/completions", token, body)
+    answer = _json(text)
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    content = ((choices[0] or {}).get("message") or {}).get("content") if isinstance(choices, list) and choices \
+        and isinstance(choices[0], dict) else None
+    return f"POST /v1/chat/completions {json.dumps(body)}", f"{status} {text}", status // 100 == 2 and \
+        isinstance(content, str)
+
+
+def _http(url: str, token: str, probe: Probe) -> tuple[str, str, bool]:
+    status, text = _request(url + (probe.path or "/"), token, probe.body if probe.method == "POST" else None)
+    request = f"{probe.method} {probe.path}" + (f" {json.dumps(probe.body)}" if probe.method == "POST" else "")
+    return request, f"{status} {text}", status // 100 == 2 and (probe.expect or "") in text
+
+
+PROBES = {"sandbox": _sandbox, "retriever": _retriever, "judge": _judge, "http": _http}
+
+
+def ready_problem(service: Service, host: str, port: int, token: str) -> str | None:
+    """Why `service` is not ready yet (its readiness check once), or None."""
+    if service.ready_command:
+        done = subprocess.run([expand(w) for w in service.ready_command], capture_output=True, text=True,
+                              timeout=SERVICE_REQUEST_TIMEOUT)
+        return None if done.returncode == 0 else f"its ready command exited {done.returncode}"
+    if service.ready_http:
+        status, text = _request(f"http://{host}:{port}{service.ready_http}", token)
+        return None if status // 100 == 2 else f"GET {service.ready_http} answered {status or text}"
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+        return None
+    except OSError as exc:
+        return f"nothing accepts a connection at {host}:{port} ({exc.strerror or exc})"
+
+
+def probe_problem(service: Service, url: str, token: str) -> str | None:
+    """Why the service's contract probe failed (the request and the answer), or None."""
+    if service.probe is None:
+        return None
+    request, answer, ok = PROBES[service.probe.kind](url, token, service.probe)
+    if ok:
+        return None
+    shown = answer if len(answer) <= 300 else answer[:300] + "..."
+    return f"failed its {service.probe.kind} probe: {request} answered {shown}"
+
+
+def open_to_all(port: int) -> bool:
+    """Whether a socket of this node's network listens on `port` on every interface (0.0.0.0 or ::), as the
+    kernel's tables say."""
+    for table, anywhere in (("/proc/net/tcp", "0" * 8), ("/proc/net/tcp6", "0" * 32)):
+        try:
+            with open(table, encoding="ascii") as fh:
+                rows = [line.split() for line in fh.readlines()[1:]]
+        except OSError:
+            continue
+        for row in rows:
+            address, _, hex_port = row[1].partition(":")
+            if row[3] == "0A" and address == anywhere and int(hex_port, 16) == port:  # 0A: LISTEN
+                return True
+    return False
+
+
+def exposure_problem(service: Service, port: int) -> str | None:
+    """Why a service that should listen privately does not (it listens on every interface), or None."""
+    if service.listen_all or not open_to_all(port):
+        return None
+    return (f"listens on every interface of its node (port {port}), where anyone who reaches the node reaches it: "
+            f"bind it to ${{services.{service.name}.host}}, or set services.{service.name}.listen: all")
+
+
+# ==== runtime/services.py ====
+"""Services beside the trainer (a code sandbox, an LLM judge, a retriever): started as the cluster comes up, ready
+and answering one real request before training, watched while it trains, stopped with the job.
+
+A head service is a process group of this runtime's own on the head node; a service on every node is one per node,
+each held by a Ray actor pinned there (its process ends with the actor: the parent-death signal). Each service's
+address reaches the job as environment variables (Service.variables), set here before any service or the trainer
+starts: verl's settings read them through OmegaConf's ${oc.env:...}, a service's words through their env parts."""
+
+
+import collections
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+
+
+SERVICE_TAIL = 20  # of a service's output, shown when it fails
+SERVICE_STOP_GRACE = 10  # seconds between TERM and KILL when a service is stopped
+
+
+def service_ports(count: int) -> list[int]:
+    """Ports for `count` services: from the job's block where the target gives one (SERVICE_PORTS, FIRST-LAST),
+    else ports nothing listens on here now."""
+    given = os.environ.get(SERVICE_PORTS, "")
+    if given:
+        first, _, last = given.partition("-")
+        block = list(range(int(first), int(last) + 1))
+        if len(block) < count:
+            raise ValueError(f"{SERVICE_PORTS}={given} holds {len(block)} ports for {count} services")
+        return block[:count]
+    found = []
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:  # held open together: no two the same
+            sock.bind(("", 0))
+            found.append(sock.getsockname()[1])
+    finally:
+        for sock in socks:
+            sock.close()
+    return found
+
+
+def addresses(services: list[Service], head_ip: str) -> dict[str, str]:
+    """Every service's variables: a head service at the head's own address, one on every node at 127.0.0.1
+    (each node's processes reach their own node's); its token made now, for this run alone (never in a bundle or
+    a log of verlc's: the service and its callers read it from their environment)."""
+    values: dict[str, str] = {}
+    for service, port in zip(services, service_ports(len(services))):
+        host = "127.0.0.1" if service.every_node else head_ip
+        own = {"host": host, "port": str(port), "url": f"http://{host}:{port}", "token": secrets.token_urlsafe(24)}
+        values.update({variable: own[attribute] for attribute, variable in service.variables.items()})
+    return values
+
+
+NOT_STARTED = 127  # a service whose command could not be started "exits" with the shell's code for it
+
+
+class Process:
+    """One service's process on this node: a process group of its own, ended with its parent (the runtime or the
+    node's actor), its output in a log file."""
+
+    def __init__(self, service: Service, log: str) -> None:
+        import ctypes
+
+        self.service, self.log = service, log
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
+        argv = [expand(w) for w in service.argv]
+        self.proc: subprocess.Popen | None = None
+        try:
+            with open(log, "ab") as out:
+                self.proc = subprocess.Popen(argv, env={**os.environ, **{k: expand(w) for k, w in service.env.items()}},
+                                             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                             start_new_session=True, preexec_fn=lambda: prctl(1, signal.SIGTERM))
+        except OSError as exc:  # not in this image, or not executable: an exit like the shell's (127), its log says why
+            with open(log, "a", encoding="utf-8") as out:
+                out.write(f"verlc: cannot start {argv[0]!r} here: {exc.strerror or exc}\n")
+        self.started = time.monotonic()
+
+    def poll(self) -> int | None:
+        return self.proc.poll() if self.proc else NOT_STARTED
+
+    def tail(self) -> list[str]:
+        try:
+            with open(self.log, encoding="utf-8", errors="replace") as fh:
+                return list(collections.deque(fh, maxlen=SERVICE_TAIL))
+        except OSError:
+            return []
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(SERVICE_STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
+
+
+class NodeService:
+    """A service on one node, held by a Ray actor pinned there (the class is made a Ray actor in `start_nodes`):
+    its process, its readiness and probe asked there (it listens on the node's loopback)."""
+
+    def __init__(self, service: Service, variables: dict, log: str) -> None:
+        os.environ.update(variables)
+        self.service, self.log = service, log
+        self.process = Process(service, log)
+
+    def where(self) -> tuple[str, str]:
+        """Its node's host name, and its log there."""
+        return socket.gethostname(), self.log
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def restart(self) -> None:
+        self.process.stop()
+        self.process = Process(self.service, self.log)
+
+    def tail(self) -> list[str]:
+        return self.process.tail()
+
+    def ready(self, port: int, token: str) -> str | None:
+        return ready_problem(self.service, "127.0.0.1", port, token)
+
+    def exposed(self, port: int) -> str | None:
+        return exposure_problem(self.service, port)
+
+    def probe(self, port: int, token: str) -> str | None:
+        return probe_problem(self.service, f"http://127.0.0.1:{port}", token)
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+def write_tool_config(path: str, text: str) -> str:
+    """The tool config at `path` on this node, whole or not at all; the node's name."""
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(path + ".tmp", path)
+    return socket.gethostname()
+
+
+def remove_tool_config(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+class Services:
+    """The job's services, from their start to the job's end; and the tool config verl reads them through: in
+    the run folder where the job has one (every node sees it: the Slurm script's, where each node keeps its Ray
+    logs), kept with the run; else written on every node at one path and removed with the job. Its path is in
+    the job's env (ToolConfig.variable)."""
+
+    def __init__(self, services: list[Service], log_folder: str, tool_config: ToolConfig | None = None,
+                 run_folder: str | None = None) -> None:
+        self.services, self.log_folder, self.tool_config = services, log_folder, tool_config
+        self.run_folder = run_folder
+        self.tool_config_path = os.path.join(run_folder, TOOL_CONFIG_FILE) if run_folder else \
+            os.path.join(tempfile.gettempdir(), f"verlc-tools-{uuid.uuid4().hex}.yaml")
+        self.placed: list[dict] = []  # the nodes the tool config was written on
+        self.problems: list[str] = []  # what went wrong before the preflight asks (the tool config's writing)
+        self.variables: dict[str, str] = {}
+        self.head: dict[str, Process] = {}
+        self.nodes: dict[str, list] = {}  # name -> its actors, one per node
+        self.restarts: dict[str, int] = {s.name: 0 for s in services}
+        self.record: dict[str, dict] = {}
+        self.ray = None
+
+    def _port(self, service: Service) -> int:
+        return int(self.variables[service.variables["port"]])
+
+    def _host(self, service: Service) -> str:
+        return self.variables[service.variables["host"]]
+
+    def _token(self, service: Service) -> str:
+        return self.variables[service.variables["token"]]
+
+    def start_head(self, head_ip: str) -> None:
+        """Every service's address set for the job, and the head's services started (beside Ray's bring-up)."""
+        self.variables = addresses(self.services, head_ip)
+        if self.tool_config:
+            self.variables[self.tool_config.variable] = self.tool_config_path
+            if self.run_folder:
+                write_tool_config(self.tool_config_path, self._tool_config_text())
+                say(f"tool config: {self.tool_config_path} ({self.tool_config.variable})")
+        os.environ.update(self.variables)  # the services' words, the trainer and verl's settings read them
+        for service in self.services:
+            if not service.every_node:
+                self.head[service.name] = Process(service, self._log(service.name))
+                say(f"service {service.name}: started on the head node at {self.variables[service.variables['url']]}")
+
+    def _tool_config_text(self) -> str:
+        assert self.tool_config is not None
+        return json.dumps(self.tool_config.content, indent=1, ensure_ascii=False) + "\n"  # JSON is YAML
+
+    def _log(self, name: str, node: str = "") -> str:
+        return os.path.join(self.log_folder, SERVICE_LOGS, f"{name}{'-' + node if node else ''}.log")
+
+    def start_nodes(self, ray, nodes: list[dict]) -> None:  # noqa: ANN001
+        """The services on every node, once Ray has every node: one actor per node, pinned there."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self.ray = ray
+        if self.tool_config and not self.run_folder:
+            written, problems = on_each_node(ray, nodes, write_tool_config, self.tool_config_path,
+                                             self._tool_config_text(), what="the tool config", timeout=60)
+            self.placed = [n for n in nodes if n["NodeID"] in written]
+            self.problems += problems
+            if not problems:
+                say(f"tool config: {self.tool_config_path} on {len(nodes)} nodes ({self.tool_config.variable})")
+        actor = ray.remote(num_cpus=0, max_restarts=0)(NodeService)
+        for service in (s for s in self.services if s.every_node):
+            self.nodes[service.name] = [actor.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+                    service, self.variables, self._log(service.name, node_name(n) or n["NodeID"][:8]))
+                for n in nodes]
+            say(f"service {service.name}: starting on {len(nodes)} nodes at "
+                f"{self.variables[service.variables['url']]}")
+
+    def _exited(self, service: Service) -> str | None:
+        """Why a service's process (or one node's) is gone, with its last lines, or None."""
+        if service.name in self.head:
+            process = self.head[service.name]
+            code = process.poll()
+            if code is not None:
+                return self._failure(service, f"exited with code {code}", process.tail())
+            return None
+        for handle in self.nodes.get(service.name, []):
+            try:
+                code = self.ray.get(handle.poll.remote(), timeout=SERVICE_REQUEST_TIMEOUT)
+                if code is not None:
+                    node, log = self.ray.get(handle.where.remote())
+                    return self._failure(service, f"exited with code {code} on {node}",
+                                         self.ray.get(handle.tail.remote()), log)
+            except Exception as exc:  # the actor or its node is gone
+                return f"service {service.name}: its node's actor failed ({str(exc).strip().splitlines()[-1]})"
+        return None
+
+    def _failure(self, service: Service, what: str, tail: list[str], log: str | None = None) -> str:
+        """A service's problem, its last lines printed above it; `log`: its log where one node's is meant."""
+        for line in tail:
+            print(f"[service {service.name}] {line.rstrip()}", flush=True)
+        if log is None:
+            log = self._log(service.name) if service.name in self.head else \
+                f"{self._log(service.name, 'NODE')}, one per node"
+        return f"service {service.name} {what} (its last lines are above; its log: {log})"
+
+    def _check_once(self, service: Service) -> str | None:
+        if service.name in self.head:
+            return ready_problem(service, self._host(service), self._port(service), self._token(service))
+        problems = self.ray.get([h.ready.remote(self._port(service), self._token(service))
+                                 for h in self.nodes[service.name]])
+        return next((p for p in problems if p), None)
+
+    def _exposed(self, service: Service) -> str | None:
+        if service.name in self.head:
+            return exposure_problem(service, self._port(service))
+        problems = self.ray.get([h.exposed.remote(self._port(service)) for h in self.nodes[service.name]])
+        return next((p for p in problems if p), None)
+
+    def _probe(self, service: Service) -> str | None:
+        if service.name in self.head:
+            return probe_problem(service, self.variables[service.variables["url"]], self._token(service))
+        problems = self.ray.get([h.probe.remote(self._port(service), self._token(service))
+                                 for h in self.nodes[service.name]])
+        return next((p for p in problems if p), None)
+
+    def ready(self) -> list[str]:
+        """Wait until every service is ready (each by its deadline from its start) and its probe passed: the
+        problems, each naming its service; the record of each (seconds to ready, the probe's result)."""
+        started = time.monotonic()
+        problems: list[str] = list(self.problems)
+        waiting = list(self.services)
+        last: dict[str, str] = {}
+        while waiting:
+            for service in list(waiting):
+                gone = self._exited(service)
+                if gone:
+                    problems.append(gone)
+                    waiting.remove(service)
+                    continue
+                last[service.name] = self._check_once(service) or ""
+                if not last[service.name]:
+                    waiting.remove(service)
+                    seconds = round(time.monotonic() - started, 1)
+                    problem = self._exposed(service) or self._probe(service)
+                    self.record[service.name] = {"ready_seconds": seconds, "probe": service.probe.kind
+                                                 if service.probe else None, "probe_passed": problem is None}
+                    if problem:
+                        problems.append(self._failure(service, problem, self._tail(service)))
+                    else:
+                        say(service_ready_message(service.name, seconds) + (
+                            f", {service.probe.kind} probe passed" if service.probe else ""))
+                elif time.monotonic() - started > service.deadline:
+                    waiting.remove(service)
+                    problems.append(self._failure(service, f"was not ready within {service.deadline}s "
+                                                           f"(ready.deadline): {last[service.name]}",
+                                                  self._tail(service)))
+            if waiting:
+                time.sleep(0.5)
+        return problems
+
+    def _tail(self, service: Service) -> list[str]:
+        if service.name in self.head:
+            return self.head[service.name].tail()
+        handles = self.nodes.get(service.name) or []
+        return self.ray.get(handles[0].tail.remote()) if handles else []
+
+    def failed(self) -> str | None:
+        """While training: why a service failed for good (restarted up to its count first), or None."""
+        for service in self.services:
+            gone = self._exited(service)
+            if not gone:
+                continue
+            if self.restarts[service.name] >= service.restart:
+                return gone
+            self.restarts[service.name] += 1
+            say(f"{gone}; starting it again ({self.restarts[service.name]} of {service.restart})")
+            if service.name in self.head:
+                self.head[service.name] = Process(service, self._log(service.name))
+            else:
+                self.ray.get([h.restart.remote() for h in self.nodes[service.name]])
+        return None
+
+    def stop(self) -> None:
+        """Every service stopped: the head's process groups, the nodes' actors (each stops its process)."""
+        for name, process in self.head.items():
+            process.stop()
+        for handles in self.nodes.values():
+            for handle in handles:
+                try:
+                    self.ray.get(handle.stop.remote(), timeout=SERVICE_STOP_GRACE + 5)
+                except Exception:  # its node is gone: the actor's end stops the process
+                    pass
+                try:
+                    self.ray.kill(handle)
+                except Exception:
+                    pass
+        if self.head or self.nodes:
+            say(f"services stopped: {', '.join(s.name for s in self.services)}")
+        if self.placed:
+            on_each_node(self.ray, self.placed, remove_tool_config, self.tool_config_path, what="the tool config",
+                         timeout=30)
+        self.head, self.nodes, self.placed = {}, {}, []
+
+
+
+# ==== runtime/record.py ====
+"""What a run used, for its run record: its inputs hashed, the config verl resolves, and how two records differ
+(a reproducible job's re-run against its first run)."""
+
+
+import json
+import os
+
 
 
 # ---- what a run used: its inputs, hashed, and the config verl resolves --------------------------------
@@ -1502,7 +2703,6 @@ def startup_record(found: dict, needs: list[dict] | None) -> dict:
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "tokenizer.model", "vocab.json", "merges.txt", "special_tokens_map.json", "added_tokens.json",
                "chat_template.jinja")
-REVISION_FILE = ".verlc-revision.json"  # written by `materialize` into the folder it fills
 
 
 def sha256_file(path: str) -> str:
@@ -1543,59 +2743,24 @@ def model_input(model: str) -> dict:
                       if os.path.isfile(os.path.join(folder, name))}}
 
 
-MERGED_MARK = "config.json"  # a merged model's folder is complete once the merger wrote it (its last step)
+def code_inputs(code: Code) -> tuple[dict, list[str]]:
+    """The run's code where the job runs (its working dir): each file the bundle was built with, hashed
+    here; problems for one that is missing or not the same bytes."""
+    files, problems = {}, []
+    for name, built in sorted(code.files.items()):
+        if not os.path.isfile(name):
+            files[name] = None
+            problems.append(f"the run's code lacks {name} here ({os.getcwd()}): the job runs in {code.folder}")
+            continue
+        files[name] = sha256_file(name)
+        if files[name] != built:
+            problems.append(f"{name} here is not the file the bundle was built with (sha256 {files[name][:12]}, "
+                            f"built {built[:12]}): rebuild, or ship the code that was built")
+    return {"commit": code.commit, "dirty": code.dirty, "diff_sha256": code.diff_sha256,
+            "files": files}, problems
 
 
-def stage_input(entry: dict) -> tuple[dict | None, str | None]:
-    """An earlier stage's last checkpoint (verl's latest_checkpointed_iteration.txt in its folder) and where its
-    merged model goes; or why there is none."""
-    folder = expand(entry["checkpoint_dir"])
-    step = saved_step(folder)
-    if step is None:
-        return None, (f"stage {entry['stage']} left no checkpoint in {folder} (no latest_checkpointed_iteration.txt, "
-                      f"cwd {os.getcwd()}): it saves one every trainer.save_freq steps and at its last step")
-    checkpoint = os.path.join(folder, f"global_step_{step}", *([entry["layout"]] if entry["layout"] else []))
-    merged = expand(entry["merged"])
-    return {"stage": entry["stage"], "step": step, "checkpoint": checkpoint,
-            "model": os.path.join(merged, f"global_step_{step}"), "latest": expand(entry["latest"])}, None
-
-
-def merge_inputs(inputs: list[dict]) -> int:
-    """Each earlier stage's last checkpoint merged into a Hugging Face folder with verl's own merger (unless
-    that step is merged already), into a temporary folder first, so that a merge that fails leaves nothing a
-    later run would take for a model; then `latest` points at it."""
-    for entry in inputs:
-        found, problem = stage_input(entry)
-        if found is None:
-            say(f"ERROR: {problem}")
-            return 1
-        stage, model = found["stage"], found["model"]
-        if os.path.isfile(os.path.join(model, MERGED_MARK)):
-            say(f"stage {stage}'s step {found['step']} is merged already: {model}")
-        elif not os.path.isdir(found["checkpoint"]):
-            say(f"ERROR: stage {stage}'s checkpoint {found['checkpoint']} does not exist (its tracker names step "
-                f"{found['step']})")
-            return 1
-        else:
-            partial = f"{model}.partial-{os.getpid()}"
-            cmd = [*entry["merger"], "--local_dir", found["checkpoint"], "--target_dir", partial]
-            say(f"merging stage {stage}'s checkpoint (step {found['step']}) into a Hugging Face folder: "
-                + " ".join(cmd))
-            rc = subprocess.call(cmd)
-            if rc != 0 or not os.path.isfile(os.path.join(partial, MERGED_MARK)):
-                shutil.rmtree(partial, ignore_errors=True)
-                say(f"ERROR: verl's model merger exited with {rc}" + ("" if rc else f" without writing {MERGED_MARK}"))
-                return rc or 1
-            shutil.rmtree(model, ignore_errors=True)  # an earlier merge that did not finish
-            os.replace(partial, model)
-        link = f"{found['latest']}.{os.getpid()}"
-        os.symlink(os.path.basename(model), link)
-        os.replace(link, found["latest"])
-        say(f"stage {stage}'s model: {found['latest']} -> {os.path.basename(model)}")
-    return 0
-
-
-def stage_records(inputs: list[dict]) -> tuple[list[dict], list[str]]:
+def stage_records(inputs: list[StageInput]) -> tuple[list[dict], list[str]]:
     """What the run record keeps of each earlier stage's model: its step, and every file's sha256 (so a
     re-run shows it started from the same model); and the problems of a model that is not there."""
     records, problems = [], []
@@ -1657,7 +2822,7 @@ def record_items(record: dict) -> dict[str, dict[str, object]]:
     code = record.get("inputs", {}).get("code") or {}
     if code:
         inputs.update({"code commit": code.get("commit"), "code uncommitted diff sha256": code.get("diff_sha256")})
-        inputs.update({f"code {name} sha256": h for name, h in sorted(code.get("files", {}).items())})
+        inputs.update({f"code {name} sha256": h for name, h in sorted(code.files.items())})
     for f in record.get("inputs", {}).get("data", []):
         inputs.update({f"data {f['path']} sha256": f["sha256"], f"data {f['path']} rows": f["rows"],
                        f"data {f['path']} bytes": f["bytes"]})
@@ -1713,355 +2878,220 @@ def reference_problems(record: dict, path: str) -> list[str]:
             for item, old, new in changes]
 
 
-def expand(word: list) -> str:
-    """A path from job.json: text parts as they are, {"env": NAME} as this node's NAME."""
-    return "".join(p if isinstance(p, str) else os.environ.get(p["env"], "") for p in word)
+# ==== runtime/preflight.py ====
+"""The preflight stage: the cluster, every node's packages (and NPUs), what verl's workers import at start-up,
+an all-reduce over every GPU (NPU), the data files, the model and the checkpoint folder on every node; then the run
+record (and a reproducible job's first-run record)."""
 
 
-def environment_of(names: list[str]) -> dict:
-    return {"host": platform.node(), "missing": [n for n in names if not os.environ.get(n)]}
+import json
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from typing import TypeVar
 
 
-def missing_env_per_node(ray, nodes: list[dict], names: list[str]) -> list[str]:  # noqa: ANN001
-    """The env vars the spec reads on the nodes that a node lacks (unset or empty), and the nodes that could
-    not say."""
-    seen, problems = on_each_node(ray, nodes, environment_of, names, what="environment")
-    return problems + [f"node {s['host']}: environment variable {n} is not set (the spec reads ${{env:{n}}})"
-                       for s in seen.values() for n in s["missing"]]
+T = TypeVar("T")
 
 
-# ---- the collective smoke test: one all-reduce over every GPU of every node -------------------------
-# Rendezvous in a TCP store this process (on the head) serves: each node says how many ranks it has, gets
-# its first rank and the world size, and each rank marks its progress, so a node that never arrives or
-# fails is named, and the first failure ends the test instead of a timeout on every rank.
-COLLECTIVE_TIMEOUT = 120  # seconds; NCCL's own set-up on many nodes takes tens of them
-
-# One rank, as a process of its own (NCCL wants a process per GPU). It dies with its node task.
-RANK_PROGRAM = """
-import ctypes, signal, sys
-from datetime import timedelta
-ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-import torch
-import torch.distributed as dist
-host, port, rank, world, local, timeout = sys.argv[1:7]
-rank, world, timeout = int(rank), int(world), timedelta(seconds=float(timeout))
-try:
-    import torch_npu  # noqa: F401  (Ascend: torch.npu and the hccl backend)
-    npu = torch.npu.is_available()
-except ImportError:
-    npu = False
-cuda = not npu and torch.cuda.is_available()
-device, backend = ("npu", "hccl") if npu else ("cuda", "nccl") if cuda else ("cpu", "gloo")
-if device != "cpu":
-    getattr(torch, device).set_device(int(local))
-store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
-store.set(f"joined/{rank}", "1")
-dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world, timeout=timeout)
-x = torch.ones(256 * 1024, device=device)  # 1 MiB
-dist.all_reduce(x)
-got = x[0].item()
-dist.destroy_process_group()
-store.set(f"done/{rank}", str(got))
-sys.exit(0 if got == world else 3)
-"""
-
-
-def local_devices() -> tuple[int, str]:
-    """How many accelerators torch sees on this node, and the backend of the all-reduce over them: HCCL where
-    torch_npu sees Ascend NPUs, NCCL (RCCL on ROCm) where torch sees GPUs, else gloo (one rank)."""
-    import importlib
-
-    import torch
-
-    try:
-        importlib.import_module("torch_npu")  # adds torch.npu and the hccl backend
-        if torch.npu.is_available():
-            return torch.npu.device_count(), "hccl"
-    except ImportError:
-        pass
-    return (torch.cuda.device_count(), "nccl") if torch.cuda.is_available() else (0, "gloo")
-
-
-def allreduce_node(host: str, port: int, index: int, timeout: float) -> dict:
-    """A node's part of the all-reduce (a Ray task holding every GPU or NPU of the node): a rank per device,
-    or one gloo rank where torch sees none."""
-    from datetime import timedelta
-
-    from torch.distributed import TCPStore
-
-    # the plan comes once every node has arrived: as late as the head waits for the slowest (STARTUP_TIMEOUT)
-    store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=STARTUP_TIMEOUT + timeout))
-    count, backend = local_devices()
-    ranks = count or 1
-    store.set(f"ranks/{index}", str(ranks))
-    first, world = map(int, store.get(f"plan/{index}").decode().split())
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_PROGRAM, host, str(port), str(first + local), str(world),
-                               str(local), str(timeout)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for local in range(ranks)]
-    failed = []
-    for local, proc in enumerate(procs):
-        _, err = proc.communicate()
-        if proc.returncode:
-            lines = [line for line in err.strip().splitlines() if line.strip()]
-            failed.append(f"rank {first + local} exited {proc.returncode}: {lines[-1] if lines else 'no output'}")
-    return {"host": platform.node(), "ranks": ranks, "backend": backend, "failed": failed}
-
-
-def holding(device: str, count: float) -> dict:
-    """A Ray task's options that hold `count` of resource `device` (Ray takes GPUs as num_gpus only)."""
-    if device == "GPU":
-        return {"num_gpus": count}
-    return {"resources": {device: count}} if count else {}
-
-
-def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIMEOUT,  # noqa: ANN001
-                        device: str = "GPU") -> tuple[list[str], str]:
-    """Problems of an all-reduce across every GPU (NPU) of every node, each naming its node; and a summary."""
-    from datetime import timedelta
-
-    try:
-        from torch.distributed import TCPStore
-    except ImportError:
-        return ["all-reduce: torch is not installed here (verl needs it)"], ""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    host = ray.util.get_node_ip_address()
-    store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
-    names = [node_label(n) for n in nodes]
-    task = ray.remote(allreduce_node)
-    refs = [task.options(
-        num_cpus=0, **holding(device, n.get("Resources", {}).get(device, 0)), max_retries=0,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
-    ).remote(host, store.port, i, timeout) for i, n in enumerate(nodes)]
-    which = {ref.hex(): i for i, ref in enumerate(refs)}
-    # Reaching the rendezvous takes a fresh Ray worker that imports torch, as long as the start-up check's
-    # probe may take on a loaded node; the all-reduce itself then has `timeout`.
-    arrival = STARTUP_TIMEOUT
-    deadline, problems, planned, ranks = time.monotonic() + arrival, [], False, []
-
-    def node_of(rank: int) -> str:
-        return names[next(i for i in range(len(nodes)) if rank < sum(ranks[:i + 1]))]
-
-    pending = list(refs)
-    checked = time.monotonic()
-    while pending and not problems and time.monotonic() < deadline:
-        if time.monotonic() - checked >= 2:  # a task on a node Ray declared dead may never return: look
-            checked = time.monotonic()
-            problems += [f"all-reduce: node {node_label(n)}: Ray declared it dead (it stopped answering Ray's "
-                         f"health checks; ray.node_timeout)" for n in lost_nodes(ray, nodes)]
-        if not planned and store.check([f"ranks/{i}" for i in range(len(nodes))]):
-            ranks = [int(store.get(f"ranks/{i}")) for i in range(len(nodes))]
-            for i in range(len(nodes)):
-                store.set(f"plan/{i}", f"{sum(ranks[:i])} {sum(ranks)}")
-            planned, deadline = True, time.monotonic() + timeout
-        done, pending = ray.wait(pending, timeout=0.5)
-        for ref in done:
-            try:
-                result = ray.get(ref)
-            except Exception as exc:  # the task itself failed: torch missing, store unreachable, ...
-                lines = str(exc).strip().splitlines()
-                problems.append(f"all-reduce: node {names[which[ref.hex()]]}: {lines[-1] if lines else exc}")
-                continue
-            problems += [f"all-reduce: node {names[which[ref.hex()]]}: {f}" for f in result["failed"]]
-    if pending and not problems:
-        if not planned:
-            missing = [names[i] for i in range(len(nodes)) if not store.check([f"ranks/{i}"])]
-            problems.append(f"all-reduce: node(s) {', '.join(missing)} did not reach the rendezvous at "
-                            f"{host}:{store.port} within {arrival:g}s")
-        else:
-            stuck = sorted({node_of(r) for r in range(sum(ranks)) if not store.check([f"joined/{r}"])}
-                           or {node_of(r) for r in range(sum(ranks)) if not store.check([f"done/{r}"])})
-            problems.append(f"all-reduce: did not finish within {timeout:g}s; waiting for node(s) {', '.join(stuck)}")
-    for ref in pending:
-        ray.cancel(ref, force=True)
-    summary = f"all-reduce over {sum(ranks)} ranks on {len(nodes)} nodes" if ranks else ""
-    return problems, summary
-
-
-def preflight(*, address: str, nodes: int, gpus: int, model: str, checkpoint_dir: str, data: list[str],
-              columns: list[str], pins: list[str], rollout_package: str | None, record: str | None,
-              image: str | None,
-              require_env: list[str], reference: str | None, train: list[str], verl_commit: str | None = None,
-              code: dict | None = None, device: str = "GPU", startup: list[dict] | None = None,
-              paths: dict | None = None, inputs: list[dict] | None = None) -> int:
-    """Check the cluster, every node's packages (and NPUs), an all-reduce over every GPU (NPU), the data files,
-    the model and the checkpoint folder (here, and on every other node from `paths`: the job's words, expanded
-    on each node); write the run record (and a reproducible job's first-run record). 0: passed."""
+def preflight(job: Job, address: str, services: Services | None = None) -> int:
+    """The preflight stage: the cluster, every node (while the head hashes the inputs and reads the data), the
+    paths on every node, the collective and the services (ready, and a real request each); then the run record,
+    written whatever was found. 0: passed. Each check's time is said (the run's timeline)."""
     started = stamp()
-    problems: list[str] = []
     ray = connect(address)
-    expected_nodes, expected_gpus = nodes, gpus
-    nodes = alive_nodes(ray)
-    gpus = sum(n.get("Resources", {}).get(device, 0) for n in nodes)
-    if len(nodes) != expected_nodes:
-        problems.append(f"Ray has {len(nodes)} nodes, the spec asks for {expected_nodes}")
-    if gpus != expected_gpus:
-        problems.append(f"Ray has {gpus:g} {device}s, the spec asks for {expected_gpus}")
-    pinned = dict(p.split("=", 1) for p in pins)
-    seen, unanswered = versions_per_node(ray, nodes, device)
-    problems += unanswered + version_problems(seen, pinned, rollout_package)
-    if device == "NPU":
-        problems += npu_problems(seen, [n for n in nodes if n["NodeID"] in seen])
-    started_found: dict = {}
-    if startup:
-        started_found, unanswered = on_each_node(ray, nodes, startup_found, startup, what="start-up needs",
-                                                 timeout=STARTUP_TIMEOUT + 30, hold=device)
-        problems += unanswered + startup_problems(started_found, startup)
-    if verl_commit:
-        problems += verl_commit_problems(seen, verl_commit)
-    code_record, code_problems = code_inputs(code) if code else (None, [])
-    problems += code_problems
-    stages_record, stage_problems = stage_records(inputs) if inputs else (None, [])
-    problems += stage_problems
-    if require_env:
-        problems += missing_env_per_node(ray, nodes, require_env)
-    if not columns:
-        say("data columns: not checked (the program reads the columns its own config names)")
-    for path in data:
-        if not os.path.isfile(path):
-            problems.append(f"data file {path} does not exist (cwd {os.getcwd()})")
-            continue
-        found = parquet_columns(path) if columns else None
-        if found is not None:
-            missing = [c for c in columns if c not in found]
-            if missing:
-                problems.append(f"data file {path} lacks verl's columns {', '.join(missing)}")
-    collective, collective_summary = collective_problems(ray, nodes, device=device) if not problems else ([], "")
-    problems += collective
-    problem = check_model(model) if model else None  # verl's evaluation takes no model
-    if problem:
-        problems.append(problem)
-    problem = checkpoint_problem(checkpoint_dir)
-    if problem:
-        problems.append(problem)
-    if paths:  # the same on every other node: a folder only the head sees fails verl's workers elsewhere
-        here = ray.get_runtime_context().get_node_id()
-        others = [n for n in nodes if n["NodeID"] != here]
-        found, unanswered = on_each_node(ray, others, paths_on_node, paths["model"], paths["checkpoint_dir"],
-                                         paths["data"], what="paths") if others else ({}, [])
-        problems += unanswered + [f"node {node_label(n)}: {p}" for n in others for p in found.get(n["NodeID"], [])]
+    nodes, gpus, problems = timed("cluster", cluster_problems, ray, job)
+    data = [expand(f) for f in job.data_files]
+    files = [expand(f) for f in job.files]
+    with ThreadPoolExecutor(2) as beside:  # the head's own work (hashes, columns, verl's config) while nodes answer
+        local = beside.submit(lambda: (timed("inputs", inputs_record, job, data, files),
+                                       timed("data", data_problems, job, data)))
+        config = beside.submit(timed, "verl config", resolved_verl_config, job.train)
+        seen, found, more = timed("nodes", node_problems, ray, nodes, job)
+        (inputs, more_inputs), more_data = local.result()
+        verl_config = config.result()
+    problems += more + more_inputs + more_data
+    clocks = timed("clocks", clock_offsets, ray, nodes)  # the timeline's times are each node's own clock
+    if clocks:
+        say(clocks_message(clocks))
+    summary = ""
+    if not problems:
+        collective, summary = timed("all-reduce", lambda: collective_problems(ray, nodes, device=job.device))
+        problems += collective
+    problems += timed("paths", path_problems, ray, nodes, job, files)
+    if services and not problems:  # they came up beside the bring-up and the data stage
+        problems += timed("services", services.ready)
     run_record = {
         "started": started,
-        "image": image,
-        "inputs": {"data": data_inputs(data), **({"model": model_input(model)} if model else {}),
-                   **({"code": code_record} if code_record else {}),
-                   **({"stages": stages_record} if stages_record is not None else {})},
-        "trainer_argv": train,
-        "verl_config": resolved_verl_config(train),
+        "image": job.image,
+        "inputs": inputs,
+        "trainer_argv": job.train,
+        "verl_config": verl_config,
         "nodes": [{"host": n.get("NodeManagerHostname"), "address": n.get("NodeManagerAddress"),
-                   "gpus": n.get("Resources", {}).get(device, 0), "cpus": n.get("Resources", {}).get("CPU", 0),
+                   "gpus": n.get("Resources", {}).get(job.device, 0), "cpus": n.get("Resources", {}).get("CPU", 0),
                    **seen.get(n["NodeID"], {})} for n in nodes],
         "gpus": gpus,
+        "clocks": {node: {"offset": round(offset, 6), "within": round(within, 6)}
+                   for node, (offset, within) in clocks.items()},
         "versions": next(iter(seen.values()), {}).get("packages", {}),
-        "pins": pinned,
-        "startup": startup_record(started_found, startup),
+        "pins": dict(p.split("=", 1) for p in job.pins),
+        "startup": startup_record(found, job.startup),
         "problems": problems,
+        **({"services": services.record} if services else {}),
     }
-    changes = reference_problems(run_record, reference) if reference else []
-    if changes and os.environ.get("VERLC_ACCEPT_CHANGES") == "1":
-        run_record["accepted_changes"] = changes
-        for change in changes:
-            say(f"accepted change (VERLC_ACCEPT_CHANGES=1): {change}")
-    else:
-        problems += changes
-    text = json.dumps(run_record, indent=1, sort_keys=True)
-    shown = {k: v for k, v in run_record.items() if k != "verl_config"}
-    say("run record: " + json.dumps(shown, sort_keys=True))
-    unresolved = run_record["verl_config"].get("unresolved")
-    say(f"verl config: not resolved here ({unresolved})" if unresolved
-        else f"verl config: {len(flat(run_record['verl_config']))} settings, as verl resolves them (in the record)")
-    if record:
-        os.makedirs(os.path.dirname(os.path.abspath(record)), exist_ok=True)
-        with open(record, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
+    reference = expand(job.reference) if job.reference else None
+    problems += compared(run_record, reference)
+    text = json.dumps(run_record, indent=1, sort_keys=True) + "\n"
+    show(run_record)
+    if job.record:
+        write(expand(job.record), text)
     for p in problems:
         say(f"PREFLIGHT FAILED: {p}")
     if problems:
         return 1
     if reference and (not os.path.exists(reference) or run_record.get("accepted_changes")):
         first = not os.path.exists(reference)
-        os.makedirs(os.path.dirname(os.path.abspath(reference)), exist_ok=True)
-        with open(reference + ".tmp", "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
-        os.replace(reference + ".tmp", reference)
+        write(reference, text)
         say(f"first run of a reproducible job: its record is now {reference}" if first
             else f"the accepted changes are in this run's record; later re-runs compare with it ({reference})")
-    say(f"preflight passed: {len(nodes)} nodes, {gpus:g} {device}s, {len(data)} data files, "
-        f"model {model}, {collective_summary}")
+    say(f"preflight passed: {len(nodes)} nodes, {gpus:g} {job.device}s, {len(data)} data files, "
+        f"model {expand(job.model)}, {summary}")
     return 0
 
 
-
-
-RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # Ray's: the job-level runtime env its driver's ray.init() merges
-
-
-def with_deadline(env: dict, expiry: dict | None) -> dict:
-    """The trainer's environment with verl's deadline (expiry["variable"], epoch seconds): the job's end as the
-    target last saw it (in the file expiry["end_file"], or the variable expiry["end_env"]) less the lead the
-    target needs to stop cleanly. verl's trainer reads it in its own Ray actor, so it goes into the job's
-    runtime env as well (Ray merges that with the one verl's ray.init() passes), which every actor and worker of
-    the job gets; read at each start (a requeue too)."""
-    if not expiry:
-        return env
+def timed(name: str, check: Callable[..., T], *args: object) -> T:
+    """One check of the preflight, its time said as an event line (the run's timeline)."""
+    began = time.monotonic()
     try:
-        if expiry.get("end_env"):
-            end = int(env[expiry["end_env"]])
-        else:
-            with open(expand(expiry["end_file"]), encoding="utf-8") as fh:
-                end = int(fh.read().strip())
-    except (KeyError, OSError, ValueError):
-        say("the job's end time is not known here: verl saves checkpoints at trainer.save_freq only")
-        return env
-    deadline, name = end - expiry["lead"], expiry["variable"]
-    shown = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(deadline))
-    say(f"{name}={deadline}: verl saves a checkpoint once a step and a save no longer fit before {shown} (the "
-        f"job's end, less {expiry['lead']}s to stop cleanly)")
-    job = json.loads(env.get(RAY_JOB_CONFIG) or "{}")
-    runtime_env = job.get("runtime_env") or {}
-    runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), name: str(deadline)}
-    job["runtime_env"] = runtime_env
-    return {**env, name: str(deadline), RAY_JOB_CONFIG: json.dumps(job)}
+        return check(*args)
+    finally:
+        say(check_message(name, time.monotonic() - began))
 
 
-def saved_step(checkpoint_dir: str) -> int | None:
-    """The step of verl's latest checkpoint in the folder (its latest_checkpointed_iteration.txt), or None."""
-    try:
-        with open(os.path.join(checkpoint_dir, "latest_checkpointed_iteration.txt"), encoding="utf-8") as fh:
-            return int(fh.read().strip())
-    except (OSError, ValueError):
-        return None
+def cluster_problems(ray, job: Job) -> tuple[list[dict], float, list[str]]:  # noqa: ANN001
+    """The cluster's live nodes and accelerators, and how they differ from the job's."""
+    nodes = alive_nodes(ray)
+    gpus = sum(n.get("Resources", {}).get(job.device, 0) for n in nodes)
+    problems = []
+    if len(nodes) != job.nodes:
+        problems.append(f"Ray has {len(nodes)} nodes, the spec asks for {job.nodes}")
+    if gpus != job.total_gpus:
+        problems.append(f"Ray has {gpus:g} {job.device}s, the spec asks for {job.total_gpus}")
+    return nodes, gpus, problems
 
 
-def repeats_last_attempt(checkpoint_dir: str, run_folder: str) -> str | None:
-    """Why this attempt of a requeued job must not train, or None. Each attempt notes in the run folder the step
-    of the latest checkpoint when its training began (train-start.json); the Slurm script notes an attempt
-    stopped at the time limit (time-limit-reached). If the last attempt reached the limit and saved no newer
-    checkpoint, this one would repeat the same steps and reach the limit again, requeue after requeue."""
-    attempt = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-    starts_file = os.path.join(run_folder, TRAIN_STARTS)
-    try:
-        with open(starts_file, encoding="utf-8") as fh:
-            starts = json.load(fh)
-    except (OSError, ValueError):
-        starts = {}
-    try:
-        with open(os.path.join(run_folder, TIME_LIMIT_REACHED), encoding="utf-8") as fh:
-            at_limit = int(fh.read().strip())
-    except (OSError, ValueError):
-        at_limit = None
-    now = saved_step(checkpoint_dir)
-    last = str(attempt - 1)
-    if attempt and at_limit == attempt - 1 and last in starts and starts[last] == now:
-        since = f"step {now}" if now is not None else "none at all"
-        return (f"the last attempt of this job ran to its time limit and saved no new checkpoint (the latest is "
-                f"{since}, as when it began): training again would repeat the same steps and be stopped at the "
-                f"limit again; not training. Raise cluster.slurm.time or lower trainer.save_freq")
-    starts[str(attempt)] = now
-    with open(starts_file + ".tmp", "w", encoding="utf-8") as fh:
-        json.dump(starts, fh)
-    os.replace(starts_file + ".tmp", starts_file)
-    return None
+def node_problems(ray, nodes: list[dict], job: Job) -> tuple[dict, dict, list[str]]:  # noqa: ANN001
+    """What each node has (by NodeID), what each showed of verl's start-up needs, and the problems of both: package
+    versions and pins, NPUs, start-up needs, verl's commit, the environment the spec reads."""
+    seen, problems = versions_per_node(ray, nodes, job.device)
+    problems += version_problems(seen, dict(p.split("=", 1) for p in job.pins), job.rollout_package)
+    if job.device == "NPU":
+        problems += npu_problems(seen, [n for n in nodes if n["NodeID"] in seen])
+    found: dict = {}
+    if job.startup:
+        found, unanswered = on_each_node(ray, nodes, startup_found, [asdict(n) for n in job.startup],
+                                         what="start-up needs", timeout=STARTUP_TIMEOUT + 30, hold=job.device)
+        problems += unanswered + startup_problems(found, job.startup)
+    if job.verl_commit:
+        problems += verl_commit_problems(seen, job.verl_commit)
+    if job.require_env:
+        problems += missing_env_per_node(ray, nodes, job.require_env)
+    return seen, found, problems
+
+
+def data_problems(job: Job, data: list[str]) -> list[str]:
+    """Each data file, with verl's columns."""
+    problems = []
+    if not job.data_columns:
+        say("data columns: not checked (the program reads the columns its own config names)")
+    for path in data:
+        if not os.path.isfile(path):
+            problems.append(f"data file {path} does not exist (cwd {os.getcwd()})")
+            continue
+        found = parquet_columns(path) if job.data_columns else None
+        missing = [c for c in job.data_columns if c not in found] if found is not None else []
+        if missing:
+            problems.append(f"data file {path} lacks verl's columns {', '.join(missing)}")
+    return problems
+
+
+def path_problems(ray, nodes: list[dict], job: Job, files: list[str]) -> list[str]:  # noqa: ANN001
+    """The model, the checkpoint folder and the files verl's settings name, here and on every other node (a folder
+    only the head sees fails verl's workers elsewhere)."""
+    model = expand(job.model)
+    problems = [p for p in [check_model(model) if model else None,  # verl's evaluation takes no model
+                            checkpoint_problem(expand(job.checkpoint_dir))] if p]
+    problems += [f"file {f} (named by a verl setting) does not exist" for f in files if not os.path.isfile(f)]
+    here = ray.get_runtime_context().get_node_id()
+    others = [n for n in nodes if n["NodeID"] != here]
+    if not others:
+        return problems
+    found, unanswered = on_each_node(ray, others, paths_on_node, job.model, job.checkpoint_dir, job.data_files,
+                                     job.files, what="paths")
+    return problems + unanswered + [f"node {node_label(n)}: {p}" for n in others for p in found.get(n["NodeID"], [])]
+
+
+def inputs_record(job: Job, data: list[str], files: list[str]) -> tuple[dict, list[str]]:
+    """What the run record keeps of the run's inputs, each hashed as it is now; and the problems of the run's code
+    (not as built) and of earlier stages' models (missing)."""
+    model = expand(job.model)
+    record: dict = {"data": data_inputs(data)}
+    problems: list[str] = []
+    if model:
+        record["model"] = model_input(model)
+    if files:
+        record["files"] = {f: sha256_file(f) for f in files if os.path.isfile(f)}
+    if job.code:
+        record["code"], more = code_inputs(job.code)
+        problems += more
+    if job.inputs:
+        record["stages"], more = stage_records(job.inputs)
+        problems += more
+    return record, problems
+
+
+def compared(run_record: dict, reference: str | None) -> list[str]:
+    """A reproducible job's re-run against its first run: the differences, as problems; or, accepted
+    (VERLC_ACCEPT_CHANGES=1), kept in the record instead."""
+    changes = reference_problems(run_record, reference) if reference else []
+    if changes and os.environ.get("VERLC_ACCEPT_CHANGES") == "1":
+        run_record["accepted_changes"] = changes
+        for change in changes:
+            say(f"accepted change (VERLC_ACCEPT_CHANGES=1): {change}")
+        return []
+    return changes
+
+
+def show(run_record: dict) -> None:
+    """The record in the job's log, but verl's whole config (the record file has it)."""
+    for message in record_messages({k: v for k, v in run_record.items() if k != "verl_config"}):
+        say(message)
+    unresolved = run_record["verl_config"].get("unresolved")
+    say(f"verl config: not resolved here ({unresolved})" if unresolved
+        else f"verl config: {len(flat(run_record['verl_config']))} settings, as verl resolves them (in the record)")
+
+
+def write(path: str, text: str) -> None:
+    """A record file, whole or not at all."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(path + ".tmp", path)
+
+
+# ==== runtime/torchrun.py ====
+"""torchrun on every node: a program that sets up torch.distributed itself (verl's SFT trainer) on more than one
+node. The runtime runs rank 0's torchrun on its own node, as on one node, and each other node's as a Ray task pinned
+there (the nodes' Ray is up for the preflight anyway), all joining torchrun's static rendezvous at this node."""
+
+
+import os
+import signal
+import subprocess
+import time
+
 
 
 # ---- torchrun on every node ---------------------------------------------------------------------------------
@@ -2069,6 +3099,8 @@ def repeats_last_attempt(checkpoint_dir: str, run_folder: str) -> str | None:
 # rank 0's torchrun on its own node, as on one node, and each other node's as a Ray task pinned there (the nodes'
 # Ray is up for the preflight anyway), all joining torchrun's static rendezvous at this node.
 OTHERS_GRACE = 120  # seconds the other nodes' torchrun may take to end once rank 0's has ended well
+
+
 TAIL_LINES = 40  # of a node's output, shown when its torchrun fails
 
 
@@ -2191,14 +3223,99 @@ def every_node(ray, nodes: int, device: str) -> tuple[dict, list[dict]] | str:  
     return own, others[:nodes - 1]
 
 
+# ==== runtime/train.py ====
+"""The train stage: verl's trainer with the deadline of verl's save ahead of the job's end, watched for a
+stall, a lost node and (torchrun on every node) the other nodes' trainers; and the guard against a requeued attempt
+that would repeat the last one."""
+
+
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+
+
+RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # Ray's: the job-level runtime env its driver's ray.init() merges
+
+
+def with_deadline(env: dict, expiry: Expiry | None) -> dict:
+    """The trainer's environment with verl's deadline (expiry.variable, epoch seconds): the job's end as the
+    target last saw it (in the file expiry.end_file, or the variable expiry.end_env) less the lead the target
+    needs to stop cleanly. verl's trainer reads it in its own Ray actor, so it goes into the job's runtime env as
+    well (Ray merges that with the one verl's ray.init() passes), which every actor and worker of the job gets;
+    read at each start (a requeue too)."""
+    if not expiry:
+        return env
+    try:
+        if expiry.end_env:
+            end = int(env[expiry.end_env])
+        else:
+            with open(expand(expiry.end_file or []), encoding="utf-8") as fh:
+                end = int(fh.read().strip())
+    except (KeyError, OSError, ValueError):
+        say("the job's end time is not known here: verl saves checkpoints at trainer.save_freq only")
+        return env
+    deadline, name = end - expiry.lead, expiry.variable
+    shown = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(deadline))
+    say(f"{name}={deadline}: verl saves a checkpoint once a step and a save no longer fit before {shown} (the "
+        f"job's end, less {expiry.lead}s to stop cleanly)")
+    return in_job_env(env, {name: str(deadline)})
+
+
+def in_job_env(env: dict, variables: dict[str, str]) -> dict:
+    """The trainer's environment with `variables`, also in its Ray job's runtime env (Ray merges it with the one
+    verl's ray.init() passes), which every actor and worker of the job gets, on every node."""
+    job = json.loads(env.get(RAY_JOB_CONFIG) or "{}")
+    runtime_env = job.get("runtime_env") or {}
+    runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **variables}
+    job["runtime_env"] = runtime_env
+    return {**env, **variables, RAY_JOB_CONFIG: json.dumps(job)}
+
+
+def repeats_last_attempt(checkpoint_dir: str, run_folder: str) -> str | None:
+    """Why this attempt of a requeued job must not train, or None. Each attempt notes in the run folder the step
+    of the latest checkpoint when its training began (train-start.json); the Slurm script notes an attempt
+    stopped at the time limit (time-limit-reached). If the last attempt reached the limit and saved no newer
+    checkpoint, this one would repeat the same steps and reach the limit again, requeue after requeue."""
+    attempt = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    starts_file = os.path.join(run_folder, TRAIN_STARTS)
+    try:
+        with open(starts_file, encoding="utf-8") as fh:
+            starts = json.load(fh)
+    except (OSError, ValueError):
+        starts = {}
+    try:
+        with open(os.path.join(run_folder, TIME_LIMIT_REACHED), encoding="utf-8") as fh:
+            at_limit = int(fh.read().strip())
+    except (OSError, ValueError):
+        at_limit = None
+    now = saved_step(checkpoint_dir)
+    last = str(attempt - 1)
+    if attempt and at_limit == attempt - 1 and last in starts and starts[last] == now:
+        since = f"step {now}" if now is not None else "none at all"
+        return (f"the last attempt of this job ran to its time limit and saved no new checkpoint (the latest is "
+                f"{since}, as when it began): training again would repeat the same steps and be stopped at the "
+                f"limit again; not training. Raise cluster.slurm.time or lower trainer.save_freq")
+    starts[str(attempt)] = now
+    with open(starts_file + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(starts, fh)
+    os.replace(starts_file + ".tmp", starts_file)
+    return None
+
+
 def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | None = None, nodes: int = 1,
-          device: str = "GPU") -> int:
+          device: str = "GPU", services: Services | None = None) -> int:
     """Run verl's trainer. With a stall timeout, end it when its output shows no new step for that long (124);
     with a Ray address, end it when Ray declares one of its nodes dead (NODE_LOST): verl would otherwise wait
     on the dead node's workers, in a collective that never returns. With `nodes` (a torchrun launch on every
-    node): rank 0 here, the others as Ray tasks (OtherNodes); one node's failure stops them all, named."""
-    import threading
-
+    node): rank 0 here, the others as Ray tasks (OtherNodes); one node's failure stops them all, named. A service
+    that fails for good (after its restarts) ends it too, named."""
     ray = started = None
     if address:
         try:
@@ -2215,93 +3332,172 @@ def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | 
         if isinstance(placed, str):
             say(f"ERROR: {placed}")
             return 1
-        own, rest = placed
-        host, port = own["NodeManagerAddress"], free_port()
-        say(f"torchrun on {nodes} nodes, rendezvous at {host}:{port}: node rank 0 {node_label(own)} (here), "
-            + ", ".join(f"{rank} {node_label(n)}" for rank, n in enumerate(rest, 1)))
-        added = {k: v for k, v in env.items() if os.environ.get(k) != v}  # each node's Ray has the job's env
-        others = OtherNodes(ray, rest, lambda rank: torchrun_argv(argv, rank, host, port), added, device)
-        argv = torchrun_argv(argv, 0, host, port)
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE if stall_timeout else None,
-                            stderr=subprocess.STDOUT if stall_timeout else None, start_new_session=True)
-    last = [time.monotonic()]
+        argv, others = on_other_nodes(ray, placed, argv, env, nodes, device)
+    trainer = Trainer(argv, env, stall_timeout, others, services)
+    return trainer.watch(ray, started)
 
-    def stop(signum: int, _frame: object) -> None:  # the trainer has a session of its own: pass the signal on
+
+def on_other_nodes(ray, placed: tuple, argv: list[str], env: dict, nodes: int,  # noqa: ANN001
+                   device: str) -> tuple[list[str], OtherNodes]:
+    """The other nodes' torchrun started, and rank 0's argv (torchrun's static rendezvous at this node)."""
+    own, rest = placed
+    host, port = own["NodeManagerAddress"], free_port()
+    say(f"torchrun on {nodes} nodes, rendezvous at {host}:{port}: node rank 0 {node_label(own)} (here), "
+        + ", ".join(f"{rank} {node_label(n)}" for rank, n in enumerate(rest, 1)))
+    added = {k: v for k, v in env.items() if os.environ.get(k) != v}  # each node's Ray has the job's env
+    others = OtherNodes(ray, rest, lambda rank: torchrun_argv(argv, rank, host, port), added, device)
+    return torchrun_argv(argv, 0, host, port), others
+
+
+class Milestones:
+    """verl's start-up milestones (protocol.TRAINER_MILESTONES) and its first step, each stamped once as an event
+    line when the trainer prints it; then the median time between its step lines."""
+
+    def __init__(self) -> None:
+        self.left = list(TRAINER_MILESTONES)
+        self.steps: list[float] = []
+
+    def seen(self, line: str) -> bool:
+        """Stamp what `line` shows; whether it is a step line."""
+        for milestone in self.left:
+            found = milestone[1].search(line)
+            if found:
+                self.left.remove(milestone)
+                say(f"{TRAINER_MESSAGE}{milestone[0]}: {found[0][:200]}")
+                break
+        step = STEP_LINE.search(line)
+        if step is None:
+            return False
+        keys = re.findall(r" - ([^\s:]+):", step[2])
+        if keys and all(k.startswith("val") for k in keys):  # the validation before training (its step 0, or the
+            return True  # checkpoint's step), not a training step
+        if not self.steps:
+            say(f"{TRAINER_MESSAGE}{FIRST_STEP} (step {step[1]})")
+        self.steps.append(time.monotonic())
+        return True
+
+    def summary(self) -> None:
+        gaps = [b - a for a, b in zip(self.steps, self.steps[1:])]
+        if gaps:
+            say(step_times_message(len(self.steps), statistics.median(gaps)))
+
+
+class Trainer:
+    """verl's trainer as a process group of its own: its output relayed (stamping its start-up milestones, and
+    watching its step lines for a stall), the job's TERM and INT passed on, and ended, with the other nodes'
+    trainers, whatever stops it."""
+
+    def __init__(self, argv: list[str], env: dict, stall_timeout: int | None, others: OtherNodes | None,
+                 services: Services | None = None) -> None:
+        self.stall_timeout, self.others, self.services = stall_timeout, others, services
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.last_step = time.monotonic()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.on_signal)
+        self.reader = threading.Thread(target=self.relay, daemon=True)
+        self.reader.start()
+
+    def on_signal(self, signum: int, _frame: object) -> None:
+        """The job is ending (scancel, a time limit): the trainer has a session of its own, so pass the signal on;
+        every node's Ray is being stopped too."""
         try:
-            os.killpg(proc.pid, signum)
+            os.killpg(self.proc.pid, signum)
         except ProcessLookupError:
             pass
-        if others:  # the job is ending (scancel, a time limit): every node's Ray is being stopped too
-            others.stop(within=0)
+        if self.others:
+            self.others.stop(within=0)
         sys.exit(128 + signum)
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, stop)
-
-    def relay() -> None:
-        for raw in proc.stdout:
+    def relay(self) -> None:
+        milestones = Milestones()
+        for raw in self.proc.stdout:
             line = raw.decode(errors="replace")
             sys.stdout.write(line)
             sys.stdout.flush()
-            if STEP_LINE.search(line):
-                last[0] = time.monotonic()
+            if milestones.seen(line):
+                self.last_step = time.monotonic()
+        milestones.summary()
 
-    reader = threading.Thread(target=relay, daemon=True)
-    if stall_timeout:
-        reader.start()
-
-    def end(code: int) -> int:
-        os.killpg(proc.pid, signal.SIGTERM)
+    def end(self, code: int) -> int:
+        """Stop the trainer (TERM, then KILL after 30 s) and the other nodes'; `code` is the run's."""
+        os.killpg(self.proc.pid, signal.SIGTERM)
         try:
-            proc.wait(30)
+            self.proc.wait(30)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        if others:
-            others.stop()
-        if stall_timeout:
-            reader.join(5)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.others:
+            self.others.stop()
+        self.reader.join(5)
         return code
 
-    checked = time.monotonic()
-    while proc.poll() is None:
-        if stall_timeout and time.monotonic() - last[0] > stall_timeout:
-            say(f"ERROR: no new training step for {stall_timeout}s (stall_timeout): stopping the run")
-            return end(124)
-        failed = others.failed() if others else None
-        if failed:
-            say(f"ERROR: {failed}: stopping the run")
-            return end(1)
-        if started and time.monotonic() - checked >= 2:
-            checked = time.monotonic()
-            try:
-                lost = lost_nodes(ray, started)
-            except Exception:  # a slow answer from the GCS is not a lost node
-                lost = []
-            if lost:  # nodes cut off together are declared dead within a few health-check periods of each other
-                settle = time.monotonic() + LOST_SETTLE
-                while time.monotonic() < settle and len(lost) < len(started) - 1:
-                    time.sleep(0.5)
-                    try:
-                        lost = lost_nodes(ray, started) or lost
-                    except Exception:
-                        pass
-                names = ", ".join(node_label(n) for n in lost)
-                whole = len(started) > 2 and len(lost) == len(started) - 1
-                say(f"ERROR: Ray declared node(s) {names} dead during training (they stopped answering its health "
-                    f"checks; ray.node_timeout): stopping the run" + (
-                        "; every other node at once: this head node may have lost its network" if whole else ""))
-                return end(NODE_LOST)
-        time.sleep(1)
-    if stall_timeout:
-        reader.join(5)
-    if others and proc.returncode == 0:
-        failed = others.finish(OTHERS_GRACE)
-        if failed:
-            say(f"ERROR: {failed}")
-            return 1
-    elif others:
-        others.stop()
-    return proc.returncode
+    def watch(self, ray, started: list[dict] | None) -> int:  # noqa: ANN001
+        """Until the trainer exits: a stall (124), another node's trainer failing (1), a node Ray declares dead
+        (NODE_LOST) end it; then the other nodes' trainers are given OTHERS_GRACE to end well."""
+        checked = time.monotonic()
+        while self.proc.poll() is None:
+            if self.stall_timeout and time.monotonic() - self.last_step > self.stall_timeout:
+                say(f"ERROR: no new training step for {self.stall_timeout}s (stall_timeout): stopping the run")
+                return self.end(124)
+            failed = self.others.failed() if self.others else None
+            if failed:
+                say(f"ERROR: {failed}: stopping the run")
+                return self.end(1)
+            if time.monotonic() - checked >= 2:
+                checked = time.monotonic()
+                if started and lost_during_training(ray, started):
+                    return self.end(NODE_LOST)
+                failed = self.services.failed() if self.services else None
+                if failed:
+                    say(f"ERROR: {failed}: stopping the run")
+                    return self.end(1)
+            time.sleep(1)
+        self.reader.join(5)
+        if self.others and self.proc.returncode == 0:
+            failed = self.others.finish(OTHERS_GRACE)
+            if failed:
+                say(f"ERROR: {failed}")
+                return 1
+        elif self.others:
+            self.others.stop()
+        return self.proc.returncode
+
+
+def lost_during_training(ray, started: list[dict]) -> bool:  # noqa: ANN001
+    """Whether Ray declared nodes of `started` dead (said, naming each): nodes cut off together are declared dead
+    within a few health-check periods of each other, so one message waits LOST_SETTLE for the rest."""
+    try:
+        lost = lost_nodes(ray, started)
+    except Exception:  # a slow answer from the GCS is not a lost node
+        return False
+    if not lost:
+        return False
+    settle = time.monotonic() + LOST_SETTLE
+    while time.monotonic() < settle and len(lost) < len(started) - 1:
+        time.sleep(0.5)
+        try:
+            lost = lost_nodes(ray, started) or lost
+        except Exception:
+            pass
+    names = ", ".join(node_label(n) for n in lost)
+    whole = len(started) > 2 and len(lost) == len(started) - 1
+    say(f"ERROR: Ray declared node(s) {names} dead during training (they stopped answering its health checks; "
+        "ray.node_timeout): stopping the run" + (
+            "; every other node at once: this head node may have lost its network" if whole else ""))
+    return True
+
+
+# ==== runtime/runner.py ====
+"""The one stage runner of every bundle: the protocol's stages, each through its entry in STAGE_TABLE, stopping
+after the stage VERLC_STOP_AFTER names; and a pipeline's jobs in turn."""
+
+
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
 
 
 def pause_at(point: str) -> None:
@@ -2347,10 +3543,84 @@ def pipeline(stages: list[tuple[str, Job]]) -> int:
     return 0
 
 
+@dataclass
+class Run:
+    """What the stages of one job share: the Ray cluster it runs in, and its services (from the ray stage on)."""
+    address: str
+    services: Services | None = None
+
+
+def run_ray(job: Job, run: Run) -> int:
+    """A sweep's variant waits for its turn on a shared cluster (ray-job), then for every node and GPU; the
+    head's services start as the nodes come up, the services on every node once they are all up."""
+    after = os.environ.get(SWEEP_AFTER, "").split()
+    rc = sweep_turn(run.address, after, int(os.environ.get(SWEEP_PARALLEL) or 1)) if after else 0
+    if rc:
+        return rc
+    if job.services or job.tool_config:
+        run.services = Services(job.services, os.path.dirname(expand(job.record)) if job.record
+                                else tempfile.mkdtemp(prefix=f"verlc-services-{job.name}-"), job.tool_config,
+                                expand(job.run_folder) if job.run_folder else None)
+        run.services.start_head(head_address(run.address))
+    rc = wait(run.address, job.nodes, job.total_gpus, job.wait_seconds, job.device)
+    if rc == 0 and (any(s.every_node for s in job.services) or (job.tool_config and not job.run_folder)):
+        ray = connect(run.address)
+        run.services.start_nodes(ray, alive_nodes(ray))
+    return rc
+
+
+def run_data(job: Job, run: Run) -> int:
+    """The pinned model's revision, earlier stages' models merged, then each data preparation."""
+    fetch = job.model_fetch
+    rc = materialize(fetch.repo, fetch.revision, expand(fetch.folder)) if fetch else 0
+    rc = rc or merge_inputs(job.inputs or [])
+    for step in job.data_prep:
+        rc = rc or prepare(step.out_dir, step.argv)
+    if not fetch and not job.data_prep and not job.inputs:
+        say("no data preparation in the spec")
+    return rc
+
+
+def run_preflight(job: Job, run: Run) -> int:
+    return preflight(job, run.address, run.services)
+
+
+def run_train(job: Job, run: Run) -> int:
+    """verl's trainer, unless this attempt of a requeued job would repeat the last one's steps."""
+    repeated = repeats_last_attempt(expand(job.checkpoint_dir), os.path.dirname(expand(job.record))) \
+        if job.record else None
+    if repeated:
+        say(f"ERROR: {repeated}")
+        return 1
+    say(TRAINING_MESSAGE + " ".join(job.train))
+    env = with_deadline({**os.environ, "RAY_ADDRESS": run.address}, job.expiry)
+    if run.services:  # every process of the trainer's Ray job reads the services' addresses
+        env = in_job_env(env, run.services.variables)
+    rc = train(job.train, env, job.stall_timeout, run.address, nodes=job.nodes if job.every_node else 1,
+               device=job.device, services=run.services)
+    say(f"training exited with code {rc}")
+    return rc
+
+
+def stage_table(runners: dict[str, Callable[[Job, Run], int]], stages: tuple[str, ...]) -> dict:
+    """The runners of `stages`, in their order: a stage without a runner (or a runner of no stage) is an error
+    here, when the runtime is loaded, never a stage that runs something else."""
+    if set(runners) != set(stages):
+        missing, extra = sorted(set(stages) - set(runners)), sorted(set(runners) - set(stages))
+        raise RuntimeError(f"the runtime's stage table does not match the protocol's stages ({', '.join(stages)}):"
+                           + (f" no runner for {', '.join(missing)}" if missing else "")
+                           + (f" a runner of no stage: {', '.join(extra)}" if extra else ""))
+    return {stage: runners[stage] for stage in stages}
+
+
+STAGE_TABLE = stage_table({"ray": run_ray, "data": run_data, "preflight": run_preflight, "train": run_train},
+                          RUNNER_STAGES)
+
+
 def job(spec: Job, begun: str | None = None) -> int:
-    """The one stage runner of every bundle: wait for the cluster, data, preflight, train, stopping after the
-    stage VERLC_STOP_AFTER names. `begun`: the stage the caller already began and announced (the Slurm script
-    starts Ray itself); it goes on here without a second line. No shell ever parses the job's argv."""
+    """The one stage runner of every bundle: each stage of STAGE_TABLE in turn, stopping after the stage
+    VERLC_STOP_AFTER names. `begun`: the stage the caller already began and announced (the Slurm script starts
+    Ray itself); it goes on here without a second line. No shell ever parses the job's argv."""
     stop_after = os.environ.get(STOP_AFTER) or RUNNER_STAGES[-1]
     problem = stop_after_problem(stop_after)
     if problem:
@@ -2358,88 +3628,49 @@ def job(spec: Job, begun: str | None = None) -> int:
         return USAGE
     if spec.variant:
         say(spec.variant)
-    address = os.environ.get("RAY_ADDRESS") or "auto"  # the cluster this job runs in
+    if spec.run_folder is not None and not os.path.isdir(expand(spec.run_folder)):
+        folder = expand(spec.run_folder)
+        say(f"ERROR: the run folder {folder} is not here, where the job runs: its container does not mount it (the "
+            f"run record and the job's end time go there); mount the folder you submit from, e.g. container.mounts "
+            f"['{os.path.dirname(os.path.dirname(folder))}:{os.path.dirname(os.path.dirname(folder))}'], or submit "
+            f"from a folder the container mounts")
+        return USAGE
+    run = Run(os.environ.get("RAY_ADDRESS") or "auto")  # the cluster this job runs in
     stopped = False
-    for stage in RUNNER_STAGES:
-        if stopped:
-            say(skipped_message(stage, stop_after))
-            continue
-        if stage != begun:
-            pause_at(stage)
-            say(stage_message(stage))
-        if stage == "ray":
-            rc = wait(address, spec.nodes, spec.total_gpus, spec.wait_seconds, spec.device)
-        elif stage == "data":
-            fetch = spec.model_fetch
-            rc = materialize(fetch["repo"], fetch["revision"], expand(fetch["folder"])) if fetch else 0
-            rc = rc or merge_inputs(spec.inputs or [])
-            for step in spec.data_prep:
-                rc = rc or prepare(step["out_dir"], step["argv"])
-            if not fetch and not spec.data_prep and not spec.inputs:
-                say("no data preparation in the spec")
-        elif stage == "preflight":
-            rc = preflight(
-                address=address, nodes=spec.nodes, gpus=spec.total_gpus, model=expand(spec.model),
-                checkpoint_dir=expand(spec.checkpoint_dir), data=[expand(f) for f in spec.data_files],
-                columns=spec.data_columns, pins=spec.pins, rollout_package=spec.rollout_package,
-                record=expand(spec.record) if spec.record else None, image=spec.image,
-                require_env=spec.require_env, reference=expand(spec.reference) if spec.reference else None,
-                train=spec.train, verl_commit=spec.verl_commit, code=spec.code,
-                device=spec.device, startup=spec.startup,
-                paths={"model": spec.model, "checkpoint_dir": spec.checkpoint_dir, "data": spec.data_files},
-                inputs=spec.inputs)
-        else:
-            repeated = repeats_last_attempt(expand(spec.checkpoint_dir), os.path.dirname(expand(spec.record))) \
-                if spec.record else None
-            if repeated:
-                say(f"ERROR: {repeated}")
-                return 1
-            say("training: " + " ".join(spec.train))
-            env = with_deadline({**os.environ, "RAY_ADDRESS": address}, spec.expiry)
-            rc = train(spec.train, env, spec.stall_timeout, address, nodes=spec.nodes if spec.every_node else 1,
-                       device=spec.device)
-            say(f"training exited with code {rc}")
-        if rc != 0:
-            return rc
-        if stage == stop_after and stage != RUNNER_STAGES[-1]:
-            say(f"stopping after stage {stage} ({STOP_AFTER})")
-            stopped = True
-    return 0
+    try:
+        for stage, runner in STAGE_TABLE.items():
+            if stopped:
+                say(skipped_message(stage, stop_after))
+                continue
+            if stage != begun:
+                pause_at(stage)
+                say(stage_message(stage))
+            rc = runner(spec, run)
+            if rc != 0:
+                return rc
+            if stage == stop_after and stage != RUNNER_STAGES[-1]:
+                say(f"stopping after stage {stage} ({STOP_AFTER})")
+                stopped = True
+        return 0
+    finally:
+        if run.services:  # whatever ended the job (a failure, a stop after a stage, the trainer's end)
+            run.services.stop()
 
 
-def mib(size: int) -> str:
-    return f"{size / 1024**2:.1f} MiB"
+# ==== runtime/cli.py ====
+"""The runtime's command line, what bundles call: `python3 - COMMAND ...` (the program on stdin) or
+`python3 -m verlc_job COMMAND ...`.
+
+  job          the job: wait for the Ray cluster, data, preflight, train (with the stall watchdog), stopping
+               after the stage VERLC_STOP_AFTER names; the package's job.json, or --json from the Slurm script
+  pipeline     a pipeline's stages in order (the package's stages/*.json)
+  ray-logs     a node's Ray session logs as a tar stream (bounded), then Ray's temp dir removed
+  materialize  put a hub model's pinned revision into a folder, unless it holds it already
+"""
 
 
-def ray_logs(temp_dir: str, limit_mib: int) -> int:
-    """Write this node's Ray session logs as a tar stream to stdout, at most --limit-mib of them (each file
-    over its share keeps its end; TRUNCATED.txt says what was cut), then remove Ray's temp dir."""
-    import io
-    import shutil
-    import tarfile
+import argparse
 
-    logs = os.path.join(temp_dir, "session_latest", "logs")
-    files = sorted((os.path.join(d, f) for d, _, names in os.walk(logs) for f in names), key=os.path.getsize)
-    budget, cut = limit_mib * 1024**2, []
-    with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as tar:
-        for n, path in enumerate(files):
-            share = budget // (len(files) - n)  # small files first: what they leave goes to the large ones
-            size = os.path.getsize(path)
-            with open(path, "rb") as fh:
-                if size > share:
-                    fh.seek(size - share)
-                    cut.append(f"{os.path.relpath(path, logs)}: kept the last {share} of {size} bytes")
-                data = fh.read(share)
-            info = tarfile.TarInfo(os.path.relpath(path, logs))
-            info.size, info.mtime = len(data), int(os.path.getmtime(path))
-            tar.addfile(info, io.BytesIO(data))
-            budget -= len(data)
-        note = ("\n".join(cut) or "nothing was cut") + "\n"
-        info = tarfile.TarInfo("TRUNCATED.txt")
-        info.size = len(note.encode())
-        tar.addfile(info, io.BytesIO(note.encode()))
-    shutil.rmtree(temp_dir, ignore_errors=True)
-    return 0
 
 
 def main(argv: list[str]) -> int:
@@ -2470,8 +3701,11 @@ def main(argv: list[str]) -> int:
     return job(spec.with_variant(Variant.from_json(a.variant_json)) if a.variant_json else spec, a.begun)
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+# ==== runtime/__main__.py ====
+import sys
+
+
+sys.exit(main(sys.argv[1:]))
 VERLC_RUNTIME
 }
 

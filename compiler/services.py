@@ -1,0 +1,136 @@
+"""Services beside the trainer, before lowering: where a spec refers to one (`${services.NAME.url}`), and what
+the job gets for it. The runtime (runtime/services.py) starts them, sets the variables named here, and watches them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from .derive import TOOL_CONFIG_KEY, has_key
+from .diagnostics import Diagnostic, did_you_mean
+from .ir import ProbeIR, ServiceIR, Word, parse_word
+from .load import Sourced
+from .spec import Spec
+from .verl.check import NOTE, Selection
+from .verl.hydra import SERVICE_ATTRIBUTES, SERVICE_REFERENCE, service_variable, verl_value
+
+
+def reference_problem(body: str, services: dict[str, Any]) -> str | None:
+    """Why `${services.BODY}` names no service attribute of the spec, or None."""
+    name, _, attribute = body.partition(".")
+    if name not in services:
+        known = f"the spec's services are {', '.join(sorted(services))}" if services else "the spec has no services:"
+        return f"'${{services.{body}}}': no service '{name}'{did_you_mean(name, services)}; {known}"
+    if attribute not in SERVICE_ATTRIBUTES:
+        return (f"'${{services.{body}}}': a service has {', '.join(SERVICE_ATTRIBUTES)}"
+                f"{did_you_mean(attribute, SERVICE_ATTRIBUTES)}")
+    return None
+
+
+def _strings(value: Any, loc: tuple[str | int, ...]) -> Iterator[tuple[tuple[str | int, ...], str]]:
+    if isinstance(value, str):
+        yield loc, value
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _strings(v, (*loc, i))
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(v, (*loc, k))
+
+
+def check_references(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    """Every `${services.NAME.ATTR}` in verl's settings and in the services' commands, env and readiness
+    commands names a service of the spec and one of its attributes; the job's env cannot hold one (its values
+    are set on every node before any service has an address)."""
+    places = list(_strings(spec.verl, ("verl",))) + list(_strings(spec.tool_config or {}, ("tool_config",)))
+    for name, service in spec.services.items():
+        at = ("services", name)
+        places += _strings(list(service.command), (*at, "command"))
+        places += _strings(dict(service.env), (*at, "env"))
+        places += _strings(list(service.ready.command or ()), (*at, "ready", "command"))
+    for loc, text in places:
+        for match in SERVICE_REFERENCE.finditer(text):
+            problem = reference_problem(match[1], spec.services)
+            if problem:
+                yield sourced.diagnostic(loc, problem)
+            elif loc[0] == "verl" and match[1].endswith(".token"):
+                name = match[1].split(".")[0]
+                yield sourced.diagnostic(loc, f"{NOTE}verl prints its config, resolved, as it starts: each run's "
+                                              f"token of '{name}' will be in the job's log; code of the run (a "
+                                              f"reward function, a tool) can read "
+                                              f"{service_variable(name, 'token')} from its environment instead")
+    for name, value in spec.env.items():
+        if SERVICE_REFERENCE.search(value):
+            yield sourced.diagnostic(("env", name), "env is set on every node before any service has an address: "
+                                                    "the trainer's processes have VERLC_SERVICE_<NAME>_URL (and "
+                                                    "_HOST, _PORT, _TOKEN) instead; verl's settings take "
+                                                    "${services.NAME.url}")
+    for name, service in spec.services.items():
+        if service.listen == "all":
+            yield sourced.diagnostic(("services", name, "listen"),
+                                     f"{NOTE}services.{name} listens on every interface of its node: anyone who "
+                                     f"reaches the node reaches it", at_key=True)
+
+
+def tool_config_problems(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
+    """The tool config is verl's file: a `tools` list of mappings, each naming its class; and the program's
+    config has the key that names the file (verl 0.3 has no multi-turn tools)."""
+    if spec.tool_config is None:
+        return
+    tools = spec.tool_config.get("tools")
+    if not isinstance(tools, list) or not tools:
+        yield sourced.diagnostic(("tool_config",), "verl reads a list of tools from it: tool_config: {tools: "
+                                                   "[{class_name: ..., config: {...}, tool_schema: {...}}]}")
+    else:
+        for i, tool in enumerate(tools):
+            if not isinstance(tool, dict) or not isinstance(tool.get("class_name"), str):
+                yield sourced.diagnostic(("tool_config", "tools", i), "a tool names its class_name (the Python "
+                                                                      "class verl imports for it)")
+    if not isinstance(chosen, str) and not has_key(chosen.tree, TOOL_CONFIG_KEY):
+        yield sourced.diagnostic(("tool_config",), f"{chosen.release.label}'s {chosen.config} has no "
+                                                   f"{TOOL_CONFIG_KEY}: this release runs no multi-turn tools",
+                                 at_key=True)
+
+
+def lower_tool_config(spec: Spec) -> dict[str, Any] | None:
+    """The tool config as the runtime writes it, with strings OmegaConf resolves where verl loads it (each
+    ${services.NAME.ATTR} the variable the runtime sets, ${env:NAME} OmegaConf's)."""
+    return None if spec.tool_config is None else verl_value(spec.tool_config)
+
+
+def service_word(text: str) -> Word:
+    """A word of a service's command or env: each `${services.NAME.ATTR}` the variable the runtime sets."""
+    return parse_word(SERVICE_REFERENCE.sub(lambda m: "${env:" + service_variable(*m[1].split(".", 1)) + "}", text))
+
+
+def word_problems(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    """The services' commands and env may read the node's env (`${env:NAME}`, ${HOME}, ~) and services'
+    addresses, and nothing else that would expand."""
+    for name, service in spec.services.items():
+        at = ("services", name)
+        places = [*_strings(list(service.command), (*at, "command")), *_strings(dict(service.env), (*at, "env")),
+                  *_strings(list(service.ready.command or ()), (*at, "ready", "command"))]
+        for loc, text in places:
+            try:
+                service_word(text)
+            except ValueError as exc:
+                yield sourced.diagnostic(loc, str(exc))
+
+
+def lower_services(spec: Spec) -> tuple[ServiceIR, ...]:
+    """The spec's services, in the spec's order, as the runtime gets them."""
+    out = []
+    for name, s in spec.services.items():
+        p = s.probe
+        probe = None if p is None else ProbeIR(
+            kind=p.kind, query=getattr(p, "query", None), model=getattr(p, "model", None),
+            method=getattr(p, "method", None), path=getattr(p, "path", None), body=getattr(p, "json_body", None),
+            expect=getattr(p, "expect", None))
+        out.append(ServiceIR(
+            name=name, argv=tuple(map(service_word, s.command)),
+            env=tuple((k, service_word(v)) for k, v in s.env.items()),
+            every_node=s.on == "every_node", listen_all=s.listen == "all",
+            ready_http=s.ready.http, ready_command=tuple(map(service_word, s.ready.command or ())) or None,
+            deadline=s.ready.deadline, probe=probe, restart=s.restart,
+            variables=tuple((a, service_variable(name, a)) for a in SERVICE_ATTRIBUTES)))
+    return tuple(out)

@@ -1,0 +1,289 @@
+"""#55 services beside the trainer, on this machine without Ray: the runtime's head services (runtime/services.py)
+with the real test servers (tests/services/): ready, probed, a service never ready, a service killed while the
+trainer runs (started again, then the run fails naming it), and nothing left running. On Ray and with the
+bundles: tests/test_ray_job.py; bad specs: tests/invalid/services-*.yaml."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from verlc.compiler.verl.hydra import SERVICE_ATTRIBUTES
+from verlc.runtime.job import Probe, Service
+from verlc.runtime.protocol import SERVICE_PORTS
+from verlc.runtime.services import Services, service_ports
+
+SERVERS = Path(__file__).parent / "services"
+
+
+def sandbox(restart: int = 0, deadline: int = 60, argv: list | None = None, **probe: str) -> Service:
+    port = [{"env": "VERLC_SERVICE_SANDBOX_PORT"}]
+    return Service(name="sandbox", argv=argv or [[sys.executable], [str(SERVERS / "sandbox.py")], ["--host"],
+                                                 [{"env": "VERLC_SERVICE_SANDBOX_HOST"}], ["--port"], port],
+                   env={}, every_node=False, listen_all=False, ready_http="/health", ready_command=None,
+                   deadline=deadline, probe=Probe(kind="sandbox", **probe), restart=restart,
+                   variables={a: f"VERLC_SERVICE_SANDBOX_{a.upper()}" for a in SERVICE_ATTRIBUTES})
+
+
+@pytest.fixture
+def services(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    made: list[Services] = []
+
+    def make(*specs: Service) -> Services:
+        made.append(Services(list(specs), str(tmp_path)))
+        return made[-1]
+
+    for key in [k for k in os.environ if k.startswith("VERLC_SERVICE_")]:
+        monkeypatch.delenv(key)
+    yield make
+    for s in made:
+        s.stop()
+    for key in [k for k in os.environ if k.startswith("VERLC_SERVICE_")]:  # start_head sets them
+        del os.environ[key]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def test_a_head_service_is_ready_probed_recorded_and_stopped(services, capsys) -> None:  # noqa: ANN001
+    running = services(sandbox())
+    running.start_head("127.0.0.1")
+    assert os.environ["VERLC_SERVICE_SANDBOX_URL"] == f"http://127.0.0.1:{os.environ['VERLC_SERVICE_SANDBOX_PORT']}"
+    assert running.ready() == []
+    assert running.record["sandbox"]["probe_passed"] and running.record["sandbox"]["probe"] == "sandbox"
+    pid = running.head["sandbox"].proc.pid
+    running.stop()
+    assert not pid_alive(pid)
+    out = capsys.readouterr().out
+    assert "service sandbox: ready in" in out and "sandbox probe passed" in out and "services stopped: sandbox" in out
+
+
+def test_a_services_token_is_made_per_run_handed_to_both_sides_and_kept_out_of_verlcs_output(services, capsys
+                                                                                           ) -> None:  # noqa: ANN001
+    """The sandbox runs code only for its token: the probe carries it (and passes), a request without it is
+    refused, two starts make two tokens, and nothing verlc printed or recorded holds it."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    guarded = sandbox(argv=[[sys.executable], [str(SERVERS / "sandbox.py")], ["--host"],
+                            [{"env": "VERLC_SERVICE_SANDBOX_HOST"}], ["--port"], [{"env": "VERLC_SERVICE_SANDBOX_PORT"}],
+                            ["--token-env"], ["VERLC_SERVICE_SANDBOX_TOKEN"]])
+    running = services(guarded)
+    running.start_head("127.0.0.1")
+    token = os.environ["VERLC_SERVICE_SANDBOX_TOKEN"]
+    assert len(token) >= 32
+    assert running.ready() == [] and running.record["sandbox"]["probe_passed"]
+    request = urllib.request.Request(os.environ["VERLC_SERVICE_SANDBOX_URL"] + "/run_code",
+                                     data=json.dumps({"code": "print(1)", "language": "python"}).encode())
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 401
+    running.stop()
+    again = services(guarded)
+    again.start_head("127.0.0.1")
+    assert os.environ["VERLC_SERVICE_SANDBOX_TOKEN"] != token
+    again.stop()
+    assert token not in capsys.readouterr().out + json.dumps(running.record)
+
+
+def test_a_service_listening_on_every_interface_fails_at_once_unless_the_spec_says_so(services) -> None:  # noqa: ANN001
+    """listen: private (the default) is enforced: a server bound to 0.0.0.0 fails the preflight as soon as it is
+    ready, naming what to do; with listen: all the same server passes."""
+    argv = [[sys.executable], [str(SERVERS / "sandbox.py")], ["--host"], ["0.0.0.0"], ["--port"],
+            [{"env": "VERLC_SERVICE_SANDBOX_PORT"}]]
+    running = services(sandbox(argv=argv))
+    running.start_head("127.0.0.1")
+    began = time.monotonic()
+    problems = running.ready()
+    assert time.monotonic() - began < 15
+    port = os.environ["VERLC_SERVICE_SANDBOX_PORT"]
+    assert len(problems) == 1 and problems[0].startswith(
+        f"service sandbox listens on every interface of its node (port {port})"), problems
+    assert "bind it to ${services.sandbox.host}, or set services.sandbox.listen: all" in problems[0]
+    running.stop()
+    from dataclasses import replace
+
+    opened = services(replace(sandbox(argv=argv), listen_all=True))
+    opened.start_head("127.0.0.1")
+    assert opened.ready() == []
+
+
+def test_a_service_never_ready_fails_by_its_deadline_naming_it_with_its_last_lines(services) -> None:  # noqa: ANN001
+    # listens on another port than the one verlc gave it: never ready there
+    silent = sandbox(deadline=3, argv=[[sys.executable], [str(SERVERS / "sandbox.py")], ["--host"], ["127.0.0.1"],
+                                       ["--port"], [str(service_ports(1)[0])]])
+    running = services(silent)
+    running.start_head("127.0.0.1")
+    began = time.monotonic()
+    problems = running.ready()
+    assert time.monotonic() - began < 15
+    assert len(problems) == 1 and problems[0].startswith("service sandbox was not ready within 3s (ready.deadline): "
+                                                         "GET /health answered"), problems
+    assert "its log: " in problems[0]
+
+
+def test_a_service_whose_command_is_not_in_the_image_fails_the_preflight_naming_it(services, capsys) -> None:  # noqa: ANN001
+    """The job's image lacks the service's program (an example's uvicorn in a plain image): the job goes on to the
+    preflight, which names the service and why (not a traceback of the runtime's)."""
+    running = services(sandbox(argv=[["no-such-server-verlc"], ["--port"], ["1"]]))
+    running.start_head("127.0.0.1")
+    problems = running.ready()
+    assert len(problems) == 1 and problems[0].startswith("service sandbox exited with code 127"), problems
+    shown = capsys.readouterr().out  # its last lines, above the problem
+    assert "[service sandbox] verlc: cannot start 'no-such-server-verlc' here: No such file or directory" in shown
+    running.stop()
+
+
+def test_a_service_killed_while_training_is_started_again_then_fails_the_run(services, capsys) -> None:  # noqa: ANN001
+    running = services(sandbox(restart=1))
+    running.start_head("127.0.0.1")
+    assert running.ready() == []
+    os.kill(running.head["sandbox"].proc.pid, signal.SIGKILL)
+    running.head["sandbox"].proc.wait()
+    assert running.failed() is None  # started again (1 of 1)
+    assert "starting it again (1 of 1)" in capsys.readouterr().out
+    assert running.ready() == []  # back, at the same address
+    os.kill(running.head["sandbox"].proc.pid, signal.SIGKILL)
+    running.head["sandbox"].proc.wait()
+    failed = running.failed()
+    assert failed and failed.startswith("service sandbox exited with code -9"), failed
+
+
+def test_the_ports_come_from_the_jobs_block_where_the_target_gives_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SERVICE_PORTS, "20300-20309")
+    assert service_ports(3) == [20300, 20301, 20302]
+    with pytest.raises(ValueError, match="holds 10 ports for 11 services"):
+        service_ports(11)
+    monkeypatch.delenv(SERVICE_PORTS)
+    free = service_ports(3)
+    assert len(set(free)) == 3
+
+
+def test_a_token_in_verls_settings_is_noted_where_it_is_written(tmp_path: Path) -> None:
+    """verl prints its resolved config as it starts: a token in a verl value would be in the job's log, which the
+    build says at that value's line (and builds: a note, not an error)."""
+    from conftest import REPO, run_verlc
+
+    text = (REPO / "specs" / "retool-sandbox.yaml").read_text()
+    wired = 'url: "${services.sandbox.url}/run_code"'
+    assert wired in text
+    lines = text.replace(wired, 'url: "${services.sandbox.url}/run_code?key=${services.sandbox.token}"').splitlines()
+    (tmp_path / "spec.yaml").write_text("\n".join(lines[1:]) + "\n")  # without the schema comment's relative path
+    at = next(i for i, line in enumerate(lines[1:], 1) if "sandbox.token" in line)
+    shown = run_verlc("validate", "spec.yaml", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(rf"^spec\.yaml:{at}:\d+: verl\.reward\.sandbox_fusion\.url: note: verl prints its config, "
+                     r"resolved, as it starts: each run's token of 'sandbox' will be in the job's log; .* read "
+                     r"VERLC_SERVICE_SANDBOX_TOKEN from its environment instead$", shown.stdout + shown.stderr,
+                     re.M), shown.stdout + shown.stderr
+
+
+JUDGE = "verlc-test/tiny-judge"  # the judge's model, as a hub repo id in the test's own cache
+
+
+@pytest.fixture(scope="module")
+def judge_hub(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random chat model made here (the GPU rehearsal's: a 2-layer Qwen2, a BPE tokenizer trained on a few
+    prompts; dev/gpu/fixtures.py), in a Hugging Face hub cache as the hub client leaves it (blobs, a snapshot of
+    links, refs/main): `transformers serve` lists the models of its cache, offline."""
+    import hashlib
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "dev" / "gpu"))
+    try:
+        import fixtures
+    finally:
+        sys.path.pop(0)
+    made = tmp_path_factory.mktemp("judge-model")
+    tok = fixtures.tokenizer([q for q, _ in fixtures.problems(64, 1)] + ["Answer with one word: ready?"], made)
+    fixtures.model(len(tok), tok, made)
+    hub = tmp_path_factory.mktemp("hf") / "hub"
+    repo = hub / f"models--{JUDGE.replace('/', '--')}"
+    commit = "1" * 40
+    for path in (p for p in made.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        link = repo / "snapshots" / commit / path.relative_to(made)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return hub
+
+
+def test_an_llm_judge_served_by_transformers_serve_passes_the_judge_probe_and_a_wrong_model_fails_it(
+        services, judge_hub: Path) -> None:  # noqa: ANN001
+    """The judge probe against a real OpenAI-compatible server (`transformers serve`, on CPU, the tiny model of the
+    test's own hub cache, offline): /v1/models lists the spec's model and one chat request is answered by the
+    model's generation; the same server asked for a model it does not serve fails the probe, naming the request
+    and what the server listed."""
+    from dataclasses import replace
+
+    from verlc.runtime.probes import probe_problem
+
+    serve = [[str(Path(sys.executable).parent / "transformers")], ["serve"], [JUDGE], ["--host"],
+             [{"env": "VERLC_SERVICE_JUDGE_HOST"}], ["--port"], [{"env": "VERLC_SERVICE_JUDGE_PORT"}],
+             ["--device"], ["cpu"]]
+    judge = Service(name="judge", argv=serve, env={"HF_HUB_CACHE": [str(judge_hub)], "HF_HUB_OFFLINE": ["1"]},
+                    every_node=False, listen_all=False, ready_http="/health", ready_command=None, deadline=300,
+                    probe=Probe(kind="judge", model=JUDGE), restart=0,
+                    variables={a: f"VERLC_SERVICE_JUDGE_{a.upper()}" for a in SERVICE_ATTRIBUTES})
+    running = services(judge)
+    running.start_head("127.0.0.1")
+    assert running.ready() == [], running.head["judge"].tail()
+    assert running.record["judge"] == {"ready_seconds": running.record["judge"]["ready_seconds"], "probe": "judge",
+                                       "probe_passed": True}
+    url, token = os.environ["VERLC_SERVICE_JUDGE_URL"], os.environ["VERLC_SERVICE_JUDGE_TOKEN"]
+    other = replace(judge, probe=Probe(kind="judge", model="verlc-test/another-judge"))
+    problem = probe_problem(other, url, token)
+    assert problem and problem.startswith("failed its judge probe: GET /v1/models answered 200 ") and \
+        f'"id":"{JUDGE}"' in problem.replace(" ", ""), problem
+
+
+def test_head_services_are_addressed_at_the_heads_own_address_not_its_names_loopback() -> None:
+    """The head's services listen on the address every node reaches the head at: the cluster address's host
+    (the Slurm script's head address), never a loopback one (a Debian host's name resolves to 127.0.1.1, which
+    the Slurm e2e once handed every node); without one, Ray's pick on this node (compose's head container)."""
+    import ray
+
+    from verlc.runtime.cluster import head_address
+
+    assert head_address("10.77.0.5:20200") == "10.77.0.5"
+    ours = ray.util.get_node_ip_address()
+    assert not ours.startswith("127.")
+    assert head_address("127.0.0.1:6379") == head_address("localhost:6379") == head_address("auto") == ours
+
+
+def test_a_tool_config_for_a_release_without_multi_turn_tools_is_refused_at_its_line(tmp_path: Path) -> None:
+    """verl 0.3 has no actor_rollout_ref.rollout.multi_turn.tool_config_path: the spec's tool_config is refused
+    there, and an empty tools list too (the shipped 0.3 schema judges it; `--verl-config live` judges only the
+    installed release, so this is not in tests/invalid/)."""
+    from conftest import run_verlc
+
+    (tmp_path / "old.yaml").write_text(
+        "name: d\nproject: p\nverl_version: 0.3.0.post1\nmodel: Qwen/Qwen2.5-0.5B-Instruct\n"
+        "data: {train_files: [d/train.parquet], val_files: [d/test.parquet]}\n"
+        "cluster: {nodes: 1, gpus_per_node: 8, slurm: {cpus_per_task: 4}}\n"
+        "verl: {actor_rollout_ref: {actor: {ppo_micro_batch_size_per_gpu: 4}, rollout: "
+        "{log_prob_micro_batch_size_per_gpu: 4}, ref: {log_prob_micro_batch_size_per_gpu: 4}}, "
+        "critic: {ppo_micro_batch_size_per_gpu: 4}}\ntool_config: {tools: []}\n")
+    shown = run_verlc("validate", "old.yaml", cwd=tmp_path)
+    assert shown.returncode == 2, shown.stderr
+    assert shown.stderr.splitlines()[:2] == [
+        "old.yaml:8:1: tool_config: verl 0.3.0.post1's ppo_trainer has no "
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path: this release runs no multi-turn tools",
+        "old.yaml:8:14: tool_config: verl reads a list of tools from it: tool_config: {tools: [{class_name: ..., "
+        "config: {...}, tool_schema: {...}}]}"], shown.stderr
