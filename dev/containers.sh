@@ -125,8 +125,8 @@ stop_service() {
 }
 
 mkdir -p "$state"
-# One at a time: dev/test.sh runs the Slurm tests and the other machine tests side by side, and both may
-# build the image or write the configuration at once.
+# One at a time: two pytest processes (a developer's, beside dev/test.sh) may build the image or write the
+# configuration at once.
 exec 9>"$state/.lock"
 flock 9
 case ${1:-} in

@@ -31,39 +31,32 @@ if command -v npm >/dev/null && [[ ! -x .cache/yls/node_modules/.bin/yaml-langua
   npm install --silent --no-audit --no-fund --prefix .cache/yls yaml-language-server@1.25.0
 fi
 
-# Three pytest processes side by side (2 cores; the machine tests mostly wait on their daemons): the tests on the
-# local Slurm test cluster one at a time in this one, the other tests that start Ray or podman (marked `machine`
-# by tests/conftest.py) one at a time in a second, and every other test in a third; the output of the second and
-# third follows this one's. A side that selects no test (e.g. `dev/test.sh tests/test_diff.py`) exits 5; all
-# doing so is a failure.
+# Two pytest processes side by side: the tests that start Slurm, Ray or podman on this machine (marked `machine` by
+# tests/conftest.py) one at a time in this one, and every other test in a second, whose output follows this
+# one's. One machine test at a time: two at once (the Slurm cluster's jobs beside a Ray head or podman's
+# containers) took both cores between them, and Ray's own start-up deadlines (a raylet registers within 30 s,
+# hard-coded) and the tests' waits were missed on CI's machine; one at a time they ran 47 minutes in all here,
+# the others 20 minutes beside them. A side that selects no test (e.g. `dev/test.sh tests/test_diff.py`) exits 5;
+# both doing so is a failure.
 others_log=$(mktemp)
-host_log=$(mktemp)
-trap 'rm -f "$others_log" "$host_log"' EXIT
-# The tests beside the machine tests only compute: they yield the CPU (nice) to the daemons of the machine tests,
-# whose own start-up deadlines (Ray's raylet registers within 30 s, hard-coded) a busy 2-core machine can miss.
-# Not 19: there they took 80+ minutes beside the machine groups here, past what CI's 90 allow on its machine.
+trap 'rm -f "$others_log"' EXIT
+# The tests beside the machine tests only compute: they yield the CPU (nice) to the daemons of the machine tests.
 nice -n 10 .venv/bin/python -m pytest -p no:cacheprovider -m "not machine" "$@" > "$others_log" 2>&1 &
 others=$!
-.venv/bin/python -m pytest -p no:cacheprovider -m "machine and not slurm" "$@" > "$host_log" 2>&1 &
-host=$!
 set +e
-.venv/bin/python -m pytest -m "machine and slurm" "$@"
-slurm_rc=$?
-wait "$host"
-host_rc=$?
+.venv/bin/python -m pytest -m machine "$@"
+machine_rc=$?
 wait "$others"
 others_rc=$?
 set -e
-echo "==================== the other machine tests (Ray, podman on this host) ===================="
-cat "$host_log"
 echo "==================== the tests beside them (not machine) ===================="
 cat "$others_log"
-echo "dev/test.sh: Slurm cluster tests exit $slurm_rc, other machine tests exit $host_rc, the others exit $others_rc"
-if ((slurm_rc == 5 && host_rc == 5 && others_rc == 5)); then
+echo "dev/test.sh: machine tests exit $machine_rc, the others exit $others_rc"
+if ((machine_rc == 5 && others_rc == 5)); then
   echo "dev/test.sh: pytest collected no tests; that is a failure" >&2
   exit 1
 fi
-for rc in "$slurm_rc" "$host_rc" "$others_rc"; do
+for rc in "$machine_rc" "$others_rc"; do
   if ((rc != 0 && rc != 5)); then
     exit "$rc"
   fi

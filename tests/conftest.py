@@ -96,10 +96,8 @@ def example_spec(request: pytest.FixtureRequest) -> Path:
 
 # The fixtures that start the machine's daemons: local Slurm (dev/slurm.sh), a Ray cluster, podman's state
 # (dev/containers.sh). Their tests share the machine's ports, processes and network namespaces, and some check
-# that nothing of theirs is left: they are marked `machine`, and dev/test.sh runs them one at a time in two
-# pytest processes, one for those on the Slurm test cluster (marked `slurm` too), whose nodes are network
-# namespaces of their own and whose checks look only there, and one for the others (a Ray head, Compose on the
-# host), beside a third process that runs all the rest (`-m "not machine"`).
+# that nothing of theirs is left: they are marked `machine`, and dev/test.sh runs them one at a time in one
+# pytest process, beside a second that runs all the rest (`-m "not machine"`).
 MACHINE_FIXTURES = frozenset({"slurm", "ray_head", "npu_cluster", "engine"})
 
 
@@ -109,8 +107,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         callspec = getattr(item, "callspec", None)  # a parametrize argument of the same name is not the fixture
         if MACHINE_FIXTURES & (set(getattr(item, "fixturenames", ())) - set(callspec.params if callspec else ())):
             item.add_marker(pytest.mark.machine)
-        if "slurm" in set(getattr(item, "fixturenames", ())) - set(callspec.params if callspec else ()):
-            item.add_marker(pytest.mark.slurm)
     # A module's side-by-side tests (tests/test_slurm_e2e.py) go first in it: their jobs, submitted together,
     # then have the cluster to themselves, and are all over before the module's other tests begin.
     first: dict[object, int] = {}

@@ -129,7 +129,7 @@ def script_argv(script: str, root: Path, tmp: Path, given: dict[str, str], args:
     env = {"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(root / "home"), "BASH_ENV": str(tmp / "bash_env"),
            **given}
     try:
-        # a guard against a hang, not a measure: under CI's load (three pytest processes on two cores) a plain
+        # a guard against a hang, not a measure: under CI's load (the machine tests beside it on two cores) a plain
         # run of a script with stand-ins once took over 30 s
         subprocess.run(["bash", script, *args], cwd=root, env=env, stdin=subprocess.DEVNULL, capture_output=True,
                        timeout=120)
