@@ -73,12 +73,12 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield f"http://127.0.0.1:{dashboard}"
     finally:
         stop_by_pid(temp)
-        shutil.rmtree(temp, ignore_errors=True)
 
 
 def stop_by_pid(temp: Path) -> None:
     """Stop this head's processes, not every Ray on the machine as `ray stop` would: those whose command line
-    names its temp dir, and their descendants (Ray's agents rename themselves); TERM, then KILL after 10 s."""
+    names its temp dir, and their descendants (Ray's agents rename themselves); TERM, then KILL after 10 s; then
+    the temp dir (its sessions' logs and sockets) goes."""
     def ours() -> set[int]:
         parent: dict[int, int] = {}
         roots = set()
@@ -108,6 +108,7 @@ def stop_by_pid(temp: Path) -> None:
         deadline = time.monotonic() + 10
         while ours() and time.monotonic() < deadline:
             time.sleep(0.2)
+    shutil.rmtree(temp, ignore_errors=True)
 
 
 def build(root: Path, val_file: str = "data/test.parquet", checkpoints: str | None = None,
@@ -532,7 +533,6 @@ def test_torchrun_on_every_node_runs_each_nodes_rank_and_one_failure_stops_them_
             runs[case] = (run, time.monotonic() - started, sorted(pids), left)
     finally:
         stop_by_pid(temp)
-        shutil.rmtree(temp, ignore_errors=True)
     run, _, ranks, left = runs["ok"]
     assert run.returncode == 0 and ranks == ["pid-0", "pid-1"] and not left, run.stdout + run.stderr
     # the rendezvous is Ray's address of the runtime's node (the two nodes share this host's)
@@ -616,6 +616,17 @@ def service_processes(root: Path) -> list[str]:
     return found
 
 
+def kept_service_logs(logs: str) -> list[str]:
+    """The service logs a ray-job run kept on its head (it has no run folder), where its log said; then gone (a
+    test leaves nothing in /tmp)."""
+    said = re.search(r"the services' logs: (/\S+) on the head node, kept after the job", logs)
+    assert said, logs
+    folder = Path(said[1])
+    kept = sorted(p.name for p in folder.glob("*.log"))
+    shutil.rmtree(folder.parent)
+    return kept
+
+
 def test_services_start_with_the_job_pass_their_probes_and_reach_the_trainer_then_stop(ray_head: str,
                                                                                         tmp_path: Path) -> None:
     """#55: a sandbox on the head and a retriever on every node, started by the runtime beside the bring-up,
@@ -635,6 +646,8 @@ def test_services_start_with_the_job_pass_their_probes_and_reach_the_trainer_the
     assert record["services"]["sandbox"]["probe_passed"] and record["services"]["retriever"]["probe_passed"]
     assert "services stopped: sandbox, retriever" in logs
     assert not service_processes(tmp_path)
+    kept = kept_service_logs(logs)  # the head's sandbox, and the retriever's of each node
+    assert "sandbox.log" in kept and [k for k in kept if k.startswith("retriever-")], kept
     # the spec's tool config: written on the node, reached by the trainer through verl's key, removed at the end
     placed = re.search(r"tool config: (/\S+\.yaml) on 1 nodes \(VERLC_TOOL_CONFIG\)", logs)
     assert placed, logs
@@ -665,3 +678,4 @@ def test_a_service_whose_probe_fails_fails_the_job_before_training_naming_it(ray
     assert "[service retriever] FileNotFoundError" in logs or "no-such-corpus.jsonl" in logs, logs
     assert "TRAINER" not in logs
     assert not service_processes(tmp_path)
+    assert "sandbox.log" in kept_service_logs(logs)

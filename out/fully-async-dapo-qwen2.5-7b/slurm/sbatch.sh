@@ -823,7 +823,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 348f5c087344a423cbb841623dfe97e2ef5fe57bdbeff46a1037bbc9f9c428fe:
+# runtime/ of verlc 0.1.0, as one program, sha256 a5710fbaf12d7a3d9570054b83f17d8777c06d595a06c135c3e91dea547976f1:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -3605,9 +3605,11 @@ def run_ray(job: Job, run: Run) -> int:
     if rc:
         return rc
     if job.services or job.tool_config:
-        run.services = Services(job.services, os.path.dirname(expand(job.record)) if job.record
-                                else tempfile.mkdtemp(prefix=f"verlc-services-{job.name}-"), job.tool_config,
-                                expand(job.run_folder) if job.run_folder else None)
+        logs = os.path.dirname(expand(job.record)) if job.record else \
+            tempfile.mkdtemp(prefix=f"verlc-services-{job.name}-")
+        if job.services and not job.record:  # no run folder keeps them (ray-job): kept on the head, and said where
+            say(f"the services' logs: {os.path.join(logs, SERVICE_LOGS)} on the head node, kept after the job")
+        run.services = Services(job.services, logs, job.tool_config, expand(job.run_folder) if job.run_folder else None)
         run.services.start_head(head_address(run.address))
     rc = wait(run.address, job.nodes, job.total_gpus, job.wait_seconds, job.device)
     if rc == 0 and (any(s.every_node for s in job.services) or (job.tool_config and not job.run_folder)):

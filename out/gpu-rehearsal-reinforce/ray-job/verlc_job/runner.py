@@ -15,8 +15,8 @@ from .cluster import alive_nodes, connect, head_address, sweep_turn, wait
 from .data import materialize, merge_inputs, prepare
 from .job import Job, expand
 from .preflight import preflight
-from .protocol import (PAUSE_AT, PIPELINE_JOBS, RUNNER_STAGES, STOP_AFTER, SWEEP_AFTER, SWEEP_PARALLEL,
-                       TRAINING_MESSAGE, USAGE, say, skipped_message, stage_message, stop_after_problem)
+from .protocol import (PAUSE_AT, PIPELINE_JOBS, RUNNER_STAGES, SERVICE_LOGS, STOP_AFTER, SWEEP_AFTER,
+                       SWEEP_PARALLEL, TRAINING_MESSAGE, USAGE, say, skipped_message, stage_message, stop_after_problem)
 from .services import Services
 from .train import in_job_env, repeats_last_attempt, train, with_deadline
 
@@ -79,9 +79,11 @@ def run_ray(job: Job, run: Run) -> int:
     if rc:
         return rc
     if job.services or job.tool_config:
-        run.services = Services(job.services, os.path.dirname(expand(job.record)) if job.record
-                                else tempfile.mkdtemp(prefix=f"verlc-services-{job.name}-"), job.tool_config,
-                                expand(job.run_folder) if job.run_folder else None)
+        logs = os.path.dirname(expand(job.record)) if job.record else \
+            tempfile.mkdtemp(prefix=f"verlc-services-{job.name}-")
+        if job.services and not job.record:  # no run folder keeps them (ray-job): kept on the head, and said where
+            say(f"the services' logs: {os.path.join(logs, SERVICE_LOGS)} on the head node, kept after the job")
+        run.services = Services(job.services, logs, job.tool_config, expand(job.run_folder) if job.run_folder else None)
         run.services.start_head(head_address(run.address))
     rc = wait(run.address, job.nodes, job.total_gpus, job.wait_seconds, job.device)
     if rc == 0 and (any(s.every_node for s in job.services) or (job.tool_config and not job.run_folder)):
