@@ -45,9 +45,7 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
         (inputs, more_inputs), more_data = local.result()
         verl_config = config.result()
     problems += more + more_inputs + more_data
-    clocks = timed("clocks", clock_offsets, ray, nodes)  # the timeline's times are each node's own clock
-    if clocks:
-        say(clocks_message(clocks))
+    clocks = timed("clocks", node_clocks, ray, nodes)
     summary = ""
     if not problems:
         collective, summary = timed("all-reduce", lambda: collective_problems(ray, nodes, device=job.device))
@@ -65,8 +63,7 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
                    "gpus": n.get("Resources", {}).get(job.device, 0), "cpus": n.get("Resources", {}).get("CPU", 0),
                    **seen.get(n["NodeID"], {})} for n in nodes],
         "gpus": gpus,
-        "clocks": {node: {"offset": round(offset, 6), "within": round(within, 6)}
-                   for node, (offset, within) in clocks.items()},
+        "clocks": clocks,
         "versions": next(iter(seen.values()), {}).get("packages", {}),
         "pins": dict(p.split("=", 1) for p in job.pins),
         "startup": startup_record(found, job.startup),
@@ -91,6 +88,15 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
     say(f"preflight passed: {len(nodes)} nodes, {gpus:g} {job.device}s, {len(data)} data files, "
         f"model {expand(job.model)}, {summary}")
     return 0
+
+
+def node_clocks(ray, nodes: list[dict]) -> dict:  # noqa: ANN001
+    """Each node's clock against the head's, said (the timeline's times are each node's own clock), as the run
+    record keeps it: node -> its offset and the bound on it, in seconds."""
+    clocks = clock_offsets(ray, nodes)
+    if clocks:
+        say(clocks_message(clocks))
+    return {node: {"offset": round(offset, 6), "within": round(within, 6)} for node, (offset, within) in clocks.items()}
 
 
 def timed(name: str, check: Callable[..., T], *args: object) -> T:
