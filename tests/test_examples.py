@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import EXAMPLE_BUNDLES, PIPELINES, REPO, SPECS, require_tool, run_verlc
 from verlc.compiler.pipeline import compile_spec
@@ -219,3 +220,25 @@ def test_the_slurm_library_is_static_bash_and_each_script_gives_it_every_value_i
     shellcheck = Path(sys.executable).parent / "shellcheck"
     checked = subprocess.run([str(shellcheck), *map(str, scripts)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout
+
+
+def test_a_pull_requests_diff_of_out_shows_each_jobs_own_files() -> None:
+    """#54 item 6: git (and forges) collapse exactly the runtime's copies and the manifests in out/: every file that
+    holds a runtime module's text whole (the package copies, KubeRay's runtime ConfigMap) is marked, unless it is
+    the Slurm script (one file by design: .gitattributes says why); no job's own file is."""
+    require_tool("git")
+    modules = [p.read_text() for p in (REPO / "runtime").glob("*.py")]
+    files = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "out").rglob("*") if p.is_file())
+    shown = subprocess.run(["git", "check-attr", "diff", "--stdin"], cwd=REPO, input="\n".join(files) + "\n",
+                           capture_output=True, text=True, check=True).stdout
+    hidden = {line.split(": ")[0] for line in shown.splitlines() if line.endswith(": diff: unset")}
+    def held(path: str) -> str:  # a ConfigMap's files, or the file's text
+        text = (REPO / path).read_text()
+        if path.endswith(".yaml") and "kind: ConfigMap" in text:
+            return "\n".join(yaml.safe_load(text)["data"].values())
+        return text
+
+    copies = {f for f in files if not f.endswith("/sbatch.sh") and any(m in held(f) for m in modules)}
+    manifests = {f for f in files if f.endswith("/manifest.json")}
+    assert copies, "no runtime copy found in out/"
+    assert hidden == copies | manifests, (sorted(hidden - copies - manifests)[:5], sorted(copies - hidden)[:5])

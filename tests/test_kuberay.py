@@ -83,7 +83,8 @@ def cel_fields() -> frozenset[str]:
     return frozenset(found)
 
 
-def kuberay_docs(spec: Path | dict[str, Any], tmp: Path | None = None) -> tuple[list[dict], dict, Any]:
+def kuberay_docs(spec: Path | dict[str, Any], tmp: Path | None = None) -> tuple[list[dict], list[dict], Any]:
+    """The RayJob(s), the two ConfigMaps (the job's, the runtime's) and the IR of `spec` built for kuberay."""
     if isinstance(spec, dict):
         assert tmp is not None
         path = tmp / "spec.yaml"
@@ -92,7 +93,8 @@ def kuberay_docs(spec: Path | dict[str, Any], tmp: Path | None = None) -> tuple[
     ir = compile_spec(spec, CATALOG, display=spec.name, source=spec.name, targets=["kuberay"])
     bundle = render("kuberay", ir)
     files = {f.path: f.text for f in bundle.files}
-    return list(yaml.safe_load_all(files["rayjob.yaml"])), yaml.safe_load(files["configmap.yaml"]), ir
+    configmaps = [yaml.safe_load(files[name]) for name in ("configmap.yaml", "runtime.yaml")]
+    return list(yaml.safe_load_all(files["rayjob.yaml"])), configmaps, ir
 
 
 def base(**changes: Any) -> dict[str, Any]:
@@ -138,7 +140,7 @@ VARIANTS = {
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_rayjob_passes_kuberays_crd(rayjob_schema: Any, tmp_path: Path, variant: str) -> None:
-    jobs, configmap, ir = kuberay_docs(VARIANTS[variant] or EXAMPLE, tmp_path)
+    jobs, configmaps, ir = kuberay_docs(VARIANTS[variant] or EXAMPLE, tmp_path)
     assert len(jobs) == max(1, len(ir.variants))
     for job in jobs:
         rayjob_schema.validate(job)
@@ -167,8 +169,9 @@ def test_every_rayjob_passes_kuberays_crd(rayjob_schema: Any, tmp_path: Path, va
             for env in container["env"]:  # secrets by reference only
                 assert "value" in env or set(env["valueFrom"]) == {"secretKeyRef"}
             helper = next(v for v in pod["spec"]["volumes"] if v["name"] == "verlc-job")
-            assert helper["configMap"]["name"] == configmap["metadata"]["name"]
-            assert {i["key"] for i in helper["configMap"]["items"]} == set(configmap["data"])
+            mounted = {s["configMap"]["name"]: {i["key"] for i in s["configMap"]["items"]}
+                       for s in helper["projected"]["sources"]}
+            assert mounted == {c["metadata"]["name"]: set(c["data"]) for c in configmaps}
     # no generated RayJob sets a field whose CRD schema carries CEL rules (which this test cannot evaluate)
     def fields(node: Any, path: str = "") -> set[str]:
         if not isinstance(node, dict):
@@ -178,7 +181,7 @@ def test_every_rayjob_passes_kuberays_crd(rayjob_schema: Any, tmp_path: Path, va
 
 
 def test_the_example_rayjob(tmp_path: Path) -> None:
-    jobs, configmap, ir = kuberay_docs(EXAMPLE)
+    jobs, (configmap, runtime), ir = kuberay_docs(EXAMPLE)
     (job,) = jobs
     assert job["metadata"] == {"name": "qwen2-7b-grpo-k8s-cloud", "namespace": "ml-research", "labels": {
         "app.kubernetes.io/name": "verl", "app.kubernetes.io/managed-by": "verlc",
@@ -206,7 +209,8 @@ def test_the_example_rayjob(tmp_path: Path) -> None:
     assert job_json["nodes"] == 2 and job_json["total_gpus"] == 16 and job_json["image"] == "verlai/verl:vllm024.latest"
     assert job_json["train"][:3] == ["python3", "-m", "verl.trainer.main_ppo"]
     for module in (REPO / "runtime").glob("*.py"):  # the runtime's modules, after the bundle's header
-        assert configmap["data"][module.name].endswith(module.read_text()), module.name
+        assert runtime["data"][module.name].endswith(module.read_text()), module.name
+    assert set(configmap["data"]) == {"job.json"}  # the job's own ConfigMap holds its job alone
 
 
 def problems(tmp: Path, spec: dict[str, Any], target: str = "kuberay") -> list[str]:
@@ -260,8 +264,9 @@ def test_a_gpu_model_name_is_not_a_node_label_value(tmp_path: Path) -> None:
 
 
 def test_a_spec_name_is_mapped_to_a_rayjob_name(tmp_path: Path) -> None:
-    jobs, configmap, _ = kuberay_docs(base(), tmp_path)
-    assert jobs[0]["metadata"]["name"] == "k8s-run-v2" and configmap["metadata"]["name"] == "k8s-run-v2-verlc-job"
+    jobs, configmaps, _ = kuberay_docs(base(), tmp_path)
+    assert jobs[0]["metadata"]["name"] == "k8s-run-v2"
+    assert [c["metadata"]["name"] for c in configmaps] == ["k8s-run-v2-verlc-job", "k8s-run-v2-verlc-runtime"]
 
 
 # --- lifecycle: kubectl command lines ------------------------------------------------------------------
@@ -326,7 +331,8 @@ def test_lifecycle_runs_kubectl(tmp_path: Path) -> None:
     final = verlc("status", "qwen2-7b-grpo-k8s-cloud", VERLC_RAYJOB_STATUS=json.dumps(done))
     assert final.stdout.startswith("qwen2-7b-grpo-k8s-cloud: succeeded"), final.stdout + final.stderr
     calls = [json.loads(line) for line in record.read_text().splitlines()]
-    assert calls[0] == ["apply", "--namespace", "ml-research", "--filename", str(bundle / "configmap.yaml")]
+    assert calls[0] == ["apply", "--namespace", "ml-research", "--filename", str(bundle / "runtime.yaml"),
+                        "--filename", str(bundle / "configmap.yaml")]
     assert calls[1] == ["create", "--namespace", "ml-research", "--filename", "-", "--output", "name"]
     get = ["get", "rayjob", "qwen2-7b-grpo-k8s-cloud", "--namespace", "ml-research", "--output", "json"]
     assert calls[2] == get

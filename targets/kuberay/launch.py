@@ -34,7 +34,8 @@ def kubectl() -> str:
 
 def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Submission]:
     k: KubeIR = ir.part("kuberay")
-    command([kubectl(), "apply", "--namespace", k.namespace, "--filename", str(bundle / "configmap.yaml")], env=env)
+    command([kubectl(), "apply", "--namespace", k.namespace, "--filename", str(bundle / "runtime.yaml"),
+             "--filename", str(bundle / "configmap.yaml")], env=env)
     # create, not apply: a RayJob of the same name is another run's, and applying would rewrite it. With its
     # deadline's end in the head's environment (view.with_end), for verl's save ahead of it.
     docs = [with_end(doc, time.time()) for doc in YAML(typ="safe").load_all((bundle / "rayjob.yaml").read_text())]

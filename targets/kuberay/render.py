@@ -1,5 +1,5 @@
-"""Render the kuberay bundle: rayjob.yaml (the RayJob, one per sweep variant) and configmap.yaml (the job
-package), both serialized, not templated."""
+"""Render the kuberay bundle: rayjob.yaml (the RayJob, one per sweep variant), configmap.yaml (the job's JSON)
+and runtime.yaml (the runtime's modules), serialized, not templated."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ..job_package import job_package
 from ...runtime.job import Expiry
 from ...runtime.protocol import JOB_END
 from .lower import KubeIR
-from .view import DEADLINE_LEAD, SUBMISSION_WHY, configmap, rayjobs
+from .view import DEADLINE_LEAD, SUBMISSION_WHY, configmap, package_parts, rayjobs
 
 
 def render(ir: JobIR) -> Bundle:
@@ -20,13 +20,16 @@ def render(ir: JobIR) -> Bundle:
     expiry = Expiry(variable=ir.expiry_variable, lead=DEADLINE_LEAD, end_env=JOB_END) \
         if k.deadline and ir.expiry_variable else None
     package = job_package(ir, record=None, image=k.image, expiry=expiry)  # the run record goes to the job log
-    usage = (f"# Run:  kubectl apply --namespace {k.namespace} -f configmap.yaml -f rayjob.yaml   (or: verlc submit)\n"
+    usage = (f"# Run:  kubectl apply --namespace {k.namespace} -f runtime.yaml -f configmap.yaml -f rayjob.yaml\n"
+             "#       (or: verlc submit)\n"
              + "".join(f"# {line}\n" for line in SUBMISSION_WHY)
              + (f"# activeDeadlineSeconds: `verlc submit` also sets {JOB_END} (the deadline in epoch seconds) in the\n"
                 f"# head's environment, for verl's save ahead of it; without it verl saves at trainer.save_freq only.\n"
                 if expiry else ""))
     docs = "---\n".join(yaml_text.dump(doc) for doc in rayjobs(ir, package))
+    parts = package_parts(package)
     return finish(ir, "kuberay", [
         File("rayjob.yaml", header + usage + docs),
-        File("configmap.yaml", header + yaml_text.dump(configmap(ir, package))),
+        File("configmap.yaml", header + yaml_text.dump(configmap(ir, "job", parts["job"]))),
+        File("runtime.yaml", header + yaml_text.dump(configmap(ir, "runtime", parts["runtime"]))),
     ])

@@ -19,7 +19,7 @@ from ...runtime.protocol import JOB_END, RUNNER_STAGES, STOP_AFTER
 from ..shared import path_list
 from .lower import KubeIR
 
-HELPER_DIR = "/opt/verlc"  # the ConfigMap is mounted at HELPER_DIR/verlc_job, on PYTHONPATH, in every pod
+HELPER_DIR = "/opt/verlc"  # the ConfigMaps are mounted at HELPER_DIR/verlc_job, on PYTHONPATH, in every pod
 DASHBOARD_PORT = 8265
 # Why K8sJobMode: KubeRay runs `ray job submit` in a Kubernetes Job that follows the driver's log until it
 # ends, so `kubectl logs job/NAME` (and `verlc logs`) show the run as it goes, and a failed submission is
@@ -37,15 +37,24 @@ def labels(ir: JobIR) -> dict[str, str]:
             "verlc.dev/spec-sha256": ir.spec_sha256[:16]}
 
 
-def configmap_name(ir: JobIR) -> str:
-    return f"{labels(ir)['verlc.dev/spec']}-verlc-job"[:63].rstrip("-")
+def configmap_name(ir: JobIR, part: str) -> str:
+    """The ConfigMap of `part` of the job package: "job" (its jobs) or "runtime" (the runtime's modules)."""
+    return f"{labels(ir)['verlc.dev/spec']}-verlc-{part}"[:63].rstrip("-")
 
 
-def configmap(ir: JobIR, files: list[File]) -> dict[str, Any]:
-    """The job package as a ConfigMap: one key per file ('/' is not allowed in a key: jobs/3.json is jobs-3.json)."""
+def package_parts(files: list[File]) -> dict[str, list[File]]:
+    """The job package in two ConfigMaps: the runtime's modules (the same in every bundle: runtime.yaml, marked
+    as generated for review) and this job's JSON (configmap.yaml), so a pull request's diff shows the job."""
+    return {"job": [f for f in files if not f.path.endswith(".py")],
+            "runtime": [f for f in files if f.path.endswith(".py")]}
+
+
+def configmap(ir: JobIR, part: str, files: list[File]) -> dict[str, Any]:
+    """One part of the job package as a ConfigMap: one key per file ('/' is not allowed in a key: jobs/3.json is
+    jobs-3.json)."""
     k: KubeIR = ir.part("kuberay")
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": configmap_name(ir), "namespace": k.namespace, "labels": labels(ir)},
+            "metadata": {"name": configmap_name(ir, part), "namespace": k.namespace, "labels": labels(ir)},
             "data": {_key(f.path): f.text for f in files}}
 
 
@@ -84,8 +93,10 @@ def _pod(ir: JobIR, k: KubeIR, role: str, files: list[File], run: str) -> dict[s
     if role == "head":
         container["ports"] = [{"name": "gcs", "containerPort": 6379}, {"name": "dashboard", "containerPort": DASHBOARD_PORT}]
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": k.shm_size}},
-               {"name": "verlc-job", "configMap": {"name": configmap_name(ir), "items": [
-                   {"key": _key(f.path), "path": f.path.removeprefix(f"{PACKAGE}/")} for f in files]}}]
+               {"name": "verlc-job", "projected": {"sources": [  # both ConfigMaps in one folder: the package
+                   {"configMap": {"name": configmap_name(ir, part), "items": [
+                       {"key": _key(f.path), "path": f.path.removeprefix(f"{PACKAGE}/")} for f in part_files]}}
+                   for part, part_files in package_parts(files).items()]}}]
     volumes += [{"name": f"claim-{i}", "persistentVolumeClaim": {
         "claimName": v.source, **({"readOnly": True} if v.mode == "ro" else {})}} for i, v in enumerate(k.volumes)]
     spec: dict[str, Any] = {"containers": [container], "volumes": volumes}

@@ -823,7 +823,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 9762d9fc0d9e4cde33c8034b0b39efaa30cfd0eaaffce82b96891fbd759bea03:
+# runtime/ of verlc 0.1.0, as one program, sha256 942017e0c41ac2a094c6dee7d9e8e48afcb54af9b7d6eb61ed0982a41386488d:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -2732,7 +2732,6 @@ class Services:
             on_each_node(self.ray, self.placed, remove_tool_config, self.tool_config_path, what="the tool config",
                          timeout=30)
         self.head, self.nodes, self.placed = {}, {}, []
-
 
 
 # ==== runtime/record.py ====

@@ -360,4 +360,3 @@ class Services:
             on_each_node(self.ray, self.placed, remove_tool_config, self.tool_config_path, what="the tool config",
                          timeout=30)
         self.head, self.nodes, self.placed = {}, {}, []
-
