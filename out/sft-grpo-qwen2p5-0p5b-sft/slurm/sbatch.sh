@@ -755,7 +755,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 942017e0c41ac2a094c6dee7d9e8e48afcb54af9b7d6eb61ed0982a41386488d:
+# runtime/ of verlc 0.1.0, as one program, sha256 9caec61548d99ef584c0884561d585e7f9f7794d1690e49fe2abfe0c5bf3ab9b:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -2079,9 +2079,26 @@ sys.exit(0 if got == world else 3)
 """
 
 
-def allreduce_node(host: str, port: int, index: int, timeout: float) -> dict:
+def allreduce_node(host: str, port: int, index: int, timeout: float, beside: tuple | None = None) -> dict:
     """A node's part of the all-reduce (a Ray task holding every GPU or NPU of the node): a rank per device,
-    or one gloo rank where torch sees none."""
+    or one gloo rank where torch sees none. `beside`: (function, *args), run in this task while the ranks start,
+    seeing the node's accelerators as they do (the start-up check); its result is the answer's "beside"."""
+    import threading
+
+    done: list = []
+    thread = threading.Thread(target=lambda: done.append(beside[0](*beside[1:]))) if beside else None
+    if thread:
+        thread.start()
+    try:
+        answer = _ranks_on_node(host, port, index, timeout)
+    finally:
+        if thread:
+            thread.join()
+    return {**answer, **({"beside": done[0]} if done else {})}
+
+
+def _ranks_on_node(host: str, port: int, index: int, timeout: float) -> dict:
+    """The node's ranks of the all-reduce, started once every node has said how many it has."""
     from datetime import timedelta
 
     from torch.distributed import TCPStore
@@ -2105,14 +2122,16 @@ def allreduce_node(host: str, port: int, index: int, timeout: float) -> dict:
 
 
 def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIMEOUT,  # noqa: ANN001
-                        device: str = "GPU") -> tuple[list[str], str]:
-    """Problems of an all-reduce across every GPU (NPU) of every node, each naming its node; and a summary."""
+                        device: str = "GPU", beside: tuple | None = None) -> tuple[list[str], str, dict]:
+    """Problems of an all-reduce across every GPU (NPU) of every node, each naming its node; a summary; and, where
+    `beside` is (function, *args), what it returned on each node that answered, by NodeID (it runs in each node's
+    task of the all-reduce, beside the ranks: allreduce_node)."""
     from datetime import timedelta
 
     try:
         from torch.distributed import TCPStore
     except ImportError:
-        return ["all-reduce: torch is not installed here (verl needs it)"], ""
+        return ["all-reduce: torch is not installed here (verl needs it)"], "", {}
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     host = ray.util.get_node_ip_address()
@@ -2122,12 +2141,13 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
     refs = [task.options(
         num_cpus=0, **holding(device, n.get("Resources", {}).get(device, 0)), max_retries=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
-    ).remote(host, store.port, i, timeout) for i, n in enumerate(nodes)]
+    ).remote(host, store.port, i, timeout, beside) for i, n in enumerate(nodes)]
     which = {ref.hex(): i for i, ref in enumerate(refs)}
     # Reaching the rendezvous takes a fresh Ray worker that imports torch, as long as the start-up check's
     # probe may take on a loaded node; the all-reduce itself then has `timeout`.
     arrival = STARTUP_TIMEOUT
     deadline, problems, planned, ranks = time.monotonic() + arrival, [], False, []
+    besides: dict = {}
 
     pending = list(refs)
     checked = time.monotonic()
@@ -2150,12 +2170,14 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
                 problems.append(f"all-reduce: node {names[which[ref.hex()]]}: {lines[-1] if lines else exc}")
                 continue
             problems += [f"all-reduce: node {names[which[ref.hex()]]}: {f}" for f in result["failed"]]
+            if "beside" in result:
+                besides[nodes[which[ref.hex()]]["NodeID"]] = result["beside"]
     if pending and not problems:
         problems.append(unfinished(store, names, ranks, planned, timeout if planned else arrival))
     for ref in pending:
         ray.cancel(ref, force=True)
     summary = f"all-reduce over {sum(ranks)} ranks on {len(nodes)} nodes" if ranks else ""
-    return problems, summary
+    return problems, summary, besides
 
 
 def unfinished(store, names: list[str], ranks: list[int], planned: bool, waited: float) -> str:  # noqa: ANN001
@@ -2883,19 +2905,18 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
     nodes, gpus, problems = timed("cluster", cluster_problems, ray, job)
     data = [expand(f) for f in job.data_files]
     files = [expand(f) for f in job.files]
-    with ThreadPoolExecutor(2) as beside:  # the head's own work (hashes, columns, verl's config) while nodes answer
+    # at once: the head's own work (hashes, columns, verl's config), each node's packages, and the accelerators
+    with ThreadPoolExecutor(3) as beside:
         local = beside.submit(lambda: (timed("inputs", inputs_record, job, data, files),
                                        timed("data", data_problems, job, data)))
         config = beside.submit(timed, "verl config", resolved_verl_config, job.train)
-        seen, found, more = timed("nodes", node_problems, ray, nodes, job)
+        accelerators = beside.submit(accelerator_problems, ray, nodes, job, not problems)
+        seen, more = timed("nodes", node_problems, ray, nodes, job)
         (inputs, more_inputs), more_data = local.result()
         verl_config = config.result()
-    problems += more + more_inputs + more_data
+        found, summary, more_accelerators = accelerators.result()
+    problems += more + more_inputs + more_data + more_accelerators
     clocks = timed("clocks", node_clocks, ray, nodes)
-    summary = ""
-    if not problems:
-        collective, summary = timed("all-reduce", lambda: collective_problems(ray, nodes, device=job.device))
-        problems += collective
     problems += timed("paths", path_problems, ray, nodes, job, files)
     if services and not problems:  # they came up beside the bring-up and the data stage
         problems += timed("services", services.ready)
@@ -2945,11 +2966,11 @@ def node_clocks(ray, nodes: list[dict]) -> dict:  # noqa: ANN001
     return {node: {"offset": round(offset, 6), "within": round(within, 6)} for node, (offset, within) in clocks.items()}
 
 
-def timed(name: str, check: Callable[..., T], *args: object) -> T:
+def timed(name: str, check: Callable[..., T], *args: object, **options: object) -> T:
     """One check of the preflight, its time said as an event line (the run's timeline)."""
     began = time.monotonic()
     try:
-        return check(*args)
+        return check(*args, **options)
     finally:
         say(check_message(name, time.monotonic() - began))
 
@@ -2966,23 +2987,39 @@ def cluster_problems(ray, job: Job) -> tuple[list[dict], float, list[str]]:  # n
     return nodes, gpus, problems
 
 
-def node_problems(ray, nodes: list[dict], job: Job) -> tuple[dict, dict, list[str]]:  # noqa: ANN001
-    """What each node has (by NodeID), what each showed of verl's start-up needs, and the problems of both: package
-    versions and pins, NPUs, start-up needs, verl's commit, the environment the spec reads."""
+def node_problems(ray, nodes: list[dict], job: Job) -> tuple[dict, list[str]]:  # noqa: ANN001
+    """What each node has (by NodeID), and its problems: package versions and pins, NPUs, verl's commit, the
+    environment the spec reads."""
     seen, problems = versions_per_node(ray, nodes, job.device)
     problems += version_problems(seen, dict(p.split("=", 1) for p in job.pins), job.rollout_package)
     if job.device == "NPU":
         problems += npu_problems(seen, [n for n in nodes if n["NodeID"] in seen])
-    found: dict = {}
-    if job.startup:
-        found, unanswered = on_each_node(ray, nodes, startup_found, [asdict(n) for n in job.startup],
-                                         what="start-up needs", timeout=STARTUP_TIMEOUT + 30, hold=job.device)
-        problems += unanswered + startup_problems(found, job.startup)
     if job.verl_commit:
         problems += verl_commit_problems(seen, job.verl_commit)
     if job.require_env:
         problems += missing_env_per_node(ray, nodes, job.require_env)
-    return seen, found, problems
+    return seen, problems
+
+
+def accelerator_problems(ray, nodes: list[dict], job: Job,  # noqa: ANN001
+                         collective: bool) -> tuple[dict, str, list[str]]:
+    """The checks that hold every GPU (NPU) of each node, in one task per node: the all-reduce, where the cluster
+    is the job's (`collective`), with verl's start-up needs checked beside its ranks; the start-up needs alone on
+    each node it did not answer for. What each node showed of the needs, the all-reduce's summary, the problems."""
+    needs = (startup_found, [asdict(n) for n in job.startup]) if job.startup else None
+    found: dict = {}
+    problems: list[str] = []
+    summary = ""
+    if collective:
+        name = "all-reduce" + (" and start-up needs" if needs else "")
+        problems, summary, found = timed(name, collective_problems, ray, nodes, COLLECTIVE_TIMEOUT, job.device, needs)
+    rest = [n for n in nodes if n["NodeID"] not in found]
+    if needs and rest:
+        more, unanswered = timed("start-up needs", on_each_node, ray, rest, *needs, what="start-up needs",
+                                 timeout=STARTUP_TIMEOUT + 30, hold=job.device)
+        found.update(more)
+        problems += unanswered
+    return found, summary, problems + (startup_problems(found, job.startup) if job.startup else [])
 
 
 def data_problems(job: Job, data: list[str]) -> list[str]:

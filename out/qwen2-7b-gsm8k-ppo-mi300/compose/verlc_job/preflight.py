@@ -15,7 +15,7 @@ from dataclasses import asdict
 from typing import TypeVar
 
 from .cluster import alive_nodes, clock_offsets, connect, node_label, on_each_node
-from .collective import collective_problems
+from .collective import COLLECTIVE_TIMEOUT, collective_problems
 from .job import Job, expand
 from .nodes import (check_model, checkpoint_problem, missing_env_per_node, npu_problems, parquet_columns,
                     paths_on_node, verl_commit_problems, version_problems, versions_per_node)
@@ -37,19 +37,18 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
     nodes, gpus, problems = timed("cluster", cluster_problems, ray, job)
     data = [expand(f) for f in job.data_files]
     files = [expand(f) for f in job.files]
-    with ThreadPoolExecutor(2) as beside:  # the head's own work (hashes, columns, verl's config) while nodes answer
+    # at once: the head's own work (hashes, columns, verl's config), each node's packages, and the accelerators
+    with ThreadPoolExecutor(3) as beside:
         local = beside.submit(lambda: (timed("inputs", inputs_record, job, data, files),
                                        timed("data", data_problems, job, data)))
         config = beside.submit(timed, "verl config", resolved_verl_config, job.train)
-        seen, found, more = timed("nodes", node_problems, ray, nodes, job)
+        accelerators = beside.submit(accelerator_problems, ray, nodes, job, not problems)
+        seen, more = timed("nodes", node_problems, ray, nodes, job)
         (inputs, more_inputs), more_data = local.result()
         verl_config = config.result()
-    problems += more + more_inputs + more_data
+        found, summary, more_accelerators = accelerators.result()
+    problems += more + more_inputs + more_data + more_accelerators
     clocks = timed("clocks", node_clocks, ray, nodes)
-    summary = ""
-    if not problems:
-        collective, summary = timed("all-reduce", lambda: collective_problems(ray, nodes, device=job.device))
-        problems += collective
     problems += timed("paths", path_problems, ray, nodes, job, files)
     if services and not problems:  # they came up beside the bring-up and the data stage
         problems += timed("services", services.ready)
@@ -99,11 +98,11 @@ def node_clocks(ray, nodes: list[dict]) -> dict:  # noqa: ANN001
     return {node: {"offset": round(offset, 6), "within": round(within, 6)} for node, (offset, within) in clocks.items()}
 
 
-def timed(name: str, check: Callable[..., T], *args: object) -> T:
+def timed(name: str, check: Callable[..., T], *args: object, **options: object) -> T:
     """One check of the preflight, its time said as an event line (the run's timeline)."""
     began = time.monotonic()
     try:
-        return check(*args)
+        return check(*args, **options)
     finally:
         say(check_message(name, time.monotonic() - began))
 
@@ -120,23 +119,39 @@ def cluster_problems(ray, job: Job) -> tuple[list[dict], float, list[str]]:  # n
     return nodes, gpus, problems
 
 
-def node_problems(ray, nodes: list[dict], job: Job) -> tuple[dict, dict, list[str]]:  # noqa: ANN001
-    """What each node has (by NodeID), what each showed of verl's start-up needs, and the problems of both: package
-    versions and pins, NPUs, start-up needs, verl's commit, the environment the spec reads."""
+def node_problems(ray, nodes: list[dict], job: Job) -> tuple[dict, list[str]]:  # noqa: ANN001
+    """What each node has (by NodeID), and its problems: package versions and pins, NPUs, verl's commit, the
+    environment the spec reads."""
     seen, problems = versions_per_node(ray, nodes, job.device)
     problems += version_problems(seen, dict(p.split("=", 1) for p in job.pins), job.rollout_package)
     if job.device == "NPU":
         problems += npu_problems(seen, [n for n in nodes if n["NodeID"] in seen])
-    found: dict = {}
-    if job.startup:
-        found, unanswered = on_each_node(ray, nodes, startup_found, [asdict(n) for n in job.startup],
-                                         what="start-up needs", timeout=STARTUP_TIMEOUT + 30, hold=job.device)
-        problems += unanswered + startup_problems(found, job.startup)
     if job.verl_commit:
         problems += verl_commit_problems(seen, job.verl_commit)
     if job.require_env:
         problems += missing_env_per_node(ray, nodes, job.require_env)
-    return seen, found, problems
+    return seen, problems
+
+
+def accelerator_problems(ray, nodes: list[dict], job: Job,  # noqa: ANN001
+                         collective: bool) -> tuple[dict, str, list[str]]:
+    """The checks that hold every GPU (NPU) of each node, in one task per node: the all-reduce, where the cluster
+    is the job's (`collective`), with verl's start-up needs checked beside its ranks; the start-up needs alone on
+    each node it did not answer for. What each node showed of the needs, the all-reduce's summary, the problems."""
+    needs = (startup_found, [asdict(n) for n in job.startup]) if job.startup else None
+    found: dict = {}
+    problems: list[str] = []
+    summary = ""
+    if collective:
+        name = "all-reduce" + (" and start-up needs" if needs else "")
+        problems, summary, found = timed(name, collective_problems, ray, nodes, COLLECTIVE_TIMEOUT, job.device, needs)
+    rest = [n for n in nodes if n["NodeID"] not in found]
+    if needs and rest:
+        more, unanswered = timed("start-up needs", on_each_node, ray, rest, *needs, what="start-up needs",
+                                 timeout=STARTUP_TIMEOUT + 30, hold=job.device)
+        found.update(more)
+        problems += unanswered
+    return found, summary, problems + (startup_problems(found, job.startup) if job.startup else [])
 
 
 def data_problems(job: Job, data: list[str]) -> list[str]:
