@@ -1,7 +1,7 @@
 """The run ledger: one append-only JSON Lines file of events, folded into runs.
 
 Each submission appends a `submitted` event; later observations append `state` events and, once the
-scheduler says the run ended, a `finished` event. Nothing is ever rewritten, so the file reviews as a
+scheduler says the run ended, a `finished` event and the run's start-up timeline as its log showed it then. Nothing is ever rewritten, so the file reviews as a
 plain diff and two verlc processes can append at once: every event is one line, written with one
 `write` under an exclusive lock on the file.
 """
@@ -79,6 +79,7 @@ class Run:
     ended_at: str | None = None
     exit_code: int | None = None
     record: str | None = None  # where the in-cluster run record is
+    timeline: list[dict] | None = None  # its start-up timeline, kept once it ended (lifecycle/timeline.py to_json)
     history: list[dict] = field(default_factory=list)
 
     @property
@@ -120,6 +121,9 @@ def fold(ledger: Path) -> dict[str, Run]:
             continue
         run = runs.get(name)
         if run is None:
+            continue
+        if kind == "timeline":  # read from its log once it ended: no state of its own
+            run.timeline = event["attempts"]
             continue
         run.history.append(event)
         run.state = event.get("state", run.state)

@@ -103,6 +103,7 @@ def observe(ledger_file: Path, run: ledger.Run, launchers: Launchers) -> Observe
             ledger.append(ledger_file, {"event": "finished", "run": run.run, "state": seen.scheduler_state,
                                         "restarts": max(seen.restarts, run.restarts), "exit_code": seen.exit_code,
                                         "record": run.submitted.get("record"), "source": seen.source, **facts})
+            keep_timeline(ledger_file, ledger.fold(ledger_file)[run.run], launchers)
     elif ((seen.scheduler_state, seen.restarts) != (run.state, run.restarts) or (seen.started and not run.started_at)
           or "log" in facts):
         ledger.append(ledger_file, {"event": "state", "run": run.run, "state": seen.scheduler_state,
@@ -120,8 +121,23 @@ def cancel(ledger_file: Path, run: ledger.Run, launchers: Launchers) -> Observed
     if ended is not None:
         ledger.append(ledger_file, {"event": "finished", "run": run.run, "state": ended.scheduler_state,
                                     "restarts": run.restarts, "exit_code": None, "source": ended.source})
+        keep_timeline(ledger_file, ledger.fold(ledger_file)[run.run], launchers)
         return ended
     return observe(ledger_file, ledger.fold(ledger_file)[run.run], launchers)
+
+
+def keep_timeline(ledger_file: Path, run: ledger.Run, launchers: Launchers) -> None:
+    """An ended run's start-up timeline into the ledger, read from its log while the log is there (a Ray job's
+    goes with its cluster, a compose run's with `down`): `verlc runs --timeline` reads it from there on. A log
+    that cannot be read now is read when the timeline is asked for."""
+    from ..contract.launcher import LaunchError
+
+    try:
+        found = timeline_of.attempts(log_text(run, launchers).splitlines(), True)
+    except (LaunchError, OSError):
+        return
+    if found:
+        ledger.append(ledger_file, {"event": "timeline", "run": run.run, "attempts": timeline_of.to_json(found)})
 
 
 def log_text(run: ledger.Run, launchers: Launchers) -> str:
@@ -298,7 +314,9 @@ def _timelines(ledger_file: Path, chosen: Sequence[ledger.Run], launchers: Launc
     folded = ledger.fold(ledger_file)
     out = []
     for r in chosen:
-        found = timeline_of.attempts(log_text(folded[r.run], launchers).splitlines(), folded[r.run].final)
+        kept = folded[r.run].timeline
+        found = timeline_of.from_json(kept) if kept else \
+            timeline_of.attempts(log_text(folded[r.run], launchers).splitlines(), folded[r.run].final)
         if not found:
             raise results_of.ResultError(f"{r.run}: its log has no verlc line yet (state {shown_state(folded[r.run])})")
         out.append((folded[r.run], found))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 from ..runtime.protocol import (CHECK_LINE, CLOCK_OFFSET, CLOCKS_MESSAGE, FIRST_STEP, SERVICE_READY, STEP_TIMES,
@@ -135,6 +135,19 @@ def attempts(lines: Iterable[str], ended: bool = False) -> list[Attempt]:
     if reader is not None:
         found.append(reader.close(last, ended))
     return found
+
+
+def to_json(found: list[Attempt]) -> list[dict]:
+    """The attempts as the ledger keeps them (the run's timeline outlives its log: a Ray job's, a pod's)."""
+    return [{"began": a.began.isoformat(), "phases": [asdict(p) for p in a.phases], "first_step": a.first_step,
+             "median_step": a.median_step, "steps": a.steps, "clocks": {n: list(c) for n, c in a.clocks.items()}}
+            for a in found]
+
+
+def from_json(kept: list[dict]) -> list[Attempt]:
+    """The attempts `to_json` kept."""
+    return [Attempt(datetime.fromisoformat(a["began"]), [Phase(**p) for p in a["phases"]], a["first_step"],
+                    a["median_step"], a["steps"], {n: (c[0], c[1]) for n, c in a["clocks"].items()}) for a in kept]
 
 
 def bar(attempt: Attempt) -> list[tuple[str, float, float]]:

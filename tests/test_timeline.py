@@ -126,3 +126,38 @@ def test_follow_says_how_long_each_phase_took_as_it_ends() -> None:
     assert "check nodes: 2.600s" in said and "preflight took 11.0s" in said
     assert "verl: workers up, 38.8s after the trainer started" in said
     assert "train took 139.0s" in said and not any(re.match(r"\d+ steps", s) for s in said)
+
+
+def test_an_ended_runs_timeline_is_kept_in_the_ledger_and_outlives_its_log(tmp_path) -> None:  # noqa: ANN001
+    """#56 item 1: once verlc sees a run end, its timeline goes into the ledger's record of it, read from the log
+    while it is there; `runs --timeline` reads it from there on (a Ray job's log goes with its cluster)."""
+    from verlc.contract.launcher import LaunchError, Observed
+    from verlc.lifecycle import ledger, runs
+
+    class Scheduler:  # a launcher whose log is there until the run is gone
+        def __init__(self) -> None:
+            self.log: str | None = "\n".join(TWO_ATTEMPTS)
+            self.final = False
+
+        def state(self, _run: object) -> Observed:
+            return Observed("COMPLETED" if self.final else "RUNNING", final=self.final, exit_code=0 if self.final
+                            else None, source="stand-in")
+
+        def logs(self, _run: object) -> str:
+            if self.log is None:
+                raise LaunchError("the job's log is gone with its cluster")
+            return self.log
+
+    scheduler = Scheduler()
+    book = tmp_path / ledger.FILE
+    ledger.append(book, {"event": "submitted", "run": "r-7", "job_id": "7", "target": "slurm"})
+    runs.observe(book, ledger.fold(book)["r-7"], lambda _target: scheduler)
+    assert ledger.fold(book)["r-7"].timeline is None  # not before it ended: the log still grows
+    scheduler.final = True
+    runs.observe(book, ledger.fold(book)["r-7"], lambda _target: scheduler)
+    run = ledger.fold(book)["r-7"]
+    assert run.final and [e["event"] for e in run.history] == ["state", "finished"]  # the timeline: no state
+    from_log = runs.timeline(book, [run], "json", lambda _target: scheduler)
+    scheduler.log = None
+    assert runs.timeline(book, [run], "json", lambda _target: scheduler) == from_log
+    assert timeline.from_json(run.timeline) == timeline.attempts(TWO_ATTEMPTS, ended=True)
