@@ -13,8 +13,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from ..runtime.protocol import (CHECK_LINE, SERVICE_READY, STEP_LINE, STEP_TIMES, TRAINER_MESSAGE, TRAINING_MESSAGE,
-                                Event as Line, parse_event)
+from ..runtime.protocol import (CHECK_LINE, IMAGE_LINE, SERVICE_READY, STEP_LINE, STEP_TIMES, TRAINER_MESSAGE,
+                                TRAINING_MESSAGE, Event as Line, parse_event)
 
 TOTAL = re.compile(r"Total training steps: (\d+)")
 STEP = STEP_LINE  # verl's console logger line, parsed as the runtime's stall watchdog parses it
@@ -80,7 +80,8 @@ class Clock:
             self.stage = None
         if line.stage:
             self.stage = (line.stage, at)
-        if CHECK_LINE.fullmatch(message) or SERVICE_READY.match(message):
+        if CHECK_LINE.fullmatch(message) or SERVICE_READY.match(message) or \
+                ((m := IMAGE_LINE.fullmatch(message)) and m["how"]):  # a pull or a build
             said = message
         elif message.startswith(TRAINING_MESSAGE):
             self.trainer = at

@@ -1,8 +1,8 @@
 """Where a run's start-up time goes, read back from the event lines of its log (runtime/protocol.py).
 
 Each attempt of a run (a requeued Slurm job has several) is a list of phases: the stages (containers, ray, data,
-preflight, train) from their own lines, and inside them what the runtime times as it goes: the last node's
-arrival, each preflight check, each service from its start until it was seen ready, and verl's own start-up
+preflight, train) from their own lines, and inside them what the runtime times as it goes: the job's image on
+every node (the Slurm script's pull or build, apart from the containers' start), the last node's arrival, each preflight check, each service from its start until it was seen ready, and verl's own start-up
 milestones as the runtime stamped them while relaying the trainer's output (protocol.TRAINER_MILESTONES), up to
 its first step. A milestone whose line the log lacks is unknown, never estimated. Every time is the clock of the
 node that printed it; the runtime's lines all come from the head node, and its preflight measures each node's
@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
-from ..runtime.protocol import (CHECK_LINE, CLOCK_OFFSET, CLOCKS_MESSAGE, FIRST_STEP, SERVICE_READY, STEP_TIMES,
-                                TRAINER_MESSAGE, TRAINER_MILESTONES, TRAINING_MESSAGE, Event, parse_event)
+from ..runtime.protocol import (CHECK_LINE, CLOCK_OFFSET, CLOCKS_MESSAGE, FIRST_STEP, IMAGE_LINE, SERVICE_READY,
+                                STEP_TIMES, TRAINER_MESSAGE, TRAINER_MILESTONES, TRAINING_MESSAGE, Event, parse_event)
 from .progress import ATTEMPT
 
 SERVICE_STARTED = re.compile(r"service (?P<name>[\w-]+): start(?:ed|ing) on ")
@@ -57,6 +57,8 @@ class _Reader:
         self.services: dict[str, float] = {}
         self.trainer: float | None = None  # the trainer's start, then its latest milestone
         self.milestones: dict[str, Phase] = {}
+        self.images: dict[str, tuple[str, float]] = {}  # node -> how it had the job's image (pulled, built), seconds
+        self.image_row: int | None = None
 
     def since(self, at: datetime) -> float:
         return round((at - self.attempt.began).total_seconds(), 3)
@@ -81,9 +83,12 @@ class _Reader:
         elif (m := LAST_NODE.search(message)) and self.stage:
             part(Phase(f"all {m['seen']} nodes in Ray", self.stage[1], round(now - self.stage[1], 3), True,
                        f"the last: {m['node']}"))
+        elif (m := IMAGE_LINE.fullmatch(message)) and self.stage:
+            self.image(m, now)
         elif (m := CHECK_LINE.fullmatch(message)):
             seconds = float(m["seconds"])
-            part(Phase(f"check {m['name']}", round(now - seconds, 3), seconds, True))
+            slowest = f"the slowest node: {m['node']} ({float(m['node_seconds']):.1f}s)" if m["node"] else ""
+            part(Phase(f"check {m['name']}", round(now - seconds, 3), seconds, True, slowest))
         elif (m := SERVICE_STARTED.match(message)):
             self.services[m["name"]] = now
         elif (m := SERVICE_READY.match(message)) and m["name"] in self.services:
@@ -108,6 +113,20 @@ class _Reader:
                 self.trainer = now
                 if name == FIRST_STEP:
                     self.attempt.first_step = now
+
+    def image(self, m: re.Match, now: float) -> None:
+        """The job's image on each node, as one phase from the stage's start to the last node that had it: its
+        note names the slowest pull or build."""
+        assert self.stage is not None
+        self.images[m["node"]] = (m["how"] or "present", float(m["seconds"] or 0))
+        node, (how, seconds) = max(self.images.items(), key=lambda item: item[1][1])
+        note = f"the slowest: {node}, {how} in {seconds:.1f}s" if how != "present" else "present on every node"
+        phase = Phase(f"image on {len(self.images)} nodes", self.stage[1], round(now - self.stage[1], 3), True, note)
+        if self.image_row is None:
+            self.image_row = len(self.attempt.phases)
+            self.attempt.phases.append(phase)
+        else:
+            self.attempt.phases[self.image_row] = phase
 
     def close(self, last: datetime | None, ended: bool) -> Attempt:
         if last is not None:

@@ -152,6 +152,7 @@ def test_bring_up_and_preflight_inside_containers_then_every_container_is_remove
     assert len(nodes) == 2, output
     for node in nodes:
         assert f"starting container verlc-{script.parent.parent.name}-{job}-{node} on {node}" in output
+        assert f"verlc: image on {node}: present\n" in output  # asked before the containers start (#56)
     assert "cluster ready: 2 nodes, 16 GPUs" in output
     assert "preflight passed: 2 nodes, 16 GPUs, 2 data files" in output
     assert ", all-reduce over 2 ranks on 2 nodes\n" in output

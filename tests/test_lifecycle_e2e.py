@@ -55,7 +55,9 @@ def test_submit_follow_shows_each_stage_and_the_ledger_keeps_the_run(slurm: None
     assert stages == ["ray", "ray 1/2 nodes", "ray 2/2 nodes", "data", "preflight"], out
     took = [line.split(" took ")[0] for line in lines if re.fullmatch(r"\w+ took \d+\.\ds", line)]
     assert took == ["containers", "ray", "data", "preflight"], out  # #56: each stage's time as it ends
-    assert any(re.fullmatch(r"check all-reduce: \d+\.\d{3}s", line) for line in lines), out
+    # two nodes' tasks: the check names the slowest of them (#56 item 4)
+    assert any(re.fullmatch(r"check all-reduce: \d+\.\d{3}s \(the slowest node: n[12] \d+\.\d{3}s\)", line)
+               for line in lines), out
     assert lines[-1] == "completed" and "exit code 0" in lines, out  # why it ended, then the state (#53 item 11)
     assert "stopping after stage preflight (VERLC_STOP_AFTER)" in lines, out
     status = verlc(tmp_path, "status", run.run).stdout

@@ -73,11 +73,13 @@ def log(*events: tuple[float, str]) -> list[str]:
 
 
 TWO_ATTEMPTS = log(
-    (0, "job 7 on n1 n2; head n1; SLURM_RESTART_COUNT=0"), (0.2, "stage containers"), (30, "stage ray"),
+    (0, "job 7 on n1 n2; head n1; SLURM_RESTART_COUNT=0"), (0.2, "stage containers"),
+    (0.5, "image on n1: present"), (0.6, "image on n2: pulling"), (12.7, "image on n2: pulled in 12.1s"),
+    (30, "stage ray"),
     (30.5, "service judge: started on the head node at http://10.0.0.1:20500"),
     (34, "node registered: n1 (10.0.0.1) GPUs=8 (1/2)"), (41, "node registered: n2 (10.0.0.2) GPUs=8 (2/2)"),
     (41.5, "stage data"), (50, "stage preflight"), (50.4, protocol.check_message("cluster", 0.4)),
-    (53, protocol.check_message("nodes", 2.6)), (53.1, protocol.clocks_message({"n1": (0.0004, 0.002),
+    (53, protocol.check_message("nodes", 2.6, ("n2", 2.45))), (53.1, protocol.clocks_message({"n1": (0.0004, 0.002),
                                                                                 "n2": (-1.25, 0.004)})),
     (60, "service judge: ready in 9.5s, judge probe passed"),
     (60.1, protocol.check_message("services", 7)), (61, "stage train"), (61.2, "training: python3 -m x"),
@@ -91,8 +93,12 @@ def test_each_attempt_has_its_phases_and_a_missing_milestone_is_unknown() -> Non
     phases = {p.name: p for p in first.phases}
     assert [p.name for p in first.phases if not p.part] == ["containers", "ray", "data", "preflight", "train"]
     assert (phases["ray"].start, phases["ray"].seconds) == (30, 11.5)
+    # the image apart from the containers' start: from the stage's start to the last node that had it
+    image = phases["image on 2 nodes"]
+    assert (image.start, image.seconds, image.note) == (0.2, 12.5, "the slowest: n2, pulled in 12.1s")
     assert phases["all 2 nodes in Ray"].seconds == 11 and phases["all 2 nodes in Ray"].note == "the last: n2"
     assert (phases["check nodes"].start, phases["check nodes"].seconds) == (50.4, 2.6)
+    assert phases["check nodes"].note == "the slowest node: n2 (2.5s)" and phases["check cluster"].note == ""
     assert (phases["service judge"].start, phases["service judge"].seconds) == (30.5, 29.5)  # from its start
     assert (phases["verl: dataloader ready"].start, phases["verl: dataloader ready"].seconds) == (61.2, 8.8)
     assert (phases["verl: workers up"].start, phases["verl: workers up"].seconds) == (70, 30)
@@ -100,6 +106,7 @@ def test_each_attempt_has_its_phases_and_a_missing_milestone_is_unknown() -> Non
     assert unknown == ["verl: first model loaded", "verl: initial validation done"]
     assert first.first_step == 130 and first.median_step is None
     assert [p.name for p in second.phases] == ["containers", "ray"] and second.first_step is None
+    assert [p.name for p in first.phases][:2] == ["containers", "image on 2 nodes"]
     assert second.phases[-1].note == "under way at the log's end"
     assert timeline.attempts(TWO_ATTEMPTS, ended=True)[1].phases[-1].note == ""  # the scheduler says it ended
     rows = timeline.rows("r-7", [first, second], queued=12)
@@ -122,8 +129,8 @@ def test_follow_says_how_long_each_phase_took_as_it_ends() -> None:
     clock = progress.Clock()
     said = [e.text for chunk in (TWO_ATTEMPTS[:8], TWO_ATTEMPTS[8:]) for e in progress.events(chunk, clock)
             if e.kind == "took"]
-    assert said[:3] == ["containers took 29.8s", "ray took 11.5s", "data took 8.5s"]
-    assert "check nodes: 2.600s" in said and "preflight took 11.0s" in said
+    assert said[:4] == ["image on n2: pulled in 12.1s", "containers took 29.8s", "ray took 11.5s", "data took 8.5s"]
+    assert "check nodes: 2.600s (the slowest node: n2 2.450s)" in said and "preflight took 11.0s" in said
     assert "verl: workers up, 38.8s after the trainer started" in said
     assert "train took 139.0s" in said and not any(re.match(r"\d+ steps", s) for s in said)
 

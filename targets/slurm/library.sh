@@ -65,7 +65,7 @@ fan_out() {
 }
 
 # Run by fan_out on each node (SLURMD_NODENAME and SLURM_PROCID are Slurm's, per task) -------------
-readonly node_functions=(log in_container image_commands container_commands ray_command node_address build_image
+readonly node_functions=(log in_container image_commands container_commands ray_command node_address fetch_image
   verify_image run_container container_ready await_ray_logs drop_step_lock remove_container remove_leftovers
   startup_timed_out ray_node)
 
@@ -99,18 +99,25 @@ node_address() {
   printf '%s %s %s\n' "$SLURMD_NODENAME" "$ip" "$(awk -v ip="$ip" '$1 == ip { print $2; exit }' <<<"$own")"
 }
 
-# build_image: build the job's image on this node, unless the node has it already
-build_image() {
-  local image_check=() image_build=() image_file=''
+# fetch_image: the job's image on this node: built or pulled where the node has not got it, and how long that
+# took (a phase of the run's timeline: protocol.IMAGE_LINE)
+fetch_image() {
+  local image_check=() image_fetch=() image_file='' began=${EPOCHREALTIME//[!0-9]/} took done=pulled
   image_commands
-  "${image_check[@]}" >/dev/null 2>&1 && return
-  log "building the image on $SLURMD_NODENAME"
-  "${image_build[@]}" || { log "ERROR: image build failed on $SLURMD_NODENAME"; exit 1; }
+  if "${image_check[@]}" >/dev/null 2>&1; then
+    log "image on $SLURMD_NODENAME: present"
+    return
+  fi
+  [[ ${image_fetch[1]} == build ]] && done=built
+  log "image on $SLURMD_NODENAME: ${image_fetch[1]}ing"
+  "${image_fetch[@]}" || { log "ERROR: image ${image_fetch[1]} failed on $SLURMD_NODENAME"; exit 1; }
+  took=$((${EPOCHREALTIME//[!0-9]/} - began))
+  log "image on $SLURMD_NODENAME: $done in $((took / 1000000)).$((took % 1000000 / 100000))s"
 }
 
 # verify_image: the image file on this node is the one the spec pinned (container.image FILE@sha256:...)
 verify_image() {
-  local image_check=() image_build=() image_file='' sum
+  local image_check=() image_fetch=() image_file='' sum
   image_commands
   log "checking the sha256 of $image_file on $SLURMD_NODENAME"
   sum=$(sha256sum <"$image_file") || { log "ERROR: cannot read the image $image_file on $SLURMD_NODENAME"; exit 1; }
@@ -456,7 +463,7 @@ find_addresses() {
   fi
 }
 
-# The first stage: check the pinned image, build it, start the long-lived containers, on every node at once.
+# The first stage: check the pinned image, build or pull it, start the long-lived containers, on every node at once.
 start_containers() {
   local containers_step ready_step
   if [[ -n $image_sha256 ]]; then
@@ -467,9 +474,9 @@ start_containers() {
     log "no long-lived containers for this runtime"
     return
   fi
-  if ((builds_image)); then
-    fan_out host build_image "${nodes[@]}"
-    "${step[@]}" || die "the image could not be built on every node (the node is named above)"
+  if ((fetches_image)); then
+    fan_out host fetch_image "${nodes[@]}"
+    "${step[@]}" || die "the image could not be had on every node (the node is named above)"
   fi
   fan_out host run_container "${nodes[@]}"
   "${step[@]}" &

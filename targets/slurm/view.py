@@ -105,7 +105,7 @@ class SlurmView:
     workdir: Word | None  # `cd` here before anything runs (runtime none)
     venv: Word | None
     image_check: Line | None  # succeeds when the node has the image
-    image_build: Line | None
+    image_fetch: Line | None  # gets it where it has not: builds it (container.build) or pulls it
     end_file: Word | None  # where the script keeps the job's end time for the runtime (verl's save ahead of it)
     image_file: Word | None  # an image file pinned by its sha256 (image_sha256), checked on every node
     image_sha256: str | None
@@ -181,7 +181,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
     # where nodes share a host and its container store (pyxis keeps containers per node by itself).
     job_container = (f"verlc-{ir.name}-", Var("SLURM_JOB_ID"))
     image_check: Line | None = None
-    image_build: Line | None = None
+    image_fetch: Line | None = None
     container_run: tuple[Line, ...] | None = None
     container_remove: Line | None = None
     container_check: Line | None = None
@@ -189,9 +189,11 @@ def slurm_view(ir: JobIR) -> SlurmView:
     exec_prefix: Line = ()
     if c.runtime in ("docker", "podman"):
         assert c.image is not None and c.workdir is not None
-        if c.build:
-            image_check = (c.runtime, "image", "inspect", c.image)
-            image_build = (c.runtime, "build", "--file", c.build.dockerfile, "--tag", c.image, c.build.context)
+        # the image before the containers, on every node at once: its pull (or build) is a phase of its own in
+        # the run's timeline, apart from the containers' start
+        image_check = (c.runtime, "image", "inspect", c.image)
+        image_fetch = (c.runtime, "build", "--file", c.build.dockerfile, "--tag", c.image, c.build.context) \
+            if c.build else (c.runtime, "pull", c.image)
         container_run = (
             # In the foreground of a job step, whose task removes the container when Slurm ends the step
             # (after the node's Ray has kept its logs: --sig-proxy=false keeps the engine from passing the
@@ -311,7 +313,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
         workdir=c.workdir if c.runtime == "none" else None,
         venv=c.venv,
         image_check=image_check,
-        image_build=image_build,
+        image_fetch=image_fetch,
         end_file=end_file if expiry else None,
         image_file=c.image if c.image_sha256 else None,
         image_sha256=c.image_sha256,

@@ -37,7 +37,7 @@ readonly hccl_ports=()  # name, first, last offset
 readonly expose_dashboard=0
 readonly head_interface=''  # '': Slurm's own address of each node
 readonly interface_variables=(GLOO_SOCKET_IFNAME)  # the runtime's, as its node's Ray has them
-readonly long_lived_containers=0 builds_image=0
+readonly long_lived_containers=0 fetches_image=0
 readonly image_sha256=''  # the image file's pinned sha256, checked on every node
 readonly step_args=()
 # how long each part of a stop may take, in seconds (view.py Stopping: they fit Slurm's KillWait)
@@ -56,10 +56,11 @@ in_container() {
   exec_prefix=()
 }
 
-# image_commands: on a node, what checks for the job's image and builds it, and the pinned image file
+# image_commands: on a node, what checks for the job's image and gets it (a build or a pull), and the pinned
+# image file
 image_commands() {
   image_check=()
-  image_build=()
+  image_fetch=()
   image_file=''
 }
 
@@ -181,7 +182,7 @@ fan_out() {
 }
 
 # Run by fan_out on each node (SLURMD_NODENAME and SLURM_PROCID are Slurm's, per task) -------------
-readonly node_functions=(log in_container image_commands container_commands ray_command node_address build_image
+readonly node_functions=(log in_container image_commands container_commands ray_command node_address fetch_image
   verify_image run_container container_ready await_ray_logs drop_step_lock remove_container remove_leftovers
   startup_timed_out ray_node)
 
@@ -215,18 +216,25 @@ node_address() {
   printf '%s %s %s\n' "$SLURMD_NODENAME" "$ip" "$(awk -v ip="$ip" '$1 == ip { print $2; exit }' <<<"$own")"
 }
 
-# build_image: build the job's image on this node, unless the node has it already
-build_image() {
-  local image_check=() image_build=() image_file=''
+# fetch_image: the job's image on this node: built or pulled where the node has not got it, and how long that
+# took (a phase of the run's timeline: protocol.IMAGE_LINE)
+fetch_image() {
+  local image_check=() image_fetch=() image_file='' began=${EPOCHREALTIME//[!0-9]/} took done=pulled
   image_commands
-  "${image_check[@]}" >/dev/null 2>&1 && return
-  log "building the image on $SLURMD_NODENAME"
-  "${image_build[@]}" || { log "ERROR: image build failed on $SLURMD_NODENAME"; exit 1; }
+  if "${image_check[@]}" >/dev/null 2>&1; then
+    log "image on $SLURMD_NODENAME: present"
+    return
+  fi
+  [[ ${image_fetch[1]} == build ]] && done=built
+  log "image on $SLURMD_NODENAME: ${image_fetch[1]}ing"
+  "${image_fetch[@]}" || { log "ERROR: image ${image_fetch[1]} failed on $SLURMD_NODENAME"; exit 1; }
+  took=$((${EPOCHREALTIME//[!0-9]/} - began))
+  log "image on $SLURMD_NODENAME: $done in $((took / 1000000)).$((took % 1000000 / 100000))s"
 }
 
 # verify_image: the image file on this node is the one the spec pinned (container.image FILE@sha256:...)
 verify_image() {
-  local image_check=() image_build=() image_file='' sum
+  local image_check=() image_fetch=() image_file='' sum
   image_commands
   log "checking the sha256 of $image_file on $SLURMD_NODENAME"
   sum=$(sha256sum <"$image_file") || { log "ERROR: cannot read the image $image_file on $SLURMD_NODENAME"; exit 1; }
@@ -572,7 +580,7 @@ find_addresses() {
   fi
 }
 
-# The first stage: check the pinned image, build it, start the long-lived containers, on every node at once.
+# The first stage: check the pinned image, build or pull it, start the long-lived containers, on every node at once.
 start_containers() {
   local containers_step ready_step
   if [[ -n $image_sha256 ]]; then
@@ -583,9 +591,9 @@ start_containers() {
     log "no long-lived containers for this runtime"
     return
   fi
-  if ((builds_image)); then
-    fan_out host build_image "${nodes[@]}"
-    "${step[@]}" || die "the image could not be built on every node (the node is named above)"
+  if ((fetches_image)); then
+    fan_out host fetch_image "${nodes[@]}"
+    "${step[@]}" || die "the image could not be had on every node (the node is named above)"
   fi
   fan_out host run_container "${nodes[@]}"
   "${step[@]}" &
@@ -770,7 +778,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 9caec61548d99ef584c0884561d585e7f9f7794d1690e49fe2abfe0c5bf3ab9b:
+# runtime/ of verlc 0.1.0, as one program, sha256 327ebc118b8eea750719aef36576074ea63542ce0c6efa89934caa036ad700d7:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -1167,13 +1175,20 @@ STEP_LINE = re.compile(r"(?:^|[\s)\]])step:(\d+)((?: - [^\s:]+:\S+)*)\s*$")
 # ---- the start-up timeline -------------------------------------------------------------------------------
 # Event lines that time a run's phases beside the stage lines (lifecycle/timeline.py reads them back).
 CHECK_MESSAGE = "check "  # "check NAME: 1.234s": one preflight check, and how long it took
+SLOWEST_NODE = "the slowest node: "  # of a check with a task on each node: "(the slowest node: n3 1.200s)"
 
 
-def check_message(name: str, seconds: float) -> str:
-    return f"{CHECK_MESSAGE}{name}: {seconds:.3f}s"
+def check_message(name: str, seconds: float, slowest: tuple[str, float] | None = None) -> str:
+    """One check's line; `slowest`: the node whose tasks of it took longest there, and how long, where several
+    nodes had one."""
+    return f"{CHECK_MESSAGE}{name}: {seconds:.3f}s" + (f" ({SLOWEST_NODE}{slowest[0]} {slowest[1]:.3f}s)"
+                                                       if slowest else "")
 
 
-CHECK_LINE = re.compile(re.escape(CHECK_MESSAGE) + r"(?P<name>[\w -]+): (?P<seconds>\d+\.\d+)s")
+CHECK_LINE = re.compile(re.escape(CHECK_MESSAGE) + r"(?P<name>[\w -]+): (?P<seconds>\d+\.\d+)s"
+                        r"(?: \(" + re.escape(SLOWEST_NODE) + r"(?P<node>\S+) (?P<node_seconds>\d+\.\d+)s\))?")
+# the Slurm script's image on each node (targets/slurm/library.sh fetch_image): there already, or pulled or built
+IMAGE_LINE = re.compile(r"image on (?P<node>\S+): (?:present|(?P<how>pulled|built) in (?P<seconds>\d+\.\d)s)")
 TRAINER_MESSAGE = "trainer: "  # a milestone of verl's own start-up, stamped as the runtime relays the line
 # verl's start-up milestones, each known by a line its trainer prints: the same text in every release from 0.3.0 to
 # 0.9.1 (read from their code). In the order they come: RayPPOTrainer's __init__ builds the dataloader (and prints
@@ -1498,6 +1513,7 @@ def ray_logs(temp_dir: str, limit_mib: int) -> int:
 sweep's turn on a shared cluster (ray-job)."""
 
 
+import contextvars
 import json
 import os
 import socket
@@ -1581,6 +1597,25 @@ def wait(address: str, nodes: int, gpus: int, timeout: int, device: str = "GPU")
         time.sleep(0.5)
 
 
+# Each node's time in the per-node tasks of the check under way (the preflight's `timed` collects them, to name
+# the slowest node): (node, seconds), as each node measured its own task.
+NODE_TIMES: contextvars.ContextVar[list | None] = contextvars.ContextVar("verlc_node_times", default=None)
+
+
+def timed_on_node(function, *args: object) -> tuple[float, object]:  # noqa: ANN001
+    """`function(*args)` on a node, and how long it took there."""
+    began = time.monotonic()
+    result = function(*args)
+    return time.monotonic() - began, result
+
+
+def note_node_time(node: dict, seconds: float) -> None:
+    """A node's time in the check under way, where one collects them (NODE_TIMES)."""
+    kept = NODE_TIMES.get()
+    if kept is not None:
+        kept.append((node_name(node) or node["NodeID"][:8], seconds))
+
+
 def holding(device: str, count: float) -> dict:
     """A Ray task's options that hold `count` of resource `device` (Ray takes GPUs as num_gpus only)."""
     if device == "GPU":
@@ -1596,10 +1631,10 @@ def on_each_node(ray, nodes: list[dict], function, *args: object, what: str,  # 
     sees the node's accelerators as verl's workers will (Ray hides them from a task that holds none)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    task = ray.remote(num_cpus=0, max_retries=0)(function)
+    task = ray.remote(num_cpus=0, max_retries=0)(timed_on_node)
     pending = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
                             **(holding(hold, n.get("Resources", {}).get(hold, 0)) if hold else {}))
-               .remote(*args) for n in nodes]
+               .remote(function, *args) for n in nodes]
     refs = {ref.hex(): n for ref, n in zip(pending, nodes)}
     results, problems = {}, []
     deadline, checked = time.monotonic() + timeout, time.monotonic()
@@ -1608,7 +1643,8 @@ def on_each_node(ray, nodes: list[dict], function, *args: object, what: str,  # 
         for ref in done:
             node = refs[ref.hex()]
             try:
-                results[node["NodeID"]] = ray.get(ref)
+                seconds, results[node["NodeID"]] = ray.get(ref)
+                note_node_time(node, seconds)
             except Exception as exc:  # the task itself failed there
                 lines = str(exc).strip().splitlines()
                 problems.append(f"{what}: node {node_label(node)}: {lines[-1] if lines else exc}")
@@ -2100,6 +2136,7 @@ def allreduce_node(host: str, port: int, index: int, timeout: float, beside: tup
     seeing the node's accelerators as they do (the start-up check); its result is the answer's "beside"."""
     import threading
 
+    began = time.monotonic()
     done: list = []
     thread = threading.Thread(target=lambda: done.append(beside[0](*beside[1:]))) if beside else None
     if thread:
@@ -2109,7 +2146,7 @@ def allreduce_node(host: str, port: int, index: int, timeout: float, beside: tup
     finally:
         if thread:
             thread.join()
-    return {**answer, **({"beside": done[0]} if done else {})}
+    return {**answer, "seconds": time.monotonic() - began, **({"beside": done[0]} if done else {})}
 
 
 def _ranks_on_node(host: str, port: int, index: int, timeout: float) -> dict:
@@ -2185,6 +2222,7 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
                 problems.append(f"all-reduce: node {names[which[ref.hex()]]}: {lines[-1] if lines else exc}")
                 continue
             problems += [f"all-reduce: node {names[which[ref.hex()]]}: {f}" for f in result["failed"]]
+            note_node_time(nodes[which[ref.hex()]], result["seconds"])
             if "beside" in result:
                 besides[nodes[which[ref.hex()]]["NodeID"]] = result["beside"]
     if pending and not problems:
@@ -2982,12 +3020,19 @@ def node_clocks(ray, nodes: list[dict]) -> dict:  # noqa: ANN001
 
 
 def timed(name: str, check: Callable[..., T], *args: object, **options: object) -> T:
-    """One check of the preflight, its time said as an event line (the run's timeline)."""
-    began = time.monotonic()
+    """One check of the preflight, its time said as an event line (the run's timeline), with its slowest node
+    where it ran a task on several (their own times, summed per node: cluster.NODE_TIMES)."""
+    began, times = time.monotonic(), []
+    token = NODE_TIMES.set(times)
     try:
         return check(*args, **options)
     finally:
-        say(check_message(name, time.monotonic() - began))
+        NODE_TIMES.reset(token)
+        per_node: dict[str, float] = {}
+        for node, seconds in times:
+            per_node[node] = per_node.get(node, 0.0) + seconds
+        slowest = max(per_node.items(), key=lambda item: item[1]) if len(per_node) > 1 else None
+        say(check_message(name, time.monotonic() - began, slowest))
 
 
 def cluster_problems(ray, job: Job) -> tuple[list[dict], float, list[str]]:  # noqa: ANN001

@@ -5,6 +5,7 @@ sweep's turn on a shared cluster (ray-job)."""
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import socket
@@ -89,6 +90,25 @@ def wait(address: str, nodes: int, gpus: int, timeout: int, device: str = "GPU")
         time.sleep(0.5)
 
 
+# Each node's time in the per-node tasks of the check under way (the preflight's `timed` collects them, to name
+# the slowest node): (node, seconds), as each node measured its own task.
+NODE_TIMES: contextvars.ContextVar[list | None] = contextvars.ContextVar("verlc_node_times", default=None)
+
+
+def timed_on_node(function, *args: object) -> tuple[float, object]:  # noqa: ANN001
+    """`function(*args)` on a node, and how long it took there."""
+    began = time.monotonic()
+    result = function(*args)
+    return time.monotonic() - began, result
+
+
+def note_node_time(node: dict, seconds: float) -> None:
+    """A node's time in the check under way, where one collects them (NODE_TIMES)."""
+    kept = NODE_TIMES.get()
+    if kept is not None:
+        kept.append((node_name(node) or node["NodeID"][:8], seconds))
+
+
 def holding(device: str, count: float) -> dict:
     """A Ray task's options that hold `count` of resource `device` (Ray takes GPUs as num_gpus only)."""
     if device == "GPU":
@@ -104,10 +124,10 @@ def on_each_node(ray, nodes: list[dict], function, *args: object, what: str,  # 
     sees the node's accelerators as verl's workers will (Ray hides them from a task that holds none)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    task = ray.remote(num_cpus=0, max_retries=0)(function)
+    task = ray.remote(num_cpus=0, max_retries=0)(timed_on_node)
     pending = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
                             **(holding(hold, n.get("Resources", {}).get(hold, 0)) if hold else {}))
-               .remote(*args) for n in nodes]
+               .remote(function, *args) for n in nodes]
     refs = {ref.hex(): n for ref, n in zip(pending, nodes)}
     results, problems = {}, []
     deadline, checked = time.monotonic() + timeout, time.monotonic()
@@ -116,7 +136,8 @@ def on_each_node(ray, nodes: list[dict], function, *args: object, what: str,  # 
         for ref in done:
             node = refs[ref.hex()]
             try:
-                results[node["NodeID"]] = ray.get(ref)
+                seconds, results[node["NodeID"]] = ray.get(ref)
+                note_node_time(node, seconds)
             except Exception as exc:  # the task itself failed there
                 lines = str(exc).strip().splitlines()
                 problems.append(f"{what}: node {node_label(node)}: {lines[-1] if lines else exc}")

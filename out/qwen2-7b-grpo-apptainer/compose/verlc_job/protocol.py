@@ -167,13 +167,20 @@ STEP_LINE = re.compile(r"(?:^|[\s)\]])step:(\d+)((?: - [^\s:]+:\S+)*)\s*$")
 # ---- the start-up timeline -------------------------------------------------------------------------------
 # Event lines that time a run's phases beside the stage lines (lifecycle/timeline.py reads them back).
 CHECK_MESSAGE = "check "  # "check NAME: 1.234s": one preflight check, and how long it took
+SLOWEST_NODE = "the slowest node: "  # of a check with a task on each node: "(the slowest node: n3 1.200s)"
 
 
-def check_message(name: str, seconds: float) -> str:
-    return f"{CHECK_MESSAGE}{name}: {seconds:.3f}s"
+def check_message(name: str, seconds: float, slowest: tuple[str, float] | None = None) -> str:
+    """One check's line; `slowest`: the node whose tasks of it took longest there, and how long, where several
+    nodes had one."""
+    return f"{CHECK_MESSAGE}{name}: {seconds:.3f}s" + (f" ({SLOWEST_NODE}{slowest[0]} {slowest[1]:.3f}s)"
+                                                       if slowest else "")
 
 
-CHECK_LINE = re.compile(re.escape(CHECK_MESSAGE) + r"(?P<name>[\w -]+): (?P<seconds>\d+\.\d+)s")
+CHECK_LINE = re.compile(re.escape(CHECK_MESSAGE) + r"(?P<name>[\w -]+): (?P<seconds>\d+\.\d+)s"
+                        r"(?: \(" + re.escape(SLOWEST_NODE) + r"(?P<node>\S+) (?P<node_seconds>\d+\.\d+)s\))?")
+# the Slurm script's image on each node (targets/slurm/library.sh fetch_image): there already, or pulled or built
+IMAGE_LINE = re.compile(r"image on (?P<node>\S+): (?:present|(?P<how>pulled|built) in (?P<seconds>\d+\.\d)s)")
 TRAINER_MESSAGE = "trainer: "  # a milestone of verl's own start-up, stamped as the runtime relays the line
 # verl's start-up milestones, each known by a line its trainer prints: the same text in every release from 0.3.0 to
 # 0.9.1 (read from their code). In the order they come: RayPPOTrainer's __init__ builds the dataloader (and prints

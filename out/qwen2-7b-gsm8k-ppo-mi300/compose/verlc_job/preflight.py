@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import TypeVar
 
-from .cluster import alive_nodes, clock_offsets, connect, node_label, on_each_node
+from .cluster import NODE_TIMES, alive_nodes, clock_offsets, connect, node_label, on_each_node
 from .collective import COLLECTIVE_TIMEOUT, collective_problems
 from .job import Job, expand
 from .nodes import (check_model, checkpoint_problem, missing_env_per_node, npu_problems, parquet_columns,
@@ -99,12 +99,19 @@ def node_clocks(ray, nodes: list[dict]) -> dict:  # noqa: ANN001
 
 
 def timed(name: str, check: Callable[..., T], *args: object, **options: object) -> T:
-    """One check of the preflight, its time said as an event line (the run's timeline)."""
-    began = time.monotonic()
+    """One check of the preflight, its time said as an event line (the run's timeline), with its slowest node
+    where it ran a task on several (their own times, summed per node: cluster.NODE_TIMES)."""
+    began, times = time.monotonic(), []
+    token = NODE_TIMES.set(times)
     try:
         return check(*args, **options)
     finally:
-        say(check_message(name, time.monotonic() - began))
+        NODE_TIMES.reset(token)
+        per_node: dict[str, float] = {}
+        for node, seconds in times:
+            per_node[node] = per_node.get(node, 0.0) + seconds
+        slowest = max(per_node.items(), key=lambda item: item[1]) if len(per_node) > 1 else None
+        say(check_message(name, time.monotonic() - began, slowest))
 
 
 def cluster_problems(ray, job: Job) -> tuple[list[dict], float, list[str]]:  # noqa: ANN001

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from .cluster import holding, lost_nodes, node_label
+from .cluster import holding, lost_nodes, node_label, note_node_time
 from .nodes import local_devices
 from .startup import STARTUP_TIMEOUT
 
@@ -61,6 +61,7 @@ def allreduce_node(host: str, port: int, index: int, timeout: float, beside: tup
     seeing the node's accelerators as they do (the start-up check); its result is the answer's "beside"."""
     import threading
 
+    began = time.monotonic()
     done: list = []
     thread = threading.Thread(target=lambda: done.append(beside[0](*beside[1:]))) if beside else None
     if thread:
@@ -70,7 +71,7 @@ def allreduce_node(host: str, port: int, index: int, timeout: float, beside: tup
     finally:
         if thread:
             thread.join()
-    return {**answer, **({"beside": done[0]} if done else {})}
+    return {**answer, "seconds": time.monotonic() - began, **({"beside": done[0]} if done else {})}
 
 
 def _ranks_on_node(host: str, port: int, index: int, timeout: float) -> dict:
@@ -146,6 +147,7 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
                 problems.append(f"all-reduce: node {names[which[ref.hex()]]}: {lines[-1] if lines else exc}")
                 continue
             problems += [f"all-reduce: node {names[which[ref.hex()]]}: {f}" for f in result["failed"]]
+            note_node_time(nodes[which[ref.hex()]], result["seconds"])
             if "beside" in result:
                 besides[nodes[which[ref.hex()]]["NodeID"]] = result["beside"]
     if pending and not problems:
