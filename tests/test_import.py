@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from conftest import REPO, run_verlc, slurm_job
 from verlc.commands.verl import read_script
@@ -849,3 +850,76 @@ def test_a_slurm_scripts_sbatch_lines_give_the_variables_slurm_would_set(tmp_pat
            "SLURM_NNODES=2 (--set overrides)" in result.stderr, result.stderr
     given = import_text(tmp_path, script, "--set", "SLURM_NNODES=4")  # 16 GPUs: verl's batch of 1024 divides
     assert given.returncode == 0 and "nodes: 4" in given.stdout, given.stderr
+
+
+# --- a server beside the trainer (#55 item 7) ----------------------------------------------------------------
+# The shape of verl-recipe's tau2_airline example (its facts, not its text): one script serves a user simulator with
+# vLLM's OpenAI server on a GPU of its own at 127.0.0.1:18001, teeing its log; the trainer's script points an
+# environment variable at it (.../v1), checks it answers, and runs main_ppo.
+SERVER = """set -euo pipefail
+ROOT=${ROOT:-$PWD}
+PORT=${USERSIM_PORT:-18001}
+export CUDA_VISIBLE_DEVICES=${USERSIM_GPU:-1}
+export VLLM_USE_V1=1
+python3 -m vllm.entrypoints.openai.api_server --model "$ROOT/models/qwen25-7b-instruct" \\
+    --served-model-name usersim --port "$PORT" --host 127.0.0.1 --gpu-memory-utilization 0.8 \\
+    2>&1 | tee "$ROOT/usersim_server.log"
+"""
+CALLER = f"""export USER_API_BASE=${{USER_API_BASE:-http://127.0.0.1:18001/v1}}
+export USER_TEMPERATURE=0.0
+curl -sf --max-time 10 "$USER_API_BASE/models" >/dev/null || echo "usersim not reachable"
+{TRAINER}"""
+
+
+def test_a_server_script_imports_as_a_service_the_trainers_settings_reach(tmp_path: Path) -> None:
+    (tmp_path / "serve.sh").write_text(SERVER)
+    (tmp_path / "train.sh").write_text(CALLER)
+    out = tmp_path / "spec.yaml"
+    result = run_verlc("import", "train.sh", "--service", "serve.sh", "--verl-version", "0.7.1", "-o", out,
+                       cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    spec = yaml.safe_load(out.read_text())
+    service = spec["services"]["usersim"]
+    assert service["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model",
+                                  f"{tmp_path}/models/qwen25-7b-instruct", "--served-model-name", "usersim",
+                                  "--port", "${services.usersim.port}", "--host", "${services.usersim.host}",
+                                  "--gpu-memory-utilization", "0.8"]
+    assert service["env"] == {"VLLM_USE_V1": "1"}  # the GPU choice is left, said in the header
+    assert service["ready"] == {"http": "/health", "deadline": "15m"}
+    assert service["probe"] == {"kind": "judge", "model": "usersim"}
+    # a spec's env is set before any service has an address: the variable is left, naming the one to read
+    assert spec["env"] == {"USER_TEMPERATURE": "0.0"}
+    header = out.read_text().split("\nname:")[0]
+    assert "serve.sh: line 4: CUDA_VISIBLE_DEVICES=1: the server's own GPUs" in header, header
+    assert "line 1: export USER_API_BASE=http://127.0.0.1:18001/v1: the server's address" in header, header
+    assert "VERLC_SERVICE_USERSIM_URL (http://HOST:PORT), and USER_API_BASE was it followed by /v1" in header, header
+    assert "serve.sh:6: the server, as service usersim" in result.stderr and "env.USER_API_BASE" in result.stderr
+    # the spec builds: the service's address reaches the trainer's environment on every target
+    built = run_verlc("build", out, "--target", "ray-job", "--out", tmp_path / "bundles", cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+    # a script that starts no server is refused, naming what it started
+    (tmp_path / "other.sh").write_text("python3 -m http.server 9000\n")
+    refused = run_verlc("import", "train.sh", "--service", "other.sh", "--verl-version", "0.7.1", cwd=tmp_path)
+    assert refused.returncode == 2 and "other.sh:1:1: script: no server verlc knows is started here" in \
+        refused.stderr and "python3 -m http.server" in refused.stderr, refused.stderr
+
+
+@pytest.mark.parametrize(("argv", "model", "name"), [
+    (("/sandbox/bin/vllm", "serve", "/models/Qwen2.5-7B-Instruct", "--port", "8001"),
+     "/models/Qwen2.5-7B-Instruct", "qwen2_5_7b_instruct"),
+    (("/sandbox/bin/python3", "-m", "sglang.launch_server", "--model-path", "/m/judge", "--port=30000",
+      "--host=0.0.0.0"), "/m/judge", "judge"),
+])
+def test_vllm_serve_and_sglang_become_services_with_their_own_address(
+        argv: tuple[str, ...], model: str, name: str) -> None:
+    """`vllm serve MODEL` and SGLang's launch_server, their port and host in either form: the service's own."""
+    from verlc.compiler.import_script import Call
+    from verlc.compiler.import_service import find_server
+
+    server = find_server((Call(argv, {}, "/w"),), {}, "serve.sh", " ".join(argv))
+    assert (server.name, server.model) == (name, model)
+    after = dict(zip(server.argv, server.argv[1:]))
+    assert (after["--port"], after["--host"]) == (f"${{services.{name}.port}}", f"${{services.{name}.host}}"), \
+        server.argv
+    assert "8001" not in server.argv and "--port=30000" not in server.argv and "0.0.0.0" not in " ".join(server.argv)
+    assert ("0.0.0.0" in " ".join(server.left)) == ("--host=0.0.0.0" in argv)

@@ -201,6 +201,11 @@ def _parser() -> argparse.ArgumentParser:
                            help="a script of the next stage (e.g. the RL run after an SFT script): the scripts "
                                 "become one pipeline spec, each a stage, each later stage's model the one before "
                                 "it's last checkpoint, merged; repeatable")
+    importing.add_argument("--service", action="append", default=[], metavar="'SCRIPT [ARG...]'",
+                           help="a script that starts a server the trainer calls (vLLM's or SGLang's OpenAI "
+                                "server: an LLM judge, a user simulator): it becomes one of the spec's services, "
+                                "and the trainer's settings that name its address use ${services.NAME.url}; "
+                                "repeatable"),
     pin = importing.add_mutually_exclusive_group()
     pin.add_argument("--verl-version", metavar="VERSION", help="the release the script was written for (default: "
                                                                "the installed verl, else 0.9.1)")
@@ -254,7 +259,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "migrate": lambda a: _group("verl").migrate(a.spec, a.to, a.write, a.write_bases, a.format == "markdown"),
     "import": lambda a: _group("verl").import_script(a.script, a.args, a.verl_version, a.verl_commit, a.output,
                                                      a.timeout, a.set, a.accelerator, a.then,
-                                                     a.verl_checkout),
+                                                     a.verl_checkout, a.service),
     "schema": lambda a: _group("verl").schema(a.format, a.verl_version, a.spec),
     "stage-in": lambda a: _group("verl").stage_in(a.spec),
 }

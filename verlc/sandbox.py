@@ -7,7 +7,7 @@ sandbox made of Linux namespaces (util-linux `unshare`, unprivileged user namesp
 - every file system is read-only except one temporary folder, which is removed afterwards;
 - no network (a new, empty network namespace), its own process tree (killed whole at the deadline);
 - the commands that start, install, download or schedule (python, python3, python3.X, ray, torchrun, uv, pip,
-  hf, huggingface-cli, nvidia-smi, srun, sbatch, docker, podman, apptainer, ...) are stand-ins wherever the script
+  hf, huggingface-cli, nvidia-smi, srun, sbatch, docker, podman, apptainer, vllm, ...) are stand-ins wherever the script
   looks for them (on PATH and at their absolute paths): each call records its argv, environment and working
   folder, prints nothing and exits 0 (so a loop waiting for `nvidia-smi` ends at once);
 - a probe of the host answers as a plain host of the accelerator the import is for (CUDA unless told): a
@@ -39,7 +39,7 @@ from .compiler.import_script import Call
 # schedule before it: recorded, never run.
 STAND_INS = ("python", "python3", "ray", "torchrun", "uv", "pip", "pip3", "hf", "huggingface-cli", "nvidia-smi",
              "rocm-smi", "npu-smi", "srun", "sbatch", "scontrol", "docker", "podman", "apptainer", "singularity", "conda",
-             "module")
+             "module", "vllm")
 # What a plain host of each accelerator lacks: the packages another accelerator's stack installs, and its tools.
 ABSENT = {
     "cuda": (("torch_npu", "mindspeed", "torch_mlu"), ("npu-smi", "rocm-smi", "amd-smi")),

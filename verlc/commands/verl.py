@@ -135,7 +135,7 @@ def stage_in(spec: Path) -> int:
 
 def import_script(script: Path, args: Sequence[str], version: str | None, commit: str | None, out: Path | None,
                   timeout: float, given: Sequence[str], accelerator: str = "cuda", then: Sequence[str] = (),
-                  checkout: Path | None = None) -> int:
+                  checkout: Path | None = None, services: Sequence[str] = ()) -> int:
     """The spec a launch script's trainer command means: on stdout, or written to `out`; with `then` (the next
     stages' scripts, each with its arguments), a pipeline spec of them all. Exit 2 with the reasons, positioned
     in the script, when it cannot be read or its spec does not validate."""
@@ -145,13 +145,18 @@ def import_script(script: Path, args: Sequence[str], version: str | None, commit
     from ..compiler.import_script import ImportFailed
 
     scripts = [(script, tuple(args))]
-    for item in then:
+    servers: list[tuple[Path, tuple[str, ...]]] = []
+    for option, item in [*(("--then", i) for i in then), *(("--service", i) for i in services)]:
         words = shlex.split(item)
         if not words:
-            print("verlc: --then names a script (and its arguments)", file=sys.stderr)
+            print(f"verlc: {option} names a script (and its arguments)", file=sys.stderr)
             return EXIT_SPEC
-        scripts.append((Path(words[0]), tuple(words[1:])))
-    for path, _ in scripts:
+        (scripts if option == "--then" else servers).append((Path(words[0]), tuple(words[1:])))
+    if servers and len(scripts) > 1:
+        print("verlc: --service with --then: a pipeline's services are not imported yet; import the stage that "
+              "calls the server with --service, then add the others as its pipeline", file=sys.stderr)
+        return EXIT_SPEC
+    for path, _ in [*scripts, *servers]:
         if not path.is_file():
             print(f"verlc: no script {path}", file=sys.stderr)
             return EXIT_SPEC
@@ -175,7 +180,8 @@ def import_script(script: Path, args: Sequence[str], version: str | None, commit
             return EXIT_SPEC
         variables[name] = value
     try:
-        read = [read_script(path, words, version, commit, out, timeout, variables, accelerator, checkout)
+        found = [read_server(path, words, timeout, variables, accelerator) for path, words in servers]
+        read = [read_script(path, words, version, commit, out, timeout, variables, accelerator, checkout, found)
                 for path, words in scripts]
         imported, notes, _ = read[0] if len(read) == 1 else _pipeline([r[0] for r in read], out)
         notes = [n for r in read for n in r[1]] + notes if len(read) > 1 else notes
@@ -220,9 +226,26 @@ def _pipeline(parts: list, out: Path | None) -> tuple[Any, list[str], list]:
     return imported, [], irs  # its notes are the scripts' own, said at their lines already
 
 
+def read_server(script: Path, args: tuple[str, ...], timeout: float, variables: dict[str, str],
+                accelerator: str) -> tuple[str, Any]:
+    """The server a --service script starts (compiler/import_service.py), run in the sandbox as a trainer's
+    script is: (the script as shown, the Server). ImportFailed, positioned in the script, where it starts none."""
+    from .. import sandbox
+    from ..compiler.diagnostics import Diagnostic
+    from ..compiler.import_script import ImportFailed
+    from ..compiler.import_service import find_server
+
+    shown = str(script)
+    try:
+        outcome = sandbox.run(script, args, Path.cwd(), timeout, variables, accelerator)
+    except sandbox.SandboxError as exc:
+        raise ImportFailed([Diagnostic(shown, 1, 1, "script", str(exc))]) from None
+    return shown, find_server(outcome.calls, outcome.base_env, shown, script.read_text(errors="replace"))
+
+
 def read_script(script: Path, args: tuple[str, ...], version: str | None, commit: str | None,
                 out: Path | None, timeout: float, variables: dict[str, str], accelerator: str = "cuda",
-                checkout: Path | None = None) -> tuple[Any, list[str], Any]:
+                checkout: Path | None = None, servers: Sequence[tuple[str, Any]] = ()) -> tuple[Any, list[str], Any]:
     """Run the script's shell code in the sandbox, read its trainer command as a spec and compile that spec
     as `verlc build` would: (the Imported spec, verlc's notes on it, its JobIR). ImportFailed, positioned in the
     script, when any step cannot be done."""
@@ -280,6 +303,11 @@ def read_script(script: Path, args: tuple[str, ...], version: str | None, commit
                        checkout_as=checkout and os.path.relpath(checkout.resolve(), spec_path.parent))
     imported.left += _limits_left(outcome.limits, text)
     imported.notes += _frozen_commands(text)
+    server_notes = []
+    for where, server in servers:
+        from ..compiler.import_service import add_service
+
+        server_notes += add_service(imported, server, where, text)
     def in_script(path: str, message: str) -> Diagnostic:
         """A problem of the imported spec at the script's line that gave `path` its value."""
         key = path.replace("+", "")
@@ -293,7 +321,7 @@ def read_script(script: Path, args: tuple[str, ...], version: str | None, commit
                           texts={spec_path: imported.text()})
     except SpecError as exc:
         raise ImportFailed([in_script(d.path, d.message) for d in exc.diagnostics]) from None
-    notes = probe_notes(outcome, shown, text)
+    notes = [*server_notes, *probe_notes(outcome, shown, text)]
     if allocation:
         notes.append(str(Diagnostic(shown, *locate(text, "#SBATCH"), "script", "note: the script ran with the "
                                     "variables its #SBATCH lines make Slurm set: " + ", ".join(
