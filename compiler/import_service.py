@@ -120,9 +120,12 @@ def _server(call: Call, words: tuple[tuple[str, ...], tuple[str, ...]], base_env
         if key in _SHELL_ENV or base_env.get(key) == value or SECRET.search(key):
             continue
         if key in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES"):
+            share = _option(args, "--gpu-memory-utilization") or _option(args, "--mem-fraction-static")
             left.append(f"line {locate(text, key + '=')[0]}: {key}={value}: the server's own GPUs. verlc runs the "
-                        f"service on the head node beside the trainer, in the same GPUs: lower its "
-                        f"--gpu-memory-utilization and the rollout's so that both fit, or run it elsewhere")
+                        f"service on the head node beside the trainer, in the same GPUs: set services.{name}."
+                        f"gpu_memory to its share of a GPU's memory"
+                        + (f" ({share[1]} here)" if share else "") + " and lower it and the rollout's "
+                        f"gpu_memory_utilization until both fit (the build checks), or run it elsewhere")
             continue
         env[key] = value.replace("$", "$$") if "${" in value else value
     return Server(name, tuple(out), env, host, port, listed, line, tuple(left))

@@ -266,6 +266,7 @@ class ServiceIR:
     probe: ProbeIR | None
     restart: int  # how many times an exited service is started again
     variables: tuple[tuple[str, str], ...]
+    gpu_memory: float | None = None  # the share of each GPU's memory it takes beside the trainer (plan, checks)
 
 
 @dataclass(frozen=True)

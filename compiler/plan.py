@@ -90,6 +90,7 @@ def plan(ir: JobIR) -> str:
         if micro is not None and (role == "rollout" or "reference" in trained):
             out.append(f"  {role + ':':9} log-probs in micro batches of {micro} per {device}")
 
+    out += _services(ir, g, device)
     variants = len(ir.variants) or 1
     if ir.variants:
         out.append(f"  sweep:    {variants} variants (one Slurm array task each):")
@@ -170,6 +171,20 @@ def _role(name: str, section: str, g: Any, train: int | None, n: int, gpus: int)
     accumulation = f"{per_rank / micro:g}" if per_rank % micro else str(int(per_rank // micro))
     return [line, f"{'':12}{shown_rank} per data-parallel rank, micro batch {micro} per GPU: {accumulation} "
                   f"gradient-accumulation step(s)"]
+
+
+def _services(ir: JobIR, g: Any, device: str) -> list[str]:
+    """Where each service runs and what it takes of the trainer's nodes: the head's (or every node's) CPUs, and
+    where it says so a share of each GPU's memory beside the rollout's."""
+    lines = []
+    for s in ir.services:
+        where = "every node" if s.every_node else "the head node"
+        probe = f", {s.probe.kind} probe" if s.probe else ""
+        memory = (f"; {s.gpu_memory:g} of each {device}'s memory beside the rollout's "
+                  f"{g(f'{ROLLOUT}.gpu_memory_utilization')}" if s.gpu_memory else "")
+        lines.append(f"  {'service:' if not lines else '':9} {s.name} on {where}, in the trainer's allocation "
+                     f"(ready within {s.deadline} s{probe}){memory}")
+    return lines
 
 
 def _cost(ir: JobIR, price: float | None, gpus: int, variants: int, device: str) -> list[str]:

@@ -10,6 +10,7 @@ from .derive import TOOL_CONFIG_KEY, has_key
 from .diagnostics import Diagnostic, did_you_mean
 from .ir import ProbeIR, ServiceIR, Word, parse_word
 from .load import Sourced
+from .overrides import verl_values
 from .spec import Spec
 from .verl.check import NOTE, Selection
 from .verl.hydra import SERVICE_ATTRIBUTES, SERVICE_REFERENCE, service_variable, verl_value
@@ -72,6 +73,35 @@ def check_references(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
                                      f"reaches the node reaches it", at_key=True)
 
 
+ROLLOUT_MEMORY = "actor_rollout_ref.rollout.gpu_memory_utilization"
+
+
+def gpu_memory_problems(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
+    """Services that take a share of the GPUs they share with the trainer (gpu_memory) and verl's rollout (its
+    gpu_memory_utilization of every GPU) must fit one GPU together on the node that has them all: the head (a
+    service on every node is there too). Refused with every number where they do not (vLLM fails to start, or
+    runs out of memory, after the model has loaded)."""
+    shares = {name: s.gpu_memory for name, s in spec.services.items() if s.gpu_memory}
+    if not shares or isinstance(chosen, str):
+        return
+    rollout = verl_values(spec, chosen).get(ROLLOUT_MEMORY)
+    if rollout is None:
+        node: Any = chosen.tree
+        for part in ROLLOUT_MEMORY.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        rollout = node
+    if not isinstance(rollout, (int, float)) or isinstance(rollout, bool):
+        return  # an interpolation or a type problem: verl's check says which
+    taken = sum(shares.values())
+    if rollout + taken > 1:
+        parts = " + ".join(f"{shares[n]:g} (services.{n}.gpu_memory)" for n in shares)
+        for name in shares:
+            yield sourced.diagnostic(("services", name, "gpu_memory"),
+                                     f"the head node's GPUs hold verl's rollout and the services: {rollout:g} "
+                                     f"({ROLLOUT_MEMORY}) + {parts} = {rollout + taken:g} of a GPU's memory, more "
+                                     f"than it has; lower them to fit within 1")
+
+
 def tool_config_problems(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
     """The tool config is verl's file: a `tools` list of mappings, each naming its class; and the program's
     config has the key that names the file (verl 0.3 has no multi-turn tools)."""
@@ -132,5 +162,5 @@ def lower_services(spec: Spec) -> tuple[ServiceIR, ...]:
             every_node=s.on == "every_node", listen_all=s.listen == "all",
             ready_http=s.ready.http, ready_command=tuple(map(service_word, s.ready.command or ())) or None,
             deadline=s.ready.deadline, probe=probe, restart=s.restart,
-            variables=tuple((a, service_variable(name, a)) for a in SERVICE_ATTRIBUTES)))
+            variables=tuple((a, service_variable(name, a)) for a in SERVICE_ATTRIBUTES), gpu_memory=s.gpu_memory))
     return tuple(out)

@@ -349,6 +349,11 @@ class Service(Model):
                                                   "hold.")
     restart: Int = Field(0, ge=0, le=10, description="How many times a service that exits is started again "
                                                      "before the job fails.")
+    gpu_memory: Number | None = Field(
+        None, gt=0, lt=1, description="The share of a GPU's memory it takes on the GPUs it shares with the trainer "
+                                      "(a vLLM judge's --gpu-memory-utilization): the build refuses a spec whose "
+                                      "services on a node and verl's rollout "
+                                      "(actor_rollout_ref.rollout.gpu_memory_utilization) take more than a GPU.")
     listen: Literal["private", "all"] = Field("private", description="private: the head node's own address "
                                               "(127.0.0.1 for a service on every node), and the preflight fails "
                                               "one that listens on every interface; all: every interface.")

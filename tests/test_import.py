@@ -891,6 +891,7 @@ def test_a_server_script_imports_as_a_service_the_trainers_settings_reach(tmp_pa
     assert spec["env"] == {"USER_TEMPERATURE": "0.0"}
     header = out.read_text().split("\nname:")[0]
     assert "serve.sh: line 4: CUDA_VISIBLE_DEVICES=1: the server's own GPUs" in header, header
+    assert "set services.usersim.gpu_memory to its share of a GPU's memory (0.8 here)" in header, header
     assert "line 1: export USER_API_BASE=http://127.0.0.1:18001/v1: the server's address" in header, header
     assert "VERLC_SERVICE_USERSIM_URL (http://HOST:PORT), and USER_API_BASE was it followed by /v1" in header, header
     assert "serve.sh:6: the server, as service usersim" in result.stderr and "env.USER_API_BASE" in result.stderr

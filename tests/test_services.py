@@ -190,6 +190,38 @@ def test_a_token_in_verls_settings_is_noted_where_it_is_written(tmp_path: Path) 
                      re.M), shown.stdout + shown.stderr
 
 
+def test_a_service_sharing_the_gpus_must_fit_beside_the_rollout_or_the_build_is_refused_with_the_numbers(
+        tmp_path: Path) -> None:
+    """#55 item 3: a service that takes a share of the GPUs' memory (a vLLM judge beside the trainer) and verl's
+    rollout (gpu_memory_utilization: the spec's, else the release's default) must fit one GPU on the head."""
+    from conftest import REPO, run_verlc
+
+    text = "\n".join((REPO / "specs" / "retool-sandbox.yaml").read_text().splitlines()[1:]) + "\n"
+    assert "gpu_memory_utilization: 0.6" in text and "    restart: 2\n" in text
+    (tmp_path / "fits.yaml").write_text(text.replace("    restart: 2\n", "    restart: 2\n    gpu_memory: 0.3\n"))
+    fits = run_verlc("validate", "fits.yaml", cwd=tmp_path)
+    assert fits.returncode == 0, fits.stderr
+    planned = run_verlc("plan", "fits.yaml", cwd=tmp_path).stdout  # where it runs, and what it takes
+    assert "  service:  sandbox on the head node, in the trainer's allocation (ready within 300 s, sandbox probe); " \
+           "0.3 of each GPU's memory beside the rollout's 0.6\n" in planned, planned
+    (tmp_path / "over.yaml").write_text(text.replace("    restart: 2\n", "    restart: 2\n    gpu_memory: 0.5\n"))
+    over = run_verlc("validate", "over.yaml", cwd=tmp_path)
+    at = next(i for i, line in enumerate((tmp_path / "over.yaml").read_text().splitlines(), 1) if "gpu_memory:" in line)
+    assert over.returncode == 2 and re.search(
+        rf"^over\.yaml:{at}:\d+: services\.sandbox\.gpu_memory: the head node's GPUs hold verl's rollout and the "
+        r"services: 0\.6 \(actor_rollout_ref\.rollout\.gpu_memory_utilization\) \+ 0\.5 "
+        r"\(services\.sandbox\.gpu_memory\) = 1\.1 of a GPU's memory", over.stderr, re.M), over.stderr
+    # without the spec's own value, the release's default is the rollout's share
+    default = text.replace(" gpu_memory_utilization: 0.6,", "").replace("    restart: 2\n",
+                                                                         "    restart: 2\n    gpu_memory: 0.6\n")
+    (tmp_path / "default.yaml").write_text(default)
+    defaulted = run_verlc("validate", "default.yaml", cwd=tmp_path)
+    assert defaulted.returncode == 2 and re.search(r"verl's rollout and the services: 0\.\d+ \(actor_rollout_ref"
+                                                   r"\.rollout\.gpu_memory_utilization\) \+ 0\.6", defaulted.stderr), \
+        defaulted.stderr
+    assert run_verlc("validate", "over.yaml", cwd=tmp_path).stderr == over.stderr  # the same words each time
+
+
 JUDGE = "verlc-test/tiny-judge"  # the judge's model, as a hub repo id in the test's own cache
 
 
