@@ -296,7 +296,7 @@ def test_the_preflight_reads_each_nodes_npus_and_the_all_reduce_holds_them(npu_c
     program = CONNECTED + """
 seen, unanswered = on_nodes.versions_per_node(ray, nodes, "NPU")
 assert unanswered == [], unanswered
-problems, summary, _ = collective.collective_problems(ray, nodes, device="NPU")
+problems, summary = collective.collective_problems(ray, nodes, device="NPU")
 print(json.dumps({"seen": {n["NodeName"]: seen[n["NodeID"]] for n in nodes},
                   "npu": on_nodes.npu_problems(seen, nodes), "allreduce": problems, "summary": summary}))
 """
@@ -309,28 +309,6 @@ print(json.dumps({"seen": {n["NodeName"]: seen[n["NodeID"]] for n in nodes},
     assert len(out["npu"]) == 1 and re.fullmatch(r"node npu-short \([\d.]+\): npu-smi shows 0 NPUs, Ray was "
                                                  r"started with 1", out["npu"][0]), out["npu"]
     assert out["allreduce"] == [] and out["summary"] == "all-reduce over 2 ranks on 2 nodes", out
-
-
-def test_the_start_up_needs_are_checked_beside_the_all_reduce_on_every_node(npu_cluster: str) -> None:
-    """#56 item 3: the preflight checks verl's start-up needs in each node's task of the all-reduce (both hold the
-    node's NPUs, so they run at once, not one after the other): every node's outcome comes back with it."""
-    program = CONNECTED + """
-from verlc.runtime import startup
-needs = [{"check": "import", "module": "json", "device": "", "where": "verl/a.py:1", "why": "w", "avoid": ""},
-         {"check": "import", "module": "no_such_module_xyz", "device": "", "where": "verl/b.py:2", "why": "w",
-          "avoid": ""}]
-problems, summary, found = collective.collective_problems(ray, nodes, device="NPU",
-                                                          beside=(startup.startup_found, needs))
-print(json.dumps({"allreduce": problems, "summary": summary,
-                  "found": {n["NodeName"]: found.get(n["NodeID"]) for n in nodes}}))
-"""
-    result = runtime(program, npu_cluster)
-    assert result.returncode == 0, result.stderr
-    out = json.loads(result.stdout.strip().splitlines()[-1])
-    assert out["allreduce"] == [] and out["summary"] == "all-reduce over 2 ranks on 2 nodes", out
-    for node, found in out["found"].items():
-        assert [r["ok"] for r in found["results"]] == [True, False], (node, found)
-        assert "no_such_module_xyz" in found["results"][1]["detail"], (node, found)
 
 
 def test_a_probe_on_each_node_names_the_node_that_failed_or_did_not_answer(npu_cluster: str) -> None:

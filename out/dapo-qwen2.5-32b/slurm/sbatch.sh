@@ -820,7 +820,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 327ebc118b8eea750719aef36576074ea63542ce0c6efa89934caa036ad700d7:
+# runtime/ of verlc 0.1.0, as one program, sha256 7c7634481a2e9595cf0c3011f3e7c053b5fbd386aed0672ceb6aac2af2be8aee:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -2172,27 +2172,11 @@ sys.exit(0 if got == world else 3)
 """
 
 
-def allreduce_node(host: str, port: int, index: int, timeout: float, beside: tuple | None = None) -> dict:
+def allreduce_node(host: str, port: int, index: int, timeout: float) -> dict:
     """A node's part of the all-reduce (a Ray task holding every GPU or NPU of the node): a rank per device,
-    or one gloo rank where torch sees none. `beside`: (function, *args), run in this task while the ranks start,
-    seeing the node's accelerators as they do (the start-up check); its result is the answer's "beside"."""
-    import threading
-
+    or one gloo rank where torch sees none; started once every node has said how many it has. Its "seconds":
+    how long the node took to reach the rendezvous (the slowest node is the one every other waited for)."""
     began = time.monotonic()
-    done: list = []
-    thread = threading.Thread(target=lambda: done.append(beside[0](*beside[1:]))) if beside else None
-    if thread:
-        thread.start()
-    try:
-        answer = _ranks_on_node(host, port, index, timeout)
-    finally:
-        if thread:
-            thread.join()
-    return {**answer, "seconds": time.monotonic() - began, **({"beside": done[0]} if done else {})}
-
-
-def _ranks_on_node(host: str, port: int, index: int, timeout: float) -> dict:
-    """The node's ranks of the all-reduce, started once every node has said how many it has."""
     from datetime import timedelta
 
     from torch.distributed import TCPStore
@@ -2202,6 +2186,7 @@ def _ranks_on_node(host: str, port: int, index: int, timeout: float) -> dict:
     count, backend = local_devices()
     ranks = count or 1
     store.set(f"ranks/{index}", str(ranks))
+    arrived = time.monotonic() - began
     first, world = map(int, store.get(f"plan/{index}").decode().split())
     procs = [subprocess.Popen([sys.executable, "-c", RANK_PROGRAM, host, str(port), str(first + local), str(world),
                                str(local), str(timeout)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -2212,20 +2197,18 @@ def _ranks_on_node(host: str, port: int, index: int, timeout: float) -> dict:
         if proc.returncode:
             lines = [line for line in err.strip().splitlines() if line.strip()]
             failed.append(f"rank {first + local} exited {proc.returncode}: {lines[-1] if lines else 'no output'}")
-    return {"host": platform.node(), "ranks": ranks, "backend": backend, "failed": failed}
+    return {"host": platform.node(), "ranks": ranks, "backend": backend, "failed": failed, "seconds": arrived}
 
 
 def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIMEOUT,  # noqa: ANN001
-                        device: str = "GPU", beside: tuple | None = None) -> tuple[list[str], str, dict]:
-    """Problems of an all-reduce across every GPU (NPU) of every node, each naming its node; a summary; and, where
-    `beside` is (function, *args), what it returned on each node that answered, by NodeID (it runs in each node's
-    task of the all-reduce, beside the ranks: allreduce_node)."""
+                        device: str = "GPU") -> tuple[list[str], str]:
+    """Problems of an all-reduce across every GPU (NPU) of every node, each naming its node; and a summary."""
     from datetime import timedelta
 
     try:
         from torch.distributed import TCPStore
     except ImportError:
-        return ["all-reduce: torch is not installed here (verl needs it)"], "", {}
+        return ["all-reduce: torch is not installed here (verl needs it)"], ""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     host = ray.util.get_node_ip_address()
@@ -2235,13 +2218,12 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
     refs = [task.options(
         num_cpus=0, **holding(device, n.get("Resources", {}).get(device, 0)), max_retries=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
-    ).remote(host, store.port, i, timeout, beside) for i, n in enumerate(nodes)]
+    ).remote(host, store.port, i, timeout) for i, n in enumerate(nodes)]
     which = {ref.hex(): i for i, ref in enumerate(refs)}
     # Reaching the rendezvous takes a fresh Ray worker that imports torch, as long as the start-up check's
     # probe may take on a loaded node; the all-reduce itself then has `timeout`.
     arrival = STARTUP_TIMEOUT
     deadline, problems, planned, ranks = time.monotonic() + arrival, [], False, []
-    besides: dict = {}
 
     pending = list(refs)
     checked = time.monotonic()
@@ -2265,14 +2247,12 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
                 continue
             problems += [f"all-reduce: node {names[which[ref.hex()]]}: {f}" for f in result["failed"]]
             note_node_time(nodes[which[ref.hex()]], result["seconds"])
-            if "beside" in result:
-                besides[nodes[which[ref.hex()]]["NodeID"]] = result["beside"]
     if pending and not problems:
         problems.append(unfinished(store, names, ranks, planned, timeout if planned else arrival))
     for ref in pending:
         ray.cancel(ref, force=True)
     summary = f"all-reduce over {sum(ranks)} ranks on {len(nodes)} nodes" if ranks else ""
-    return problems, summary, besides
+    return problems, summary
 
 
 def unfinished(store, names: list[str], ranks: list[int], planned: bool, waited: float) -> str:  # noqa: ANN001
@@ -3000,17 +2980,22 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
     nodes, gpus, problems = timed("cluster", cluster_problems, ray, job)
     data = [expand(f) for f in job.data_files]
     files = [expand(f) for f in job.files]
-    # at once: the head's own work (hashes, columns, verl's config), each node's packages, and the accelerators
-    with ThreadPoolExecutor(3) as beside:
+    # at once: the head's own work (hashes, columns, verl's config), each node's packages, verl's start-up needs
+    # and the all-reduce (where the cluster is the job's). The last two hold every GPU of a node: Ray runs them
+    # there one after the other, in either order (each in a process of its own: together they were slower)
+    with ThreadPoolExecutor(4) as beside:
         local = beside.submit(lambda: (timed("inputs", inputs_record, job, data, files),
                                        timed("data", data_problems, job, data)))
         config = beside.submit(timed, "verl config", resolved_verl_config, job.train)
-        accelerators = beside.submit(accelerator_problems, ray, nodes, job, not problems)
+        needs = beside.submit(timed, "start-up needs", startup_check, ray, nodes, job) if job.startup else None
+        collective = beside.submit(timed, "all-reduce", collective_problems, ray, nodes, COLLECTIVE_TIMEOUT,
+                                   job.device) if not problems else None
         seen, more = timed("nodes", node_problems, ray, nodes, job)
         (inputs, more_inputs), more_data = local.result()
         verl_config = config.result()
-        found, summary, more_accelerators = accelerators.result()
-    problems += more + more_inputs + more_data + more_accelerators
+        found, more_needs = needs.result() if needs else ({}, [])
+        more_collective, summary = collective.result() if collective else ([], "")
+    problems += more + more_inputs + more_data + more_needs + more_collective
     clocks = timed("clocks", node_clocks, ray, nodes)
     problems += timed("paths", path_problems, ray, nodes, job, files)
     if services and not problems:  # they came up beside the bring-up and the data stage
@@ -3103,25 +3088,12 @@ def node_problems(ray, nodes: list[dict], job: Job) -> tuple[dict, list[str]]:  
     return seen, problems
 
 
-def accelerator_problems(ray, nodes: list[dict], job: Job,  # noqa: ANN001
-                         collective: bool) -> tuple[dict, str, list[str]]:
-    """The checks that hold every GPU (NPU) of each node, in one task per node: the all-reduce, where the cluster
-    is the job's (`collective`), with verl's start-up needs checked beside its ranks; the start-up needs alone on
-    each node it did not answer for. What each node showed of the needs, the all-reduce's summary, the problems."""
-    needs = (startup_found, [asdict(n) for n in job.startup]) if job.startup else None
-    found: dict = {}
-    problems: list[str] = []
-    summary = ""
-    if collective:
-        name = "all-reduce" + (" and start-up needs" if needs else "")
-        problems, summary, found = timed(name, collective_problems, ray, nodes, COLLECTIVE_TIMEOUT, job.device, needs)
-    rest = [n for n in nodes if n["NodeID"] not in found]
-    if needs and rest:
-        more, unanswered = timed("start-up needs", on_each_node, ray, rest, *needs, what="start-up needs",
-                                 timeout=STARTUP_TIMEOUT + 30, hold=job.device)
-        found.update(more)
-        problems += unanswered
-    return found, summary, problems + (startup_problems(found, job.startup) if job.startup else [])
+def startup_check(ray, nodes: list[dict], job: Job) -> tuple[dict, list[str]]:  # noqa: ANN001
+    """verl's start-up needs on every node, in a fresh Python holding the node's GPUs (as verl's workers see
+    them): what each node showed, and the problems (a node that did not answer, a need it lacks)."""
+    found, unanswered = on_each_node(ray, nodes, startup_found, [asdict(n) for n in job.startup],
+                                     what="start-up needs", timeout=STARTUP_TIMEOUT + 30, hold=job.device)
+    return found, unanswered + startup_problems(found, job.startup)
 
 
 def data_problems(job: Job, data: list[str]) -> list[str]:

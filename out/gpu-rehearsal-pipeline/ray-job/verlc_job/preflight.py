@@ -37,17 +37,22 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
     nodes, gpus, problems = timed("cluster", cluster_problems, ray, job)
     data = [expand(f) for f in job.data_files]
     files = [expand(f) for f in job.files]
-    # at once: the head's own work (hashes, columns, verl's config), each node's packages, and the accelerators
-    with ThreadPoolExecutor(3) as beside:
+    # at once: the head's own work (hashes, columns, verl's config), each node's packages, verl's start-up needs
+    # and the all-reduce (where the cluster is the job's). The last two hold every GPU of a node: Ray runs them
+    # there one after the other, in either order (each in a process of its own: together they were slower)
+    with ThreadPoolExecutor(4) as beside:
         local = beside.submit(lambda: (timed("inputs", inputs_record, job, data, files),
                                        timed("data", data_problems, job, data)))
         config = beside.submit(timed, "verl config", resolved_verl_config, job.train)
-        accelerators = beside.submit(accelerator_problems, ray, nodes, job, not problems)
+        needs = beside.submit(timed, "start-up needs", startup_check, ray, nodes, job) if job.startup else None
+        collective = beside.submit(timed, "all-reduce", collective_problems, ray, nodes, COLLECTIVE_TIMEOUT,
+                                   job.device) if not problems else None
         seen, more = timed("nodes", node_problems, ray, nodes, job)
         (inputs, more_inputs), more_data = local.result()
         verl_config = config.result()
-        found, summary, more_accelerators = accelerators.result()
-    problems += more + more_inputs + more_data + more_accelerators
+        found, more_needs = needs.result() if needs else ({}, [])
+        more_collective, summary = collective.result() if collective else ([], "")
+    problems += more + more_inputs + more_data + more_needs + more_collective
     clocks = timed("clocks", node_clocks, ray, nodes)
     problems += timed("paths", path_problems, ray, nodes, job, files)
     if services and not problems:  # they came up beside the bring-up and the data stage
@@ -140,25 +145,12 @@ def node_problems(ray, nodes: list[dict], job: Job) -> tuple[dict, list[str]]:  
     return seen, problems
 
 
-def accelerator_problems(ray, nodes: list[dict], job: Job,  # noqa: ANN001
-                         collective: bool) -> tuple[dict, str, list[str]]:
-    """The checks that hold every GPU (NPU) of each node, in one task per node: the all-reduce, where the cluster
-    is the job's (`collective`), with verl's start-up needs checked beside its ranks; the start-up needs alone on
-    each node it did not answer for. What each node showed of the needs, the all-reduce's summary, the problems."""
-    needs = (startup_found, [asdict(n) for n in job.startup]) if job.startup else None
-    found: dict = {}
-    problems: list[str] = []
-    summary = ""
-    if collective:
-        name = "all-reduce" + (" and start-up needs" if needs else "")
-        problems, summary, found = timed(name, collective_problems, ray, nodes, COLLECTIVE_TIMEOUT, job.device, needs)
-    rest = [n for n in nodes if n["NodeID"] not in found]
-    if needs and rest:
-        more, unanswered = timed("start-up needs", on_each_node, ray, rest, *needs, what="start-up needs",
-                                 timeout=STARTUP_TIMEOUT + 30, hold=job.device)
-        found.update(more)
-        problems += unanswered
-    return found, summary, problems + (startup_problems(found, job.startup) if job.startup else [])
+def startup_check(ray, nodes: list[dict], job: Job) -> tuple[dict, list[str]]:  # noqa: ANN001
+    """verl's start-up needs on every node, in a fresh Python holding the node's GPUs (as verl's workers see
+    them): what each node showed, and the problems (a node that did not answer, a need it lacks)."""
+    found, unanswered = on_each_node(ray, nodes, startup_found, [asdict(n) for n in job.startup],
+                                     what="start-up needs", timeout=STARTUP_TIMEOUT + 30, hold=job.device)
+    return found, unanswered + startup_problems(found, job.startup)
 
 
 def data_problems(job: Job, data: list[str]) -> list[str]:

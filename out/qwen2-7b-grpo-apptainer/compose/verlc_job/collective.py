@@ -55,27 +55,11 @@ sys.exit(0 if got == world else 3)
 """
 
 
-def allreduce_node(host: str, port: int, index: int, timeout: float, beside: tuple | None = None) -> dict:
+def allreduce_node(host: str, port: int, index: int, timeout: float) -> dict:
     """A node's part of the all-reduce (a Ray task holding every GPU or NPU of the node): a rank per device,
-    or one gloo rank where torch sees none. `beside`: (function, *args), run in this task while the ranks start,
-    seeing the node's accelerators as they do (the start-up check); its result is the answer's "beside"."""
-    import threading
-
+    or one gloo rank where torch sees none; started once every node has said how many it has. Its "seconds":
+    how long the node took to reach the rendezvous (the slowest node is the one every other waited for)."""
     began = time.monotonic()
-    done: list = []
-    thread = threading.Thread(target=lambda: done.append(beside[0](*beside[1:]))) if beside else None
-    if thread:
-        thread.start()
-    try:
-        answer = _ranks_on_node(host, port, index, timeout)
-    finally:
-        if thread:
-            thread.join()
-    return {**answer, "seconds": time.monotonic() - began, **({"beside": done[0]} if done else {})}
-
-
-def _ranks_on_node(host: str, port: int, index: int, timeout: float) -> dict:
-    """The node's ranks of the all-reduce, started once every node has said how many it has."""
     from datetime import timedelta
 
     from torch.distributed import TCPStore
@@ -85,6 +69,7 @@ def _ranks_on_node(host: str, port: int, index: int, timeout: float) -> dict:
     count, backend = local_devices()
     ranks = count or 1
     store.set(f"ranks/{index}", str(ranks))
+    arrived = time.monotonic() - began
     first, world = map(int, store.get(f"plan/{index}").decode().split())
     procs = [subprocess.Popen([sys.executable, "-c", RANK_PROGRAM, host, str(port), str(first + local), str(world),
                                str(local), str(timeout)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -95,20 +80,18 @@ def _ranks_on_node(host: str, port: int, index: int, timeout: float) -> dict:
         if proc.returncode:
             lines = [line for line in err.strip().splitlines() if line.strip()]
             failed.append(f"rank {first + local} exited {proc.returncode}: {lines[-1] if lines else 'no output'}")
-    return {"host": platform.node(), "ranks": ranks, "backend": backend, "failed": failed}
+    return {"host": platform.node(), "ranks": ranks, "backend": backend, "failed": failed, "seconds": arrived}
 
 
 def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIMEOUT,  # noqa: ANN001
-                        device: str = "GPU", beside: tuple | None = None) -> tuple[list[str], str, dict]:
-    """Problems of an all-reduce across every GPU (NPU) of every node, each naming its node; a summary; and, where
-    `beside` is (function, *args), what it returned on each node that answered, by NodeID (it runs in each node's
-    task of the all-reduce, beside the ranks: allreduce_node)."""
+                        device: str = "GPU") -> tuple[list[str], str]:
+    """Problems of an all-reduce across every GPU (NPU) of every node, each naming its node; and a summary."""
     from datetime import timedelta
 
     try:
         from torch.distributed import TCPStore
     except ImportError:
-        return ["all-reduce: torch is not installed here (verl needs it)"], "", {}
+        return ["all-reduce: torch is not installed here (verl needs it)"], ""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     host = ray.util.get_node_ip_address()
@@ -118,13 +101,12 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
     refs = [task.options(
         num_cpus=0, **holding(device, n.get("Resources", {}).get(device, 0)), max_retries=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
-    ).remote(host, store.port, i, timeout, beside) for i, n in enumerate(nodes)]
+    ).remote(host, store.port, i, timeout) for i, n in enumerate(nodes)]
     which = {ref.hex(): i for i, ref in enumerate(refs)}
     # Reaching the rendezvous takes a fresh Ray worker that imports torch, as long as the start-up check's
     # probe may take on a loaded node; the all-reduce itself then has `timeout`.
     arrival = STARTUP_TIMEOUT
     deadline, problems, planned, ranks = time.monotonic() + arrival, [], False, []
-    besides: dict = {}
 
     pending = list(refs)
     checked = time.monotonic()
@@ -148,14 +130,12 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
                 continue
             problems += [f"all-reduce: node {names[which[ref.hex()]]}: {f}" for f in result["failed"]]
             note_node_time(nodes[which[ref.hex()]], result["seconds"])
-            if "beside" in result:
-                besides[nodes[which[ref.hex()]]["NodeID"]] = result["beside"]
     if pending and not problems:
         problems.append(unfinished(store, names, ranks, planned, timeout if planned else arrival))
     for ref in pending:
         ray.cancel(ref, force=True)
     summary = f"all-reduce over {sum(ranks)} ranks on {len(nodes)} nodes" if ranks else ""
-    return problems, summary, besides
+    return problems, summary
 
 
 def unfinished(store, names: list[str], ranks: list[int], planned: bool, waited: float) -> str:  # noqa: ANN001
