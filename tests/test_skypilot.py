@@ -246,8 +246,9 @@ def test_lifecycle_runs_sky(tmp_path: Path) -> None:
     assert done.stdout.startswith(f"{job}: cancelled"), done.stdout + done.stderr
     calls = [json.loads(line) for line in record.read_text().splitlines()]
     queue = ["jobs", "queue", "--output", "json"]
-    assert calls[1:] == [queue, ["jobs", "logs", "--name", job, "--no-follow"],
-                         ["jobs", "cancel", "--yes", "--name", job], queue, queue]
+    logs = ["jobs", "logs", "--name", job, "--no-follow"]
+    # once it has ended, its log is read once more: the timeline the ledger keeps (#56)
+    assert calls[1:] == [queue, logs, ["jobs", "cancel", "--yes", "--name", job], queue, queue, logs]
 
 
 def test_the_gpu_model_is_used_by_every_target_that_can_use_it(tmp_path: Path) -> None:
