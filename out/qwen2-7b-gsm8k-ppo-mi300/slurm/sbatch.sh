@@ -836,7 +836,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 7c7634481a2e9595cf0c3011f3e7c053b5fbd386aed0672ceb6aac2af2be8aee:
+# runtime/ of verlc 0.1.0, as one program, sha256 84401b2ed00be3a957db55905ed1d4706e1551dbdc96e28d34e48ccedb1c5b9d:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -2996,22 +2996,8 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
     nodes, gpus, problems = timed("cluster", cluster_problems, ray, job)
     data = [expand(f) for f in job.data_files]
     files = [expand(f) for f in job.files]
-    # at once: the head's own work (hashes, columns, verl's config), each node's packages, verl's start-up needs
-    # and the all-reduce (where the cluster is the job's). The last two hold every GPU of a node: Ray runs them
-    # there one after the other, in either order (each in a process of its own: together they were slower)
-    with ThreadPoolExecutor(4) as beside:
-        local = beside.submit(lambda: (timed("inputs", inputs_record, job, data, files),
-                                       timed("data", data_problems, job, data)))
-        config = beside.submit(timed, "verl config", resolved_verl_config, job.train)
-        needs = beside.submit(timed, "start-up needs", startup_check, ray, nodes, job) if job.startup else None
-        collective = beside.submit(timed, "all-reduce", collective_problems, ray, nodes, COLLECTIVE_TIMEOUT,
-                                   job.device) if not problems else None
-        seen, more = timed("nodes", node_problems, ray, nodes, job)
-        (inputs, more_inputs), more_data = local.result()
-        verl_config = config.result()
-        found, more_needs = needs.result() if needs else ({}, [])
-        more_collective, summary = collective.result() if collective else ([], "")
-    problems += more + more_inputs + more_data + more_needs + more_collective
+    seen, found, inputs, verl_config, summary, more = at_once(ray, nodes, job, data, files, not problems)
+    problems += more
     clocks = timed("clocks", node_clocks, ray, nodes)
     problems += timed("paths", path_problems, ray, nodes, job, files)
     if services and not problems:  # they came up beside the bring-up and the data stage
@@ -3051,6 +3037,28 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
     say(f"preflight passed: {len(nodes)} nodes, {gpus:g} {job.device}s, {len(data)} data files, "
         f"model {expand(job.model)}, {summary}")
     return 0
+
+
+def at_once(ray, nodes: list[dict], job: Job, data: list[str], files: list[str],  # noqa: ANN001
+            collective: bool) -> tuple[dict, dict, dict, dict, str, list[str]]:
+    """The checks that run at once: the head's own work (hashes, columns, verl's config), each node's packages,
+    verl's start-up needs and the all-reduce (where the cluster is the job's: `collective`). The last two hold
+    every GPU of a node: Ray runs them there one after the other, in either order (in one task per node they were
+    slower). What each node has, what each showed of the needs, the inputs' record, verl's config, the
+    all-reduce's summary, and the problems."""
+    with ThreadPoolExecutor(4) as beside:
+        local = beside.submit(lambda: (timed("inputs", inputs_record, job, data, files),
+                                       timed("data", data_problems, job, data)))
+        config = beside.submit(timed, "verl config", resolved_verl_config, job.train)
+        needs = beside.submit(timed, "start-up needs", startup_check, ray, nodes, job) if job.startup else None
+        reduce = beside.submit(timed, "all-reduce", collective_problems, ray, nodes, COLLECTIVE_TIMEOUT,
+                               job.device) if collective else None
+        seen, problems = timed("nodes", node_problems, ray, nodes, job)
+        (inputs, more_inputs), more_data = local.result()
+        found, more_needs = needs.result() if needs else ({}, [])
+        more_reduce, summary = reduce.result() if reduce else ([], "")
+        return seen, found, inputs, config.result(), summary, problems + more_inputs + more_data + more_needs + \
+            more_reduce
 
 
 def node_clocks(ray, nodes: list[dict]) -> dict:  # noqa: ANN001
