@@ -99,7 +99,8 @@ def test_cancel_ends_a_training_run_and_the_ledger_records_it(slurm: None, tmp_p
     ended = verlc(tmp_path, "attach", run.run)
     assert ended.returncode == 3 and "has ended (cancelled): nothing to attach to" in ended.stderr
     events = [e["event"] for e in ledger.events(tmp_path / ledger.FILE)]
-    assert events[0] == "submitted" and events[-1] == "finished" and events.count("finished") == 1
+    # the end once, then the timeline read from its log then (#56: the ledger keeps it)
+    assert events[0] == "submitted" and events[-2:] == ["finished", "timeline"] and events.count("finished") == 1
 
 
 def test_two_concurrent_submits_leave_two_intact_records(slurm: None, tmp_path: Path) -> None:
