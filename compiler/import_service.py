@@ -5,8 +5,9 @@ that name the server's address wired to it (`${services.NAME.url}`).
 Input: the commands the server script started, recorded by the sandbox's stand-ins as for the trainer's script
 (compiler/import_script.py). The server's own host and port become the service's (verlc picks the port from the
 job's block, the host is the node's private address); its readiness is the server's /health, its probe a chat
-request to the model it serves. What the spec cannot hold (the script's choice of GPU, its log file) is written
-into the spec's header with its line in the script, never dropped.
+request to the model it serves. What the spec cannot hold (the script's choice of GPUs, a server listening on
+every interface, a trainer variable naming the server's address) is written into the spec's header with its
+line in the script, never dropped.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from typing import Any
 
 from .diagnostics import Diagnostic
 from .import_script import _PYTHON, _SHELL_ENV, SECRET, Call, Imported, ImportFailed, locate
+from .verl.hydra import service_variable
 
-# The servers it knows, by how they are started: (the words that start it, the option naming the model where it
-# is not the first argument after them, the option naming what /v1/models lists).
+# The servers it knows, by the words after the program that start them (python3 -m MODULE, vllm serve): the
+# option naming the model (`vllm serve` also takes it as its first argument), the option naming what /v1/models
+# lists.
 SERVERS = {
     ("-m", "vllm.entrypoints.openai.api_server"): ("--model", "--served-model-name"),
     ("serve",): ("--model", "--served-model-name"),  # `vllm serve MODEL`
@@ -69,23 +72,22 @@ def _server_words(call: Call) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     return None
 
 
-def _option(args: tuple[str, ...], name: str) -> tuple[int, str] | None:
-    """Where `--name VALUE` or `--name=VALUE` is, and its value."""
+def _option(args: tuple[str, ...], name: str) -> str | None:
+    """The value of `--name VALUE` or `--name=VALUE`."""
     for i, word in enumerate(args):
         if word == name and i + 1 < len(args):
-            return i, args[i + 1]
+            return args[i + 1]
         if word.startswith(name + "="):
-            return i, word.partition("=")[2]
+            return word.partition("=")[2]
     return None
 
 
 def _server(call: Call, words: tuple[tuple[str, ...], tuple[str, ...]], base_env: dict[str, str],
             text: str) -> Server:
     start, args = words
-    model_option, served_option = SERVERS[start[1:]] if start[0] != "vllm" else SERVERS[("serve",)]
-    served, model = _option(args, served_option), _option(args, model_option)
+    model_option, served_option = SERVERS[start[1:]]
     positional = args[0] if start[0] == "vllm" and args and not args[0].startswith("-") else None
-    listed = served[1] if served else model[1] if model else positional or ""
+    listed = _option(args, served_option) or _option(args, model_option) or positional or ""
     name = _service_name(listed)
     line = locate(text, " ".join(start[1:]), start[-1])[0]
     left = []
@@ -123,9 +125,9 @@ def _server(call: Call, words: tuple[tuple[str, ...], tuple[str, ...]], base_env
             share = _option(args, "--gpu-memory-utilization") or _option(args, "--mem-fraction-static")
             left.append(f"line {locate(text, key + '=')[0]}: {key}={value}: the server's own GPUs. verlc runs the "
                         f"service on the head node beside the trainer, in the same GPUs: set services.{name}."
-                        f"gpu_memory to its share of a GPU's memory"
-                        + (f" ({share[1]} here)" if share else "") + " and lower it and the rollout's "
-                        f"gpu_memory_utilization until both fit (the build checks), or run it elsewhere")
+                        "gpu_memory to its share of a GPU's memory" + (f" ({share} here)" if share else "")
+                        + " and lower it and the rollout's gpu_memory_utilization until both fit (the build "
+                        "checks), or run it elsewhere")
             continue
         env[key] = value.replace("$", "$$") if "${" in value else value
     return Server(name, tuple(out), env, host, port, listed, line, tuple(left))
@@ -152,8 +154,8 @@ def add_service(imported: Imported, server: Server, shown: str, text: str) -> li
                       "probe": {"kind": "judge", "model": server.model}}
     imported.left += [f"{shown}: {item}" for item in server.left]
     addresses = [f"http://{host}:{server.port}" for host in dict.fromkeys((server.host, *LOCAL_HOSTS))]
-    wired = list(_wire(spec, addresses, f"${{services.{name}.url}}", ("verl",)))
-    variable = f"VERLC_SERVICE_{name.upper()}_URL"
+    wired = list(_wire(spec.get("verl"), addresses, f"${{services.{name}.url}}", "verl"))
+    variable = service_variable(name, "url")
     for key, value in list((spec.get("env") or {}).items()):  # the job's env is set before the service has one
         if any(value == a or value.startswith(a + "/") for a in addresses):
             del spec["env"][key]
@@ -173,20 +175,16 @@ def add_service(imported: Imported, server: Server, shown: str, text: str) -> li
     return notes
 
 
-def _wire(spec: dict[str, Any], addresses: list[str], url: str, *roots: tuple[str, ...]) -> Iterator[str]:
-    """Every string under `roots` that starts with one of `addresses`, given `url` in its place: their paths."""
-    def walk(node: Any, path: str) -> Iterator[str]:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if isinstance(value, str):
-                    for address in addresses:
-                        if value == address or value.startswith(address + "/"):
-                            node[key] = url + value[len(address):]
-                            yield f"{path}.{key}"
-                            break
-                else:
-                    yield from walk(value, f"{path}.{key}")
-
-    for (root,) in roots:
-        if isinstance(spec.get(root), dict):
-            yield from walk(spec[root], root)
+def _wire(node: Any, addresses: list[str], url: str, path: str) -> Iterator[str]:
+    """Every string in the mappings under `node` that starts with one of `addresses`, given `url` in its place:
+    their paths (below `path`)."""
+    if not isinstance(node, dict):
+        return
+    for key, value in node.items():
+        if not isinstance(value, str):
+            yield from _wire(value, addresses, url, f"{path}.{key}")
+            continue
+        address = next((a for a in addresses if value == a or value.startswith(a + "/")), None)
+        if address:
+            node[key] = url + value[len(address):]
+            yield f"{path}.{key}"

@@ -14,6 +14,7 @@ from .overrides import verl_values
 from .spec import Spec
 from .verl.check import NOTE, Selection
 from .verl.hydra import SERVICE_ATTRIBUTES, SERVICE_REFERENCE, service_variable, verl_value
+from .verl.rules import Config
 
 
 def reference_problem(body: str, services: dict[str, Any]) -> str | None:
@@ -84,12 +85,7 @@ def gpu_memory_problems(spec: Spec, sourced: Sourced, chosen: Selection | str) -
     shares = {name: s.gpu_memory for name, s in spec.services.items() if s.gpu_memory}
     if not shares or isinstance(chosen, str):
         return
-    rollout = verl_values(spec, chosen).get(ROLLOUT_MEMORY)
-    if rollout is None:
-        node: Any = chosen.tree
-        for part in ROLLOUT_MEMORY.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        rollout = node
+    rollout = Config(chosen.tree, verl_values(spec, chosen)).get(ROLLOUT_MEMORY)  # the spec's, else the default
     if not isinstance(rollout, (int, float)) or isinstance(rollout, bool):
         return  # an interpolation or a type problem: verl's check says which
     taken = sum(shares.values())
