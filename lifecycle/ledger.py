@@ -1,9 +1,9 @@
 """The run ledger: one append-only JSON Lines file of events, folded into runs.
 
 Each submission appends a `submitted` event; later observations append `state` events and, once the
-scheduler says the run ended, a `finished` event and the run's start-up timeline as its log showed it then. Nothing is ever rewritten, so the file reviews as a
-plain diff and two verlc processes can append at once: every event is one line, written with one
-`write` under an exclusive lock on the file.
+scheduler says the run ended, a `finished` event and a `timeline` event (its start-up timeline, as its log
+showed it then). Nothing is ever rewritten, so the file reviews as a plain diff and two verlc processes can
+append at once: every event is one line, written with one `write` under an exclusive lock on the file.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 Each attempt of a run (a requeued Slurm job has several) is a list of phases: the stages (containers, ray, data,
 preflight, train) from their own lines, and inside them what the runtime times as it goes: the job's image on
-every node (the Slurm script's pull or build, apart from the containers' start), the last node's arrival, each preflight check, each service from its start until it was seen ready, and verl's own start-up
-milestones as the runtime stamped them while relaying the trainer's output (protocol.TRAINER_MILESTONES), up to
-its first step. A milestone whose line the log lacks is unknown, never estimated. Every time is the clock of the
+every node (the Slurm script's pull or build, apart from the containers' start), the last node's arrival, each
+preflight check (with its slowest node), each service from its start until it was seen ready, and verl's own
+start-up milestones as the runtime stamped them while relaying the trainer's output (protocol.TRAINER_MILESTONES),
+up to its first step. A milestone whose line the log lacks is unknown, never estimated. Every time is the clock of the
 node that printed it; the runtime's lines all come from the head node, and its preflight measures each node's
 clock against the head's (shown with the phases: a node's own lines are off by its offset).
 """

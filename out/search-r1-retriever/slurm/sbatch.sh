@@ -807,7 +807,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 84401b2ed00be3a957db55905ed1d4706e1551dbdc96e28d34e48ccedb1c5b9d:
+# runtime/ of verlc 0.1.0, as one program, sha256 1ae55741b439275a3c85b0ea06e3ba319b4955c4927c46cdc274acf8b03d6c44:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -3041,13 +3041,13 @@ def node_clocks(ray, nodes: list[dict]) -> dict:  # noqa: ANN001
     return {node: {"offset": round(offset, 6), "within": round(within, 6)} for node, (offset, within) in clocks.items()}
 
 
-def timed(name: str, check: Callable[..., T], *args: object, **options: object) -> T:
+def timed(name: str, check: Callable[..., T], *args: object) -> T:
     """One check of the preflight, its time said as an event line (the run's timeline), with its slowest node
     where it ran a task on several (their own times, summed per node: cluster.NODE_TIMES)."""
     began, times = time.monotonic(), []
     token = NODE_TIMES.set(times)
     try:
-        return check(*args, **options)
+        return check(*args)
     finally:
         NODE_TIMES.reset(token)
         per_node: dict[str, float] = {}

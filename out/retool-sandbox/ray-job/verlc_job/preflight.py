@@ -111,13 +111,13 @@ def node_clocks(ray, nodes: list[dict]) -> dict:  # noqa: ANN001
     return {node: {"offset": round(offset, 6), "within": round(within, 6)} for node, (offset, within) in clocks.items()}
 
 
-def timed(name: str, check: Callable[..., T], *args: object, **options: object) -> T:
+def timed(name: str, check: Callable[..., T], *args: object) -> T:
     """One check of the preflight, its time said as an event line (the run's timeline), with its slowest node
     where it ran a task on several (their own times, summed per node: cluster.NODE_TIMES)."""
     began, times = time.monotonic(), []
     token = NODE_TIMES.set(times)
     try:
-        return check(*args, **options)
+        return check(*args)
     finally:
         NODE_TIMES.reset(token)
         per_node: dict[str, float] = {}
