@@ -108,27 +108,35 @@ def main_ppo_scripts(root: Path) -> list[str]:
                   if "verl.trainer.main_ppo" in p.read_text(errors="replace"))
 
 
-def script_argv(script: str, root: Path, tmp: Path, given: dict[str, str], args: tuple[str, ...] = ()
-                ) -> list[str] | None:
-    """The trainer command the script runs, without verlc: bash runs it from `root` with a stand-in for each
-    command verlc stands in for, recording every call; the first `python -m MODULE key=value...`, unwrapped
-    from `ray job submit -- ` and `srun`."""
-    tools = tmp / "tools"
-    record = tmp / "calls"
+def stand_ins(folder: Path) -> Path:
+    """A folder of recording stand-ins, made before any thread or process runs a script: a file being written
+    while another thread forks is open for writing in that child until it execs, and running the file then fails
+    with "Text file busy" (the stand-ins are links to one recorder, written once). Each call appends its words,
+    NUL-terminated, then a record separator, to $STAND_IN_RECORD by one write (a script may run two stand-ins at
+    once: two writes each could interleave)."""
+    tools = folder / "tools"
     tools.mkdir()
-    # each call: its words, NUL-terminated, then a record separator, appended by one write (a script may run
-    # two stand-ins at once: two writes each could interleave)
+    (folder / "recorder").write_text('#!/bin/sh\nf=$(mktemp)\n'
+                                     '{ printf \'%s\\0\' "${0##*/}" "$@"; printf \'\\036\\0\'; } > "$f"\n'
+                                     'cat "$f" >> "$STAND_IN_RECORD"\nrm -f "$f"\n')
+    (folder / "recorder").chmod(0o755)
     for name in STAND_INS:
-        (tools / name).write_text(f"#!/bin/sh\nf=$(mktemp)\n"
-                                  f"{{ printf '%s\\0' {name} \"$@\"; printf '\\036\\0'; }} > \"$f\"\n"
-                                  f"cat \"$f\" >> {record}\nrm -f \"$f\"\n")
-        (tools / name).chmod(0o755)
+        (tools / name).symlink_to(folder / "recorder")
+    return tools
+
+
+def script_argv(script: str, root: Path, tmp: Path, given: dict[str, str], tools: Path,
+                args: tuple[str, ...] = ()) -> list[str] | None:
+    """The trainer command the script runs, without verlc: bash runs it from `root` with `tools` (stand_ins)
+    first on PATH, recording every call in `tmp`; the first `python -m MODULE key=value...`, unwrapped from
+    `ray job submit -- ` and `srun`."""
+    record = tmp / "calls"
     record.write_bytes(b"")
     # raising a limit (ulimit -n 32768) is refused on this machine, even to root: as in verlc's sandbox, it is
     # not the script's end
     (tmp / "bash_env").write_text('ulimit() { builtin ulimit "$@" 2>/dev/null || true; }\n')
     env = {"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(root / "home"), "BASH_ENV": str(tmp / "bash_env"),
-           **given}
+           "STAND_IN_RECORD": str(record), **given}
     try:
         # a guard against a hang, not a measure: under CI's load (the machine tests beside it on two cores) a plain
         # run of a script with stand-ins once took over 30 s
@@ -249,17 +257,19 @@ def import_all(root: Path, version: str, scripts: list[str], tmp: Path) -> dict[
         mp.chdir(root)
         mp.setenv("HOME", str(root / "home"))  # the sandbox's HOME, as the plain run's
         # a process per core (compiling is Python's work), each with a thread more (running a script waits)
+        tools = stand_ins(tmp)  # before the pool's processes and their threads
         with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
-            return dict(zip(scripts, pool.map(partial(round_trip, root=root, tmp=tmp, version=version), scripts)))
+            work = partial(round_trip, root=root, tmp=tmp, tools=tools, version=version)
+            return dict(zip(scripts, pool.map(work, scripts)))
 
 
-def round_trip(script: str, root: Path, tmp: Path, version: str) -> tuple[Any, ...]:
+def round_trip(script: str, root: Path, tmp: Path, tools: Path, version: str) -> tuple[Any, ...]:
     """(the script's own trainer argv, the imported spec's trainer argv or the import's problems, the Imported)."""
     given = GIVEN.get(script, {})
     folder = tmp / script.replace("/", "-")
     folder.mkdir()
     with ThreadPoolExecutor(1) as side:
-        theirs = side.submit(script_argv, script, root, folder, given)
+        theirs = side.submit(script_argv, script, root, folder, given, tools)
         try:
             spec, _, ir = read_script(Path(script), (), version, None, None, 120, given)
         except ImportFailed as exc:
@@ -390,13 +400,14 @@ def test_verls_sft_example_scripts_round_trip_or_are_refused_as_verl_refuses_the
     scripts = sft_scripts(checkout)
     assert len(scripts) >= 8, scripts
     cases, outcomes, failed, unjudged = [], [], [], set()
+    tools = stand_ins(tmp_path)
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(checkout)
         mp.setenv("HOME", str(checkout / "home"))
         for script in scripts:
             folder = tmp_path / script.replace("/", "-")
             folder.mkdir()
-            theirs = script_argv(script, checkout, folder, {}, SFT_ARGS)
+            theirs = script_argv(script, checkout, folder, {}, tools, SFT_ARGS)
             if theirs is None:  # the script stops before its trainer here (a megatron script's set-up)
                 continue
             try:
