@@ -18,7 +18,8 @@ from .load import Sourced
 from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, image_file, is_hub_id
 from .verl import determinism, preprocess
 from .verl.check import NOTE, Selection, Setting, check_groups, check_verl, select, settings, without_prefixes
-from .services import check_references, gpu_memory_problems, tool_config_problems, word_problems
+from .services import (check_references, gpu_memory_problems, placement_problems, tool_config_problems,
+                       word_problems)
 from .verl.hydra import SERVICE_REFERENCE, hydra_value, shown
 from .verl.program import GENERATION_SERVER, RAY_PROGRAMS, TORCHRUN, own_config
 from .verl.release import Release
@@ -57,6 +58,7 @@ def check(spec: Spec, sourced: Sourced, release: Release, catalog: Catalog, targ
         *_env(spec, sourced),
         *check_references(spec, sourced),
         *word_problems(spec, sourced),
+        *placement_problems(spec, sourced),
         *tool_config_problems(spec, sourced, chosen),
         *gpu_memory_problems(spec, sourced, chosen),
         *_container(spec, sourced),

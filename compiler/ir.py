@@ -258,7 +258,9 @@ class ServiceIR:
     name: str
     argv: tuple[Word, ...]
     env: tuple[tuple[str, Word], ...]
-    every_node: bool  # else on the head node
+    every_node: bool  # on every node of the trainer
+    own_node: bool  # on a node of its own (the allocation's last), else on the head node
+    gpus: int  # the GPUs it holds on its own node, through Ray (0 elsewhere)
     listen_all: bool  # every interface, else the head's own address (127.0.0.1 on every node)
     ready_http: str | None  # a path that must answer 2xx
     ready_command: tuple[Word, ...] | None  # a command that must exit 0
@@ -280,7 +282,7 @@ class JobIR:
     reproducible: bool  # re-runs must match the first run's record (image, versions)
     verlc_version: str
     verl_version: str
-    nodes: int
+    nodes: int  # the allocation's: the trainer's (cluster.nodes, trainer.nnodes), then the services' own
     gpus_per_node: int
     accelerator: Literal["cuda", "rocm", "npu"]
     env: tuple[EnvVar, ...]
@@ -358,6 +360,11 @@ class JobIR:
     @property
     def total_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def service_nodes(self) -> int:
+        """The allocation's nodes of services of their own (its last nodes; the trainer has the others)."""
+        return sum(s.own_node for s in self.services)
 
     @property
     def program_argv(self) -> tuple[str, ...]:

@@ -57,7 +57,7 @@ def lower(spec: Spec, release: Release, catalog: Catalog, *, spec_file: str, spe
         verl_schema=f"{release.label.removeprefix('verl ')} ({release.source})",
         verlc_version=VERSION,
         verl_version=spec.verl_version,
-        nodes=spec.cluster.nodes,
+        nodes=spec.cluster.nodes + sum(s.on == "own_node" for s in spec.services.values()),
         gpus_per_node=spec.cluster.gpus_per_node,
         accelerator=spec.cluster.accelerator,
         env=environment(spec),

@@ -45,7 +45,9 @@ def plan(ir: JobIR) -> str:
     device = ir.device
     total = ir.nodes * ir.gpus_per_node
     kind = f" ({ir.gpu_type})" if ir.gpu_type else ""
-    out = [f"{ir.name}: {ir.nodes} node(s) x {ir.gpus_per_node} {device}s{kind} = {total} {device}s; "
+    own = (f" ({ir.nodes - ir.service_nodes} for the trainer, {ir.service_nodes} for services)"
+           if ir.service_nodes else "")
+    out = [f"{ir.name}: {ir.nodes} node(s){own} x {ir.gpus_per_node} {device}s{kind} = {total} {device}s; "
            f"verl {ir.verl_version}, {ir.trainer_module} ({ir.config_name})"]
 
     if ir.trainer_module in (EVALUATION, *GENERATION):  # no actor updates, no critic, no training batch
@@ -54,7 +56,8 @@ def plan(ir: JobIR) -> str:
         return "\n".join([*out, *lines, *_cost(ir, price, total, 1, device)]) + "\n"
     if "actor_rollout_ref" not in cfg.tree:  # not PPO's roles: verl's SFT trainer, one process per GPU
         return "\n".join([*out, *_sft(ir, g), *_cost(ir, price, total, 1, device)]) + "\n"
-    trainer_gpus = (_count(g("trainer.nnodes")) or ir.nodes) * (_count(g("trainer.n_gpus_per_node")) or ir.gpus_per_node)
+    trainer_gpus = (_count(g("trainer.nnodes")) or ir.nodes - ir.service_nodes) * \
+        (_count(g("trainer.n_gpus_per_node")) or ir.gpus_per_node)
     pool = (_count(g("rollout.nnodes")), _count(g("rollout.n_gpus_per_node")))
     critic = critic_in_use(cfg.tree, cfg.tree)
     trained = ["actor", *(["reference"] if g(f"{ACTOR}.use_kl_loss") or g("algorithm.use_kl_in_reward") else []),
@@ -178,12 +181,15 @@ def _services(ir: JobIR, g: Any, device: str) -> list[str]:
     where it says so a share of each GPU's memory beside the rollout's."""
     lines = []
     for s in ir.services:
-        where = "every node" if s.every_node else "the head node"
         probe = f", {s.probe.kind} probe" if s.probe else ""
+        if s.own_node:
+            where = f"a node of its own, holding {s.gpus} of its {ir.gpus_per_node} {device}s"
+        else:
+            where = f"{'every node' if s.every_node else 'the head node'}, in the trainer's nodes"
         memory = (f"; {s.gpu_memory:g} of each {device}'s memory beside the rollout's "
                   f"{g(f'{ROLLOUT}.gpu_memory_utilization')}" if s.gpu_memory else "")
-        lines.append(f"  {'service:' if not lines else '':9} {s.name} on {where}, in the trainer's allocation "
-                     f"(ready within {s.deadline} s{probe}){memory}")
+        lines.append(f"  {'service:' if not lines else '':9} {s.name} on {where} (ready within {s.deadline} s"
+                     f"{probe}){memory}")
     return lines
 
 

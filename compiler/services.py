@@ -14,6 +14,7 @@ from .overrides import verl_values
 from .spec import Spec
 from .verl.check import NOTE, Selection
 from .verl.hydra import SERVICE_ATTRIBUTES, SERVICE_REFERENCE, service_variable, verl_value
+from .verl.program import TORCHRUN
 from .verl.rules import Config
 
 
@@ -72,6 +73,41 @@ def check_references(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
             yield sourced.diagnostic(("services", name, "listen"),
                                      f"{NOTE}services.{name} listens on every interface of its node: anyone who "
                                      f"reaches the node reaches it", at_key=True)
+
+
+def placement_problems(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    """A service's GPUs are held on a node of its own, within that node's; its GPU memory share is of GPUs it
+    shares with the trainer; a node of its own is a Ray node, which a torchrun program (no Ray) has none of; and
+    a head service, started as Ray comes up, cannot read the address of one on a node of its own (known once
+    every node is up)."""
+    own = {name for name, s in spec.services.items() if s.on == "own_node"}
+    for name, s in spec.services.items():
+        at = ("services", name)
+        if s.gpus is not None and s.on != "own_node":
+            yield sourced.diagnostic((*at, "gpus"), f"gpus is what a service on a node of its own holds there "
+                                                    f"(on: own_node); services.{name} is on: {s.on}", at_key=True)
+        elif s.gpus is not None and s.gpus > spec.cluster.gpus_per_node:
+            yield sourced.diagnostic((*at, "gpus"), f"a node of the job has {spec.cluster.gpus_per_node} GPUs "
+                                                    f"(cluster.gpus_per_node): services.{name} cannot hold {s.gpus}")
+        if s.on == "own_node" and s.gpu_memory is not None:
+            yield sourced.diagnostic((*at, "gpu_memory"), "gpu_memory is a share of the GPUs a service shares with "
+                                                          "the trainer: on a node of its own it shares none (its "
+                                                          "own server's flag sets what it takes there)", at_key=True)
+        if s.on == "own_node" and spec.program in TORCHRUN:
+            yield sourced.diagnostic((*at, "on"), f"{spec.program} runs under torchrun, without Ray: a service "
+                                                  f"runs on the head node or every node")
+        if s.on != "head":
+            continue
+        words = [*_strings(list(s.command), (*at, "command")), *_strings(dict(s.env), (*at, "env")),
+                 *_strings(list(s.ready.command or ()), (*at, "ready", "command"))]
+        for loc, text in words:
+            for match in SERVICE_REFERENCE.finditer(text):
+                other = match[1].split(".")[0]
+                if other in own:
+                    yield sourced.diagnostic(loc, f"services.{other} is on a node of its own, whose address is "
+                                                  f"known once every node is up, and services.{name} starts on "
+                                                  f"the head node before: put {name} on every_node, or {other} "
+                                                  f"on the head")
 
 
 ROLLOUT_MEMORY = "actor_rollout_ref.rollout.gpu_memory_utilization"
@@ -155,7 +191,9 @@ def lower_services(spec: Spec) -> tuple[ServiceIR, ...]:
         out.append(ServiceIR(
             name=name, argv=tuple(map(service_word, s.command)),
             env=tuple((k, service_word(v)) for k, v in s.env.items()),
-            every_node=s.on == "every_node", listen_all=s.listen == "all",
+            every_node=s.on == "every_node", own_node=s.on == "own_node",
+            gpus=(spec.cluster.gpus_per_node if s.gpus is None else s.gpus) if s.on == "own_node" else 0,
+            listen_all=s.listen == "all",
             ready_http=s.ready.http, ready_command=tuple(map(service_word, s.ready.command or ())) or None,
             deadline=s.ready.deadline, probe=probe, restart=s.restart,
             variables=tuple((a, service_variable(name, a)) for a in SERVICE_ATTRIBUTES), gpu_memory=s.gpu_memory))

@@ -341,8 +341,12 @@ class Service(Model):
     command: tuple[Text, ...] = Field(min_length=1, description="Its argv; it must listen on "
                                       "${services.NAME.host}:${services.NAME.port} (verlc picks the port); "
                                       "${services.NAME.token} is a secret made for each run.")
-    on: Literal["head", "every_node"] = Field("head", description="The head node, or every node (each node's "
-                                              "trainer processes reach their own node's, at 127.0.0.1).")
+    on: Literal["head", "every_node", "own_node"] = Field(
+        "head", description="The head node; every node of the trainer (each node's trainer processes reach their "
+                            "own node's, at 127.0.0.1); or a node of its own, added to the job's allocation (a "
+                            "node like the trainer's, which the trainer does not use).")
+    gpus: Int | None = Field(None, ge=0, description="With on: own_node, the GPUs of its node it holds (Ray gives "
+                                                     "them to its process; default: every GPU of the node).")
     env: dict[EnvName, EnvValue] = Field(default_factory=dict, description="Its environment, over the job's.")
     ready: Ready = Field(Ready(), description="When it is ready (default: its port accepts a connection).")
     probe: Probe | None = Field(None, description="One real request before training, and what the answer must "

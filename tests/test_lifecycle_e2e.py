@@ -251,9 +251,10 @@ def test_a_pipeline_runs_its_stages_in_order_and_a_failed_stage_stops_the_chain(
 
 def test_services_on_slurm_reach_the_trainer_come_back_after_a_requeue_and_their_logs_are_kept(
         slurm: None, tmp_path: Path) -> None:
-    """#55 on the local Slurm cluster: a sandbox on the head (its run's token required) and a retriever on each
-    of the two nodes, started by the job's runtime, ready and probed before the stand-in trainer (no GPU here:
-    it trains nothing) reaches both at the addresses verlc wired, the retriever also through the spec's tool
+    """#55 on the local Slurm cluster: a sandbox on a node of its own (a third node of the allocation, whose GPUs
+    it holds; its run's token required) and a retriever on each of the trainer's two nodes, started by the job's
+    runtime, ready and probed before the stand-in trainer (no GPU here: it trains nothing) reaches both at the
+    addresses verlc wired, the retriever also through the spec's tool
     config (in the run folder, which every node sees). Requeued ahead of preemption while it trains,
     the job brings them back at addresses of the same form (the job's port block) with a new token; nothing of
     them runs once the job ended, their output is in the run folder (`verlc logs RUN --service NAME`), and no
@@ -261,6 +262,7 @@ def test_services_on_slurm_reach_the_trainer_come_back_after_a_requeue_and_their
     from test_ray_job import SERVICES_TOOLS, SERVICES_VERL, service_fixtures, service_processes
 
     services = service_fixtures(tmp_path)
+    services["sandbox"]["on"] = "own_node"
     reward = json.dumps(SERVICES_VERL["reward"])
     build(tmp_path, venv=fake_venv(tmp_path), grace="60s", verl=f", reward: {reward}",
           extra=f"services: {json.dumps(services)}\ntool_config: {json.dumps(SERVICES_TOOLS)}\n")
@@ -275,8 +277,13 @@ def test_services_on_slurm_reach_the_trainer_come_back_after_a_requeue_and_their
     run = runs_of(tmp_path)[run.run]
     log = verlc(tmp_path, "logs", run.run).stdout
     assert (run.state, run.restarts) == ("COMPLETED", 1), failing_first(log)
-    started = re.findall(r"service sandbox: started on the head node at http://(10\.77\.0\.\d+):(\d+)", log)
-    assert len(started) == 2 and started[0][1] == started[1][1], started  # the head's address, the block's port
+    assert "\n#SBATCH --nodes=3\n" in next((tmp_path / "out").glob("*/slurm/sbatch.sh")).read_text()
+    assert " trainer.nnodes=2 " in log and "trainer.nnodes=3" not in log, log  # the trainer keeps its two nodes
+    started = re.findall(r"service sandbox: starting on (n\d) \((10\.77\.0\.\d+)\), a node of its own \(8 GPUs\) "
+                         r"at http://(10\.77\.0\.\d+):(\d+)", log)
+    heads = re.findall(r"verlc: job \d+ on .*; head (\w+);", log)
+    assert len(started) == 2 and started[0][3] == started[1][3], started  # its node's address, the block's port
+    assert all(node != head and ip == at for (node, ip, at, _), head in zip(started, heads)), (started, heads)
     for name in ("sandbox", "retriever"):
         assert len(re.findall(rf"service {name}: ready in [\d.]+s, {name} probe passed", log)) == 2, log
     assert len(re.findall(r"sandbox at http://10\.77\.0\.\d+:\d+/run_code printed 42", log)) == 2, log

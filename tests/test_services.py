@@ -6,6 +6,7 @@ bundles: tests/test_ray_job.py; bad specs: tests/invalid/services-*.yaml."""
 from __future__ import annotations
 
 import os
+import shutil
 import re
 import signal
 import sys
@@ -17,7 +18,8 @@ import pytest
 from verlc.compiler.verl.hydra import SERVICE_ATTRIBUTES
 from verlc.runtime.job import Probe, Service
 from verlc.runtime.protocol import SERVICE_PORTS
-from verlc.runtime.services import Services, service_ports
+from verlc.runtime.addresses import service_ports
+from verlc.runtime.services import Services
 
 SERVERS = Path(__file__).parent / "services"
 
@@ -26,7 +28,8 @@ def sandbox(restart: int = 0, deadline: int = 60, argv: list | None = None, **pr
     port = [{"env": "VERLC_SERVICE_SANDBOX_PORT"}]
     return Service(name="sandbox", argv=argv or [[sys.executable], [str(SERVERS / "sandbox.py")], ["--host"],
                                                  [{"env": "VERLC_SERVICE_SANDBOX_HOST"}], ["--port"], port],
-                   env={}, every_node=False, listen_all=False, ready_http="/health", ready_command=None,
+                   env={}, every_node=False, own_node=False, gpus=0, listen_all=False,
+                   ready_http="/health", ready_command=None,
                    deadline=deadline, probe=Probe(kind="sandbox", **probe), restart=restart,
                    variables={a: f"VERLC_SERVICE_SANDBOX_{a.upper()}" for a in SERVICE_ATTRIBUTES})
 
@@ -202,7 +205,7 @@ def test_a_service_sharing_the_gpus_must_fit_beside_the_rollout_or_the_build_is_
     fits = run_verlc("validate", "fits.yaml", cwd=tmp_path)
     assert fits.returncode == 0, fits.stderr
     planned = run_verlc("plan", "fits.yaml", cwd=tmp_path).stdout  # where it runs, and what it takes
-    assert "  service:  sandbox on the head node, in the trainer's allocation (ready within 300 s, sandbox probe); " \
+    assert "  service:  sandbox on the head node, in the trainer's nodes (ready within 300 s, sandbox probe); " \
            "0.3 of each GPU's memory beside the rollout's 0.6\n" in planned, planned
     (tmp_path / "over.yaml").write_text(text.replace("    restart: 2\n", "    restart: 2\n    gpu_memory: 0.5\n"))
     over = run_verlc("validate", "over.yaml", cwd=tmp_path)
@@ -270,7 +273,8 @@ def test_an_llm_judge_served_by_transformers_serve_passes_the_judge_probe_and_a_
              [{"env": "VERLC_SERVICE_JUDGE_HOST"}], ["--port"], [{"env": "VERLC_SERVICE_JUDGE_PORT"}],
              ["--device"], ["cpu"]]
     judge = Service(name="judge", argv=serve, env={"HF_HUB_CACHE": [str(judge_hub)], "HF_HUB_OFFLINE": ["1"]},
-                    every_node=False, listen_all=False, ready_http="/health", ready_command=None, deadline=300,
+                    every_node=False, own_node=False, gpus=0, listen_all=False, ready_http="/health",
+                    ready_command=None, deadline=300,
                     probe=Probe(kind="judge", model=JUDGE), restart=0,
                     variables={a: f"VERLC_SERVICE_JUDGE_{a.upper()}" for a in SERVICE_ATTRIBUTES})
     running = services(judge)
@@ -319,3 +323,40 @@ def test_a_tool_config_for_a_release_without_multi_turn_tools_is_refused_at_its_
         "actor_rollout_ref.rollout.multi_turn.tool_config_path: this release runs no multi-turn tools",
         "old.yaml:8:14: tool_config: verl reads a list of tools from it: tool_config: {tools: [{class_name: ..., "
         "config: {...}, tool_schema: {...}}]}"], shown.stderr
+
+
+def test_a_service_on_a_node_of_its_own_adds_that_node_to_every_targets_allocation_not_to_the_trainers(
+        tmp_path: Path) -> None:
+    """#55 items 1 and 3: specs/genrm-judge.yaml's judge on a node of its own: every target allocates the
+    trainer's two nodes and the judge's one (Slurm's --nodes, compose's worker containers, KubeRay's worker
+    replicas, SkyPilot's num_nodes), verl's trainer.nnodes stays 2, and `verlc plan` shows both and counts the
+    GPU-hours of all three; without the service the allocation is the trainer's alone."""
+    from conftest import REPO, run_verlc
+    from ruamel.yaml import YAML
+
+    text = (REPO / "specs" / "genrm-judge.yaml").read_text()
+    assert "    on: own_node" in text and "  nodes: 2\n" in text
+    (tmp_path / "own.yaml").write_text(text)
+    (tmp_path / "head.yaml").write_text(text.replace("    on: own_node", "    on: head"))
+    for name, nodes in (("own", 3), ("head", 2)):
+        built = run_verlc("build", f"{name}.yaml", "--target", "all", "--out", "out", cwd=tmp_path)
+        assert built.returncode == 0, built.stderr
+        out = tmp_path / "out" / "genrm-judge"
+        assert f"\n#SBATCH --nodes={nodes}\n" in (out / "slurm" / "sbatch.sh").read_text()
+        assert '"trainer.nnodes=2"' in (out / "slurm" / "sbatch.sh").read_text()
+        compose = YAML(typ="safe").load((out / "compose" / "compose.yaml").read_text())
+        assert sorted(s for s in compose["services"] if s.startswith("ray-worker-")) == \
+            [f"ray-worker-{i}" for i in range(1, nodes)]
+        rayjob = YAML(typ="safe").load((out / "kuberay" / "rayjob.yaml").read_text())
+        [group] = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+        assert group["replicas"] == nodes - 1
+        assert YAML(typ="safe").load((out / "skypilot" / "task.yaml").read_text())["num_nodes"] == nodes
+        planned = run_verlc("plan", f"{name}.yaml", cwd=tmp_path).stdout
+        assert planned.startswith(f"genrm-judge: {nodes} node(s)" + (" (2 for the trainer, 1 for services)"
+                                                                     if nodes == 3 else "") + " x 8 GPUs (H100) = "
+                                  f"{nodes * 8} GPUs;"), planned
+        assert f"x {nodes * 8} GPUs = {24 * nodes * 8} GPU-hours" in planned, planned
+        assert "rollout, actor share all 16" in planned, planned  # the trainer's GPUs, not the allocation's
+        shutil.rmtree(tmp_path / "out")
+    assert "  service:  judge on a node of its own, holding 8 of its 8 GPUs (ready within 1200 s, judge probe)" \
+        in run_verlc("plan", "own.yaml", cwd=tmp_path).stdout

@@ -45,7 +45,7 @@ def lower(spec: Spec, ir: JobIR) -> SlurmIR:
     assert s is not None, "the checks refuse the slurm target without cluster.slurm"
     directives: list[tuple[str, str | int | None]] = [
         ("job-name", spec.name),
-        ("nodes", spec.cluster.nodes),
+        ("nodes", ir.nodes),  # the trainer's and the services' own
         ("ntasks-per-node", 1),  # one Ray node per host; Ray schedules the GPUs
         ("cpus-per-task", s.cpus_per_task),
         *accelerators(spec),

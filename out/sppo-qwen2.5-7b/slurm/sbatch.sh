@@ -784,234 +784,13 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 1ae55741b439275a3c85b0ea06e3ba319b4955c4927c46cdc274acf8b03d6c44:
+# runtime/ of verlc 0.1.0, as one program, sha256 e6c9efc51716872b64ccf53033164456f9c332370ab7a0a1a7cf94b240f49b7e:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
 runtime_source() {
   cat <<'VERLC_RUNTIME'
 from __future__ import annotations
-
-
-# ==== runtime/job.py ====
-"""The job: what the build hands the cluster, typed all the way down.
-
-The build (targets/job_package.py `job_of`) makes a `Job` from the JobIR and writes it as JSON into the bundle; the
-runtime reads it back on the cluster. Every part is a frozen dataclass whose field names are its JSON keys, written
-here once; a key the runtime does not know is an error, never ignored.
-
-Paths are words (`Word`): text parts and {"env": NAME} parts that `expand` fills in from the node's environment.
-"""
-
-
-import json
-import os
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Dict, List, Union
-
-# A path or argument as the build leaves it: text, and {"env": NAME} parts expanded on the node (compiler/ir.py Word)
-Word = List[Union[str, Dict[str, str]]]
-
-
-def expand(word: Word) -> str:
-    """A word on this node: text parts as they are, {"env": NAME} as this node's NAME."""
-    return "".join(p if isinstance(p, str) else os.environ.get(p["env"], "") for p in word)
-
-
-def record(of: type, **default: Any) -> Any:
-    """A Job field that holds records of `of` (one, a list of them, or None): loaded as `of` from JSON."""
-    return field(metadata={"of": of}, **default)
-
-
-def load(cls: type, data: dict[str, Any]) -> Any:
-    """A record (or the Job) from its JSON object, its own records loaded as theirs; unknown keys refused."""
-    known = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise ValueError(f"not a {cls.__name__} of this runtime: unknown keys {', '.join(unknown)}")
-    values = {}
-    for key, value in data.items():
-        of = known[key].metadata.get("of")
-        if of is not None and isinstance(value, list):
-            value = [load(of, v) for v in value]
-        elif of is not None and isinstance(value, dict):
-            value = load(of, value)
-        values[key] = value
-    return cls(**values)
-
-
-@dataclass(frozen=True)
-class DataPrep:
-    """One data preparation command, run unless out_dir holds train.parquet and test.parquet already."""
-    out_dir: str
-    argv: List[str]
-
-
-@dataclass(frozen=True)
-class ModelFetch:
-    """A hub model's pinned revision, put into `folder` (what verl gets) unless it holds it already."""
-    repo: str
-    revision: str
-    folder: Word
-
-
-@dataclass(frozen=True)
-class StartupNeed:
-    """One thing every node must have for verl's workers to start (compiler/verl/workers.py Need)."""
-    check: str  # "import": the module imports; "flash_attention_2": transformers can use flash-attn 2
-    module: str
-    device: str  # "cuda" or "npu": checked only where the node's torch sees it; "" everywhere
-    where: str  # the verl file and line that needs it
-    why: str
-    avoid: str  # how a spec avoids it, or ""
-
-
-@dataclass(frozen=True)
-class Code:
-    """The run's code as built: where the job runs, its git state, and each file the build hashed."""
-    folder: str
-    commit: Union[str, None]
-    dirty: bool
-    diff_sha256: Union[str, None]
-    files: Dict[str, str]  # path in the folder -> sha256
-
-
-@dataclass(frozen=True)
-class Expiry:
-    """verl's save ahead of the job's end: the variable verl reads its deadline from, the seconds before the end
-    the target needs to stop cleanly, and where the end (epoch seconds) is: a file (a word) or a variable."""
-    variable: str
-    lead: int
-    end_file: Union[Word, None] = None
-    end_env: Union[str, None] = None
-
-
-@dataclass(frozen=True)
-class StageInput:
-    """An earlier pipeline stage's model, merged in this stage's data stage."""
-    stage: str  # its job name
-    checkpoint_dir: Word
-    layout: str  # the shards' folder in global_step_N ("actor" or "")
-    merger: List[str]  # verl's merger argv up to --local_dir
-    merged: Word  # the folder of merged steps
-    latest: Word  # the link in it to the last one merged (the stage's model)
-
-
-@dataclass(frozen=True)
-class Probe:
-    """A service's contract probe (runtime/services.py PROBES runs each kind)."""
-    kind: str  # sandbox, retriever, judge, http
-    query: Union[str, None] = None
-    model: Union[str, None] = None
-    method: Union[str, None] = None
-    path: Union[str, None] = None
-    body: Any = None
-    expect: Union[str, None] = None
-
-
-@dataclass(frozen=True)
-class Service:
-    """A process beside the trainer: started with the job, ready and probed before training, watched while it
-    trains, stopped with it. Its words read the variables (`variables`: attribute -> name) the runtime sets."""
-    name: str
-    argv: List[Word]
-    env: Dict[str, Word]
-    every_node: bool
-    listen_all: bool
-    ready_http: Union[str, None]
-    ready_command: Union[List[Word], None]
-    deadline: int
-    probe: Union[Probe, None] = record(Probe)
-    restart: int
-    variables: Dict[str, str]
-
-
-@dataclass(frozen=True)
-class ToolConfig:
-    """verl's multi-turn tool config from the spec: the runtime writes `content` (JSON, which is YAML) on every
-    node before training, at a path it puts in `variable`, which verl's tool_config_path reads."""
-    variable: str
-    content: Any
-
-
-@dataclass(frozen=True)
-class Job:
-    """What the runtime runs: wait for the cluster, data, preflight, train."""
-    generated_from: str
-    spec_sha256: str
-    name: str
-    variant: Union[str, None]  # a sweep variant's label, logged first
-    nodes: int
-    total_gpus: int  # over every node
-    device: str  # Ray's resource name of the accelerators: GPU, or NPU on Ascend
-    wait_seconds: int
-    data_prep: List[DataPrep] = record(DataPrep)
-    model_fetch: Union[ModelFetch, None] = record(ModelFetch)
-    model: Word
-    checkpoint_dir: Word
-    data_files: List[Word]
-    data_columns: List[str]  # every data file must have them (none: not checked)
-    require_env: List[str]
-    pins: List[str]  # "package=version"
-    verl_commit: Union[str, None]
-    code: Union[Code, None] = record(Code)
-    rollout_package: Union[str, None]
-    startup: Union[List[StartupNeed], None] = record(StartupNeed)  # None: verlc cannot know this release's
-    image: str
-    record: Union[Word, None]  # where the preflight writes the run record
-    reference: Union[Word, None]  # a reproducible job's first run record
-    train: List[str]  # the trainer's argv
-    stall_timeout: Union[int, None]
-    expiry: Union[Expiry, None] = record(Expiry, default=None)
-    # a pipeline stage's models from earlier stages
-    inputs: Union[List[StageInput], None] = record(StageInput, default=None)
-    # torchrun on every node (a program that sets up torch.distributed itself, on more than one node): node i
-    # runs `train` with --node_rank=i and the rendezvous at the runtime's own node, rank 0
-    every_node: bool = False
-    # files outside the run's code that verl's settings name by an absolute path (a tool config, a reward
-    # function): checked on every node and hashed into the run record
-    files: List[Word] = field(default_factory=list)
-    # the folder the scheduler made for the run before the runtime started (Slurm's run folder): the run record
-    # and the job's end time are there, so the runtime must see it where it runs (in the job's container)
-    run_folder: Union[Word, None] = None
-    # processes beside the trainer (a sandbox, a judge, a retriever), in the spec's order
-    services: List[Service] = record(Service, default_factory=list)
-    tool_config: Union[ToolConfig, None] = record(ToolConfig, default=None)
-
-    def to_json(self) -> str:
-        """For review: one key per line, and a long list (the trainer's argv) one item per line."""
-        lines = []
-        for key, value in asdict(self).items():
-            text = json.dumps(value, ensure_ascii=False)
-            if isinstance(value, list) and value and len(text) > 100:
-                text = "[\n" + ",\n".join(f"    {json.dumps(v, ensure_ascii=False)}" for v in value) + "\n  ]"
-            lines.append(f"  {json.dumps(key)}: {text}")
-        return "{\n" + ",\n".join(lines) + "\n}\n"
-
-    @classmethod
-    def from_json(cls, text: str) -> Job:
-        return load(cls, json.loads(text))
-
-    def with_variant(self, variant: Variant) -> Job:
-        """A sweep's job for one variant: the base job's trainer overrides, then the variant's."""
-        return replace(self, variant=variant.label, checkpoint_dir=variant.checkpoint_dir,
-                       reference=variant.reference, train=[*self.train, *variant.train_overrides])
-
-
-@dataclass(frozen=True)
-class Variant:
-    """What one array task of a sweep changes in its job (the Slurm script passes it beside the job)."""
-    label: str
-    checkpoint_dir: Word
-    reference: Union[Word, None]
-    train_overrides: List[str] = field(default_factory=list)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
-
-    @classmethod
-    def from_json(cls, text: str) -> Variant:
-        return load(cls, json.loads(text))
 
 
 # ==== runtime/protocol.py ====
@@ -1268,6 +1047,534 @@ def run_id_parts(name: str, job_id: object, task: object = None) -> tuple[object
     return (f"{name}-", job_id, *(("_", task) if task is not None else ()))
 
 
+# ==== runtime/cluster.py ====
+"""The job's Ray cluster: connecting, its nodes, waiting for all of them, tasks pinned to each node, and a
+sweep's turn on a shared cluster (ray-job)."""
+
+
+import contextvars
+import json
+import os
+import socket
+import sys
+import time
+
+
+
+def connect(address: str):  # noqa: ANN201 - ray is imported lazily: `prepare` must work without it
+    import ray
+
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False, ignore_reinit_error=True)
+    return ray
+
+
+def alive_nodes(ray) -> list[dict]:  # noqa: ANN001
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+LOST_SETTLE = 5  # seconds to wait, once a node is lost, for others lost with it (one message names them all)
+
+
+def lost_nodes(ray, started: list[dict]) -> list[dict]:  # noqa: ANN001
+    """The nodes of `started` that Ray now holds dead (it declares a node dead once its health checks fail)."""
+    alive = {n["NodeID"] for n in alive_nodes(ray)}
+    return [n for n in started if n["NodeID"] not in alive]
+
+
+def node_name(node: dict) -> str:
+    """A Ray node's name: the one the Slurm bundle gives it (Slurm's), else its host's."""
+    given = node.get("NodeName")
+    return given if given not in (None, "", node.get("NodeManagerAddress")) else node.get("NodeManagerHostname")
+
+
+def node_label(node: dict) -> str:
+    """How messages name a Ray node: its name and address."""
+    return f"{node_name(node)} ({node.get('NodeManagerAddress')})"
+
+
+def wait(address: str, nodes: int, gpus: int, timeout: int, device: str = "GPU") -> int:
+    """Block until Ray has `nodes` nodes and `gpus` of Ray's resource `device` (GPU, or NPU on Ascend) (0), or
+    fail (1): at the deadline, or as soon as every node the Slurm bundle started has come with too few."""
+    deadline = time.monotonic() + timeout
+    say(f"waiting up to {timeout}s for {nodes} nodes and {gpus} {device}s")
+    ray = None
+    while ray is None:
+        try:
+            ray = connect(address)
+        except ImportError as exc:  # no waiting makes Ray appear in this Python
+            say(f"ERROR: the job's Python ({sys.executable}) cannot import ray: {exc}")
+            return 1
+        except Exception as exc:  # the head may still be starting
+            if time.monotonic() > deadline:
+                say(f"ERROR: no Ray head at {address} after {timeout}s: {exc}")
+                return 1
+            time.sleep(1)
+    seen: set[str] = set()
+    per_node = gpus // max(nodes, 1)
+    names = os.environ.get("VERLC_NODE_NAMES", "").split()  # the Slurm bundle's nodes: Ray's node names are Slurm's
+    while True:
+        alive = alive_nodes(ray)
+        for n in alive:
+            if n["NodeID"] not in seen:
+                seen.add(n["NodeID"])
+                say(node_message(node_label(n), device, n.get("Resources", {}).get(device, 0), len(seen), nodes))
+        have = sum(n.get("Resources", {}).get(device, 0) for n in alive)
+        if len(alive) >= nodes and have >= gpus:
+            say(f"cluster ready: {len(alive)} nodes, {have:g} {device}s")
+            return 0
+        short = [f"{node_label(n)} has {n.get('Resources', {}).get(device, 0):g}" for n in alive
+                 if n.get("Resources", {}).get(device, 0) < per_node]
+        complete = bool(names) and set(names) <= {a.get("NodeName") for a in alive}
+        if time.monotonic() > deadline or complete:  # a node's resources never change once it has registered
+            missing = [n for n in names if n not in {a.get("NodeName") for a in alive}]
+            say(f"ERROR: {'after ' + str(timeout) + 's ' if not complete else ''}the cluster has {len(alive)} of "
+                f"{nodes} nodes and {have:g} of {gpus} {device}s"
+                + (f"; no Ray node from {', '.join(missing)} (its Ray did not start, or cannot reach the head at "
+                   f"{address})" if missing else "")
+                + (f"; each node needs {per_node} {device}s: {', '.join(short)}" if short else ""))
+            return 1
+        time.sleep(0.5)
+
+
+# Each node's time in the per-node tasks of the check under way (the preflight's `timed` collects them, to name
+# the slowest node): (node, seconds), as each node measured its own task.
+NODE_TIMES: contextvars.ContextVar[list | None] = contextvars.ContextVar("verlc_node_times", default=None)
+
+
+def timed_on_node(function, *args: object) -> tuple[float, object]:  # noqa: ANN001
+    """`function(*args)` on a node, and how long it took there."""
+    began = time.monotonic()
+    result = function(*args)
+    return time.monotonic() - began, result
+
+
+def note_node_time(node: dict, seconds: float) -> None:
+    """A node's time in the check under way, where one collects them (NODE_TIMES)."""
+    kept = NODE_TIMES.get()
+    if kept is not None:
+        kept.append((node_name(node) or node["NodeID"][:8], seconds))
+
+
+def holding(device: str, count: float) -> dict:
+    """A Ray task's options that hold `count` of resource `device` (Ray takes GPUs as num_gpus only)."""
+    if device == "GPU":
+        return {"num_gpus": count}
+    return {"resources": {device: count}} if count else {}
+
+
+def on_each_node(ray, nodes: list[dict], function, *args: object, what: str,  # noqa: ANN001
+                 timeout: float = 300, hold: str | None = None) -> tuple[dict, list[str]]:
+    """`function(*args)` as a zero-CPU task pinned to each node: {NodeID: its result}, and a problem naming each
+    node whose task failed, that Ray declared dead meanwhile (a task pinned there may never return), or that
+    did not answer within `timeout`. `hold`: a resource (GPU, NPU) the task holds all of on its node, so that it
+    sees the node's accelerators as verl's workers will (Ray hides them from a task that holds none)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(num_cpus=0, max_retries=0)(timed_on_node)
+    pending = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
+                            **(holding(hold, n.get("Resources", {}).get(hold, 0)) if hold else {}))
+               .remote(function, *args) for n in nodes]
+    refs = {ref.hex(): n for ref, n in zip(pending, nodes)}
+    results, problems = {}, []
+    deadline, checked = time.monotonic() + timeout, time.monotonic()
+    while pending and time.monotonic() < deadline:
+        done, pending = ray.wait(pending, timeout=0.5)
+        for ref in done:
+            node = refs[ref.hex()]
+            try:
+                seconds, results[node["NodeID"]] = ray.get(ref)
+                note_node_time(node, seconds)
+            except Exception as exc:  # the task itself failed there
+                lines = str(exc).strip().splitlines()
+                problems.append(f"{what}: node {node_label(node)}: {lines[-1] if lines else exc}")
+        if pending and time.monotonic() - checked >= 2:
+            checked = time.monotonic()
+            dead = {n["NodeID"] for n in lost_nodes(ray, [refs[r.hex()] for r in pending])}
+            for ref in [r for r in pending if refs[r.hex()]["NodeID"] in dead]:
+                problems.append(f"{what}: node {node_label(refs[ref.hex()])}: Ray declared it dead (it stopped "
+                                f"answering Ray's health checks; ray.node_timeout)")
+                pending.remove(ref)
+                ray.cancel(ref, force=True)
+    for ref in pending:
+        problems.append(f"{what}: node {node_label(refs[ref.hex()])} did not answer within {timeout:g}s")
+        ray.cancel(ref, force=True)
+    return results, problems
+
+
+def head_address(address: str) -> str:
+    """The head node's address as the other nodes reach it: the host of the cluster's address where that is not
+    a loopback one (the Slurm script gives every node the head's own address: Ray's pick on a Debian host can be
+    its name's 127.0.1.1, which no other node reaches), else the address Ray picks on this node (compose's head
+    container, whose runtime reaches Ray at 127.0.0.1)."""
+    host, _, port = address.rpartition(":")
+    if host and port.isdigit() and "/" not in host:
+        try:
+            found = socket.gethostbyname(host)
+            if not found.startswith("127."):
+                return found
+        except OSError:
+            pass
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def clock() -> float:
+    return time.time()
+
+
+def clock_offsets(ray, nodes: list[dict]) -> dict[str, tuple[float, float]]:  # noqa: ANN001
+    """Each node's clock against this node's: node -> (offset in seconds, within +-): a task pinned there reads its
+    clock between two readings here, and the offset is from their midpoint (half their distance bounds it). First
+    tasks, on every node at once, lease a worker there, so that each measured round trip is short. A node that
+    does not answer within 30 s is left out (the nodes check names it)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    read = ray.remote(num_cpus=0, max_retries=0)(clock)
+    pinned = [read.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)) for n in nodes]
+    ray.wait([p.remote() for p in pinned], num_returns=len(pinned), timeout=30)  # the leases, all nodes at once
+    out = {}
+    for node, task in zip(nodes, pinned):
+        try:
+            before = time.time()
+            theirs = ray.get(task.remote(), timeout=30)
+            after = time.time()
+        except Exception:  # gone, or too slow to say: no offset for it
+            continue
+        out[node_name(node)] = (theirs - (before + after) / 2, (after - before) / 2)
+    return out
+
+
+JOBS_ENDED = {"SUCCEEDED", "FAILED", "STOPPED"}  # the Ray Jobs API's final statuses
+
+
+def sweep_turn(address: str, after: list[str], parallel: int, poll: float = 5) -> int:
+    """A sweep's variant, submitted with every other variant to one Ray cluster, waits here until fewer than
+    `parallel` of the variants submitted before it (`after`: their submission ids) have yet to end: the
+    variants run in turn (parallel 1), each with the cluster's GPUs, instead of failing for want of them. Their
+    states come from the Jobs API of the cluster's own dashboard; an id it does not know (a submission that
+    failed) has ended."""
+    import urllib.error
+    import urllib.request
+
+    import ray
+
+    dashboard = ray.init(address=address, logging_level="ERROR", log_to_driver=False,
+                         ignore_reinit_error=True).dashboard_url
+    if not dashboard:
+        say("ERROR: the sweep's variants run in turn through Ray's Jobs API, and this cluster has no dashboard")
+        return 1
+
+    def running() -> list[str]:
+        busy = []
+        for sid in after:
+            try:
+                with urllib.request.urlopen(f"http://{dashboard}/api/jobs/{sid}", timeout=30) as response:
+                    status = json.loads(response.read() or b"{}").get("status")
+            except urllib.error.HTTPError as exc:
+                status = None if exc.code == 404 else "UNKNOWN"
+            if status is not None and status not in JOBS_ENDED:
+                busy.append(sid)
+        return busy
+
+    started, told = time.monotonic(), None
+    while len(busy := running()) >= parallel:
+        if busy != told:
+            say(f"waiting for its turn: {len(busy)} variant(s) submitted before it still to end "
+                f"({', '.join(busy)}); {parallel} at a time (ray.sweep_parallel)")
+            told = busy
+        time.sleep(poll)
+    if told is not None:
+        say(f"its turn came after {time.monotonic() - started:.0f}s")
+    return 0
+
+
+# ==== runtime/job.py ====
+"""The job: what the build hands the cluster, typed all the way down.
+
+The build (targets/job_package.py `job_of`) makes a `Job` from the JobIR and writes it as JSON into the bundle; the
+runtime reads it back on the cluster. Every part is a frozen dataclass whose field names are its JSON keys, written
+here once; a key the runtime does not know is an error, never ignored.
+
+Paths are words (`Word`): text parts and {"env": NAME} parts that `expand` fills in from the node's environment.
+"""
+
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Dict, List, Union
+
+# A path or argument as the build leaves it: text, and {"env": NAME} parts expanded on the node (compiler/ir.py Word)
+Word = List[Union[str, Dict[str, str]]]
+
+
+def expand(word: Word) -> str:
+    """A word on this node: text parts as they are, {"env": NAME} as this node's NAME."""
+    return "".join(p if isinstance(p, str) else os.environ.get(p["env"], "") for p in word)
+
+
+def record(of: type, **default: Any) -> Any:
+    """A Job field that holds records of `of` (one, a list of them, or None): loaded as `of` from JSON."""
+    return field(metadata={"of": of}, **default)
+
+
+def load(cls: type, data: dict[str, Any]) -> Any:
+    """A record (or the Job) from its JSON object, its own records loaded as theirs; unknown keys refused."""
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ValueError(f"not a {cls.__name__} of this runtime: unknown keys {', '.join(unknown)}")
+    values = {}
+    for key, value in data.items():
+        of = known[key].metadata.get("of")
+        if of is not None and isinstance(value, list):
+            value = [load(of, v) for v in value]
+        elif of is not None and isinstance(value, dict):
+            value = load(of, value)
+        values[key] = value
+    return cls(**values)
+
+
+@dataclass(frozen=True)
+class DataPrep:
+    """One data preparation command, run unless out_dir holds train.parquet and test.parquet already."""
+    out_dir: str
+    argv: List[str]
+
+
+@dataclass(frozen=True)
+class ModelFetch:
+    """A hub model's pinned revision, put into `folder` (what verl gets) unless it holds it already."""
+    repo: str
+    revision: str
+    folder: Word
+
+
+@dataclass(frozen=True)
+class StartupNeed:
+    """One thing every node must have for verl's workers to start (compiler/verl/workers.py Need)."""
+    check: str  # "import": the module imports; "flash_attention_2": transformers can use flash-attn 2
+    module: str
+    device: str  # "cuda" or "npu": checked only where the node's torch sees it; "" everywhere
+    where: str  # the verl file and line that needs it
+    why: str
+    avoid: str  # how a spec avoids it, or ""
+
+
+@dataclass(frozen=True)
+class Code:
+    """The run's code as built: where the job runs, its git state, and each file the build hashed."""
+    folder: str
+    commit: Union[str, None]
+    dirty: bool
+    diff_sha256: Union[str, None]
+    files: Dict[str, str]  # path in the folder -> sha256
+
+
+@dataclass(frozen=True)
+class Expiry:
+    """verl's save ahead of the job's end: the variable verl reads its deadline from, the seconds before the end
+    the target needs to stop cleanly, and where the end (epoch seconds) is: a file (a word) or a variable."""
+    variable: str
+    lead: int
+    end_file: Union[Word, None] = None
+    end_env: Union[str, None] = None
+
+
+@dataclass(frozen=True)
+class StageInput:
+    """An earlier pipeline stage's model, merged in this stage's data stage."""
+    stage: str  # its job name
+    checkpoint_dir: Word
+    layout: str  # the shards' folder in global_step_N ("actor" or "")
+    merger: List[str]  # verl's merger argv up to --local_dir
+    merged: Word  # the folder of merged steps
+    latest: Word  # the link in it to the last one merged (the stage's model)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A service's contract probe (runtime/services.py PROBES runs each kind)."""
+    kind: str  # sandbox, retriever, judge, http
+    query: Union[str, None] = None
+    model: Union[str, None] = None
+    method: Union[str, None] = None
+    path: Union[str, None] = None
+    body: Any = None
+    expect: Union[str, None] = None
+
+
+@dataclass(frozen=True)
+class Service:
+    """A process beside the trainer: started with the job, ready and probed before training, watched while it
+    trains, stopped with it. Its words read the variables (`variables`: attribute -> name) the runtime sets."""
+    name: str
+    argv: List[Word]
+    env: Dict[str, Word]
+    every_node: bool  # on every node of the trainer
+    own_node: bool  # on a node of its own (Services.own_nodes picks it), else on the head node
+    gpus: int  # what it holds of its own node's GPUs, through Ray
+    listen_all: bool
+    ready_http: Union[str, None]
+    ready_command: Union[List[Word], None]
+    deadline: int
+    probe: Union[Probe, None] = record(Probe)
+    restart: int
+    variables: Dict[str, str]
+
+
+@dataclass(frozen=True)
+class ToolConfig:
+    """verl's multi-turn tool config from the spec: the runtime writes `content` (JSON, which is YAML) on every
+    node before training, at a path it puts in `variable`, which verl's tool_config_path reads."""
+    variable: str
+    content: Any
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the runtime runs: wait for the cluster, data, preflight, train."""
+    generated_from: str
+    spec_sha256: str
+    name: str
+    variant: Union[str, None]  # a sweep variant's label, logged first
+    nodes: int
+    total_gpus: int  # over every node
+    device: str  # Ray's resource name of the accelerators: GPU, or NPU on Ascend
+    wait_seconds: int
+    data_prep: List[DataPrep] = record(DataPrep)
+    model_fetch: Union[ModelFetch, None] = record(ModelFetch)
+    model: Word
+    checkpoint_dir: Word
+    data_files: List[Word]
+    data_columns: List[str]  # every data file must have them (none: not checked)
+    require_env: List[str]
+    pins: List[str]  # "package=version"
+    verl_commit: Union[str, None]
+    code: Union[Code, None] = record(Code)
+    rollout_package: Union[str, None]
+    startup: Union[List[StartupNeed], None] = record(StartupNeed)  # None: verlc cannot know this release's
+    image: str
+    record: Union[Word, None]  # where the preflight writes the run record
+    reference: Union[Word, None]  # a reproducible job's first run record
+    train: List[str]  # the trainer's argv
+    stall_timeout: Union[int, None]
+    expiry: Union[Expiry, None] = record(Expiry, default=None)
+    # a pipeline stage's models from earlier stages
+    inputs: Union[List[StageInput], None] = record(StageInput, default=None)
+    # torchrun on every node (a program that sets up torch.distributed itself, on more than one node): node i
+    # runs `train` with --node_rank=i and the rendezvous at the runtime's own node, rank 0
+    every_node: bool = False
+    # files outside the run's code that verl's settings name by an absolute path (a tool config, a reward
+    # function): checked on every node and hashed into the run record
+    files: List[Word] = field(default_factory=list)
+    # the folder the scheduler made for the run before the runtime started (Slurm's run folder): the run record
+    # and the job's end time are there, so the runtime must see it where it runs (in the job's container)
+    run_folder: Union[Word, None] = None
+    # processes beside the trainer (a sandbox, a judge, a retriever), in the spec's order
+    services: List[Service] = record(Service, default_factory=list)
+    tool_config: Union[ToolConfig, None] = record(ToolConfig, default=None)
+
+    def to_json(self) -> str:
+        """For review: one key per line, and a long list (the trainer's argv) one item per line."""
+        lines = []
+        for key, value in asdict(self).items():
+            text = json.dumps(value, ensure_ascii=False)
+            if isinstance(value, list) and value and len(text) > 100:
+                text = "[\n" + ",\n".join(f"    {json.dumps(v, ensure_ascii=False)}" for v in value) + "\n  ]"
+            lines.append(f"  {json.dumps(key)}: {text}")
+        return "{\n" + ",\n".join(lines) + "\n}\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Job:
+        return load(cls, json.loads(text))
+
+    def with_variant(self, variant: Variant) -> Job:
+        """A sweep's job for one variant: the base job's trainer overrides, then the variant's."""
+        return replace(self, variant=variant.label, checkpoint_dir=variant.checkpoint_dir,
+                       reference=variant.reference, train=[*self.train, *variant.train_overrides])
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What one array task of a sweep changes in its job (the Slurm script passes it beside the job)."""
+    label: str
+    checkpoint_dir: Word
+    reference: Union[Word, None]
+    train_overrides: List[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> Variant:
+        return load(cls, json.loads(text))
+
+
+# ==== runtime/addresses.py ====
+"""Where the job's services are: their ports (the job's block, or free ones), each service's variables (host,
+port, URL, a token made for the run), and the nodes of their own that services get in the allocation."""
+
+
+import os
+import secrets
+import socket
+
+
+
+def service_ports(count: int) -> list[int]:
+    """Ports for `count` services: from the job's block where the target gives one (SERVICE_PORTS, FIRST-LAST),
+    else ports nothing listens on here now."""
+    given = os.environ.get(SERVICE_PORTS, "")
+    if given:
+        first, _, last = given.partition("-")
+        block = list(range(int(first), int(last) + 1))
+        if len(block) < count:
+            raise ValueError(f"{SERVICE_PORTS}={given} holds {len(block)} ports for {count} services")
+        return block[:count]
+    found = []
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:  # held open together: no two the same
+            sock.bind(("", 0))
+            found.append(sock.getsockname()[1])
+    finally:
+        for sock in socks:
+            sock.close()
+    return found
+
+
+def addresses(services: list[Service], head_ip: str) -> dict[str, str]:
+    """Every service's variables: a head service at the head's own address, one on every node at 127.0.0.1
+    (each node's processes reach their own node's), one on a node of its own at no host yet (`placed` sets it
+    once the nodes are up); its token made now, for this run alone (never in a bundle or a log of verlc's: the
+    service and its callers read it from their environment)."""
+    values: dict[str, str] = {}
+    for service, port in zip(services, service_ports(len(services))):
+        own = {"port": str(port), "token": secrets.token_urlsafe(24)}
+        values.update({variable: own[attribute] for attribute, variable in service.variables.items()
+                       if attribute in own})
+        if not service.own_node:
+            values.update(placed(service, "127.0.0.1" if service.every_node else head_ip, port))
+    return values
+
+
+def placed(service: Service, host: str, port: int) -> dict[str, str]:
+    """A service's host and URL variables, at `host`."""
+    own = {"host": host, "url": f"http://{host}:{port}"}
+    return {variable: own[attribute] for attribute, variable in service.variables.items() if attribute in own}
+
+
+def own_nodes(services: list[Service], nodes: list[dict], head_ip: str) -> dict[str, dict]:
+    """The node of each service on one of its own: the allocation's last nodes by name (never the head), one per
+    service in the spec's order; the trainer has the others."""
+    others = sorted((n for n in nodes if n.get("NodeManagerAddress") != head_ip),
+                    key=lambda n: (node_name(n) or "", n["NodeID"]))
+    own = [s for s in services if s.own_node]
+    return {s.name: n for s, n in zip(own, others[len(others) - len(own):])} if len(own) <= len(others) else {}
+
+
 # ==== runtime/data.py ====
 """The data stage: the data preparation, a pinned hub model's revision, and the models of a pipeline's earlier
 stages, each put in place by one writer at a time and renamed into place once whole."""
@@ -1511,248 +1818,6 @@ def ray_logs(temp_dir: str, limit_mib: int) -> int:
         info.size = len(note.encode())
         tar.addfile(info, io.BytesIO(note.encode()))
     shutil.rmtree(temp_dir, ignore_errors=True)
-    return 0
-
-
-# ==== runtime/cluster.py ====
-"""The job's Ray cluster: connecting, its nodes, waiting for all of them, tasks pinned to each node, and a
-sweep's turn on a shared cluster (ray-job)."""
-
-
-import contextvars
-import json
-import os
-import socket
-import sys
-import time
-
-
-
-def connect(address: str):  # noqa: ANN201 - ray is imported lazily: `prepare` must work without it
-    import ray
-
-    ray.init(address=address, logging_level="ERROR", log_to_driver=False, ignore_reinit_error=True)
-    return ray
-
-
-def alive_nodes(ray) -> list[dict]:  # noqa: ANN001
-    return [n for n in ray.nodes() if n.get("Alive")]
-
-
-LOST_SETTLE = 5  # seconds to wait, once a node is lost, for others lost with it (one message names them all)
-
-
-def lost_nodes(ray, started: list[dict]) -> list[dict]:  # noqa: ANN001
-    """The nodes of `started` that Ray now holds dead (it declares a node dead once its health checks fail)."""
-    alive = {n["NodeID"] for n in alive_nodes(ray)}
-    return [n for n in started if n["NodeID"] not in alive]
-
-
-def node_name(node: dict) -> str:
-    """A Ray node's name: the one the Slurm bundle gives it (Slurm's), else its host's."""
-    given = node.get("NodeName")
-    return given if given not in (None, "", node.get("NodeManagerAddress")) else node.get("NodeManagerHostname")
-
-
-def node_label(node: dict) -> str:
-    """How messages name a Ray node: its name and address."""
-    return f"{node_name(node)} ({node.get('NodeManagerAddress')})"
-
-
-def wait(address: str, nodes: int, gpus: int, timeout: int, device: str = "GPU") -> int:
-    """Block until Ray has `nodes` nodes and `gpus` of Ray's resource `device` (GPU, or NPU on Ascend) (0), or
-    fail (1): at the deadline, or as soon as every node the Slurm bundle started has come with too few."""
-    deadline = time.monotonic() + timeout
-    say(f"waiting up to {timeout}s for {nodes} nodes and {gpus} {device}s")
-    ray = None
-    while ray is None:
-        try:
-            ray = connect(address)
-        except ImportError as exc:  # no waiting makes Ray appear in this Python
-            say(f"ERROR: the job's Python ({sys.executable}) cannot import ray: {exc}")
-            return 1
-        except Exception as exc:  # the head may still be starting
-            if time.monotonic() > deadline:
-                say(f"ERROR: no Ray head at {address} after {timeout}s: {exc}")
-                return 1
-            time.sleep(1)
-    seen: set[str] = set()
-    per_node = gpus // max(nodes, 1)
-    names = os.environ.get("VERLC_NODE_NAMES", "").split()  # the Slurm bundle's nodes: Ray's node names are Slurm's
-    while True:
-        alive = alive_nodes(ray)
-        for n in alive:
-            if n["NodeID"] not in seen:
-                seen.add(n["NodeID"])
-                say(node_message(node_label(n), device, n.get("Resources", {}).get(device, 0), len(seen), nodes))
-        have = sum(n.get("Resources", {}).get(device, 0) for n in alive)
-        if len(alive) >= nodes and have >= gpus:
-            say(f"cluster ready: {len(alive)} nodes, {have:g} {device}s")
-            return 0
-        short = [f"{node_label(n)} has {n.get('Resources', {}).get(device, 0):g}" for n in alive
-                 if n.get("Resources", {}).get(device, 0) < per_node]
-        complete = bool(names) and set(names) <= {a.get("NodeName") for a in alive}
-        if time.monotonic() > deadline or complete:  # a node's resources never change once it has registered
-            missing = [n for n in names if n not in {a.get("NodeName") for a in alive}]
-            say(f"ERROR: {'after ' + str(timeout) + 's ' if not complete else ''}the cluster has {len(alive)} of "
-                f"{nodes} nodes and {have:g} of {gpus} {device}s"
-                + (f"; no Ray node from {', '.join(missing)} (its Ray did not start, or cannot reach the head at "
-                   f"{address})" if missing else "")
-                + (f"; each node needs {per_node} {device}s: {', '.join(short)}" if short else ""))
-            return 1
-        time.sleep(0.5)
-
-
-# Each node's time in the per-node tasks of the check under way (the preflight's `timed` collects them, to name
-# the slowest node): (node, seconds), as each node measured its own task.
-NODE_TIMES: contextvars.ContextVar[list | None] = contextvars.ContextVar("verlc_node_times", default=None)
-
-
-def timed_on_node(function, *args: object) -> tuple[float, object]:  # noqa: ANN001
-    """`function(*args)` on a node, and how long it took there."""
-    began = time.monotonic()
-    result = function(*args)
-    return time.monotonic() - began, result
-
-
-def note_node_time(node: dict, seconds: float) -> None:
-    """A node's time in the check under way, where one collects them (NODE_TIMES)."""
-    kept = NODE_TIMES.get()
-    if kept is not None:
-        kept.append((node_name(node) or node["NodeID"][:8], seconds))
-
-
-def holding(device: str, count: float) -> dict:
-    """A Ray task's options that hold `count` of resource `device` (Ray takes GPUs as num_gpus only)."""
-    if device == "GPU":
-        return {"num_gpus": count}
-    return {"resources": {device: count}} if count else {}
-
-
-def on_each_node(ray, nodes: list[dict], function, *args: object, what: str,  # noqa: ANN001
-                 timeout: float = 300, hold: str | None = None) -> tuple[dict, list[str]]:
-    """`function(*args)` as a zero-CPU task pinned to each node: {NodeID: its result}, and a problem naming each
-    node whose task failed, that Ray declared dead meanwhile (a task pinned there may never return), or that
-    did not answer within `timeout`. `hold`: a resource (GPU, NPU) the task holds all of on its node, so that it
-    sees the node's accelerators as verl's workers will (Ray hides them from a task that holds none)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    task = ray.remote(num_cpus=0, max_retries=0)(timed_on_node)
-    pending = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
-                            **(holding(hold, n.get("Resources", {}).get(hold, 0)) if hold else {}))
-               .remote(function, *args) for n in nodes]
-    refs = {ref.hex(): n for ref, n in zip(pending, nodes)}
-    results, problems = {}, []
-    deadline, checked = time.monotonic() + timeout, time.monotonic()
-    while pending and time.monotonic() < deadline:
-        done, pending = ray.wait(pending, timeout=0.5)
-        for ref in done:
-            node = refs[ref.hex()]
-            try:
-                seconds, results[node["NodeID"]] = ray.get(ref)
-                note_node_time(node, seconds)
-            except Exception as exc:  # the task itself failed there
-                lines = str(exc).strip().splitlines()
-                problems.append(f"{what}: node {node_label(node)}: {lines[-1] if lines else exc}")
-        if pending and time.monotonic() - checked >= 2:
-            checked = time.monotonic()
-            dead = {n["NodeID"] for n in lost_nodes(ray, [refs[r.hex()] for r in pending])}
-            for ref in [r for r in pending if refs[r.hex()]["NodeID"] in dead]:
-                problems.append(f"{what}: node {node_label(refs[ref.hex()])}: Ray declared it dead (it stopped "
-                                f"answering Ray's health checks; ray.node_timeout)")
-                pending.remove(ref)
-                ray.cancel(ref, force=True)
-    for ref in pending:
-        problems.append(f"{what}: node {node_label(refs[ref.hex()])} did not answer within {timeout:g}s")
-        ray.cancel(ref, force=True)
-    return results, problems
-
-
-def head_address(address: str) -> str:
-    """The head node's address as the other nodes reach it: the host of the cluster's address where that is not
-    a loopback one (the Slurm script gives every node the head's own address: Ray's pick on a Debian host can be
-    its name's 127.0.1.1, which no other node reaches), else the address Ray picks on this node (compose's head
-    container, whose runtime reaches Ray at 127.0.0.1)."""
-    host, _, port = address.rpartition(":")
-    if host and port.isdigit() and "/" not in host:
-        try:
-            found = socket.gethostbyname(host)
-            if not found.startswith("127."):
-                return found
-        except OSError:
-            pass
-    import ray
-
-    return ray.util.get_node_ip_address()
-
-
-def clock() -> float:
-    return time.time()
-
-
-def clock_offsets(ray, nodes: list[dict]) -> dict[str, tuple[float, float]]:  # noqa: ANN001
-    """Each node's clock against this node's: node -> (offset in seconds, within +-): a task pinned there reads its
-    clock between two readings here, and the offset is from their midpoint (half their distance bounds it). First
-    tasks, on every node at once, lease a worker there, so that each measured round trip is short. A node that
-    does not answer within 30 s is left out (the nodes check names it)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    read = ray.remote(num_cpus=0, max_retries=0)(clock)
-    pinned = [read.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)) for n in nodes]
-    ray.wait([p.remote() for p in pinned], num_returns=len(pinned), timeout=30)  # the leases, all nodes at once
-    out = {}
-    for node, task in zip(nodes, pinned):
-        try:
-            before = time.time()
-            theirs = ray.get(task.remote(), timeout=30)
-            after = time.time()
-        except Exception:  # gone, or too slow to say: no offset for it
-            continue
-        out[node_name(node)] = (theirs - (before + after) / 2, (after - before) / 2)
-    return out
-
-
-JOBS_ENDED = {"SUCCEEDED", "FAILED", "STOPPED"}  # the Ray Jobs API's final statuses
-
-
-def sweep_turn(address: str, after: list[str], parallel: int, poll: float = 5) -> int:
-    """A sweep's variant, submitted with every other variant to one Ray cluster, waits here until fewer than
-    `parallel` of the variants submitted before it (`after`: their submission ids) have yet to end: the
-    variants run in turn (parallel 1), each with the cluster's GPUs, instead of failing for want of them. Their
-    states come from the Jobs API of the cluster's own dashboard; an id it does not know (a submission that
-    failed) has ended."""
-    import urllib.error
-    import urllib.request
-
-    import ray
-
-    dashboard = ray.init(address=address, logging_level="ERROR", log_to_driver=False,
-                         ignore_reinit_error=True).dashboard_url
-    if not dashboard:
-        say("ERROR: the sweep's variants run in turn through Ray's Jobs API, and this cluster has no dashboard")
-        return 1
-
-    def running() -> list[str]:
-        busy = []
-        for sid in after:
-            try:
-                with urllib.request.urlopen(f"http://{dashboard}/api/jobs/{sid}", timeout=30) as response:
-                    status = json.loads(response.read() or b"{}").get("status")
-            except urllib.error.HTTPError as exc:
-                status = None if exc.code == 404 else "UNKNOWN"
-            if status is not None and status not in JOBS_ENDED:
-                busy.append(sid)
-        return busy
-
-    started, told = time.monotonic(), None
-    while len(busy := running()) >= parallel:
-        if busy != told:
-            say(f"waiting for its turn: {len(busy)} variant(s) submitted before it still to end "
-                f"({', '.join(busy)}); {parallel} at a time (ray.sweep_parallel)")
-            told = busy
-        time.sleep(poll)
-    if told is not None:
-        say(f"its turn came after {time.monotonic() - started:.0f}s")
     return 0
 
 
@@ -2382,7 +2447,6 @@ starts: verl's settings read them through OmegaConf's ${oc.env:...}, a service's
 import collections
 import json
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -2393,40 +2457,6 @@ import uuid
 
 SERVICE_TAIL = 20  # of a service's output, shown when it fails
 SERVICE_STOP_GRACE = 10  # seconds between TERM and KILL when a service is stopped
-
-
-def service_ports(count: int) -> list[int]:
-    """Ports for `count` services: from the job's block where the target gives one (SERVICE_PORTS, FIRST-LAST),
-    else ports nothing listens on here now."""
-    given = os.environ.get(SERVICE_PORTS, "")
-    if given:
-        first, _, last = given.partition("-")
-        block = list(range(int(first), int(last) + 1))
-        if len(block) < count:
-            raise ValueError(f"{SERVICE_PORTS}={given} holds {len(block)} ports for {count} services")
-        return block[:count]
-    found = []
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for sock in socks:  # held open together: no two the same
-            sock.bind(("", 0))
-            found.append(sock.getsockname()[1])
-    finally:
-        for sock in socks:
-            sock.close()
-    return found
-
-
-def addresses(services: list[Service], head_ip: str) -> dict[str, str]:
-    """Every service's variables: a head service at the head's own address, one on every node at 127.0.0.1
-    (each node's processes reach their own node's); its token made now, for this run alone (never in a bundle or
-    a log of verlc's: the service and its callers read it from their environment)."""
-    values: dict[str, str] = {}
-    for service, port in zip(services, service_ports(len(services))):
-        host = "127.0.0.1" if service.every_node else head_ip
-        own = {"host": host, "port": str(port), "url": f"http://{host}:{port}", "token": secrets.token_urlsafe(24)}
-        values.update({variable: own[attribute] for attribute, variable in service.variables.items()})
-    return values
 
 
 NOT_STARTED = 127  # a service whose command could not be started "exits" with the shell's code for it
@@ -2481,9 +2511,9 @@ class NodeService:
     """A service on one node, held by a Ray actor pinned there (the class is made a Ray actor in `start_nodes`):
     its process, its readiness and probe asked there (it listens on the node's loopback)."""
 
-    def __init__(self, service: Service, variables: dict, log: str) -> None:
+    def __init__(self, service: Service, variables: dict, log: str, host: str) -> None:
         os.environ.update(variables)
-        self.service, self.log = service, log
+        self.service, self.log, self.host = service, log, host
         self.process = Process(service, log)
 
     def where(self) -> tuple[str, str]:
@@ -2501,13 +2531,13 @@ class NodeService:
         return self.process.tail()
 
     def ready(self, port: int, token: str) -> str | None:
-        return ready_problem(self.service, "127.0.0.1", port, token)
+        return ready_problem(self.service, self.host, port, token)
 
     def exposed(self, port: int) -> str | None:
         return exposure_problem(self.service, port)
 
     def probe(self, port: int, token: str) -> str | None:
-        return probe_problem(self.service, f"http://127.0.0.1:{port}", token)
+        return probe_problem(self.service, f"http://{self.host}:{port}", token)
 
     def stop(self) -> None:
         self.process.stop()
@@ -2535,8 +2565,9 @@ class Services:
     the job's env (ToolConfig.variable)."""
 
     def __init__(self, services: list[Service], log_folder: str, tool_config: ToolConfig | None = None,
-                 run_folder: str | None = None) -> None:
+                 run_folder: str | None = None, device: str = "GPU") -> None:
         self.services, self.log_folder, self.tool_config = services, log_folder, tool_config
+        self.device = device  # what a service on a node of its own holds there (Ray's resource)
         self.run_folder = run_folder
         self.tool_config_path = os.path.join(run_folder, TOOL_CONFIG_FILE) if run_folder else \
             os.path.join(tempfile.gettempdir(), f"verlc-tools-{uuid.uuid4().hex}.yaml")
@@ -2547,6 +2578,8 @@ class Services:
         self.nodes: dict[str, list] = {}  # name -> its actors, one per node
         self.restarts: dict[str, int] = {s.name: 0 for s in services}
         self.record: dict[str, dict] = {}
+        self.own: dict[str, dict] = {}  # name -> the node of its own (a Ray node)
+        self.head_ip = ""
         self.ray = None
 
     def _port(self, service: Service) -> int:
@@ -2559,7 +2592,9 @@ class Services:
         return self.variables[service.variables["token"]]
 
     def start_head(self, head_ip: str) -> None:
-        """Every service's address set for the job, and the head's services started (beside Ray's bring-up)."""
+        """Every service's address set for the job (but the host of one on a node of its own), and the head's
+        services started (beside Ray's bring-up)."""
+        self.head_ip = head_ip
         self.variables = addresses(self.services, head_ip)
         if self.tool_config:
             self.variables[self.tool_config.variable] = self.tool_config_path
@@ -2568,7 +2603,7 @@ class Services:
                 say(f"tool config: {self.tool_config_path} ({self.tool_config.variable})")
         os.environ.update(self.variables)  # the services' words, the trainer and verl's settings read them
         for service in self.services:
-            if not service.every_node:
+            if not service.every_node and not service.own_node:
                 self.head[service.name] = Process(service, self._log(service.name))
                 say(f"service {service.name}: started on the head node at {self.variables[service.variables['url']]}")
 
@@ -2579,8 +2614,12 @@ class Services:
     def _log(self, name: str, node: str = "") -> str:
         return os.path.join(self.log_folder, SERVICE_LOGS, f"{name}{'-' + node if node else ''}.log")
 
+    def _node_log(self, service: Service, node: dict) -> str:
+        return self._log(service.name, node_name(node) or node["NodeID"][:8])
+
     def start_nodes(self, ray, nodes: list[dict]) -> None:  # noqa: ANN001
-        """The services on every node, once Ray has every node: one actor per node, pinned there."""
+        """Once Ray has every node: the services on nodes of their own, each holding its GPUs there, then those
+        on every node of the trainer (which may read the former's addresses); one actor per node, pinned there."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self.ray = ray
@@ -2591,14 +2630,33 @@ class Services:
             self.problems += problems
             if not problems:
                 say(f"tool config: {self.tool_config_path} on {len(nodes)} nodes ({self.tool_config.variable})")
+        self.own = own_nodes(self.services, nodes, self.head_ip)
+        for service in self.services:
+            if service.own_node and service.name in self.own:
+                self.variables.update(placed(service, self.own[service.name]["NodeManagerAddress"],
+                                             self._port(service)))
+        os.environ.update(self.variables)
         actor = ray.remote(num_cpus=0, max_restarts=0)(NodeService)
-        for service in (s for s in self.services if s.every_node):
+        for service in (s for s in self.services if s.own_node or s.every_node):
+            if service.own_node and service.name not in self.own:
+                self.problems.append(f"service {service.name}: the cluster has no node of its own for it "
+                                     f"({len(nodes)} nodes, the head's one of them)")
+                continue
+            on = [self.own[service.name]] if service.own_node else self.trainer_nodes(nodes)
             self.nodes[service.name] = [actor.options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
-                    service, self.variables, self._log(service.name, node_name(n) or n["NodeID"][:8]))
-                for n in nodes]
-            say(f"service {service.name}: starting on {len(nodes)} nodes at "
-                f"{self.variables[service.variables['url']]}")
+                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
+                **holding(self.device, service.gpus)).remote(
+                    service, self.variables, self._node_log(service, n),
+                    n["NodeManagerAddress"] if service.own_node else "127.0.0.1")
+                for n in on]
+            where = f"on {node_label(on[0])}, a node of its own ({service.gpus} {self.device}s)" \
+                if service.own_node else f"on {len(on)} nodes"
+            say(f"service {service.name}: starting {where} at {self.variables[service.variables['url']]}")
+
+    def trainer_nodes(self, nodes: list[dict]) -> list[dict]:
+        """The nodes of `nodes` that are the trainer's: not a service's own."""
+        own = {n["NodeID"] for n in self.own.values()}
+        return [n for n in nodes if n["NodeID"] not in own]
 
     def _exited(self, service: Service) -> str | None:
         """Why a service's process (or one node's) is gone, with its last lines, or None."""
@@ -2625,6 +2683,7 @@ class Services:
             print(f"[service {service.name}] {line.rstrip()}", flush=True)
         if log is None:
             log = self._log(service.name) if service.name in self.head else \
+                self._node_log(service, self.own[service.name]) if service.name in self.own else \
                 f"{self._log(service.name, 'NODE')}, one per node"
         return f"service {service.name} {what} (its last lines are above; its log: {log})"
 
@@ -2944,7 +3003,8 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
     nodes, gpus, problems = timed("cluster", cluster_problems, ray, job)
     data = [expand(f) for f in job.data_files]
     files = [expand(f) for f in job.files]
-    seen, found, inputs, verl_config, summary, more = at_once(ray, nodes, job, data, files, not problems)
+    trainer = services.trainer_nodes(nodes) if services else nodes  # a service's own node holds its GPUs
+    seen, found, inputs, verl_config, summary, more = at_once(ray, nodes, trainer, job, data, files, not problems)
     problems += more
     clocks = timed("clocks", node_clocks, ray, nodes)
     problems += timed("paths", path_problems, ray, nodes, job, files)
@@ -2987,19 +3047,19 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
     return 0
 
 
-def at_once(ray, nodes: list[dict], job: Job, data: list[str], files: list[str],  # noqa: ANN001
+def at_once(ray, nodes: list[dict], trainer: list[dict], job: Job, data: list[str], files: list[str],  # noqa: ANN001
             collective: bool) -> tuple[dict, dict, dict, dict, str, list[str]]:
     """The checks that run at once: the head's own work (hashes, columns, verl's config), each node's packages,
-    verl's start-up needs and the all-reduce (where the cluster is the job's: `collective`). The last two hold
-    every GPU of a node: Ray runs them there one after the other, in either order (in one task per node they were
-    slower). What each node has, what each showed of the needs, the inputs' record, verl's config, the
-    all-reduce's summary, and the problems."""
+    verl's start-up needs and the all-reduce on the trainer's nodes (where the cluster is the job's:
+    `collective`). The last two hold every GPU of a node: Ray runs them there one after the other, in either
+    order (in one task per node they were slower). What each node has, what each showed of the needs, the
+    inputs' record, verl's config, the all-reduce's summary, and the problems."""
     with ThreadPoolExecutor(4) as beside:
         local = beside.submit(lambda: (timed("inputs", inputs_record, job, data, files),
                                        timed("data", data_problems, job, data)))
         config = beside.submit(timed, "verl config", resolved_verl_config, job.train)
-        needs = beside.submit(timed, "start-up needs", startup_check, ray, nodes, job) if job.startup else None
-        reduce = beside.submit(timed, "all-reduce", collective_problems, ray, nodes, COLLECTIVE_TIMEOUT,
+        needs = beside.submit(timed, "start-up needs", startup_check, ray, trainer, job) if job.startup else None
+        reduce = beside.submit(timed, "all-reduce", collective_problems, ray, trainer, COLLECTIVE_TIMEOUT,
                                job.device) if collective else None
         seen, problems = timed("nodes", node_problems, ray, nodes, job)
         (inputs, more_inputs), more_data = local.result()
@@ -3629,10 +3689,11 @@ def run_ray(job: Job, run: Run) -> int:
             tempfile.mkdtemp(prefix=f"verlc-services-{job.name}-")
         if job.services and not job.record:  # no run folder keeps them (ray-job): kept on the head, and said where
             say(f"the services' logs: {os.path.join(logs, SERVICE_LOGS)} on the head node, kept after the job")
-        run.services = Services(job.services, logs, job.tool_config, expand(job.run_folder) if job.run_folder else None)
+        run.services = Services(job.services, logs, job.tool_config, expand(job.run_folder) if job.run_folder else None,
+                                job.device)
         run.services.start_head(head_address(run.address))
     rc = wait(run.address, job.nodes, job.total_gpus, job.wait_seconds, job.device)
-    if rc == 0 and (any(s.every_node for s in job.services) or (job.tool_config and not job.run_folder)):
+    if rc == 0 and (any(s.every_node or s.own_node for s in job.services) or (job.tool_config and not job.run_folder)):
         ray = connect(run.address)
         run.services.start_nodes(ray, alive_nodes(ray))
     return rc

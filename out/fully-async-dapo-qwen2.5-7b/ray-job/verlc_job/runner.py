@@ -83,10 +83,11 @@ def run_ray(job: Job, run: Run) -> int:
             tempfile.mkdtemp(prefix=f"verlc-services-{job.name}-")
         if job.services and not job.record:  # no run folder keeps them (ray-job): kept on the head, and said where
             say(f"the services' logs: {os.path.join(logs, SERVICE_LOGS)} on the head node, kept after the job")
-        run.services = Services(job.services, logs, job.tool_config, expand(job.run_folder) if job.run_folder else None)
+        run.services = Services(job.services, logs, job.tool_config, expand(job.run_folder) if job.run_folder else None,
+                                job.device)
         run.services.start_head(head_address(run.address))
     rc = wait(run.address, job.nodes, job.total_gpus, job.wait_seconds, job.device)
-    if rc == 0 and (any(s.every_node for s in job.services) or (job.tool_config and not job.run_folder)):
+    if rc == 0 and (any(s.every_node or s.own_node for s in job.services) or (job.tool_config and not job.run_folder)):
         ray = connect(run.address)
         run.services.start_nodes(ray, alive_nodes(ray))
     return rc

@@ -123,7 +123,9 @@ class Service:
     name: str
     argv: List[Word]
     env: Dict[str, Word]
-    every_node: bool
+    every_node: bool  # on every node of the trainer
+    own_node: bool  # on a node of its own (Services.own_nodes picks it), else on the head node
+    gpus: int  # what it holds of its own node's GPUs, through Ray
     listen_all: bool
     ready_http: Union[str, None]
     ready_command: Union[List[Word], None]

@@ -14,7 +14,8 @@ script, as one program for `python3 -`. Its modules, in the order of a run:
   cluster     Ray: connect, wait for every node, tasks on each node, a sweep's turn
   data        data preparation, a pinned model's revision, earlier stages' models
   preflight   the preflight stage, with nodes, startup, collective and record
-  services    services beside the trainer (with probes: readiness, contract probes) and the tool config
+  services    services beside the trainer (with probes: readiness, contract probes; addresses: ports, variables,
+              nodes of their own) and the tool config
   train       the trainer, its stall and lost-node watch; torchrun on every node
   raylogs     a node's Ray logs, bounded
 """

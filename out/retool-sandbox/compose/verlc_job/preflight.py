@@ -37,7 +37,8 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
     nodes, gpus, problems = timed("cluster", cluster_problems, ray, job)
     data = [expand(f) for f in job.data_files]
     files = [expand(f) for f in job.files]
-    seen, found, inputs, verl_config, summary, more = at_once(ray, nodes, job, data, files, not problems)
+    trainer = services.trainer_nodes(nodes) if services else nodes  # a service's own node holds its GPUs
+    seen, found, inputs, verl_config, summary, more = at_once(ray, nodes, trainer, job, data, files, not problems)
     problems += more
     clocks = timed("clocks", node_clocks, ray, nodes)
     problems += timed("paths", path_problems, ray, nodes, job, files)
@@ -80,19 +81,19 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
     return 0
 
 
-def at_once(ray, nodes: list[dict], job: Job, data: list[str], files: list[str],  # noqa: ANN001
+def at_once(ray, nodes: list[dict], trainer: list[dict], job: Job, data: list[str], files: list[str],  # noqa: ANN001
             collective: bool) -> tuple[dict, dict, dict, dict, str, list[str]]:
     """The checks that run at once: the head's own work (hashes, columns, verl's config), each node's packages,
-    verl's start-up needs and the all-reduce (where the cluster is the job's: `collective`). The last two hold
-    every GPU of a node: Ray runs them there one after the other, in either order (in one task per node they were
-    slower). What each node has, what each showed of the needs, the inputs' record, verl's config, the
-    all-reduce's summary, and the problems."""
+    verl's start-up needs and the all-reduce on the trainer's nodes (where the cluster is the job's:
+    `collective`). The last two hold every GPU of a node: Ray runs them there one after the other, in either
+    order (in one task per node they were slower). What each node has, what each showed of the needs, the
+    inputs' record, verl's config, the all-reduce's summary, and the problems."""
     with ThreadPoolExecutor(4) as beside:
         local = beside.submit(lambda: (timed("inputs", inputs_record, job, data, files),
                                        timed("data", data_problems, job, data)))
         config = beside.submit(timed, "verl config", resolved_verl_config, job.train)
-        needs = beside.submit(timed, "start-up needs", startup_check, ray, nodes, job) if job.startup else None
-        reduce = beside.submit(timed, "all-reduce", collective_problems, ray, nodes, COLLECTIVE_TIMEOUT,
+        needs = beside.submit(timed, "start-up needs", startup_check, ray, trainer, job) if job.startup else None
+        reduce = beside.submit(timed, "all-reduce", collective_problems, ray, trainer, COLLECTIVE_TIMEOUT,
                                job.device) if collective else None
         seen, problems = timed("nodes", node_problems, ray, nodes, job)
         (inputs, more_inputs), more_data = local.result()

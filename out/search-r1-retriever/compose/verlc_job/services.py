@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -21,47 +20,14 @@ import tempfile
 import time
 import uuid
 
-from .cluster import node_name, on_each_node
+from .addresses import addresses, own_nodes, placed
+from .cluster import holding, node_label, node_name, on_each_node
 from .job import Service, ToolConfig, expand
 from .probes import SERVICE_REQUEST_TIMEOUT, exposure_problem, probe_problem, ready_problem
-from .protocol import SERVICE_LOGS, SERVICE_PORTS, TOOL_CONFIG_FILE, say, service_ready_message
+from .protocol import SERVICE_LOGS, TOOL_CONFIG_FILE, say, service_ready_message
 
 SERVICE_TAIL = 20  # of a service's output, shown when it fails
 SERVICE_STOP_GRACE = 10  # seconds between TERM and KILL when a service is stopped
-
-
-def service_ports(count: int) -> list[int]:
-    """Ports for `count` services: from the job's block where the target gives one (SERVICE_PORTS, FIRST-LAST),
-    else ports nothing listens on here now."""
-    given = os.environ.get(SERVICE_PORTS, "")
-    if given:
-        first, _, last = given.partition("-")
-        block = list(range(int(first), int(last) + 1))
-        if len(block) < count:
-            raise ValueError(f"{SERVICE_PORTS}={given} holds {len(block)} ports for {count} services")
-        return block[:count]
-    found = []
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for sock in socks:  # held open together: no two the same
-            sock.bind(("", 0))
-            found.append(sock.getsockname()[1])
-    finally:
-        for sock in socks:
-            sock.close()
-    return found
-
-
-def addresses(services: list[Service], head_ip: str) -> dict[str, str]:
-    """Every service's variables: a head service at the head's own address, one on every node at 127.0.0.1
-    (each node's processes reach their own node's); its token made now, for this run alone (never in a bundle or
-    a log of verlc's: the service and its callers read it from their environment)."""
-    values: dict[str, str] = {}
-    for service, port in zip(services, service_ports(len(services))):
-        host = "127.0.0.1" if service.every_node else head_ip
-        own = {"host": host, "port": str(port), "url": f"http://{host}:{port}", "token": secrets.token_urlsafe(24)}
-        values.update({variable: own[attribute] for attribute, variable in service.variables.items()})
-    return values
 
 
 NOT_STARTED = 127  # a service whose command could not be started "exits" with the shell's code for it
@@ -116,9 +82,9 @@ class NodeService:
     """A service on one node, held by a Ray actor pinned there (the class is made a Ray actor in `start_nodes`):
     its process, its readiness and probe asked there (it listens on the node's loopback)."""
 
-    def __init__(self, service: Service, variables: dict, log: str) -> None:
+    def __init__(self, service: Service, variables: dict, log: str, host: str) -> None:
         os.environ.update(variables)
-        self.service, self.log = service, log
+        self.service, self.log, self.host = service, log, host
         self.process = Process(service, log)
 
     def where(self) -> tuple[str, str]:
@@ -136,13 +102,13 @@ class NodeService:
         return self.process.tail()
 
     def ready(self, port: int, token: str) -> str | None:
-        return ready_problem(self.service, "127.0.0.1", port, token)
+        return ready_problem(self.service, self.host, port, token)
 
     def exposed(self, port: int) -> str | None:
         return exposure_problem(self.service, port)
 
     def probe(self, port: int, token: str) -> str | None:
-        return probe_problem(self.service, f"http://127.0.0.1:{port}", token)
+        return probe_problem(self.service, f"http://{self.host}:{port}", token)
 
     def stop(self) -> None:
         self.process.stop()
@@ -170,8 +136,9 @@ class Services:
     the job's env (ToolConfig.variable)."""
 
     def __init__(self, services: list[Service], log_folder: str, tool_config: ToolConfig | None = None,
-                 run_folder: str | None = None) -> None:
+                 run_folder: str | None = None, device: str = "GPU") -> None:
         self.services, self.log_folder, self.tool_config = services, log_folder, tool_config
+        self.device = device  # what a service on a node of its own holds there (Ray's resource)
         self.run_folder = run_folder
         self.tool_config_path = os.path.join(run_folder, TOOL_CONFIG_FILE) if run_folder else \
             os.path.join(tempfile.gettempdir(), f"verlc-tools-{uuid.uuid4().hex}.yaml")
@@ -182,6 +149,8 @@ class Services:
         self.nodes: dict[str, list] = {}  # name -> its actors, one per node
         self.restarts: dict[str, int] = {s.name: 0 for s in services}
         self.record: dict[str, dict] = {}
+        self.own: dict[str, dict] = {}  # name -> the node of its own (a Ray node)
+        self.head_ip = ""
         self.ray = None
 
     def _port(self, service: Service) -> int:
@@ -194,7 +163,9 @@ class Services:
         return self.variables[service.variables["token"]]
 
     def start_head(self, head_ip: str) -> None:
-        """Every service's address set for the job, and the head's services started (beside Ray's bring-up)."""
+        """Every service's address set for the job (but the host of one on a node of its own), and the head's
+        services started (beside Ray's bring-up)."""
+        self.head_ip = head_ip
         self.variables = addresses(self.services, head_ip)
         if self.tool_config:
             self.variables[self.tool_config.variable] = self.tool_config_path
@@ -203,7 +174,7 @@ class Services:
                 say(f"tool config: {self.tool_config_path} ({self.tool_config.variable})")
         os.environ.update(self.variables)  # the services' words, the trainer and verl's settings read them
         for service in self.services:
-            if not service.every_node:
+            if not service.every_node and not service.own_node:
                 self.head[service.name] = Process(service, self._log(service.name))
                 say(f"service {service.name}: started on the head node at {self.variables[service.variables['url']]}")
 
@@ -214,8 +185,12 @@ class Services:
     def _log(self, name: str, node: str = "") -> str:
         return os.path.join(self.log_folder, SERVICE_LOGS, f"{name}{'-' + node if node else ''}.log")
 
+    def _node_log(self, service: Service, node: dict) -> str:
+        return self._log(service.name, node_name(node) or node["NodeID"][:8])
+
     def start_nodes(self, ray, nodes: list[dict]) -> None:  # noqa: ANN001
-        """The services on every node, once Ray has every node: one actor per node, pinned there."""
+        """Once Ray has every node: the services on nodes of their own, each holding its GPUs there, then those
+        on every node of the trainer (which may read the former's addresses); one actor per node, pinned there."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self.ray = ray
@@ -226,14 +201,33 @@ class Services:
             self.problems += problems
             if not problems:
                 say(f"tool config: {self.tool_config_path} on {len(nodes)} nodes ({self.tool_config.variable})")
+        self.own = own_nodes(self.services, nodes, self.head_ip)
+        for service in self.services:
+            if service.own_node and service.name in self.own:
+                self.variables.update(placed(service, self.own[service.name]["NodeManagerAddress"],
+                                             self._port(service)))
+        os.environ.update(self.variables)
         actor = ray.remote(num_cpus=0, max_restarts=0)(NodeService)
-        for service in (s for s in self.services if s.every_node):
+        for service in (s for s in self.services if s.own_node or s.every_node):
+            if service.own_node and service.name not in self.own:
+                self.problems.append(f"service {service.name}: the cluster has no node of its own for it "
+                                     f"({len(nodes)} nodes, the head's one of them)")
+                continue
+            on = [self.own[service.name]] if service.own_node else self.trainer_nodes(nodes)
             self.nodes[service.name] = [actor.options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
-                    service, self.variables, self._log(service.name, node_name(n) or n["NodeID"][:8]))
-                for n in nodes]
-            say(f"service {service.name}: starting on {len(nodes)} nodes at "
-                f"{self.variables[service.variables['url']]}")
+                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
+                **holding(self.device, service.gpus)).remote(
+                    service, self.variables, self._node_log(service, n),
+                    n["NodeManagerAddress"] if service.own_node else "127.0.0.1")
+                for n in on]
+            where = f"on {node_label(on[0])}, a node of its own ({service.gpus} {self.device}s)" \
+                if service.own_node else f"on {len(on)} nodes"
+            say(f"service {service.name}: starting {where} at {self.variables[service.variables['url']]}")
+
+    def trainer_nodes(self, nodes: list[dict]) -> list[dict]:
+        """The nodes of `nodes` that are the trainer's: not a service's own."""
+        own = {n["NodeID"] for n in self.own.values()}
+        return [n for n in nodes if n["NodeID"] not in own]
 
     def _exited(self, service: Service) -> str | None:
         """Why a service's process (or one node's) is gone, with its last lines, or None."""
@@ -260,6 +254,7 @@ class Services:
             print(f"[service {service.name}] {line.rstrip()}", flush=True)
         if log is None:
             log = self._log(service.name) if service.name in self.head else \
+                self._node_log(service, self.own[service.name]) if service.name in self.own else \
                 f"{self._log(service.name, 'NODE')}, one per node"
         return f"service {service.name} {what} (its last lines are above; its log: {log})"
 
