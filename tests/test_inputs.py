@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_verlc
+from conftest import REPO, run_verlc
 
 from verlc.runtime import record as incluster
 from verlc.targets.job_package import one_program
@@ -180,3 +180,34 @@ container: {{runtime: none, workdir: {tmp_path / 'work'}, venv: {sys.prefix}}}
     assert "already in" in again.stdout and "already prepared; skipping" in again.stdout
     bad = run_verlc("stage-in", tmp_path / "nope.yaml")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_the_records_verl_config_is_verls_own_composition_without_importing_verl(tmp_path: Path) -> None:
+    """#56 item 3: the preflight's verl config check composes the trainer's config from the folder of the
+    node's verl without importing verl (which loads torch and Ray: most of the check's 10 s on a GPU node): the
+    tree is Hydra's own composition of that folder with the run's overrides; a package that is not there, or
+    has no config folder, is 'unresolved' with why."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    job = REPO / "out" / "quickstart-gsm8k-1node" / "ray-job" / "verlc_job" / "job.json"
+    train = json.loads(job.read_text())["train"]
+    probe = ("import json, sys; from verlc.runtime.record import resolved_verl_config; "
+             "tree = resolved_verl_config(json.loads(sys.argv[1])); "
+             "print(json.dumps([tree, sorted(m for m in ('verl', 'torch', 'ray') if m in sys.modules)]))")
+    done = subprocess.run([sys.executable, "-c", probe, json.dumps(train)], capture_output=True, text=True,
+                          check=True, cwd=tmp_path)
+    tree, imported = json.loads(done.stdout)
+    assert imported == [], imported
+    folder = Path(incluster.config_folder("verl.trainer.main_ppo"))
+    import verl
+
+    assert folder == Path(verl.__file__).parent / "trainer" / "config"
+    overrides = [a for a in train[train.index("-m") + 2:] if not a.startswith("-")]
+    with initialize_config_dir(config_dir=str(folder), version_base=None):
+        assert tree == OmegaConf.to_container(compose(config_name="ppo_trainer", overrides=overrides), resolve=True)
+    assert tree["trainer"]["project_name"] and "unresolved" not in tree
+    assert incluster.resolved_verl_config([*train[:train.index("-m") + 1], "recipe.dapo.main_dapo"]) == \
+        {"unresolved": "ModuleNotFoundError: No module named 'recipe'"}
+    assert incluster.resolved_verl_config(["python3", "-m", "verl.main_ppo"]) == \
+        {"unresolved": "ModuleNotFoundError: no config folder beside verl.main_ppo"}

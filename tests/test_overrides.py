@@ -86,7 +86,7 @@ def test_example_overrides_compose_in_installed_verl(spec: Path, monkeypatch: py
     with initialize_config_dir(config_dir=release_config_dir(ir.verl_version), version_base=None):
         cfg = compose(ir.config_name, overrides=[o.arg for o in ir.overrides if not o.key.startswith("--")])
     if ir.config_name != "sft_trainer_engine" or "nnodes" in cfg.trainer:  # 0.6.1's SFT config has no node counts
-        assert cfg.trainer.nnodes == ir.nodes
+        assert cfg.trainer.nnodes == ir.nodes - ir.service_nodes  # the allocation less the services' own
         assert cfg.trainer.n_gpus_per_node == ir.gpus_per_node
     on_node = os.path.expandvars  # a path naming ${NAME} is expanded where the job runs, as Hydra's oc.env does
     model = cfg.actor_rollout_ref.model.path if "actor_rollout_ref" in cfg else cfg.model.path

@@ -11,6 +11,7 @@ import re
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ import pytest
 from verlc.compiler.verl.hydra import SERVICE_ATTRIBUTES
 from verlc.runtime.job import Probe, Service
 from verlc.runtime.protocol import SERVICE_PORTS
-from verlc.runtime.addresses import service_ports
+from verlc.runtime.addresses import own_nodes, service_ports
 from verlc.runtime.services import Services
 
 SERVERS = Path(__file__).parent / "services"
@@ -360,3 +361,20 @@ def test_a_service_on_a_node_of_its_own_adds_that_node_to_every_targets_allocati
         shutil.rmtree(tmp_path / "out")
     assert "  service:  judge on a node of its own, holding 8 of its 8 GPUs (ready within 1200 s, judge probe)" \
         in run_verlc("plan", "own.yaml", cwd=tmp_path).stdout
+
+
+def test_services_on_nodes_of_their_own_get_the_last_nodes_by_name_never_the_runtimes_own() -> None:
+    """One node each, in the spec's order, from the end of the allocation sorted by name; the head (the node the
+    runtime runs on) never; none at all where the cluster has too few (the runtime then fails the job naming
+    each)."""
+    def node(name: str) -> dict:
+        return {"NodeID": f"id-{name}", "NodeName": name, "NodeManagerAddress": f"10.0.0.{name[1:]}"}
+
+    def own(name: str) -> Service:
+        return replace(sandbox(), name=name, own_node=True)
+
+    nodes = [node(n) for n in ("n3", "n1", "n4", "n2")]
+    assert {k: v["NodeName"] for k, v in own_nodes([own("judge"), sandbox(), own("env")], nodes, "id-n4").items()} \
+        == {"judge": "n2", "env": "n3"}
+    assert {k: v["NodeName"] for k, v in own_nodes([own("judge")], nodes, "id-n1").items()} == {"judge": "n4"}
+    assert own_nodes([own("a"), own("b")], nodes[:2], "id-n3") == {}

@@ -831,7 +831,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 e6c9efc51716872b64ccf53033164456f9c332370ab7a0a1a7cf94b240f49b7e:
+# runtime/ of verlc 0.1.0, as one program, sha256 7e375bc696326a591f123b47d66a0ed131849d09b5e5b3d312159ce80bb061f1:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -1613,11 +1613,10 @@ def placed(service: Service, host: str, port: int) -> dict[str, str]:
     return {variable: own[attribute] for attribute, variable in service.variables.items() if attribute in own}
 
 
-def own_nodes(services: list[Service], nodes: list[dict], head_ip: str) -> dict[str, dict]:
-    """The node of each service on one of its own: the allocation's last nodes by name (never the head), one per
-    service in the spec's order; the trainer has the others."""
-    others = sorted((n for n in nodes if n.get("NodeManagerAddress") != head_ip),
-                    key=lambda n: (node_name(n) or "", n["NodeID"]))
+def own_nodes(services: list[Service], nodes: list[dict], here: str) -> dict[str, dict]:
+    """The node of each service on one of its own: the allocation's last nodes by name, never the runtime's own
+    (the head: NodeID `here`), one per service in the spec's order; the trainer has the others."""
+    others = sorted((n for n in nodes if n["NodeID"] != here), key=lambda n: (node_name(n) or "", n["NodeID"]))
     own = [s for s in services if s.own_node]
     return {s.name: n for s, n in zip(own, others[len(others) - len(own):])} if len(own) <= len(others) else {}
 
@@ -2626,7 +2625,6 @@ class Services:
         self.restarts: dict[str, int] = {s.name: 0 for s in services}
         self.record: dict[str, dict] = {}
         self.own: dict[str, dict] = {}  # name -> the node of its own (a Ray node)
-        self.head_ip = ""
         self.ray = None
 
     def _port(self, service: Service) -> int:
@@ -2641,7 +2639,6 @@ class Services:
     def start_head(self, head_ip: str) -> None:
         """Every service's address set for the job (but the host of one on a node of its own), and the head's
         services started (beside Ray's bring-up)."""
-        self.head_ip = head_ip
         self.variables = addresses(self.services, head_ip)
         if self.tool_config:
             self.variables[self.tool_config.variable] = self.tool_config_path
@@ -2677,7 +2674,7 @@ class Services:
             self.problems += problems
             if not problems:
                 say(f"tool config: {self.tool_config_path} on {len(nodes)} nodes ({self.tool_config.variable})")
-        self.own = own_nodes(self.services, nodes, self.head_ip)
+        self.own = own_nodes(self.services, nodes, ray.get_runtime_context().get_node_id())
         for service in self.services:
             if service.own_node and service.name in self.own:
                 self.variables.update(placed(service, self.own[service.name]["NodeManagerAddress"],
@@ -2934,18 +2931,32 @@ def resolved_verl_config(train: list[str]) -> dict:
     name = next((a.split("=", 1)[1] for a in rest if a.startswith("--config-name=")), "ppo_trainer")
     overrides = [a for a in rest if not a.startswith("-")]
     try:
-        import importlib.util
-
         from hydra import compose, initialize_config_dir
         from omegaconf import OmegaConf
 
-        spec = importlib.util.find_spec(module.rsplit(".", 1)[0])
-        folder = os.path.join(list(spec.submodule_search_locations)[0], "config")
+        folder = config_folder(module)
         with initialize_config_dir(config_dir=folder, version_base=None):
             config = compose(config_name=name, overrides=overrides)
         return OmegaConf.to_container(config, resolve=True)
     except Exception as exc:  # no hydra here, an older layout, a value that only resolves at training
         return {"unresolved": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
+
+
+def config_folder(module: str) -> str:
+    """The config/ folder of `module`'s package, found without importing it: importing verl (torch, Ray,
+    transformers) took most of the 10 s this check took on a GPU node, and Hydra reads only the folder (no
+    release of verl registers OmegaConf resolvers of its own)."""
+    import importlib.util
+
+    top, *middle = module.split(".")[:-1] or [""]
+    spec = importlib.util.find_spec(top) if top else None  # a top-level name's spec: found, nothing imported
+    if spec is None:
+        raise ModuleNotFoundError(f"No module named {top or module!r}")
+    for location in spec.submodule_search_locations or []:
+        folder = os.path.join(location, *middle, "config")
+        if os.path.isdir(folder):
+            return folder
+    raise ModuleNotFoundError(f"no config folder beside {module}")
 
 
 def flat(tree: object, prefix: str = "") -> dict[str, object]:

@@ -150,7 +150,6 @@ class Services:
         self.restarts: dict[str, int] = {s.name: 0 for s in services}
         self.record: dict[str, dict] = {}
         self.own: dict[str, dict] = {}  # name -> the node of its own (a Ray node)
-        self.head_ip = ""
         self.ray = None
 
     def _port(self, service: Service) -> int:
@@ -165,7 +164,6 @@ class Services:
     def start_head(self, head_ip: str) -> None:
         """Every service's address set for the job (but the host of one on a node of its own), and the head's
         services started (beside Ray's bring-up)."""
-        self.head_ip = head_ip
         self.variables = addresses(self.services, head_ip)
         if self.tool_config:
             self.variables[self.tool_config.variable] = self.tool_config_path
@@ -201,7 +199,7 @@ class Services:
             self.problems += problems
             if not problems:
                 say(f"tool config: {self.tool_config_path} on {len(nodes)} nodes ({self.tool_config.variable})")
-        self.own = own_nodes(self.services, nodes, self.head_ip)
+        self.own = own_nodes(self.services, nodes, ray.get_runtime_context().get_node_id())
         for service in self.services:
             if service.own_node and service.name in self.own:
                 self.variables.update(placed(service, self.own[service.name]["NodeManagerAddress"],

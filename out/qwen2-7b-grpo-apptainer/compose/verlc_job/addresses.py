@@ -57,10 +57,9 @@ def placed(service: Service, host: str, port: int) -> dict[str, str]:
     return {variable: own[attribute] for attribute, variable in service.variables.items() if attribute in own}
 
 
-def own_nodes(services: list[Service], nodes: list[dict], head_ip: str) -> dict[str, dict]:
-    """The node of each service on one of its own: the allocation's last nodes by name (never the head), one per
-    service in the spec's order; the trainer has the others."""
-    others = sorted((n for n in nodes if n.get("NodeManagerAddress") != head_ip),
-                    key=lambda n: (node_name(n) or "", n["NodeID"]))
+def own_nodes(services: list[Service], nodes: list[dict], here: str) -> dict[str, dict]:
+    """The node of each service on one of its own: the allocation's last nodes by name, never the runtime's own
+    (the head: NodeID `here`), one per service in the spec's order; the trainer has the others."""
+    others = sorted((n for n in nodes if n["NodeID"] != here), key=lambda n: (node_name(n) or "", n["NodeID"]))
     own = [s for s in services if s.own_node]
     return {s.name: n for s, n in zip(own, others[len(others) - len(own):])} if len(own) <= len(others) else {}

@@ -104,18 +104,32 @@ def resolved_verl_config(train: list[str]) -> dict:
     name = next((a.split("=", 1)[1] for a in rest if a.startswith("--config-name=")), "ppo_trainer")
     overrides = [a for a in rest if not a.startswith("-")]
     try:
-        import importlib.util
-
         from hydra import compose, initialize_config_dir
         from omegaconf import OmegaConf
 
-        spec = importlib.util.find_spec(module.rsplit(".", 1)[0])
-        folder = os.path.join(list(spec.submodule_search_locations)[0], "config")
+        folder = config_folder(module)
         with initialize_config_dir(config_dir=folder, version_base=None):
             config = compose(config_name=name, overrides=overrides)
         return OmegaConf.to_container(config, resolve=True)
     except Exception as exc:  # no hydra here, an older layout, a value that only resolves at training
         return {"unresolved": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
+
+
+def config_folder(module: str) -> str:
+    """The config/ folder of `module`'s package, found without importing it: importing verl (torch, Ray,
+    transformers) took most of the 10 s this check took on a GPU node, and Hydra reads only the folder (no
+    release of verl registers OmegaConf resolvers of its own)."""
+    import importlib.util
+
+    top, *middle = module.split(".")[:-1] or [""]
+    spec = importlib.util.find_spec(top) if top else None  # a top-level name's spec: found, nothing imported
+    if spec is None:
+        raise ModuleNotFoundError(f"No module named {top or module!r}")
+    for location in spec.submodule_search_locations or []:
+        folder = os.path.join(location, *middle, "config")
+        if os.path.isdir(folder):
+            return folder
+    raise ModuleNotFoundError(f"no config folder beside {module}")
 
 
 def flat(tree: object, prefix: str = "") -> dict[str, object]:
