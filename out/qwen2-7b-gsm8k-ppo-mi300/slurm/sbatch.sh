@@ -836,7 +836,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 7e375bc696326a591f123b47d66a0ed131849d09b5e5b3d312159ce80bb061f1:
+# runtime/ of verlc 0.1.0, as one program, sha256 c6b8d3bdab002352b9a61665915972dd4247dc354f9d7a197b6cf45feb39b779:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -2560,7 +2560,8 @@ class Process:
 
 class NodeService:
     """A service on one node, held by a Ray actor pinned there (the class is made a Ray actor in `start_nodes`):
-    its process, its readiness and probe asked there (it listens on the node's loopback)."""
+    its process, its readiness and probe asked there, at `host` (the node's loopback for a service on every
+    node, the node's own address for one on a node of its own)."""
 
     def __init__(self, service: Service, variables: dict, log: str, host: str) -> None:
         os.environ.update(variables)

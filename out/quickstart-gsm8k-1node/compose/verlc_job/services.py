@@ -80,7 +80,8 @@ class Process:
 
 class NodeService:
     """A service on one node, held by a Ray actor pinned there (the class is made a Ray actor in `start_nodes`):
-    its process, its readiness and probe asked there (it listens on the node's loopback)."""
+    its process, its readiness and probe asked there, at `host` (the node's loopback for a service on every
+    node, the node's own address for one on a node of its own)."""
 
     def __init__(self, service: Service, variables: dict, log: str, host: str) -> None:
         os.environ.update(variables)
