@@ -41,16 +41,21 @@ def _strings(value: Any, loc: tuple[str | int, ...]) -> Iterator[tuple[tuple[str
             yield from _strings(v, (*loc, k))
 
 
+def _service_words(name: str, service: Any) -> list[tuple[tuple[str | int, ...], str]]:
+    """The strings of a service that are words of the node (its command, env and readiness command), with
+    where each is in the spec."""
+    at = ("services", name)
+    return [*_strings(list(service.command), (*at, "command")), *_strings(dict(service.env), (*at, "env")),
+            *_strings(list(service.ready.command or ()), (*at, "ready", "command"))]
+
+
 def check_references(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     """Every `${services.NAME.ATTR}` in verl's settings and in the services' commands, env and readiness
     commands names a service of the spec and one of its attributes; the job's env cannot hold one (its values
     are set on every node before any service has an address)."""
     places = list(_strings(spec.verl, ("verl",))) + list(_strings(spec.tool_config or {}, ("tool_config",)))
     for name, service in spec.services.items():
-        at = ("services", name)
-        places += _strings(list(service.command), (*at, "command"))
-        places += _strings(dict(service.env), (*at, "env"))
-        places += _strings(list(service.ready.command or ()), (*at, "ready", "command"))
+        places += _service_words(name, service)
     for loc, text in places:
         for match in SERVICE_REFERENCE.finditer(text):
             problem = reference_problem(match[1], spec.services)
@@ -98,9 +103,7 @@ def placement_problems(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
                                                   f"runs on the head node or every node")
         if s.on != "head":
             continue
-        words = [*_strings(list(s.command), (*at, "command")), *_strings(dict(s.env), (*at, "env")),
-                 *_strings(list(s.ready.command or ()), (*at, "ready", "command"))]
-        for loc, text in words:
+        for loc, text in _service_words(name, s):
             for match in SERVICE_REFERENCE.finditer(text):
                 other = match[1].split(".")[0]
                 if other in own:
@@ -169,10 +172,7 @@ def word_problems(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     """The services' commands and env may read the node's env (`${env:NAME}`, ${HOME}, ~) and services'
     addresses, and nothing else that would expand."""
     for name, service in spec.services.items():
-        at = ("services", name)
-        places = [*_strings(list(service.command), (*at, "command")), *_strings(dict(service.env), (*at, "env")),
-                  *_strings(list(service.ready.command or ()), (*at, "ready", "command"))]
-        for loc, text in places:
+        for loc, text in _service_words(name, service):
             try:
                 service_word(text)
             except ValueError as exc:
