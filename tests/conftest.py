@@ -22,12 +22,12 @@ PIPELINES = sorted((REPO / "specs" / "pipelines").glob("*.yaml"))
 
 
 def spec_targets(spec: Path) -> tuple[str, ...]:
-    """The targets an example spec is meant for (`targets:`, default every one): what `--target all` builds."""
-    from ruamel.yaml import YAML
-
+    """The targets an example spec is meant for (`targets:`, its bases' where it extends one, default every one):
+    what `--target all` builds."""
+    from verlc.compiler.load import load
     from verlc.targets import NAMES
 
-    return tuple(YAML(typ="safe", pure=True).load(spec.read_text()).get("targets") or NAMES)
+    return tuple(load(spec).data.get("targets") or NAMES)
 
 
 # (example spec, target) for every bundle the examples make

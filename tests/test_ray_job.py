@@ -52,8 +52,11 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.fail(message) if IN_CI else pytest.skip(message)
     temp = Path("/tmp") / f"verlc-test-ray-{os.getpid()}"  # short: Ray's socket paths have a length limit
     port, dashboard = free_port(), free_port()
-    # The node's own environment, as a cluster's $SCRATCH would be: what ${env:NAME} reads there.
-    node_env = {NODE_VARIABLE: str(tmp_path_factory.mktemp("node-scratch"))}
+    # The node's own environment, as a cluster's $SCRATCH would be: what ${env:NAME} reads there. Ray hides the
+    # GPUs from a task that holds none (CUDA_VISIBLE_DEVICES=""), as the Ray of verl's images does (2.4x); later
+    # releases leave the variable alone unless this is set.
+    node_env = {NODE_VARIABLE: str(tmp_path_factory.mktemp("node-scratch")),
+                "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}
     subprocess.run([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
                     "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", "--num-gpus=8",
                     "--num-cpus=2", f"--temp-dir={temp}", "--disable-usage-stats"],
@@ -195,6 +198,36 @@ def test_the_wait_counts_every_nodes_gpus_against_the_specs(ray_head: str) -> No
     assert result.returncode == 1, result.stdout + result.stderr
     assert "node registered: " in result.stdout and "GPUs=8 (1/1)" in result.stdout
     assert "ERROR: after 3s the cluster has 1 of 1 nodes and 8 of 16 GPUs" in result.stdout, result.stdout
+
+
+def test_a_task_that_sees_the_nodes_gpus_runs_beside_one_that_holds_them_all(ray_head: str) -> None:
+    """The preflight's start-up needs see a node's GPUs as the node's own processes do (Ray hides them from a
+    task that holds none) without holding them, so the all-reduce, which holds them all, runs meanwhile: on a
+    real 8-GPU node (logical), one task holds the 8 GPUs while each node's seeing task answers with the node's
+    own CUDA_VISIBLE_DEVICES (unset here); a task that holds none is shown an empty one."""
+    code = """if True:
+        import json, os, sys, time
+        from verlc.runtime import cluster
+        ray = cluster.connect(sys.argv[1])
+        nodes = cluster.alive_nodes(ray)
+        holder = ray.remote(num_cpus=0, num_gpus=8)(lambda: time.sleep(60))
+        held = holder.remote()
+        deadline = time.monotonic() + 60
+        while ray.available_resources().get("GPU", 0) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        shown = lambda: os.environ.get("CUDA_VISIBLE_DEVICES")
+        seen, problems = cluster.on_each_node(ray, nodes, shown, what="seeing", timeout=50, see=True)
+        hidden, more = cluster.on_each_node(ray, nodes, shown, what="hidden", timeout=50)
+        still = not ray.wait([held], timeout=0)[0]
+        print(json.dumps({"free": ray.available_resources().get("GPU", 0), "seen": list(seen.values()),
+                          "hidden": list(hidden.values()), "problems": problems + more, "held": still}))
+        ray.cancel(held, force=True)
+    """
+    result = subprocess.run([sys.executable, "-c", code, GCS["address"]], capture_output=True, text=True,
+                            env=ray_env(), timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    shown = json.loads(result.stdout.strip().splitlines()[-1])
+    assert shown == {"free": 0, "seen": [None], "hidden": [""], "problems": [], "held": True}, shown
 
 
 def test_env_vars_of_the_node_expand_there_and_are_required(ray_head: str, tmp_path: Path) -> None:

@@ -234,8 +234,6 @@ def judge_hub(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random chat model made here (the GPU rehearsal's: a 2-layer Qwen2, a BPE tokenizer trained on a few
     prompts; dev/gpu/fixtures.py), in a Hugging Face hub cache as the hub client leaves it (blobs, a snapshot of
     links, refs/main): `transformers serve` lists the models of its cache, offline."""
-    import hashlib
-
     sys.path.insert(0, str(Path(__file__).parents[1] / "dev" / "gpu"))
     try:
         import fixtures
@@ -245,18 +243,7 @@ def judge_hub(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tok = fixtures.tokenizer([q for q, _ in fixtures.problems(64, 1)] + ["Answer with one word: ready?"], made)
     fixtures.model(len(tok), tok, made)
     hub = tmp_path_factory.mktemp("hf") / "hub"
-    repo = hub / f"models--{JUDGE.replace('/', '--')}"
-    commit = "1" * 40
-    for path in (p for p in made.rglob("*") if p.is_file()):
-        data = path.read_bytes()
-        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(data)
-        link = repo / "snapshots" / commit / path.relative_to(made)
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(os.path.relpath(blob, link.parent))
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
+    fixtures.hub(made, JUDGE, hub)
     return hub
 
 

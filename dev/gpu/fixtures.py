@@ -2,7 +2,9 @@
 BPE tokenizer trained on the prompts, and GSM8K-shaped parquet files (verl's columns for RL, and `messages`, the
 question and its answer, for SFT).
 
-    python3 dev/gpu/fixtures.py FOLDER     # FOLDER/model, FOLDER/data/{train,test}.parquet
+    python3 dev/gpu/fixtures.py FOLDER     # FOLDER/model, FOLDER/data/{train,test}.parquet, FOLDER/hub
+
+FOLDER/hub is a Hugging Face hub cache holding the same model as JUDGE (what the judge service serves offline).
 
 A random model learns nothing about arithmetic; the rehearsal shows that verl trains through verlc's bundle
 (loss, gradients, rewards logged every step, checkpoints), not that the model gets better.
@@ -10,6 +12,8 @@ A random model learns nothing about arithmetic; the rehearsal shows that verl tr
 
 from __future__ import annotations
 
+import hashlib
+import os
 import random
 import sys
 from pathlib import Path
@@ -17,6 +21,7 @@ from pathlib import Path
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 SPECIAL = ["<|pad|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"]
+JUDGE = "genrm"  # the judge service's model (specs/gpu-rehearsal-judge.yaml), as a hub repo id of FOLDER/hub
 
 
 def problems(count: int, seed: int) -> list[tuple[str, str]]:
@@ -58,6 +63,24 @@ def model(vocab: int, tok: object, folder: Path) -> None:
     GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id).save_pretrained(folder)
 
 
+def hub(model_folder: Path, repo_id: str, cache: Path) -> None:
+    """`model_folder` as the hub client leaves a download in its cache `cache` (blobs, a snapshot of links,
+    refs/main): a server that lists the models of its cache (`transformers serve`) serves it offline as
+    `repo_id`."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    commit = "1" * 40
+    for path in sorted(p for p in model_folder.rglob("*") if p.is_file()):
+        content = path.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(content).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(content)
+        link = repo / "snapshots" / commit / path.relative_to(model_folder)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+
+
 def data(rows: list[tuple[str, str]], split: str, path: Path) -> None:
     import pandas as pd
 
@@ -78,6 +101,7 @@ def main(folder: Path) -> None:
     model(len(tok), tok, folder / "model")  # type: ignore[arg-type]
     data(train, "train", folder / "data" / "train.parquet")
     data(test, "test", folder / "data" / "test.parquet")
+    hub(folder / "model", JUDGE, folder / "hub")
     print(f"fixtures: {folder}/model (vocab {len(tok)}), {len(train)} train and {len(test)} test rows")  # type: ignore[arg-type]
 
 

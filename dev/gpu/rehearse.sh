@@ -2,7 +2,8 @@
 # The GPU rehearsal: on a machine with an NVIDIA GPU and no network, install what the run needs from the wheels
 # dev/gpu/wheels.sh fetched (.whl/), make the tiny model and data offline, start a one-node Ray head, and submit
 # verlc's bundles with `verlc submit` (which runs each bundle's own submit.sh): the training specs
-# (specs/gpu-rehearsal-reinforce.yaml; specs/gpu-rehearsal-sft.yaml, SFT under torchrun;
+# (specs/gpu-rehearsal-reinforce.yaml; specs/gpu-rehearsal-judge.yaml, the same with an LLM judge served beside the
+# trainer on its GPU; specs/gpu-rehearsal-sft.yaml, SFT under torchrun;
 # specs/pipelines/gpu-rehearsal-pipeline.yaml, two stages, the second from the first's merged model;
 # specs/gpu-rehearsal-sft-two-nodes.yaml, torchrun on two Ray nodes, where the machine has two GPUs) must train; the
 # configs of dev/gpu/cases/ must fail before the trainer, at the build or in the preflight. Writes into OUT
@@ -33,10 +34,13 @@ fail() { echo "rehearse.sh: $*" >&2; mark failed "$*"; pack; exit 1; }
 python3 dev/gpu/wheel_matches.py .whl/common/verlc-*.whl \
   || fail "the verlc wheel in .whl/common is not this working tree's: run dev/gpu/wheels.sh here first"
 site=$work/site
-rm -rf "${site:?}" "${work:?}"/verl-* "${work:?}"/bin
+rm -rf "${site:?}" "${work:?}"/verl-* "${work:?}"/bin "${work:?}"/serve
 mkdir -p "$site" "$work"/bin
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/common/*.whl || fail "pip install"
 tar -C "$site" -xJf .whl/ray.tar.xz || fail "unpacking ray"
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$work/serve" .whl/serve/*.whl \
+  || fail "pip install the judge's serving packages"
+export GPU_REHEARSAL_SERVE=$work/serve  # the judge service's PYTHONPATH (specs/gpu-rehearsal-judge.yaml)
 for release in 0.5.0 0.6.1; do
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$work/verl-$release" \
     .whl/verl-"$release"/*.whl || fail "pip install verl $release"
@@ -67,7 +71,7 @@ EOF
 export GPU_REHEARSAL=$work/fixtures
 rm -rf "$GPU_REHEARSAL"
 python3 dev/gpu/fixtures.py "$GPU_REHEARSAL" || fail "fixtures"
-cp specs/gpu-rehearsal/reward.py "$GPU_REHEARSAL"/
+cp specs/gpu-rehearsal/reward.py specs/genrm/judge_reward.py "$GPU_REHEARSAL"/
 mark fixtures
 
 # The ledger (runs.jsonl) is kept at the git root: a copy without .git gets its own.
@@ -118,6 +122,19 @@ verlc runs --timeline "$run" --format markdown >"$out/timeline.md" 2>&1
 cat "$out/timeline.md"
 verlc plot "$run" --timeline -o "$results/gpu-timeline.svg"  # now: the next Ray head forgets this run's log
 ls -R "$GPU_REHEARSAL/checkpoints" >"$out/checkpoints.txt" 2>&1
+# the judge beside the trainer: which processes hold the GPU, sampled every 2 s while the run lasts
+gpu_users() {
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | while IFS=', ' read -r pid mib; do
+    printf '%s\t%s\t%s\n' "$pid" "$mib" "$(ps -o args= -p "$pid" | cut -c1-160)"
+  done
+}
+(while sleep 2; do echo "at $(since "$t0")"; gpu_users; done) >"$out/judge-gpu.txt" 2>&1 &
+sampler=$!
+submit specs/gpu-rehearsal-judge.yaml judge
+kill "$sampler"
+verlc logs "$run" --service judge >"$out/judge-service.log" 2>&1
+verlc runs --timeline "$run" --format markdown >"$out/judge-timeline.md" 2>&1
+cat "$out/judge-timeline.md"
 submit dev/gpu/cases/critic-0.5.0.yaml critic
 build dev/gpu/cases/hf-rollout-n4-0.5.0.yaml hf-n4
 build dev/gpu/cases/hf-rollout-0.6.1.yaml hf-0.6.1

@@ -188,6 +188,58 @@ def pipeline_section(folder: Path, seen: dict[str, tuple[float, str]]) -> list[s
     return lines
 
 
+JUDGE_SPEC = Path("specs/gpu-rehearsal-judge.yaml")
+ANSWERED = re.compile(r'"POST /v1/chat/completions HTTP/1\.1" 200')
+
+
+def gpu_users(sampled: Path) -> tuple[float, list[tuple[str, str, str]]]:
+    """The sample of `nvidia-smi --query-compute-apps` with the most processes on the GPU: when it was taken
+    (seconds since the rehearsal began) and its (pid, MiB, command line) rows."""
+    samples: list[tuple[float, list[tuple[str, str, str]]]] = []
+    for line in sampled.read_text().splitlines() if sampled.exists() else []:
+        if line.startswith("at "):
+            samples.append((float(line.split()[1]), []))
+        elif samples and line.count("\t") >= 2:
+            samples[-1][1].append(tuple(line.split("\t", 2)))  # type: ignore[arg-type]
+    return max(samples, key=lambda s: len(s[1]), default=(0.0, []))
+
+
+def judge_section(folder: Path, seen: dict[str, tuple[float, str]]) -> list[str]:
+    """The run with an LLM judge beside the trainer on its GPU: the service's readiness and probe as the run
+    record keeps them, the requests it answered while verl trained, and who held the GPU meanwhile."""
+    title = ["", "## An LLM judge beside the trainer, on its GPU", ""]
+    if "judge" not in seen or not (folder / "judge.log").exists():
+        return [*title, "Not run in this rehearsal."]
+    log = (folder / "judge.log").read_text()
+    service = (folder / "judge-service.log").read_text() if (folder / "judge-service.log").exists() else ""
+    record = record_from_log(plain(log)).get("services", {}).get("judge", {})
+    steps = [s for ln in log.splitlines() if (s := parse_step(ln))]
+    at, users = gpu_users(folder / "judge-gpu.txt")
+    return [
+        *title,
+        f"Spec: `{JUDGE_SPEC}`: the training run above with `services.judge`, a real OpenAI-compatible server",
+        "(`transformers serve`, the machine's own transformers) that the job starts on the head node beside the",
+        "trainer, on the same GPU, and whose verdict is the reward: verl's reward function is the GenRM example's",
+        "(`specs/genrm/judge_reward.py`), unchanged, which asks the judge for every response at the address and with",
+        "the token verlc gives every process of the job. The judge serves the rehearsal's random model: its verdict",
+        "is noise, and what this shows is the wiring on a GPU, not a judge worth training against.", "",
+        "```yaml", JUDGE_SPEC.read_text().strip(), "```", "",
+        f"- outcome: {outcome(folder, 'judge', seen['judge'][1])}",
+        f"- the run record's service entry: ready after {record.get('ready_seconds', '?')} s, "
+        f"{record.get('probe', 'no')} probe " + ("passed" if record.get("probe_passed") else "NOT passed"),
+        f"- chat requests the judge answered (200) while the job ran, from its log (`verlc logs RUN --service "
+        f"judge`): {len(ANSWERED.findall(service))}",
+        "- critic/score/mean (the judge's verdicts) by step: "
+        + (", ".join(f"{s.step}: {s.metrics['critic/score/mean']:.3g}" for s in steps
+                     if 'critic/score/mean' in s.metrics) or "none logged"),
+        f"- the processes on the GPU at once, sampled by `nvidia-smi` {at:.0f} s into the rehearsal:", "",
+        "| pid | GPU memory (MiB) | command |", "| ---: | ---: | --- |",
+        *(f"| {pid} | {mib} | `{command.strip()[:110]}` |" for pid, mib, command in users), "",
+        "Its start-up timeline (the services' phase beside the others):", "",
+        *timeline(folder / "judge-timeline.md", log),
+    ]
+
+
 def main(folder: Path, output: Path) -> None:
     seen = events(folder)
     versions = (folder / "versions.txt").read_text().strip().splitlines()
@@ -281,6 +333,7 @@ def main(folder: Path, output: Path) -> None:
             continue
         text = outcome(folder, label, seen[label][1]).replace("|", "\\|")
         lines.append(f"| {what} | `{spec}` | {text} |")
+    lines += judge_section(folder, seen)
     lines += sft_section(folder, seen)
     lines += pipeline_section(folder, seen)
     lines += sft_two_section(folder, seen)

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 python=${PYTHON:-.venv/bin/python}
 out=.whl
-mkdir -p "$out"/common "$out"/verl-0.5.0 "$out"/verl-0.6.1
+mkdir -p "$out"/common "$out"/verl-0.5.0 "$out"/verl-0.6.1 "$out"/serve
 
 fetch() {  # fetch DIR NAME==VERSION...: Linux x86-64 wheels for CPython 3.12, no dependencies
   local dir=$1
@@ -36,6 +36,12 @@ fetch "$out"/common aiohttp_cors==0.8.1 colorful==0.5.6 opencensus==0.11.4 openc
   cachetools==5.5.2 pyasn1==0.6.1 pyasn1-modules==0.4.2 rsa==4.9.1 jsonschema==4.24.0 \
   jsonschema-specifications==2025.4.1 referencing==0.36.2 rpds-py==0.26.0 ruamel.yaml==0.18.14 \
   ruamel.yaml.clib==0.2.12 importlib_metadata==8.7.0
+# what `transformers serve` (the judge service of specs/gpu-rehearsal-judge.yaml) needs beside the machine's own
+# transformers 5, apart: on the service's PYTHONPATH only, never the trainer's (verl 0.5/0.6 need transformers 4)
+fetch "$out"/serve fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 openai==3.63.0 pydantic==2.14.4 \
+  pydantic-core==2.50.5 annotated-types==0.8.0 annotated-doc==0.0.7 typing-inspection==0.4.5 \
+  typing-extensions==4.16.0 jiter==0.19.0 sniffio==1.3.1 httpx2==2.17.0 httpcore2==2.17.0 truststore==0.10.5 \
+  opentelemetry-api==1.45.3
 # antlr4 4.9.3 (Hydra's) has only a source distribution: a pure-Python wheel built here
 [[ -n $(compgen -G "$out/common/antlr4_python3_runtime-*.whl") ]] ||
   "$python" -m pip wheel --quiet --disable-pip-version-check --no-deps -w "$out"/common antlr4-python3-runtime==4.9.3

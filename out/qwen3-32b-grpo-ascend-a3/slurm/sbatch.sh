@@ -843,7 +843,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 c6b8d3bdab002352b9a61665915972dd4247dc354f9d7a197b6cf45feb39b779:
+# runtime/ of verlc 0.1.0, as one program, sha256 cf73f1f224c85f57633ac1e6e7c5cc8cef45d227abc67be892959ed713e84c6d:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -1214,6 +1214,12 @@ def note_node_time(node: dict, seconds: float) -> None:
         kept.append((node_name(node) or node["NodeID"][:8], seconds))
 
 
+# Ray leaves a worker's visible-device variable as the node set it where the worker's environment has these (the
+# job's own environment has the ROCm and Ascend ones already: verl's workers pick their devices themselves there)
+SEE_ACCELERATORS = ("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES",
+                    "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES")
+
+
 def holding(device: str, count: float) -> dict:
     """A Ray task's options that hold `count` of resource `device` (Ray takes GPUs as num_gpus only)."""
     if device == "GPU":
@@ -1222,16 +1228,16 @@ def holding(device: str, count: float) -> dict:
 
 
 def on_each_node(ray, nodes: list[dict], function, *args: object, what: str,  # noqa: ANN001
-                 timeout: float = 300, hold: str | None = None) -> tuple[dict, list[str]]:
+                 timeout: float = 300, see: bool = False) -> tuple[dict, list[str]]:
     """`function(*args)` as a zero-CPU task pinned to each node: {NodeID: its result}, and a problem naming each
     node whose task failed, that Ray declared dead meanwhile (a task pinned there may never return), or that
-    did not answer within `timeout`. `hold`: a resource (GPU, NPU) the task holds all of on its node, so that it
-    sees the node's accelerators as verl's workers will (Ray hides them from a task that holds none)."""
+    did not answer within `timeout`. `see`: the task sees the node's accelerators as the node's own processes do
+    (Ray hides them from a task that holds none), without holding them: tasks that hold them run beside it."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     task = ray.remote(num_cpus=0, max_retries=0)(timed_on_node)
-    pending = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
-                            **(holding(hold, n.get("Resources", {}).get(hold, 0)) if hold else {}))
+    seeing = {"runtime_env": {"env_vars": {name: "1" for name in SEE_ACCELERATORS}}} if see else {}
+    pending = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False), **seeing)
                .remote(function, *args) for n in nodes]
     refs = {ref.hex(): n for ref, n in zip(pending, nodes)}
     results, problems = {}, []
@@ -3122,9 +3128,9 @@ def at_once(ray, nodes: list[dict], trainer: list[dict], job: Job, data: list[st
             collective: bool) -> tuple[dict, dict, dict, dict, str, list[str]]:
     """The checks that run at once: the head's own work (hashes, columns, verl's config), each node's packages,
     verl's start-up needs and the all-reduce on the trainer's nodes (where the cluster is the job's:
-    `collective`). The last two hold every GPU of a node: Ray runs them there one after the other, in either
-    order (in one task per node they were slower). What each node has, what each showed of the needs, the
-    inputs' record, verl's config, the all-reduce's summary, and the problems."""
+    `collective`; the all-reduce holds every GPU of a node, the needs see them beside it). What each node has,
+    what each showed of the needs, the inputs' record, verl's config, the all-reduce's summary, and the
+    problems."""
     with ThreadPoolExecutor(4) as beside:
         local = beside.submit(lambda: (timed("inputs", inputs_record, job, data, files),
                                        timed("data", data_problems, job, data)))
@@ -3192,10 +3198,11 @@ def node_problems(ray, nodes: list[dict], job: Job) -> tuple[dict, list[str]]:  
 
 
 def startup_check(ray, nodes: list[dict], job: Job) -> tuple[dict, list[str]]:  # noqa: ANN001
-    """verl's start-up needs on every node, in a fresh Python holding the node's GPUs (as verl's workers see
-    them): what each node showed, and the problems (a node that did not answer, a need it lacks)."""
+    """verl's start-up needs on every node, in a fresh Python that sees the node's GPUs as verl's workers will
+    (without holding them: the all-reduce holds them meanwhile): what each node showed, and the problems (a node
+    that did not answer, a need it lacks)."""
     found, unanswered = on_each_node(ray, nodes, startup_found, [asdict(n) for n in job.startup],
-                                     what="start-up needs", timeout=STARTUP_TIMEOUT + 30, hold=job.device)
+                                     what="start-up needs", timeout=STARTUP_TIMEOUT + 30, see=True)
     return found, unanswered + startup_problems(found, job.startup)
 
 

@@ -109,6 +109,12 @@ def note_node_time(node: dict, seconds: float) -> None:
         kept.append((node_name(node) or node["NodeID"][:8], seconds))
 
 
+# Ray leaves a worker's visible-device variable as the node set it where the worker's environment has these (the
+# job's own environment has the ROCm and Ascend ones already: verl's workers pick their devices themselves there)
+SEE_ACCELERATORS = ("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES",
+                    "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES")
+
+
 def holding(device: str, count: float) -> dict:
     """A Ray task's options that hold `count` of resource `device` (Ray takes GPUs as num_gpus only)."""
     if device == "GPU":
@@ -117,16 +123,16 @@ def holding(device: str, count: float) -> dict:
 
 
 def on_each_node(ray, nodes: list[dict], function, *args: object, what: str,  # noqa: ANN001
-                 timeout: float = 300, hold: str | None = None) -> tuple[dict, list[str]]:
+                 timeout: float = 300, see: bool = False) -> tuple[dict, list[str]]:
     """`function(*args)` as a zero-CPU task pinned to each node: {NodeID: its result}, and a problem naming each
     node whose task failed, that Ray declared dead meanwhile (a task pinned there may never return), or that
-    did not answer within `timeout`. `hold`: a resource (GPU, NPU) the task holds all of on its node, so that it
-    sees the node's accelerators as verl's workers will (Ray hides them from a task that holds none)."""
+    did not answer within `timeout`. `see`: the task sees the node's accelerators as the node's own processes do
+    (Ray hides them from a task that holds none), without holding them: tasks that hold them run beside it."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     task = ray.remote(num_cpus=0, max_retries=0)(timed_on_node)
-    pending = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
-                            **(holding(hold, n.get("Resources", {}).get(hold, 0)) if hold else {}))
+    seeing = {"runtime_env": {"env_vars": {name: "1" for name in SEE_ACCELERATORS}}} if see else {}
+    pending = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False), **seeing)
                .remote(function, *args) for n in nodes]
     refs = {ref.hex(): n for ref, n in zip(pending, nodes)}
     results, problems = {}, []

@@ -85,9 +85,9 @@ def at_once(ray, nodes: list[dict], trainer: list[dict], job: Job, data: list[st
             collective: bool) -> tuple[dict, dict, dict, dict, str, list[str]]:
     """The checks that run at once: the head's own work (hashes, columns, verl's config), each node's packages,
     verl's start-up needs and the all-reduce on the trainer's nodes (where the cluster is the job's:
-    `collective`). The last two hold every GPU of a node: Ray runs them there one after the other, in either
-    order (in one task per node they were slower). What each node has, what each showed of the needs, the
-    inputs' record, verl's config, the all-reduce's summary, and the problems."""
+    `collective`; the all-reduce holds every GPU of a node, the needs see them beside it). What each node has,
+    what each showed of the needs, the inputs' record, verl's config, the all-reduce's summary, and the
+    problems."""
     with ThreadPoolExecutor(4) as beside:
         local = beside.submit(lambda: (timed("inputs", inputs_record, job, data, files),
                                        timed("data", data_problems, job, data)))
@@ -155,10 +155,11 @@ def node_problems(ray, nodes: list[dict], job: Job) -> tuple[dict, list[str]]:  
 
 
 def startup_check(ray, nodes: list[dict], job: Job) -> tuple[dict, list[str]]:  # noqa: ANN001
-    """verl's start-up needs on every node, in a fresh Python holding the node's GPUs (as verl's workers see
-    them): what each node showed, and the problems (a node that did not answer, a need it lacks)."""
+    """verl's start-up needs on every node, in a fresh Python that sees the node's GPUs as verl's workers will
+    (without holding them: the all-reduce holds them meanwhile): what each node showed, and the problems (a node
+    that did not answer, a need it lacks)."""
     found, unanswered = on_each_node(ray, nodes, startup_found, [asdict(n) for n in job.startup],
-                                     what="start-up needs", timeout=STARTUP_TIMEOUT + 30, hold=job.device)
+                                     what="start-up needs", timeout=STARTUP_TIMEOUT + 30, see=True)
     return found, unanswered + startup_problems(found, job.startup)
 
 
