@@ -11,11 +11,17 @@
 # (rehearsal.tar.gz: logs, events, versions, results), and docs/gpu.md's text and figure (dev/gpu/report.py):
 # copy gpu.md, gpu-rehearsal.svg and gpu-timeline.svg into docs/.
 #
-#   bash dev/gpu/rehearse.sh          # from the repository root, .whl/ beside it
+#   bash dev/gpu/rehearse.sh                    # from the repository root, .whl/ beside it: every part
+#   bash dev/gpu/rehearse.sh train judge cases  # some parts (of train judge cases sft pipeline sft-two)
+#
+# A device call lasts at most 10 minutes: run the parts in two calls, unpack both calls' rehearsal.tar.gz into one
+# folder (their events.tsv appended) and run dev/gpu/report.py on it here.
 #
 # Run by hand (through the device tool here) when the runtime, the preflight or the trainer command changes.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
+parts=" ${*:-train judge cases sft pipeline sft-two} "
+want() { [[ $parts == *" $1 "* ]]; }
 results=${OUT:-/tmp/gpu-rehearsal-out}
 work=${GPU_REHEARSAL_WORK:-/tmp/gpu-rehearsal}
 out=$work/out  # what it saw, packed into $results/rehearsal.tar.gz at the end
@@ -114,42 +120,50 @@ build() {
   mark "$2" "exit $rc"
 }
 
-submit specs/gpu-rehearsal-reinforce.yaml train
-verlc runs --results "$run" --format markdown >"$out/results.md" 2>&1
-cat "$out/results.md"
-verlc plot "$run" --metric critic/score/mean -o "$results/gpu-rehearsal.svg"
-verlc runs --timeline "$run" --format markdown >"$out/timeline.md" 2>&1
-cat "$out/timeline.md"
-verlc plot "$run" --timeline -o "$results/gpu-timeline.svg"  # now: the next Ray head forgets this run's log
-ls -R "$GPU_REHEARSAL/checkpoints" >"$out/checkpoints.txt" 2>&1
-# the judge beside the trainer: which processes hold the GPU, sampled every 2 s while the run lasts
-gpu_users() {
-  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | while IFS=', ' read -r pid mib; do
-    printf '%s\t%s\t%s\n' "$pid" "$mib" "$(ps -o args= -p "$pid" | cut -c1-160)"
-  done
-}
-(while sleep 2; do echo "at $(since "$t0")"; gpu_users; done) >"$out/judge-gpu.txt" 2>&1 &
-sampler=$!
-submit specs/gpu-rehearsal-judge.yaml judge
-kill "$sampler"
-verlc logs "$run" --service judge >"$out/judge-service.log" 2>&1
-verlc runs --timeline "$run" --format markdown >"$out/judge-timeline.md" 2>&1
-cat "$out/judge-timeline.md"
-submit dev/gpu/cases/critic-0.5.0.yaml critic
-build dev/gpu/cases/hf-rollout-n4-0.5.0.yaml hf-n4
-build dev/gpu/cases/hf-rollout-0.6.1.yaml hf-0.6.1
+if want train; then
+  submit specs/gpu-rehearsal-reinforce.yaml train
+  verlc runs --results "$run" --format markdown >"$out/results.md" 2>&1
+  cat "$out/results.md"
+  verlc plot "$run" --metric critic/score/mean -o "$results/gpu-rehearsal.svg"
+  verlc runs --timeline "$run" --format markdown >"$out/timeline.md" 2>&1
+  cat "$out/timeline.md"
+  verlc plot "$run" --timeline -o "$results/gpu-timeline.svg"  # now: the next Ray head forgets this run's log
+  ls -R "$GPU_REHEARSAL/checkpoints" >"$out/checkpoints.txt" 2>&1
+fi
+if want judge; then  # the judge beside the trainer: which processes hold the GPU, sampled every 2 s meanwhile
+  gpu_users() {
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | while IFS=', ' read -r pid mib; do
+      printf '%s\t%s\t%s\n' "$pid" "$mib" "$(ps -o args= -p "$pid" | cut -c1-160)"
+    done
+  }
+  (while sleep 2; do echo "at $(since "$t0")"; gpu_users; done) >"$out/judge-gpu.txt" 2>&1 &
+  sampler=$!
+  submit specs/gpu-rehearsal-judge.yaml judge
+  kill "$sampler"
+  verlc logs "$run" --service judge >"$out/judge-service.log" 2>&1
+  verlc runs --timeline "$run" --format markdown >"$out/judge-timeline.md" 2>&1
+  cat "$out/judge-timeline.md"
+fi
+if want cases; then
+  submit dev/gpu/cases/critic-0.5.0.yaml critic
+  build dev/gpu/cases/hf-rollout-n4-0.5.0.yaml hf-n4
+  build dev/gpu/cases/hf-rollout-0.6.1.yaml hf-0.6.1
+fi
 use_release 0.6.1
 ray_up
-submit dev/gpu/cases/vllm-missing-0.6.1.yaml vllm-0.6.1
-submit specs/gpu-rehearsal-sft.yaml sft train/loss  # verl 0.6.1's SFT trainer under torchrun
-verlc runs --timeline "$run" --format markdown >"$out/sft-timeline.md" 2>&1
-ls -R "$GPU_REHEARSAL/checkpoints/sft" >"$out/sft-checkpoints.txt" 2>&1
-# a pipeline in one Ray job: SFT, verl's merger on its last checkpoint, a second stage from the merged model
-submit specs/pipelines/gpu-rehearsal-pipeline.yaml pipeline train/loss
-ls -lR "$GPU_REHEARSAL"/checkpoints/pipeline-* >"$out/pipeline-checkpoints.txt" 2>&1
+want cases && submit dev/gpu/cases/vllm-missing-0.6.1.yaml vllm-0.6.1
+if want sft; then
+  submit specs/gpu-rehearsal-sft.yaml sft train/loss  # verl 0.6.1's SFT trainer under torchrun
+  verlc runs --timeline "$run" --format markdown >"$out/sft-timeline.md" 2>&1
+  ls -R "$GPU_REHEARSAL/checkpoints/sft" >"$out/sft-checkpoints.txt" 2>&1
+fi
+if want pipeline; then  # in one Ray job: SFT, verl's merger on its last checkpoint, a stage from the merged model
+  submit specs/pipelines/gpu-rehearsal-pipeline.yaml pipeline train/loss
+  ls -lR "$GPU_REHEARSAL"/checkpoints/pipeline-* >"$out/pipeline-checkpoints.txt" 2>&1
+fi
 # SFT on two nodes, where the machine has two GPUs: a second Ray node on this host, each node with a GPU of its
 # own (Ray gives a node's tasks the GPUs its CUDA_VISIBLE_DEVICES names), as two hosts would be
-if (($(nvidia-smi -L | grep -c '^GPU ') >= 2)); then
+if want sft-two && (($(nvidia-smi -L | grep -c '^GPU ') >= 2)); then
   ray stop --force >/dev/null 2>&1
   CUDA_VISIBLE_DEVICES=0 ray_up
   CUDA_VISIBLE_DEVICES=1 ray start --address=127.0.0.1:6379 --num-gpus=1 --disable-usage-stats \
@@ -157,11 +171,11 @@ if (($(nvidia-smi -L | grep -c '^GPU ') >= 2)); then
   mark ray-two-nodes
   submit specs/gpu-rehearsal-sft-two-nodes.yaml sft-two train/loss
   ls -R "$GPU_REHEARSAL/checkpoints/sft-two-nodes" >"$out/sft-two-checkpoints.txt" 2>&1
-else
+elif want sft-two; then
   mark sft-two "skipped: one GPU"
 fi
 ray stop --force >/dev/null 2>&1
 mark finished
 cp "$results/gpu-rehearsal.svg" "$results/gpu-timeline.svg" "$out/" 2>/dev/null
-python3 dev/gpu/report.py "$out" "$results/gpu.md"
+want train && python3 dev/gpu/report.py "$out" "$results/gpu.md"
 pack

@@ -807,7 +807,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 cf73f1f224c85f57633ac1e6e7c5cc8cef45d227abc67be892959ed713e84c6d:
+# runtime/ of verlc 0.1.0, as one program, sha256 821ccd21e00a47441255a5618c8d9920be7bcfdf946500b9198e8a7e695b40e0:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -1849,6 +1849,260 @@ def ray_logs(temp_dir: str, limit_mib: int) -> int:
     return 0
 
 
+# ==== runtime/startup.py ====
+"""What verl's workers need when they start, checked on every node.
+
+The job's `startup` list (compiler/verl/workers.py reads it from the release's code): modules the workers import,
+and flash-attn 2 where a worker asks transformers for it. Checked on every node in a fresh Python, as verl's workers
+would import them: an import can take seconds and must not stay loaded in a Ray worker."""
+
+
+import json
+import platform
+import subprocess
+import sys
+from dataclasses import asdict
+
+
+
+STARTUP_TIMEOUT = 300
+
+
+STARTUP_PROBE = r"""
+import importlib, json, sys
+needs = json.loads(sys.argv[1])
+devices = set()
+try:
+    import torch
+    if torch.cuda.is_available():
+        devices.add("cuda")
+    if any(n["device"] == "npu" for n in needs):
+        import torch_npu  # noqa: F401
+        if torch.npu.is_available():
+            devices.add("npu")
+except Exception:
+    pass
+results = []
+for need in needs:
+    if need["device"] and need["device"] not in devices:
+        results.append({"ok": None, "detail": "not checked: torch sees no " + need["device"].upper() + " here"})
+        continue
+    try:
+        if need["check"] == "flash_attention_2":
+            from transformers.utils import is_flash_attn_2_available
+            try:
+                ok, why = bool(is_flash_attn_2_available()), "is false"
+            except Exception as exc:  # older transformers read the package's metadata unguarded
+                ok, why = False, "raised " + type(exc).__name__ + ": " + str(exc)
+            detail = "" if ok else ("transformers cannot use flash-attn 2 here (is_flash_attn_2_available() " + why
+                                    + "): the flash-attn package is missing, or not built for this torch")
+        else:
+            importlib.import_module(need["module"])
+            ok, detail = True, ""
+    except BaseException as exc:
+        ok, detail = False, (type(exc).__name__ + ": " + str(exc)).splitlines()[0][:300]
+    results.append({"ok": ok, "detail": detail})
+print(json.dumps(results))
+"""
+
+
+def startup_found(needs: list[dict]) -> dict:
+    """One node's outcome of each start-up need (as JSON: a Ray task's argument), in the needs' order: ok true,
+    false (with why) or null (not checked: the need is for a device this node's torch does not see)."""
+    host = platform.node()
+    try:
+        done = subprocess.run([sys.executable, "-c", STARTUP_PROBE, json.dumps(needs)], capture_output=True,
+                              text=True, timeout=STARTUP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return {"host": host, "error": f"the check did not finish within {STARTUP_TIMEOUT}s"}
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"host": host, "error": f"the check exited with code {done.returncode}: {last}"}
+    return {"host": host, "results": json.loads(lines[-1])}
+
+
+def startup_problems(found: dict, needs: list[StartupNeed]) -> list[str]:
+    """A problem for each need a node lacks, naming the node, the package, and the verl file and line."""
+    problems = []
+    for node, info in sorted(found.items()):
+        where = f"node {info['host']} ({node[:8]})"
+        if "error" in info:
+            problems.append(f"{where}: the start-up check failed: {info['error']}")
+            continue
+        for need, result in zip(needs, info["results"]):
+            if result["ok"] is False:
+                avoid = f"; {need.avoid}" if need.avoid else ""
+                problems.append(f"{where}: {need.module}: {result['detail']}; {need.why} ({need.where}){avoid}")
+    return problems
+
+
+def startup_record(found: dict, needs: list[StartupNeed] | None) -> dict:
+    """What the run record keeps: each need and what every node showed, or why nothing was checked."""
+    if needs is None:
+        return {"unknown": "verlc has no start-up facts for this release's workers (verl 0.8 on: engine workers)"}
+    return {"needs": [{**asdict(need), "nodes": {info["host"]: info.get("results", [{}] * len(needs))[i]
+                                         for info in found.values()}} for i, need in enumerate(needs)]}
+
+
+# ==== runtime/collective.py ====
+"""The collective smoke test: one all-reduce over every GPU (NPU) of every node.
+
+Rendezvous in a TCP store this process (on the head) serves: each node says how many ranks it has, gets its first
+rank and the world size, and each rank marks its progress, so a node that never arrives or fails is named, and the
+first failure ends the test instead of a timeout on every rank."""
+
+
+import os
+import platform
+import subprocess
+import sys
+import time
+
+
+
+# ---- the collective smoke test: one all-reduce over every GPU of every node -------------------------
+# Rendezvous in a TCP store this process (on the head) serves: each node says how many ranks it has, gets
+# its first rank and the world size, and each rank marks its progress, so a node that never arrives or
+# fails is named, and the first failure ends the test instead of a timeout on every rank.
+COLLECTIVE_TIMEOUT = 120  # seconds; NCCL's own set-up on many nodes takes tens of them
+
+
+# One rank, as a process of its own (NCCL wants a process per GPU). It dies with its node task. The node's first
+# rank says how many devices torch sees there; a rank past them (Ray holds more here than torch sees) leaves.
+RANK_PROGRAM = """
+import ctypes, signal, sys, time
+from datetime import timedelta
+ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+import torch
+import torch.distributed as dist
+host, port, index, local, timeout, wait = sys.argv[1:7]
+index, local, timeout = int(index), int(local), timedelta(seconds=float(timeout))
+try:
+    import torch_npu  # noqa: F401  (Ascend: torch.npu and the hccl backend)
+    npu = torch.npu.is_available()
+except ImportError:
+    npu = False
+cuda = not npu and torch.cuda.is_available()
+device, backend = ("npu", "hccl") if npu else ("cuda", "nccl") if cuda else ("cpu", "gloo")
+count = getattr(torch, device).device_count() if device != "cpu" else 1
+store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=float(wait)))
+if local == 0:
+    store.set(f"ranks/{index}", str(count))
+    print("arrived", time.time(), flush=True)
+if local >= count:
+    sys.exit(0)
+first, world = map(int, store.get(f"plan/{index}").decode().split())
+rank = first + local
+if device != "cpu":
+    getattr(torch, device).set_device(local)
+store.set(f"joined/{rank}", "1")
+dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world, timeout=timeout)
+x = torch.ones(256 * 1024, device=device)  # 1 MiB
+dist.all_reduce(x)
+got = x[0].item()
+dist.destroy_process_group()
+store.set(f"done/{rank}", str(got))
+sys.exit(0 if got == world else 3)
+"""
+DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd", "/dev/davinci_manager")  # NVIDIA's, ROCm's and Ascend's drivers
+
+
+def allreduce_node(host: str, port: int, index: int, timeout: float, held: float) -> dict:
+    """A node's part of the all-reduce (a Ray task holding every GPU or NPU of the node, `held`, that imports no
+    torch itself): a rank process per device held where the node has a device driver, else one gloo rank, all
+    started at once (each imports torch). Its "seconds": how long the node took to reach the rendezvous (the
+    slowest node is the one every other waited for)."""
+    began = time.time()
+    ranks = max(1, int(held)) if any(os.path.exists(f) for f in DEVICE_FILES) else 1
+    # the plan comes once every node has arrived: as late as the head waits for the slowest (STARTUP_TIMEOUT)
+    procs = [subprocess.Popen([sys.executable, "-c", RANK_PROGRAM, host, str(port), str(index), str(local),
+                               str(timeout), str(STARTUP_TIMEOUT + timeout)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for local in range(ranks)]
+    failed, arrived = [], None
+    for local, proc in enumerate(procs):
+        out, err = proc.communicate()
+        if local == 0:
+            arrived = next((float(line.split()[1]) - began for line in out.splitlines() if line.startswith("arrived ")),
+                           None)
+        if proc.returncode:
+            lines = [line for line in err.strip().splitlines() if line.strip()]
+            failed.append(f"local rank {local} exited {proc.returncode}: {lines[-1] if lines else 'no output'}")
+    return {"host": platform.node(), "failed": failed, "seconds": time.time() - began if arrived is None else arrived}
+
+
+def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIMEOUT,  # noqa: ANN001
+                        device: str = "GPU") -> tuple[list[str], str]:
+    """Problems of an all-reduce across every GPU (NPU) of every node, each naming its node; and a summary."""
+    from datetime import timedelta
+
+    try:
+        from torch.distributed import TCPStore
+    except ImportError:
+        return ["all-reduce: torch is not installed here (verl needs it)"], ""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    host = ray.util.get_node_ip_address()
+    store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
+    names = [node_label(n) for n in nodes]
+    task = ray.remote(allreduce_node)
+    held = [n.get("Resources", {}).get(device, 0) for n in nodes]
+    refs = [task.options(
+        num_cpus=0, **holding(device, held[i]), max_retries=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
+    ).remote(host, store.port, i, timeout, held[i]) for i, n in enumerate(nodes)]
+    which = {ref.hex(): i for i, ref in enumerate(refs)}
+    # Reaching the rendezvous takes a fresh Ray worker and a rank process that imports torch, as long as the
+    # start-up check's probe may take on a loaded node; the all-reduce itself then has `timeout`.
+    arrival = STARTUP_TIMEOUT
+    deadline, problems, planned, ranks = time.monotonic() + arrival, [], False, []
+
+    pending = list(refs)
+    checked = time.monotonic()
+    while pending and not problems and time.monotonic() < deadline:
+        if time.monotonic() - checked >= 2:  # a task on a node Ray declared dead may never return: look
+            checked = time.monotonic()
+            problems += [f"all-reduce: node {node_label(n)}: Ray declared it dead (it stopped answering Ray's "
+                         f"health checks; ray.node_timeout)" for n in lost_nodes(ray, nodes)]
+        if not planned and store.check([f"ranks/{i}" for i in range(len(nodes))]):
+            ranks = [int(store.get(f"ranks/{i}")) for i in range(len(nodes))]
+            for i in range(len(nodes)):
+                store.set(f"plan/{i}", f"{sum(ranks[:i])} {sum(ranks)}")
+            planned, deadline = True, time.monotonic() + timeout
+        done, pending = ray.wait(pending, timeout=0.5)
+        for ref in done:
+            try:
+                result = ray.get(ref)
+            except Exception as exc:  # the task itself failed: torch missing, store unreachable, ...
+                lines = str(exc).strip().splitlines()
+                problems.append(f"all-reduce: node {names[which[ref.hex()]]}: {lines[-1] if lines else exc}")
+                continue
+            problems += [f"all-reduce: node {names[which[ref.hex()]]}: {f}" for f in result["failed"]]
+            note_node_time(nodes[which[ref.hex()]], result["seconds"])
+    if pending and not problems:
+        problems.append(unfinished(store, names, ranks, planned, timeout if planned else arrival))
+    for ref in pending:
+        ray.cancel(ref, force=True)
+    summary = f"all-reduce over {sum(ranks)} ranks on {len(nodes)} nodes" if ranks else ""
+    return problems, summary
+
+
+def unfinished(store, names: list[str], ranks: list[int], planned: bool, waited: float) -> str:  # noqa: ANN001
+    """Why the all-reduce did not end in time, naming the nodes it waited for: those that never reached the
+    rendezvous, else those with a rank that never joined, else those with a rank that never finished."""
+    if not planned:
+        missing = [names[i] for i in range(len(names)) if not store.check([f"ranks/{i}"])]
+        return (f"all-reduce: node(s) {', '.join(missing)} did not reach the rendezvous at {store.host}:{store.port} "
+                f"within {waited:g}s")
+
+    def node_of(rank: int) -> str:
+        return names[next(i for i in range(len(names)) if rank < sum(ranks[:i + 1]))]
+
+    stuck = sorted({node_of(r) for r in range(sum(ranks)) if not store.check([f"joined/{r}"])}
+                   or {node_of(r) for r in range(sum(ranks)) if not store.check([f"done/{r}"])})
+    return f"all-reduce: did not finish within {waited:g}s; waiting for node(s) {', '.join(stuck)}"
+
+
 # ==== runtime/nodes.py ====
 """What each node has: its packages and their versions, verl's source, Ascend NPUs, the environment the spec
 reads, and the paths verl's processes open there (each called on the node, as a Ray task pinned to it)."""
@@ -2079,253 +2333,6 @@ def paths_on_node(model: Word, checkpoint_dir: Word, data: list[Word], files: li
         problems += [p for p in [check_model(folder)] if p]
     problems += [p for p in [checkpoint_problem(expand(checkpoint_dir))] if p]
     return problems
-
-
-# ==== runtime/startup.py ====
-"""What verl's workers need when they start, checked on every node.
-
-The job's `startup` list (compiler/verl/workers.py reads it from the release's code): modules the workers import,
-and flash-attn 2 where a worker asks transformers for it. Checked on every node in a fresh Python, as verl's workers
-would import them: an import can take seconds and must not stay loaded in a Ray worker."""
-
-
-import json
-import platform
-import subprocess
-import sys
-from dataclasses import asdict
-
-
-
-STARTUP_TIMEOUT = 300
-
-
-STARTUP_PROBE = r"""
-import importlib, json, sys
-needs = json.loads(sys.argv[1])
-devices = set()
-try:
-    import torch
-    if torch.cuda.is_available():
-        devices.add("cuda")
-    if any(n["device"] == "npu" for n in needs):
-        import torch_npu  # noqa: F401
-        if torch.npu.is_available():
-            devices.add("npu")
-except Exception:
-    pass
-results = []
-for need in needs:
-    if need["device"] and need["device"] not in devices:
-        results.append({"ok": None, "detail": "not checked: torch sees no " + need["device"].upper() + " here"})
-        continue
-    try:
-        if need["check"] == "flash_attention_2":
-            from transformers.utils import is_flash_attn_2_available
-            try:
-                ok, why = bool(is_flash_attn_2_available()), "is false"
-            except Exception as exc:  # older transformers read the package's metadata unguarded
-                ok, why = False, "raised " + type(exc).__name__ + ": " + str(exc)
-            detail = "" if ok else ("transformers cannot use flash-attn 2 here (is_flash_attn_2_available() " + why
-                                    + "): the flash-attn package is missing, or not built for this torch")
-        else:
-            importlib.import_module(need["module"])
-            ok, detail = True, ""
-    except BaseException as exc:
-        ok, detail = False, (type(exc).__name__ + ": " + str(exc)).splitlines()[0][:300]
-    results.append({"ok": ok, "detail": detail})
-print(json.dumps(results))
-"""
-
-
-def startup_found(needs: list[dict]) -> dict:
-    """One node's outcome of each start-up need (as JSON: a Ray task's argument), in the needs' order: ok true,
-    false (with why) or null (not checked: the need is for a device this node's torch does not see)."""
-    host = platform.node()
-    try:
-        done = subprocess.run([sys.executable, "-c", STARTUP_PROBE, json.dumps(needs)], capture_output=True,
-                              text=True, timeout=STARTUP_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        return {"host": host, "error": f"the check did not finish within {STARTUP_TIMEOUT}s"}
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"host": host, "error": f"the check exited with code {done.returncode}: {last}"}
-    return {"host": host, "results": json.loads(lines[-1])}
-
-
-def startup_problems(found: dict, needs: list[StartupNeed]) -> list[str]:
-    """A problem for each need a node lacks, naming the node, the package, and the verl file and line."""
-    problems = []
-    for node, info in sorted(found.items()):
-        where = f"node {info['host']} ({node[:8]})"
-        if "error" in info:
-            problems.append(f"{where}: the start-up check failed: {info['error']}")
-            continue
-        for need, result in zip(needs, info["results"]):
-            if result["ok"] is False:
-                avoid = f"; {need.avoid}" if need.avoid else ""
-                problems.append(f"{where}: {need.module}: {result['detail']}; {need.why} ({need.where}){avoid}")
-    return problems
-
-
-def startup_record(found: dict, needs: list[StartupNeed] | None) -> dict:
-    """What the run record keeps: each need and what every node showed, or why nothing was checked."""
-    if needs is None:
-        return {"unknown": "verlc has no start-up facts for this release's workers (verl 0.8 on: engine workers)"}
-    return {"needs": [{**asdict(need), "nodes": {info["host"]: info.get("results", [{}] * len(needs))[i]
-                                         for info in found.values()}} for i, need in enumerate(needs)]}
-
-
-# ==== runtime/collective.py ====
-"""The collective smoke test: one all-reduce over every GPU (NPU) of every node.
-
-Rendezvous in a TCP store this process (on the head) serves: each node says how many ranks it has, gets its first
-rank and the world size, and each rank marks its progress, so a node that never arrives or fails is named, and the
-first failure ends the test instead of a timeout on every rank."""
-
-
-import platform
-import subprocess
-import sys
-import time
-
-
-
-# ---- the collective smoke test: one all-reduce over every GPU of every node -------------------------
-# Rendezvous in a TCP store this process (on the head) serves: each node says how many ranks it has, gets
-# its first rank and the world size, and each rank marks its progress, so a node that never arrives or
-# fails is named, and the first failure ends the test instead of a timeout on every rank.
-COLLECTIVE_TIMEOUT = 120  # seconds; NCCL's own set-up on many nodes takes tens of them
-
-
-# One rank, as a process of its own (NCCL wants a process per GPU). It dies with its node task.
-RANK_PROGRAM = """
-import ctypes, signal, sys
-from datetime import timedelta
-ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-import torch
-import torch.distributed as dist
-host, port, rank, world, local, timeout = sys.argv[1:7]
-rank, world, timeout = int(rank), int(world), timedelta(seconds=float(timeout))
-try:
-    import torch_npu  # noqa: F401  (Ascend: torch.npu and the hccl backend)
-    npu = torch.npu.is_available()
-except ImportError:
-    npu = False
-cuda = not npu and torch.cuda.is_available()
-device, backend = ("npu", "hccl") if npu else ("cuda", "nccl") if cuda else ("cpu", "gloo")
-if device != "cpu":
-    getattr(torch, device).set_device(int(local))
-store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
-store.set(f"joined/{rank}", "1")
-dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world, timeout=timeout)
-x = torch.ones(256 * 1024, device=device)  # 1 MiB
-dist.all_reduce(x)
-got = x[0].item()
-dist.destroy_process_group()
-store.set(f"done/{rank}", str(got))
-sys.exit(0 if got == world else 3)
-"""
-
-
-def allreduce_node(host: str, port: int, index: int, timeout: float) -> dict:
-    """A node's part of the all-reduce (a Ray task holding every GPU or NPU of the node): a rank per device,
-    or one gloo rank where torch sees none; started once every node has said how many it has. Its "seconds":
-    how long the node took to reach the rendezvous (the slowest node is the one every other waited for)."""
-    began = time.monotonic()
-    from datetime import timedelta
-
-    from torch.distributed import TCPStore
-
-    # the plan comes once every node has arrived: as late as the head waits for the slowest (STARTUP_TIMEOUT)
-    store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=STARTUP_TIMEOUT + timeout))
-    count, backend = local_devices()
-    ranks = count or 1
-    store.set(f"ranks/{index}", str(ranks))
-    arrived = time.monotonic() - began
-    first, world = map(int, store.get(f"plan/{index}").decode().split())
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_PROGRAM, host, str(port), str(first + local), str(world),
-                               str(local), str(timeout)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for local in range(ranks)]
-    failed = []
-    for local, proc in enumerate(procs):
-        _, err = proc.communicate()
-        if proc.returncode:
-            lines = [line for line in err.strip().splitlines() if line.strip()]
-            failed.append(f"rank {first + local} exited {proc.returncode}: {lines[-1] if lines else 'no output'}")
-    return {"host": platform.node(), "ranks": ranks, "backend": backend, "failed": failed, "seconds": arrived}
-
-
-def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIMEOUT,  # noqa: ANN001
-                        device: str = "GPU") -> tuple[list[str], str]:
-    """Problems of an all-reduce across every GPU (NPU) of every node, each naming its node; and a summary."""
-    from datetime import timedelta
-
-    try:
-        from torch.distributed import TCPStore
-    except ImportError:
-        return ["all-reduce: torch is not installed here (verl needs it)"], ""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    host = ray.util.get_node_ip_address()
-    store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
-    names = [node_label(n) for n in nodes]
-    task = ray.remote(allreduce_node)
-    refs = [task.options(
-        num_cpus=0, **holding(device, n.get("Resources", {}).get(device, 0)), max_retries=0,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
-    ).remote(host, store.port, i, timeout) for i, n in enumerate(nodes)]
-    which = {ref.hex(): i for i, ref in enumerate(refs)}
-    # Reaching the rendezvous takes a fresh Ray worker that imports torch, as long as the start-up check's
-    # probe may take on a loaded node; the all-reduce itself then has `timeout`.
-    arrival = STARTUP_TIMEOUT
-    deadline, problems, planned, ranks = time.monotonic() + arrival, [], False, []
-
-    pending = list(refs)
-    checked = time.monotonic()
-    while pending and not problems and time.monotonic() < deadline:
-        if time.monotonic() - checked >= 2:  # a task on a node Ray declared dead may never return: look
-            checked = time.monotonic()
-            problems += [f"all-reduce: node {node_label(n)}: Ray declared it dead (it stopped answering Ray's "
-                         f"health checks; ray.node_timeout)" for n in lost_nodes(ray, nodes)]
-        if not planned and store.check([f"ranks/{i}" for i in range(len(nodes))]):
-            ranks = [int(store.get(f"ranks/{i}")) for i in range(len(nodes))]
-            for i in range(len(nodes)):
-                store.set(f"plan/{i}", f"{sum(ranks[:i])} {sum(ranks)}")
-            planned, deadline = True, time.monotonic() + timeout
-        done, pending = ray.wait(pending, timeout=0.5)
-        for ref in done:
-            try:
-                result = ray.get(ref)
-            except Exception as exc:  # the task itself failed: torch missing, store unreachable, ...
-                lines = str(exc).strip().splitlines()
-                problems.append(f"all-reduce: node {names[which[ref.hex()]]}: {lines[-1] if lines else exc}")
-                continue
-            problems += [f"all-reduce: node {names[which[ref.hex()]]}: {f}" for f in result["failed"]]
-            note_node_time(nodes[which[ref.hex()]], result["seconds"])
-    if pending and not problems:
-        problems.append(unfinished(store, names, ranks, planned, timeout if planned else arrival))
-    for ref in pending:
-        ray.cancel(ref, force=True)
-    summary = f"all-reduce over {sum(ranks)} ranks on {len(nodes)} nodes" if ranks else ""
-    return problems, summary
-
-
-def unfinished(store, names: list[str], ranks: list[int], planned: bool, waited: float) -> str:  # noqa: ANN001
-    """Why the all-reduce did not end in time, naming the nodes it waited for: those that never reached the
-    rendezvous, else those with a rank that never joined, else those with a rank that never finished."""
-    if not planned:
-        missing = [names[i] for i in range(len(names)) if not store.check([f"ranks/{i}"])]
-        return (f"all-reduce: node(s) {', '.join(missing)} did not reach the rendezvous at {store.host}:{store.port} "
-                f"within {waited:g}s")
-
-    def node_of(rank: int) -> str:
-        return names[next(i for i in range(len(names)) if rank < sum(ranks[:i + 1]))]
-
-    stuck = sorted({node_of(r) for r in range(sum(ranks)) if not store.check([f"joined/{r}"])}
-                   or {node_of(r) for r in range(sum(ranks)) if not store.check([f"done/{r}"])})
-    return f"all-reduce: did not finish within {waited:g}s; waiting for node(s) {', '.join(stuck)}"
 
 
 # ==== runtime/probes.py ====

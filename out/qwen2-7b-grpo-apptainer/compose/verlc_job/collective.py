@@ -8,13 +8,13 @@ first failure ends the test instead of a timeout on every rank."""
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
 import time
 
 from .cluster import holding, lost_nodes, node_label, note_node_time
-from .nodes import local_devices
 from .startup import STARTUP_TIMEOUT
 
 
@@ -25,15 +25,16 @@ from .startup import STARTUP_TIMEOUT
 COLLECTIVE_TIMEOUT = 120  # seconds; NCCL's own set-up on many nodes takes tens of them
 
 
-# One rank, as a process of its own (NCCL wants a process per GPU). It dies with its node task.
+# One rank, as a process of its own (NCCL wants a process per GPU). It dies with its node task. The node's first
+# rank says how many devices torch sees there; a rank past them (Ray holds more here than torch sees) leaves.
 RANK_PROGRAM = """
-import ctypes, signal, sys
+import ctypes, signal, sys, time
 from datetime import timedelta
 ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 import torch
 import torch.distributed as dist
-host, port, rank, world, local, timeout = sys.argv[1:7]
-rank, world, timeout = int(rank), int(world), timedelta(seconds=float(timeout))
+host, port, index, local, timeout, wait = sys.argv[1:7]
+index, local, timeout = int(index), int(local), timedelta(seconds=float(timeout))
 try:
     import torch_npu  # noqa: F401  (Ascend: torch.npu and the hccl backend)
     npu = torch.npu.is_available()
@@ -41,9 +42,17 @@ except ImportError:
     npu = False
 cuda = not npu and torch.cuda.is_available()
 device, backend = ("npu", "hccl") if npu else ("cuda", "nccl") if cuda else ("cpu", "gloo")
+count = getattr(torch, device).device_count() if device != "cpu" else 1
+store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=float(wait)))
+if local == 0:
+    store.set(f"ranks/{index}", str(count))
+    print("arrived", time.time(), flush=True)
+if local >= count:
+    sys.exit(0)
+first, world = map(int, store.get(f"plan/{index}").decode().split())
+rank = first + local
 if device != "cpu":
-    getattr(torch, device).set_device(int(local))
-store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+    getattr(torch, device).set_device(local)
 store.set(f"joined/{rank}", "1")
 dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world, timeout=timeout)
 x = torch.ones(256 * 1024, device=device)  # 1 MiB
@@ -53,34 +62,30 @@ dist.destroy_process_group()
 store.set(f"done/{rank}", str(got))
 sys.exit(0 if got == world else 3)
 """
+DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd", "/dev/davinci_manager")  # NVIDIA's, ROCm's and Ascend's drivers
 
 
-def allreduce_node(host: str, port: int, index: int, timeout: float) -> dict:
-    """A node's part of the all-reduce (a Ray task holding every GPU or NPU of the node): a rank per device,
-    or one gloo rank where torch sees none; started once every node has said how many it has. Its "seconds":
-    how long the node took to reach the rendezvous (the slowest node is the one every other waited for)."""
-    began = time.monotonic()
-    from datetime import timedelta
-
-    from torch.distributed import TCPStore
-
+def allreduce_node(host: str, port: int, index: int, timeout: float, held: float) -> dict:
+    """A node's part of the all-reduce (a Ray task holding every GPU or NPU of the node, `held`, that imports no
+    torch itself): a rank process per device held where the node has a device driver, else one gloo rank, all
+    started at once (each imports torch). Its "seconds": how long the node took to reach the rendezvous (the
+    slowest node is the one every other waited for)."""
+    began = time.time()
+    ranks = max(1, int(held)) if any(os.path.exists(f) for f in DEVICE_FILES) else 1
     # the plan comes once every node has arrived: as late as the head waits for the slowest (STARTUP_TIMEOUT)
-    store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=STARTUP_TIMEOUT + timeout))
-    count, backend = local_devices()
-    ranks = count or 1
-    store.set(f"ranks/{index}", str(ranks))
-    arrived = time.monotonic() - began
-    first, world = map(int, store.get(f"plan/{index}").decode().split())
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_PROGRAM, host, str(port), str(first + local), str(world),
-                               str(local), str(timeout)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for local in range(ranks)]
-    failed = []
+    procs = [subprocess.Popen([sys.executable, "-c", RANK_PROGRAM, host, str(port), str(index), str(local),
+                               str(timeout), str(STARTUP_TIMEOUT + timeout)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for local in range(ranks)]
+    failed, arrived = [], None
     for local, proc in enumerate(procs):
-        _, err = proc.communicate()
+        out, err = proc.communicate()
+        if local == 0:
+            arrived = next((float(line.split()[1]) - began for line in out.splitlines() if line.startswith("arrived ")),
+                           None)
         if proc.returncode:
             lines = [line for line in err.strip().splitlines() if line.strip()]
-            failed.append(f"rank {first + local} exited {proc.returncode}: {lines[-1] if lines else 'no output'}")
-    return {"host": platform.node(), "ranks": ranks, "backend": backend, "failed": failed, "seconds": arrived}
+            failed.append(f"local rank {local} exited {proc.returncode}: {lines[-1] if lines else 'no output'}")
+    return {"host": platform.node(), "failed": failed, "seconds": time.time() - began if arrived is None else arrived}
 
 
 def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIMEOUT,  # noqa: ANN001
@@ -98,13 +103,14 @@ def collective_problems(ray, nodes: list[dict], timeout: float = COLLECTIVE_TIME
     store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
     names = [node_label(n) for n in nodes]
     task = ray.remote(allreduce_node)
+    held = [n.get("Resources", {}).get(device, 0) for n in nodes]
     refs = [task.options(
-        num_cpus=0, **holding(device, n.get("Resources", {}).get(device, 0)), max_retries=0,
+        num_cpus=0, **holding(device, held[i]), max_retries=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
-    ).remote(host, store.port, i, timeout) for i, n in enumerate(nodes)]
+    ).remote(host, store.port, i, timeout, held[i]) for i, n in enumerate(nodes)]
     which = {ref.hex(): i for i, ref in enumerate(refs)}
-    # Reaching the rendezvous takes a fresh Ray worker that imports torch, as long as the start-up check's
-    # probe may take on a loaded node; the all-reduce itself then has `timeout`.
+    # Reaching the rendezvous takes a fresh Ray worker and a rank process that imports torch, as long as the
+    # start-up check's probe may take on a loaded node; the all-reduce itself then has `timeout`.
     arrival = STARTUP_TIMEOUT
     deadline, problems, planned, ranks = time.monotonic() + arrival, [], False, []
 
