@@ -7,6 +7,7 @@ Everything in the page is read from those files: nothing here is typed in by han
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from datetime import datetime
@@ -31,12 +32,15 @@ CASES = {  # label: (spec, what it shows)
 
 
 def events(folder: Path) -> dict[str, tuple[float, str]]:
-    """Each event's seconds since its part of the rehearsal began, and its detail; `finished`: every part's time,
-    summed (a rehearsal run in several device calls appends their events)."""
+    """Each event's seconds since its part of the rehearsal began, and its detail, as the first part saw it;
+    `finished`: every part's time, summed (a rehearsal run in several device calls appends their events)."""
     out: dict[str, tuple[float, str]] = {}
     for line in (folder / "events.tsv").read_text().splitlines():
         name, seconds, detail = (line.split("\t") + ["", ""])[:3]
-        out[name] = (float(seconds) + (out.get(name, (0.0, ""))[0] if name == "finished" else 0.0), detail)
+        if name == "finished":
+            out[name] = (float(seconds) + out.get(name, (0.0, ""))[0], detail)
+        else:
+            out.setdefault(name, (float(seconds), detail))
     return out
 
 
@@ -227,10 +231,13 @@ def judge_section(folder: Path, seen: dict[str, tuple[float, str]]) -> list[str]
         "is noise, and what this shows is the wiring on a GPU, not a judge worth training against.", "",
         "```yaml", JUDGE_SPEC.read_text().strip(), "```", "",
         f"- outcome: {outcome(folder, 'judge', seen['judge'][1])}",
-        f"- the run record's service entry: ready after {record.get('ready_seconds', '?')} s, "
-        f"{record.get('probe', 'no')} probe " + ("passed" if record.get("probe_passed") else "NOT passed"),
-        f"- chat requests the judge answered (200) while the job ran, from its log (`verlc logs RUN --service "
-        f"judge`): {len(ANSWERED.findall(service))}",
+        f"- the run record's service entry: `{json.dumps(record, sort_keys=True)}`",
+        "- every response's reward came from the judge: the reward function raises where the judge cannot be "
+        "reached (three attempts), and the run trained every step",
+        f"- chat requests the judge answered (200) while the job ran, counted in its log: "
+        f"{len(ANSWERED.findall(service))}" if "POST /v1/" in service else
+        "- its log was not kept by this rehearsal (a ray-job's service logs stay on the head node; the rehearsal "
+        "now copies them)",
         "- critic/score/mean (the judge's verdicts) by step: "
         + (", ".join(f"{s.step}: {s.metrics['critic/score/mean']:.3g}" for s in steps
                      if 'critic/score/mean' in s.metrics) or "none logged"),
@@ -258,8 +265,9 @@ def main(folder: Path, output: Path) -> None:
         "",
         f"Last run: **{ran}**, by `dev/gpu/rehearse.sh` (written by `dev/gpu/report.py` from what it saw). Run it",
         "again when the runtime, the preflight or the trainer command changes: `bash dev/gpu/wheels.sh` here, then",
-        "`bash dev/gpu/rehearse.sh` on a machine with an NVIDIA GPU (the device tool: `.whl` carried), and copy its",
-        "`gpu.md` and `gpu-rehearsal.svg` into docs/. The test suite has no GPU and cannot run it.",
+        "`bash dev/gpu/rehearse.sh` on a machine with an NVIDIA GPU (the device tool: `.whl` carried; its parts in",
+        "two calls where one call's 10 minutes are too few, their folders merged for this report), and copy its",
+        "`gpu.md`, `gpu-rehearsal.svg` and `gpu-timeline.svg` into docs/. The test suite has no GPU and cannot run it.",
         "",
         "What it does: installs verl, Ray and verlc from wheels (no network), makes a 2-layer random Qwen2, its",
         "tokenizer and GSM8K-shaped data offline (`dev/gpu/fixtures.py`), starts a one-node Ray head, and submits",

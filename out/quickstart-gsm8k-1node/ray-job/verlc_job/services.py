@@ -150,6 +150,7 @@ class Services:
         self.nodes: dict[str, list] = {}  # name -> its actors, one per node
         self.restarts: dict[str, int] = {s.name: 0 for s in services}
         self.record: dict[str, dict] = {}
+        self.launched: dict[str, float] = {}  # name -> when this process started it (time.monotonic())
         self.own: dict[str, dict] = {}  # name -> the node of its own (a Ray node)
         self.ray = None
 
@@ -175,6 +176,7 @@ class Services:
         for service in self.services:
             if not service.every_node and not service.own_node:
                 self.head[service.name] = Process(service, self._log(service.name))
+                self.launched[service.name] = self.head[service.name].started
                 say(f"service {service.name}: started on the head node at {self.variables[service.variables['url']]}")
 
     def _tool_config_text(self) -> str:
@@ -219,6 +221,7 @@ class Services:
                     service, self.variables, self._node_log(service, n),
                     n["NodeManagerAddress"] if service.own_node else "127.0.0.1")
                 for n in on]
+            self.launched[service.name] = time.monotonic()
             where = f"on {node_label(on[0])}, a node of its own ({service.gpus} {self.device}s)" \
                 if service.own_node else f"on {len(on)} nodes"
             say(f"service {service.name}: starting {where} at {self.variables[service.variables['url']]}")
@@ -279,8 +282,9 @@ class Services:
 
     def ready(self) -> list[str]:
         """Wait until every service is ready (each by its deadline from its start) and its probe passed: the
-        problems, each naming its service; the record of each (seconds to ready, the probe's result)."""
-        started = time.monotonic()
+        problems, each naming its service; the record of each (seconds from its start until seen ready, the
+        probe's result)."""
+        now = time.monotonic()
         problems: list[str] = list(self.problems)
         waiting = list(self.services)
         last: dict[str, str] = {}
@@ -294,7 +298,7 @@ class Services:
                 last[service.name] = self._check_once(service) or ""
                 if not last[service.name]:
                     waiting.remove(service)
-                    seconds = round(time.monotonic() - started, 1)
+                    seconds = round(time.monotonic() - self.launched.get(service.name, now), 1)
                     problem = self._exposed(service) or self._probe(service)
                     self.record[service.name] = {"ready_seconds": seconds, "probe": service.probe.kind
                                                  if service.probe else None, "probe_passed": problem is None}
@@ -303,7 +307,7 @@ class Services:
                     else:
                         say(service_ready_message(service.name, seconds) + (
                             f", {service.probe.kind} probe passed" if service.probe else ""))
-                elif time.monotonic() - started > service.deadline:
+                elif time.monotonic() - self.launched.get(service.name, now) > service.deadline:
                     waiting.remove(service)
                     problems.append(self._failure(service, f"was not ready within {service.deadline}s "
                                                            f"(ready.deadline): {last[service.name]}",
@@ -330,6 +334,7 @@ class Services:
             say(f"{gone}; starting it again ({self.restarts[service.name]} of {service.restart})")
             if service.name in self.head:
                 self.head[service.name] = Process(service, self._log(service.name))
+                self.launched[service.name] = self.head[service.name].started
             else:
                 self.ray.get([h.restart.remote() for h in self.nodes[service.name]])
         return None
