@@ -121,6 +121,18 @@ class Launcher(Protocol):
     def attach(self, run: SubmittedRun, argv: list[str]) -> list[str]:
         """The argv that runs `argv` (a shell when empty) where the run's commands run on its head node."""
 
+    def service_logs(self, run: SubmittedRun, name: str, node: str | None) -> dict[str, str]:
+        """Service `name`'s logs (every node's, or `node`'s only) as file name -> text, for a run whose run
+        folder is not on this machine; LaunchError naming where they are where verlc cannot read them."""
+
+
+def is_service_log(filename: str, name: str, node: str | None) -> bool:
+    """Whether `filename` is a log of service `name` (NAME.log on the head, NAME-NODE.log on each node), on `node`
+    where one is named."""
+    stem = filename.rsplit("/", 1)[-1].removesuffix(".log")
+    return filename.endswith(".log") and (stem == f"{name}-{node}" if node else
+                                          stem == name or stem.startswith(f"{name}-"))
+
 
 # a target's name -> its Launcher: the lifecycle gets it from the composition root (verlc/), which has the
 # target registry's targets.launcher; lifecycle/ itself imports no target

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ..compiler.ir import JobIR
-from ..contract.launcher import RESUMES, TRACKER_RUN, Launchers, Observed
+from ..contract.launcher import RESUMES, TRACKER_RUN, Launchers, Observed, is_service_log
 from ..runtime.protocol import MANIFEST, RAY_LOGS, RUNNER_STAGES, SERVICE_LOGS, STOP_AFTER
 from . import ledger, progress
 from . import results as results_of
@@ -359,22 +359,22 @@ def ray_logs(run: ledger.Run, node: str | None) -> str:
     return "\n".join(out)
 
 
-def service_logs(run: ledger.Run, name: str, node: str | None) -> str:
-    """A service's output from the run folder (protocol.SERVICE_LOGS/NAME.log on the head, NAME-NODE.log for a
-    service on every node): the one file as it is, several as `==> file <==` sections."""
+def service_logs(run: ledger.Run, name: str, node: str | None, launchers: Launchers) -> str:
+    """A service's output: from the run folder where it is on this machine (protocol.SERVICE_LOGS/NAME.log on
+    the head, NAME-NODE.log for a service on every node), else as its scheduler keeps it (a ray-job's through
+    Ray's log API); the one file as it is, several as `==> file <==` sections."""
     from ..contract.launcher import LaunchError
 
     folder = Path(run.record).parent / SERVICE_LOGS if run.record else None
-    if folder is None or not folder.is_dir():
-        where = f" (its run folder: {Path(run.record).parent}, on the cluster's head)" if run.record else ""
-        raise LaunchError(f"{run.run} has no service logs here{where}")
-    logs = sorted(p for p in folder.glob("*.log") if p.stem == name or p.stem.startswith(f"{name}-"))
-    if node is not None:
-        logs = [p for p in logs if p.stem == f"{name}-{node}"]
-    if not logs:
-        kept = sorted(p.name for p in folder.glob("*.log"))
-        raise LaunchError(f"no log of service {name!r}{f' on node {node}' if node else ''} in {folder}: it has "
-                          f"{', '.join(kept) or 'none'}")
+    if folder is not None and folder.is_dir():
+        logs = {p.name: p.read_text(errors="replace") for p in sorted(folder.glob("*.log"))
+                if is_service_log(p.name, name, node)}
+        if not logs:
+            kept = sorted(p.name for p in folder.glob("*.log"))
+            raise LaunchError(f"no log of service {name!r}{f' on node {node}' if node else ''} in {folder}: it "
+                              f"has {', '.join(kept) or 'none'}")
+    else:
+        logs = launchers(run.target).service_logs(run.submission, name, node)
     if len(logs) == 1:
-        return logs[0].read_text(errors="replace")
-    return "\n".join(f"==> {p.name} <==\n{p.read_text(errors='replace')}" for p in logs)
+        return next(iter(logs.values()))
+    return "\n".join(f"==> {file} <==\n{text}" for file, text in sorted(logs.items()))

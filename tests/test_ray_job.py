@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -649,15 +650,18 @@ def service_processes(root: Path) -> list[str]:
     return found
 
 
-def kept_service_logs(logs: str) -> list[str]:
-    """The service logs a ray-job run kept on its head (it has no run folder), where its log said; then gone (a
-    test leaves nothing in /tmp)."""
-    said = re.search(r"the services' logs: (/\S+) on the head node, kept after the job", logs)
-    assert said, logs
-    folder = Path(said[1])
-    kept = sorted(p.name for p in folder.glob("*.log"))
-    shutil.rmtree(folder.parent)
-    return kept
+def kept_service_logs(address: str, name: str, node: str | None = None) -> dict[str, str]:
+    """A service's logs that the latest ray-job run kept (it has no run folder), read as `verlc logs RUN
+    --service NAME` reads them: the ray-job launcher, through Ray's log API (they are in Ray's log folder, gone
+    with the test's Ray)."""
+    from verlc.contract.launcher import SubmittedRun
+    from verlc.targets.ray_job import launch
+
+    with urllib.request.urlopen(f"{address}/api/jobs/", timeout=30) as answer:
+        latest = max(json.load(answer), key=lambda job: job.get("start_time") or 0)
+    run = SubmittedRun(run=latest["submission_id"], target="ray-job", job_id=latest["submission_id"],
+                       where=address, bundle="")
+    return launch.service_logs(run, name, node)
 
 
 def test_services_start_with_the_job_pass_their_probes_and_reach_the_trainer_then_stop(ray_head: str,
@@ -679,8 +683,15 @@ def test_services_start_with_the_job_pass_their_probes_and_reach_the_trainer_the
     assert record["services"]["sandbox"]["probe_passed"] and record["services"]["retriever"]["probe_passed"]
     assert "services stopped: sandbox, retriever" in logs
     assert not service_processes(tmp_path)
-    kept = kept_service_logs(logs)  # the head's sandbox, and the retriever's of each node
-    assert "sandbox.log" in kept and [k for k in kept if k.startswith("retriever-")], kept
+    said = re.search(r"the services' logs: (/\S+) on the head node \(in Ray's log folder of each node: \S+\)", logs)
+    assert said and said[1].startswith("/tmp/verlc-test-ray-"), logs  # in the head's Ray log folder
+    sandbox = kept_service_logs(ray_head, "sandbox")  # the head's, and the retriever's of each node
+    assert list(sandbox) == ["sandbox.log"] and "sandbox listening on" in sandbox["sandbox.log"], sandbox
+    retrievers = kept_service_logs(ray_head, "retriever")
+    assert retrievers and all(re.fullmatch(r"retriever-\S+\.log", k) for k in retrievers), retrievers
+    node = next(iter(retrievers)).removeprefix("retriever-").removesuffix(".log")
+    assert kept_service_logs(ray_head, "retriever", node) == {f"retriever-{node}.log":
+                                                              retrievers[f"retriever-{node}.log"]}
     # the spec's tool config: written on the node, reached by the trainer through verl's key, removed at the end
     placed = re.search(r"tool config: (/\S+\.yaml) on 1 nodes \(VERLC_TOOL_CONFIG\)", logs)
     assert placed, logs
@@ -711,4 +722,4 @@ def test_a_service_whose_probe_fails_fails_the_job_before_training_naming_it(ray
     assert "[service retriever] FileNotFoundError" in logs or "no-such-corpus.jsonl" in logs, logs
     assert "TRAINER" not in logs
     assert not service_processes(tmp_path)
-    assert "sandbox.log" in kept_service_logs(logs)
+    assert "sandbox listening on" in kept_service_logs(ray_head, "sandbox")["sandbox.log"]

@@ -112,7 +112,8 @@ def _parser() -> argparse.ArgumentParser:
     kept = logs.add_mutually_exclusive_group()
     kept.add_argument("--ray", action="store_true",
                       help="Ray's own logs, which each node kept in the run folder when its Ray stopped (slurm)")
-    kept.add_argument("--service", metavar="NAME", help="a service's output, from the run folder")
+    kept.add_argument("--service", metavar="NAME",
+                      help="a service's output (from the run folder, or through Ray's log API for a ray-job)")
     logs.add_argument("--node", help="with --ray or --service: one node's logs only")
     cancel = sub.add_parser("cancel", help="cancel a run with the target's own tool")
     cancel.add_argument("run", metavar="RUN")

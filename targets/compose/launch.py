@@ -148,3 +148,9 @@ def attach(run: SubmittedRun, argv: list[str]) -> list[str]:
     """`compose exec` on the head service (which runs the job): ARGV, or a shell."""
     return [*compose(), "--project-directory", run.bundle, "-f", f"{run.bundle}/compose.yaml", "exec",
             *(["--no-TTY"] if argv else []), HEAD, *(argv or ["bash", "-i"])]
+
+
+def service_logs(run: SubmittedRun, name: str, node: str | None) -> dict[str, str]:
+    """Only asked where the run folder, which keeps them, is not on this machine."""
+    where = f" ({Path(run.record).parent})" if run.record else ""
+    raise LaunchError(f"{run.run}'s services' logs are in its run folder{where}, which is not on this machine")

@@ -85,3 +85,8 @@ def attach(run: SubmittedRun, argv: list[str]) -> list[str]:
         raise LaunchError(f"the RayCluster {cluster} has no head pod running")
     return [kubectl(), "exec", "--namespace", run.where, *(["--stdin", "--tty"] if not argv else []), pods[0],
             "--", *(argv or ["bash", "-i"])]
+
+
+def service_logs(run: SubmittedRun, name: str, node: str | None) -> dict[str, str]:
+    raise LaunchError(f"{run.run}'s services' logs are in its head pod (the folder its log names, in Ray's log "
+                      f"folder): read them with `verlc attach {run.run} -- ls -R FOLDER` and `cat`")

@@ -6,14 +6,16 @@ from __future__ import annotations
 import json
 import re
 import urllib.error
+import urllib.parse
 import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
 from ...compiler.ir import JobIR
-from ...contract.launcher import (LaunchError, Observed, State, Submission, SubmittedRun, observed, tool, utc,
-                                  variants_of)
+from ...contract.launcher import (LaunchError, Observed, State, Submission, SubmittedRun, is_service_log, observed,
+                                  tool, utc, variants_of)
 from ...contract.launcher import run as command
+from ...runtime.protocol import SERVICE_LOGS_IN_RAY
 
 FINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
@@ -65,6 +67,37 @@ def state(run: SubmittedRun) -> Observed:
 
 def logs(run: SubmittedRun) -> str:
     return _api(run.where, f"/api/jobs/{run.job_id}/logs").get("logs", "")
+
+
+def service_logs(run: SubmittedRun, name: str, node: str | None) -> dict[str, str]:
+    """A service's logs through Ray's log API: the job said which folder of Ray's log folder keeps them on each
+    node; each live node's matching files (a node gone from the cluster took its logs with it)."""
+    said = SERVICE_LOGS_IN_RAY.search(logs(run))
+    if not said:
+        raise LaunchError(f"{run.run}'s log names no services' logs in Ray's log folder (it has no services, has "
+                          f"not started them yet, or ran a verlc that kept them elsewhere)")
+    folder, found = said["folder"], {}
+    listed = _api(run.where, "/api/v0/nodes?limit=10000&detail=false").get("data", {}).get("result", {})
+    for each in listed.get("result", []):
+        if each.get("state") != "ALIVE":
+            continue
+        query = urllib.parse.urlencode({"node_id": each["node_id"], "glob": f"{folder}/*.log"})
+        files = _api(run.where, f"/api/v0/logs?{query}").get("data", {}).get("result", {})
+        for file in sorted(f for group in files.values() for f in group if is_service_log(f, name, node)):
+            query = urllib.parse.urlencode({"node_id": each["node_id"], "filename": file, "lines": -1})
+            found[file.rsplit("/", 1)[-1]] = _text(run.where, f"/api/v0/logs/file?{query}")
+    if not found:
+        raise LaunchError(f"no log of service {name!r}{f' on node {node}' if node else ''} in {folder} of Ray's "
+                          f"log folder on the live nodes of {run.where}")
+    return found
+
+
+def _text(address: str, path: str) -> str:
+    try:
+        with urllib.request.urlopen(address.rstrip("/") + path, timeout=60) as response:
+            return response.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
+        raise LaunchError(f"Ray at {address} did not give {path}: {getattr(exc, 'reason', exc)}") from None
 
 
 def cancel(run: SubmittedRun) -> None:  # the scheduler reports the end itself

@@ -61,3 +61,8 @@ def cancel(run: SubmittedRun) -> None:  # the controller reports the end; `statu
 def attach(run: SubmittedRun, argv: list[str]) -> list[str]:
     raise LaunchError(f"{run.run} runs on a cluster SkyPilot manages for the job: find it with "
                       f"`sky status` and reach its head with `ssh <cluster>`")
+
+
+def service_logs(run: SubmittedRun, name: str, node: str | None) -> dict[str, str]:
+    raise LaunchError(f"{run.run}'s services' logs are on its cluster's head (the folder its log names): find the "
+                      f"cluster with `sky status` and read them over `ssh <cluster>`")

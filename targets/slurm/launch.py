@@ -148,3 +148,9 @@ def attach(run: SubmittedRun, argv: list[str]) -> list[str]:
     return [tool("srun", "attach runs a job step"), f"--jobid={run.job_id}", "--overlap", "--nodes=1",
             "--ntasks=1", f"--nodelist={node}", *(["--pty"] if interactive else []), *step_args, *prefix,
             *(argv or ["bash", "-i"])]
+
+
+def service_logs(run: SubmittedRun, name: str, node: str | None) -> dict[str, str]:
+    """Only asked where the run folder, which keeps them, is not on this machine."""
+    where = f" ({Path(run.record).parent})" if run.record else ""
+    raise LaunchError(f"{run.run}'s services' logs are in its run folder{where}, which is not on this machine")

@@ -224,7 +224,7 @@ def logs(key: str, follow: bool, stage: str | None, metrics: list[str], ray: boo
         sys.stdout.write(runs.ray_logs(run, node))
         return 0
     if service:
-        sys.stdout.write(runs.service_logs(run, service, node))
+        sys.stdout.write(runs.service_logs(run, service, node, launcher))
         return 0
     if follow:
         runs.follow(book, [run], metrics, sys.stdout, launcher, tty=sys.stdout.isatty())

@@ -784,7 +784,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 ce2bad951d4abdd1df4771ba8d2907bbe5d120be357080d3f98baaa83a0d52ac:
+# runtime/ of verlc 0.1.0, as one program, sha256 75ee5e93c49daed3d0f47117824298ad9895568c04da382596ae57d1d6902e2a:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -1031,6 +1031,17 @@ SWEEP_PARALLEL = "VERLC_SWEEP_PARALLEL"
 # ---- services beside the trainer -------------------------------------------------------------------------
 SERVICE_PORTS = "VERLC_SERVICE_PORTS"  # "FIRST-LAST": the ports of the job's block a target gives its services
 SERVICE_LOGS = "services"  # <run folder>/services/<name>.log: each head service's output
+# A job without a run folder (ray-job, kuberay, skypilot) keeps its services' logs in a folder of Ray's log folder
+# on each node (the runtime says which, relative to it): Ray's log API reads them from outside the cluster
+SERVICE_LOGS_IN_RAY = re.compile(r"the services' logs: \S+ on the head node \(in Ray's log folder of each node: "
+                                 r"(?P<folder>\S+)\)")
+
+
+def service_logs_message(folder: str, in_ray: str | None) -> str:
+    """Where a job without a run folder keeps its services' logs: `folder` on the head node, `in_ray` relative to
+    Ray's log folder where it is in it."""
+    return f"the services' logs: {folder} on the head node" + (
+        f" (in Ray's log folder of each node: {in_ray})" if in_ray else "") + ", kept after the job"
 TOOL_CONFIG_FILE = "tool-config.yaml"  # <run folder>/: the spec's tool config, as verl read it (kept with the run)
 
 
@@ -1066,6 +1077,15 @@ def connect(address: str):  # noqa: ANN201 - ray is imported lazily: `prepare` m
 
     ray.init(address=address, logging_level="ERROR", log_to_driver=False, ignore_reinit_error=True)
     return ray
+
+
+def ray_log_folder(ray) -> str | None:  # noqa: ANN001
+    """This node's Ray log folder, the one Ray's log API serves (no public API names it), where `ray` is
+    connected; else None."""
+    try:
+        return ray._private.worker._global_node.get_logs_dir_path()
+    except AttributeError:
+        return None
 
 
 def alive_nodes(ray) -> list[dict]:  # noqa: ANN001
@@ -3716,10 +3736,7 @@ def run_ray(job: Job, run: Run) -> int:
     if rc:
         return rc
     if job.services or job.tool_config:
-        logs = os.path.dirname(expand(job.record)) if job.record else \
-            tempfile.mkdtemp(prefix=f"verlc-services-{job.name}-")
-        if job.services and not job.record:  # no run folder keeps them (ray-job): kept on the head, and said where
-            say(f"the services' logs: {os.path.join(logs, SERVICE_LOGS)} on the head node, kept after the job")
+        logs = services_folder(job, run.address)
         run.services = Services(job.services, logs, job.tool_config, expand(job.run_folder) if job.run_folder else None,
                                 job.device)
         run.services.start_head(head_address(run.address))
@@ -3728,6 +3745,20 @@ def run_ray(job: Job, run: Run) -> int:
         ray = connect(run.address)
         run.services.start_nodes(ray, alive_nodes(ray))
     return rc
+
+
+def services_folder(job: Job, address: str) -> str:
+    """Where the services' logs go: the run folder; else, in a Ray job (ray-job, kuberay: its cluster is up), a
+    folder of the head's Ray log folder, which Ray's log API reads from outside (said, relative to it); else a
+    temporary folder on the head (said)."""
+    if job.record:
+        return os.path.dirname(expand(job.record))
+    ray_logs = ray_log_folder(connect(address)) if os.environ.get(RAY_JOB_CONFIG) else None
+    logs = tempfile.mkdtemp(prefix=f"verlc-services-{job.name}-", dir=ray_logs)
+    if job.services:
+        kept = os.path.join(logs, SERVICE_LOGS)
+        say(service_logs_message(kept, os.path.relpath(kept, ray_logs) if ray_logs else None))
+    return logs
 
 
 def run_data(job: Job, run: Run) -> int:

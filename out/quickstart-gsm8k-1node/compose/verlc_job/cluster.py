@@ -22,6 +22,15 @@ def connect(address: str):  # noqa: ANN201 - ray is imported lazily: `prepare` m
     return ray
 
 
+def ray_log_folder(ray) -> str | None:  # noqa: ANN001
+    """This node's Ray log folder, the one Ray's log API serves (no public API names it), where `ray` is
+    connected; else None."""
+    try:
+        return ray._private.worker._global_node.get_logs_dir_path()
+    except AttributeError:
+        return None
+
+
 def alive_nodes(ray) -> list[dict]:  # noqa: ANN001
     return [n for n in ray.nodes() if n.get("Alive")]
 

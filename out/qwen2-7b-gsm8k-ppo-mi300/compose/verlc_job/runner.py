@@ -11,14 +11,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .cluster import alive_nodes, connect, head_address, sweep_turn, wait
+from .cluster import alive_nodes, connect, head_address, ray_log_folder, sweep_turn, wait
 from .data import materialize, merge_inputs, prepare
 from .job import Job, expand
 from .preflight import preflight
 from .protocol import (PAUSE_AT, PIPELINE_JOBS, RUNNER_STAGES, SERVICE_LOGS, STOP_AFTER, SWEEP_AFTER,
-                       SWEEP_PARALLEL, TRAINING_MESSAGE, USAGE, say, skipped_message, stage_message, stop_after_problem)
+                       SWEEP_PARALLEL, TRAINING_MESSAGE, USAGE, say, service_logs_message, skipped_message,
+                       stage_message, stop_after_problem)
 from .services import Services
-from .train import in_job_env, repeats_last_attempt, train, with_deadline
+from .train import RAY_JOB_CONFIG, in_job_env, repeats_last_attempt, train, with_deadline
 
 
 def pause_at(point: str) -> None:
@@ -79,10 +80,7 @@ def run_ray(job: Job, run: Run) -> int:
     if rc:
         return rc
     if job.services or job.tool_config:
-        logs = os.path.dirname(expand(job.record)) if job.record else \
-            tempfile.mkdtemp(prefix=f"verlc-services-{job.name}-")
-        if job.services and not job.record:  # no run folder keeps them (ray-job): kept on the head, and said where
-            say(f"the services' logs: {os.path.join(logs, SERVICE_LOGS)} on the head node, kept after the job")
+        logs = services_folder(job, run.address)
         run.services = Services(job.services, logs, job.tool_config, expand(job.run_folder) if job.run_folder else None,
                                 job.device)
         run.services.start_head(head_address(run.address))
@@ -91,6 +89,20 @@ def run_ray(job: Job, run: Run) -> int:
         ray = connect(run.address)
         run.services.start_nodes(ray, alive_nodes(ray))
     return rc
+
+
+def services_folder(job: Job, address: str) -> str:
+    """Where the services' logs go: the run folder; else, in a Ray job (ray-job, kuberay: its cluster is up), a
+    folder of the head's Ray log folder, which Ray's log API reads from outside (said, relative to it); else a
+    temporary folder on the head (said)."""
+    if job.record:
+        return os.path.dirname(expand(job.record))
+    ray_logs = ray_log_folder(connect(address)) if os.environ.get(RAY_JOB_CONFIG) else None
+    logs = tempfile.mkdtemp(prefix=f"verlc-services-{job.name}-", dir=ray_logs)
+    if job.services:
+        kept = os.path.join(logs, SERVICE_LOGS)
+        say(service_logs_message(kept, os.path.relpath(kept, ray_logs) if ray_logs else None))
+    return logs
 
 
 def run_data(job: Job, run: Run) -> int:

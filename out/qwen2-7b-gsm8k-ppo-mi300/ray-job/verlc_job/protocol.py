@@ -238,6 +238,17 @@ SWEEP_PARALLEL = "VERLC_SWEEP_PARALLEL"
 # ---- services beside the trainer -------------------------------------------------------------------------
 SERVICE_PORTS = "VERLC_SERVICE_PORTS"  # "FIRST-LAST": the ports of the job's block a target gives its services
 SERVICE_LOGS = "services"  # <run folder>/services/<name>.log: each head service's output
+# A job without a run folder (ray-job, kuberay, skypilot) keeps its services' logs in a folder of Ray's log folder
+# on each node (the runtime says which, relative to it): Ray's log API reads them from outside the cluster
+SERVICE_LOGS_IN_RAY = re.compile(r"the services' logs: \S+ on the head node \(in Ray's log folder of each node: "
+                                 r"(?P<folder>\S+)\)")
+
+
+def service_logs_message(folder: str, in_ray: str | None) -> str:
+    """Where a job without a run folder keeps its services' logs: `folder` on the head node, `in_ray` relative to
+    Ray's log folder where it is in it."""
+    return f"the services' logs: {folder} on the head node" + (
+        f" (in Ray's log folder of each node: {in_ray})" if in_ray else "") + ", kept after the job"
 TOOL_CONFIG_FILE = "tool-config.yaml"  # <run folder>/: the spec's tool config, as verl read it (kept with the run)
 
 
