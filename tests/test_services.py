@@ -365,3 +365,29 @@ def test_services_on_nodes_of_their_own_get_the_last_nodes_by_name_never_the_run
         == {"judge": "n2", "env": "n3"}
     assert {k: v["NodeName"] for k, v in own_nodes([own("judge")], nodes, "id-n1").items()} == {"judge": "n4"}
     assert own_nodes([own("a"), own("b")], nodes[:2], "id-n3") == {}
+
+
+def test_a_parallel_ray_job_sweep_with_a_service_on_a_node_of_its_own_is_refused_at_its_line(tmp_path: Path) -> None:
+    """Variants that run at once on one Ray cluster each pick a node of their own for the service by the same
+    rule, the same node (the second's service then waits for its GPUs until its deadline): refused at the
+    service's `on`, with what to change; in turn (ray.sweep_parallel: 1) it builds."""
+    from conftest import run_verlc
+
+    spec = ("name: d\nproject: p\nmodel: Qwen/Qwen2.5-0.5B-Instruct\n"
+            "data: {train_files: [d/train.parquet], val_files: [d/test.parquet]}\n"
+            "cluster: {nodes: 1, gpus_per_node: 8, slurm: {cpus_per_task: 4}}\n"
+            "verl: {actor_rollout_ref: {actor: {ppo_micro_batch_size_per_gpu: 4}, rollout: "
+            "{name: vllm, log_prob_micro_batch_size_per_gpu: 4}, ref: {log_prob_micro_batch_size_per_gpu: 4}}, "
+            "critic: {ppo_micro_batch_size_per_gpu: 4}}\n"
+            "sweep: {matrix: {verl.actor_rollout_ref.actor.optim.lr: [1e-6, 2e-6]}}\n"
+            "ray: {sweep_parallel: 2}\n"
+            "services:\n  judge:\n    command: [vllm, serve, m, --port, '${services.judge.port}']\n"
+            "    on: own_node\n")
+    (tmp_path / "sweep.yaml").write_text(spec)
+    shown = run_verlc("validate", "sweep.yaml", "--target", "ray-job", cwd=tmp_path)
+    assert shown.returncode == 2 and shown.stderr.splitlines()[0] == (
+        "sweep.yaml:12:9: services.judge.on: the variants that run at once on the cluster (ray.sweep_parallel: 2) "
+        "would each give services.judge a node of its own by the same choice, the same node: run them in turn "
+        "(ray.sweep_parallel: 1), or put judge on the head or every node"), shown.stderr
+    (tmp_path / "sweep.yaml").write_text(spec.replace("sweep_parallel: 2", "sweep_parallel: 1"))
+    assert run_verlc("validate", "sweep.yaml", "--target", "ray-job", cwd=tmp_path).returncode == 0

@@ -28,6 +28,12 @@ def check_build(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterat
                "cluster sized for several)" if at_once == 1 else
                f"{at_once} at a time (ray.sweep_parallel): each waits there until fewer than {at_once} of the ones "
                f"before it are still to end; the cluster must have the GPUs of {at_once} variants")), at_key=True)
+        own = [name for name, s in spec.services.items() if s.on == "own_node"]
+        for name in own if at_once > 1 else []:
+            yield sourced.diagnostic(("services", name, "on"), (
+                f"the variants that run at once on the cluster (ray.sweep_parallel: {at_once}) would each give "
+                f"services.{name} a node of its own by the same choice, the same node: run them in turn "
+                f"(ray.sweep_parallel: 1), or put {name} on the head or every node"))
     if spec.ray.node_timeout is not None:
         yield sourced.diagnostic(("ray", "node_timeout"), (
             f"{NOTE}the cluster's Ray reads its health-check settings when its head starts, and the ray-job target "
