@@ -140,9 +140,7 @@ if want judge; then  # the judge beside the trainer: which processes hold the GP
   sampler=$!
   submit specs/gpu-rehearsal-judge.yaml judge
   kill "$sampler"
-  # a ray-job has no run folder: its services' logs stay on the head node (this machine), where the job said
-  kept=$(sed -n "s/.*verlc: the services' logs: \(.*\) on the head node.*/\1/p" "$out/judge.log" | head -n 1)
-  cp "$kept/judge.log" "$out/judge-service.log" 2>/dev/null || echo "no service log at '$kept'" >"$out/judge-service.log"
+  verlc logs "$run" --service judge >"$out/judge-service.log" 2>&1  # through Ray's log API (a ray-job)
   verlc runs --timeline "$run" --format markdown >"$out/judge-timeline.md" 2>&1
   cat "$out/judge-timeline.md"
 fi

@@ -236,8 +236,7 @@ def judge_section(folder: Path, seen: dict[str, tuple[float, str]]) -> list[str]
         "reached (three attempts), and the run trained every step",
         f"- chat requests the judge answered (200) while the job ran, counted in its log: "
         f"{len(ANSWERED.findall(service))}" if "POST /v1/" in service else
-        "- its log was not kept by this rehearsal (a ray-job's service logs stay on the head node; the rehearsal "
-        "now copies them)",
+        f"- its log: not read (`verlc logs RUN --service judge` said: {service.strip()[:200] or 'nothing'})",
         "- critic/score/mean (the judge's verdicts) by step: "
         + (", ".join(f"{s.step}: {s.metrics['critic/score/mean']:.3g}" for s in steps
                      if 'critic/score/mean' in s.metrics) or "none logged"),
