@@ -188,6 +188,8 @@ def ray_floor(tmp: Path, nodes: int) -> float | None:
     wait_for(lambda: job_state(job, settle=False) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 600,
              f"floor job {job} to end")
     job_state(job)  # settled: every step ended, Ray stopped on every node
+    for folder in Path("/tmp").glob(f"verlc-floor-{job}-*"):  # each node's Ray temp folder (one file system here)
+        shutil.rmtree(folder, ignore_errors=True)
     text = output.read_text()
     begin, ready = (re.search(rf"^{what} (\S+)$", text, re.M) for what in ("begin", "ready"))
     if not (begin and ready):
