@@ -40,11 +40,16 @@ def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Subm
 
 
 def _api(address: str, path: str, method: str = "GET") -> dict:
+    return json.loads(_read(address, path, method) or b"{}")
+
+
+def _read(address: str, path: str, method: str = "GET") -> bytes:
+    """The dashboard's answer to one request (its Jobs API, its state and log API)."""
     url = address.rstrip("/") + path
     request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read() or b"{}")
+            return response.read()
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             raise LaunchError(f"the Ray cluster at {address} has no {path} (an unknown job, or no Jobs API)") from None
@@ -85,19 +90,11 @@ def service_logs(run: SubmittedRun, name: str, node: str | None) -> dict[str, st
         files = _api(run.where, f"/api/v0/logs?{query}").get("data", {}).get("result", {})
         for file in sorted(f for group in files.values() for f in group if is_service_log(f, name, node)):
             query = urllib.parse.urlencode({"node_id": each["node_id"], "filename": file, "lines": -1})
-            found[file.rsplit("/", 1)[-1]] = _text(run.where, f"/api/v0/logs/file?{query}")
+            found[file.rsplit("/", 1)[-1]] = _read(run.where, f"/api/v0/logs/file?{query}").decode(errors="replace")
     if not found:
         raise LaunchError(f"no log of service {name!r}{f' on node {node}' if node else ''} in {folder} of Ray's "
                           f"log folder on the live nodes of {run.where}")
     return found
-
-
-def _text(address: str, path: str) -> str:
-    try:
-        with urllib.request.urlopen(address.rstrip("/") + path, timeout=60) as response:
-            return response.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError) as exc:
-        raise LaunchError(f"Ray at {address} did not give {path}: {getattr(exc, 'reason', exc)}") from None
 
 
 def cancel(run: SubmittedRun) -> None:  # the scheduler reports the end itself

@@ -150,7 +150,7 @@ class Services:
         self.nodes: dict[str, list] = {}  # name -> its actors, one per node
         self.restarts: dict[str, int] = {s.name: 0 for s in services}
         self.record: dict[str, dict] = {}
-        self.launched: dict[str, float] = {}  # name -> when this process started it (time.monotonic())
+        self.launched: dict[str, float] = {}  # a node service's name -> when its actors were started here
         self.own: dict[str, dict] = {}  # name -> the node of its own (a Ray node)
         self.ray = None
 
@@ -176,7 +176,6 @@ class Services:
         for service in self.services:
             if not service.every_node and not service.own_node:
                 self.head[service.name] = Process(service, self._log(service.name))
-                self.launched[service.name] = self.head[service.name].started
                 say(f"service {service.name}: started on the head node at {self.variables[service.variables['url']]}")
 
     def _tool_config_text(self) -> str:
@@ -298,7 +297,7 @@ class Services:
                 last[service.name] = self._check_once(service) or ""
                 if not last[service.name]:
                     waiting.remove(service)
-                    seconds = round(time.monotonic() - self.launched.get(service.name, now), 1)
+                    seconds = round(time.monotonic() - self._started(service, now), 1)
                     problem = self._exposed(service) or self._probe(service)
                     self.record[service.name] = {"ready_seconds": seconds, "probe": service.probe.kind
                                                  if service.probe else None, "probe_passed": problem is None}
@@ -307,7 +306,7 @@ class Services:
                     else:
                         say(service_ready_message(service.name, seconds) + (
                             f", {service.probe.kind} probe passed" if service.probe else ""))
-                elif time.monotonic() - self.launched.get(service.name, now) > service.deadline:
+                elif time.monotonic() - self._started(service, now) > service.deadline:
                     waiting.remove(service)
                     problems.append(self._failure(service, f"was not ready within {service.deadline}s "
                                                            f"(ready.deadline): {last[service.name]}",
@@ -315,6 +314,12 @@ class Services:
             if waiting:
                 time.sleep(0.5)
         return problems
+
+    def _started(self, service: Service, otherwise: float) -> float:
+        """When a service was started (time.monotonic() here): its head process's start, its node actors'."""
+        if service.name in self.head:
+            return self.head[service.name].started
+        return self.launched.get(service.name, otherwise)
 
     def _tail(self, service: Service) -> list[str]:
         if service.name in self.head:
@@ -334,7 +339,6 @@ class Services:
             say(f"{gone}; starting it again ({self.restarts[service.name]} of {service.restart})")
             if service.name in self.head:
                 self.head[service.name] = Process(service, self._log(service.name))
-                self.launched[service.name] = self.head[service.name].started
             else:
                 self.ray.get([h.restart.remote() for h in self.nodes[service.name]])
         return None
