@@ -256,8 +256,9 @@ class ServiceIR:
     the runtime sets (`variables`: attribute -> variable, compiler/verl/hydra.py service_variable)."""
 
     name: str
-    argv: tuple[Word, ...]
+    argv: tuple[Word, ...]  # with an image: the arguments after it (none: the image's own command)
     env: tuple[tuple[str, Word], ...]
+    image: str | None  # an image of its own, whose container the target starts and stops (else the runtime's)
     every_node: bool  # on every node of the trainer
     own_node: bool  # on a node of its own (the allocation's last), else on the head node
     gpus: int  # the GPUs it holds on its own node, through Ray (0 elsewhere)

@@ -88,6 +88,7 @@ def placement_problems(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     own = {name for name, s in spec.services.items() if s.on == "own_node"}
     for name, s in spec.services.items():
         at = ("services", name)
+        yield from _image_problems(name, s, sourced)
         if s.gpus is not None and s.on != "own_node":
             yield sourced.diagnostic((*at, "gpus"), f"gpus is what a service on a node of its own holds there "
                                                     f"(on: own_node); services.{name} is on: {s.on}", at_key=True)
@@ -111,6 +112,29 @@ def placement_problems(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
                                                   f"known once every node is up, and services.{name} starts on "
                                                   f"the head node before: put {name} on every_node, or {other} "
                                                   f"on the head")
+
+
+def _image_problems(name: str, s: Any, sourced: Sourced) -> Iterator[Diagnostic]:
+    """A service runs a command in the job's image, or an image of its own. That image's container is the
+    target's (started beside the job's container on the head node, removed with the job), not a process of
+    verlc's runtime: the runtime cannot start it again, place it on other nodes, or give it GPUs."""
+    at = ("services", name)
+    if s.image is None:
+        if not s.command:
+            yield sourced.diagnostic(at, f"services.{name} runs a command in the job's image (command: [...]) "
+                                         f"or an image of its own (image: ...): it has neither")
+        return
+    if s.on != "head":
+        yield sourced.diagnostic((*at, "on"), f"services.{name} runs in an image of its own, whose container the "
+                                              f"target starts on the head node: it cannot be on {s.on}")
+    if s.restart:
+        yield sourced.diagnostic((*at, "restart"), f"services.{name} runs in an image of its own, whose container "
+                                                   f"the target starts once: verlc's runtime, which restarts "
+                                                   f"services, cannot start it again (restart: 0)")
+    if s.gpu_memory is not None:
+        yield sourced.diagnostic((*at, "gpu_memory"), f"services.{name} runs in an image of its own, whose "
+                                                      f"container gets no GPU: run a GPU server in the job's image",
+                                 at_key=True)
 
 
 ROLLOUT_MEMORY = "actor_rollout_ref.rollout.gpu_memory_utilization"
@@ -191,7 +215,7 @@ def lower_services(spec: Spec) -> tuple[ServiceIR, ...]:
         out.append(ServiceIR(
             name=name, argv=tuple(map(service_word, s.command)),
             env=tuple((k, service_word(v)) for k, v in s.env.items()),
-            every_node=s.on == "every_node", own_node=s.on == "own_node",
+            image=s.image, every_node=s.on == "every_node", own_node=s.on == "own_node",
             gpus=(spec.cluster.gpus_per_node if s.gpus is None else s.gpus) if s.on == "own_node" else 0,
             listen_all=s.listen == "all",
             ready_http=s.ready.http, ready_command=tuple(map(service_word, s.ready.command or ())) or None,

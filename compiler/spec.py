@@ -337,10 +337,17 @@ Probe = Annotated[Union[SandboxProbe, RetrieverProbe, JudgeProbe, HttpProbe], Di
 
 class Service(Model):
     """A process beside the trainer (a code sandbox, an LLM judge, a retriever), started with the job in the
-    job's image, checked with a real request before training, watched while it trains, stopped with it."""
-    command: tuple[Text, ...] = Field(min_length=1, description="Its argv; it must listen on "
+    job's image or in an image of its own, checked with a real request before training, watched while it
+    trains, stopped with it."""
+    command: tuple[Text, ...] = Field((), description="Its argv; it must listen on "
                                       "${services.NAME.host}:${services.NAME.port} (verlc picks the port); "
-                                      "${services.NAME.token} is a secret made for each run.")
+                                      "${services.NAME.token} is a secret made for each run. With image: the "
+                                      "arguments after the image (default: the image's own command).")
+    image: Text | None = Field(None, description="An image of its own (e.g. SandboxFusion's), which the target "
+                                                 "starts on the head node beside the job's container, on the "
+                                                 "node's network, with the service's variables in its env "
+                                                 "(VERLC_SERVICE_<NAME>_URL, _HOST, _PORT, _TOKEN); default: "
+                                                 "the job's image, started by verlc's runtime.")
     on: Literal["head", "every_node", "own_node"] = Field(
         "head", description="The head node; every node of the trainer (each node's trainer processes reach their "
                             "own node's, at 127.0.0.1); or a node of its own, added to the job's allocation (a "

@@ -75,7 +75,7 @@ def job_of(ir: JobIR, *, record: Word | None, variant: VariantIR | None = None, 
         if ir.pipeline and ir.pipeline.inputs else None,
         every_node=ir.launch[0] == "torchrun" and ir.nodes > 1,  # torchrun --standalone on one node (lower.launch)
         services=[Service(
-            name=s.name, argv=[w.as_json() for w in s.argv], env={k: w.as_json() for k, w in s.env},
+            name=s.name, argv=[w.as_json() for w in s.argv], env={k: w.as_json() for k, w in s.env}, image=s.image,
             every_node=s.every_node, own_node=s.own_node, gpus=s.gpus, listen_all=s.listen_all,
             ready_http=s.ready_http,
             ready_command=[w.as_json() for w in s.ready_command] if s.ready_command else None, deadline=s.deadline,

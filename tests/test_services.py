@@ -9,6 +9,7 @@ import os
 import shutil
 import re
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -29,7 +30,7 @@ def sandbox(restart: int = 0, deadline: int = 60, argv: list | None = None, **pr
     port = [{"env": "VERLC_SERVICE_SANDBOX_PORT"}]
     return Service(name="sandbox", argv=argv or [[sys.executable], [str(SERVERS / "sandbox.py")], ["--host"],
                                                  [{"env": "VERLC_SERVICE_SANDBOX_HOST"}], ["--port"], port],
-                   env={}, every_node=False, own_node=False, gpus=0, listen_all=False,
+                   env={}, image=None, every_node=False, own_node=False, gpus=0, listen_all=False,
                    ready_http="/health", ready_command=None,
                    deadline=deadline, probe=Probe(kind="sandbox", **probe), restart=restart,
                    variables={a: f"VERLC_SERVICE_SANDBOX_{a.upper()}" for a in SERVICE_ATTRIBUTES})
@@ -165,6 +166,51 @@ def test_a_service_killed_while_training_is_started_again_then_fails_the_run(ser
     assert failed and failed.startswith("service sandbox exited with code -9"), failed
 
 
+def test_a_service_in_an_image_of_its_own_is_the_targets_checked_and_watched_here_never_started_or_stopped(
+        services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # noqa: ANN001
+    """The target started the container (here: the test starts the sandbox, as the target would) and gave the
+    runtime the service's variables: the runtime takes them as they are (no token of its own), waits for it,
+    probes it with the target's token, records it; it stops nothing of it; once the service stops accepting
+    connections while training, the run fails naming it, its address and where its log is. Where the target
+    gave no variables, the preflight says which are missing."""
+    import secrets
+
+    port, token = service_ports(1)[0], secrets.token_urlsafe(24)
+    monkeypatch.setenv(SERVICE_PORTS, f"{port}-{port}")  # the job's block: its first is the sandbox's
+    given = {"VERLC_SERVICE_SANDBOX_HOST": "127.0.0.1", "VERLC_SERVICE_SANDBOX_PORT": str(port),
+             "VERLC_SERVICE_SANDBOX_URL": f"http://127.0.0.1:{port}", "VERLC_SERVICE_SANDBOX_TOKEN": token}
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+    container = subprocess.Popen([sys.executable, str(SERVERS / "sandbox.py"), "--host", "127.0.0.1", "--port",
+                                  str(port), "--token-env", "VERLC_SERVICE_SANDBOX_TOKEN"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        running = services(replace(sandbox(argv=[]), image="localhost/sandbox:1"))
+        running.start_head("127.0.0.1")
+        assert {k: os.environ[k] for k in given} == given and running.head == {}
+        assert running.ready() == [] and running.record["sandbox"]["probe_passed"]
+        assert running.failed() is None
+        running.stop()
+        assert container.poll() is None  # the target's to stop
+        container.terminate()
+        container.wait()
+        failed = running.failed()
+        assert failed and failed.startswith(f"service sandbox stopped accepting connections at 127.0.0.1:{port} "), \
+            failed
+        assert "its log: its container's output, which the target keeps: verlc logs RUN --service sandbox" in failed
+    finally:
+        container.kill()
+        container.wait()
+    out = capsys.readouterr().out
+    assert "service sandbox: in its own image localhost/sandbox:1, started by the target on the head node at " \
+           f"http://127.0.0.1:{port}" in out and token not in out
+    monkeypatch.delenv("VERLC_SERVICE_SANDBOX_TOKEN")
+    missing = services(replace(sandbox(argv=[]), image="localhost/sandbox:1"))
+    missing.start_head("127.0.0.1")
+    assert missing.ready() == ["service sandbox: its image localhost/sandbox:1 is the target's to start, and the "
+                               "target gave the job no VERLC_SERVICE_SANDBOX_TOKEN"]
+
+
 def test_the_ports_come_from_the_jobs_block_where_the_target_gives_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SERVICE_PORTS, "20300-20309")
     assert service_ports(3) == [20300, 20301, 20302]
@@ -261,7 +307,7 @@ def test_an_llm_judge_served_by_transformers_serve_passes_the_judge_probe_and_a_
              [{"env": "VERLC_SERVICE_JUDGE_HOST"}], ["--port"], [{"env": "VERLC_SERVICE_JUDGE_PORT"}],
              ["--device"], ["cpu"]]
     judge = Service(name="judge", argv=serve, env={"HF_HUB_CACHE": [str(judge_hub)], "HF_HUB_OFFLINE": ["1"]},
-                    every_node=False, own_node=False, gpus=0, listen_all=False, ready_http="/health",
+                    image=None, every_node=False, own_node=False, gpus=0, listen_all=False, ready_http="/health",
                     ready_command=None, deadline=300,
                     probe=Probe(kind="judge", model=JUDGE), restart=0,
                     variables={a: f"VERLC_SERVICE_JUDGE_{a.upper()}" for a in SERVICE_ATTRIBUTES})
