@@ -366,15 +366,18 @@ def service_logs(run: ledger.Run, name: str, node: str | None, launchers: Launch
     from ..contract.launcher import LaunchError
 
     folder = Path(run.record).parent / SERVICE_LOGS if run.record else None
-    if folder is not None and folder.is_dir():
-        logs = {p.name: p.read_text(errors="replace") for p in sorted(folder.glob("*.log"))
-                if is_service_log(p.name, name, node)}
-        if not logs:
+    here = folder is not None and folder.is_dir()
+    logs = {p.name: p.read_text(errors="replace") for p in sorted(folder.glob("*.log"))
+            if is_service_log(p.name, name, node)} if here else {}
+    if not logs:  # the scheduler's (a ray-job's through Ray's log API; a container of its own's, Compose's)
+        try:
+            logs = launchers(run.target).service_logs(run.submission, name, node)
+        except LaunchError:
+            if not here:
+                raise
             kept = sorted(p.name for p in folder.glob("*.log"))
             raise LaunchError(f"no log of service {name!r}{f' on node {node}' if node else ''} in {folder}: it "
-                              f"has {', '.join(kept) or 'none'}")
-    else:
-        logs = launchers(run.target).service_logs(run.submission, name, node)
+                              f"has {', '.join(kept) or 'none'}") from None
     if len(logs) == 1:
         return next(iter(logs.values()))
     return "\n".join(f"==> {file} <==\n{text}" for file, text in sorted(logs.items()))

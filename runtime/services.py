@@ -130,7 +130,7 @@ class Services:
 
     def _take_given(self, service: Service) -> None:
         """A service in an image of its own: the target started its container and gave its variables."""
-        missing = [v for v in service.variables.values() if v not in self.variables]
+        missing = [v for v in service.variables.values() if not self.variables.get(v)]
         if missing:
             self.problems.append(f"service {service.name}: its image {service.image} is the target's to start, "
                                  f"and the target gave the job no {', '.join(missing)}")

@@ -105,3 +105,12 @@ def kept(spec: Spec, sourced: Sourced, workdir: str | None, mounts: list[str], w
     else:
         yield sourced.diagnostic(loc, f"{NOTE}the checkpoint folder is lost with the nodes unless it is on {what} "
                                       f"({where})")
+
+
+def image_services_refused(spec: Spec, sourced: Sourced, target: str, why: str) -> Iterator[Diagnostic]:
+    """Each service in an image of its own, refused at its image where the target cannot start that image's
+    container (`why`)."""
+    for name, service in spec.services.items():
+        if service.image is not None:
+            yield sourced.diagnostic(("services", name, "image"), f"the {target} target cannot run services.{name} "
+                                                                  f"in an image of its own: {why}", at_key=True)

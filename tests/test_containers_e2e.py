@@ -164,6 +164,54 @@ def test_bring_up_and_preflight_inside_containers_then_every_container_is_remove
     assert containers(engine, script, job) == [], "the cleanup must remove every container"
 
 
+@pytest.fixture(scope="module")
+def sandbox_image(engine: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An image of its own for a service (#55 item 1): the test image with the test's code sandbox in it, built
+    here without a registry; removed after the module."""
+    context = tmp_path_factory.mktemp("sandbox-image")
+    shutil.copy(REPO / "tests" / "services" / "sandbox.py", context / "sandbox.py")
+    (context / "Containerfile").write_text(f"FROM {engine['VERLC_TEST_IMAGE']}\nCOPY sandbox.py /opt/sandbox.py\n")
+    tag = f"localhost/verlc-test-sandbox:{context.name}"
+    subprocess.run(["podman", "build", "--quiet", "--tag", tag, str(context)], env={**os.environ, **engine},
+                   check=True, capture_output=True, timeout=600)
+    yield tag
+    subprocess.run(["podman", "rmi", "--force", tag], env={**os.environ, **engine}, capture_output=True, timeout=120)
+
+
+def image_service(image: str) -> str:
+    """A spec's services: the code sandbox in its own image, reached with the run's token only."""
+    return json.dumps({"sandbox": {
+        "image": image, "command": ["/opt/venv/bin/python3", "/opt/sandbox.py", "--host", "${services.sandbox.host}",
+                                    "--port", "${services.sandbox.port}", "--token-env",
+                                    "VERLC_SERVICE_SANDBOX_TOKEN"],
+        "ready": {"http": "/health", "deadline": "120s"}, "probe": {"kind": "sandbox"}}})
+
+
+@side_by_side(lambda root, engine, sandbox_image: Job(build(
+    root, container=container_spec(root, "podman", engine), extra=f"services: {image_service(sandbox_image)}\n"),
+    env=job_env(engine, "podman", root)))
+def test_a_service_in_an_image_of_its_own_runs_beside_the_bring_up_on_the_head_and_goes_with_the_job(
+        ended: Ended, engine: dict[str, str], sandbox_image: str) -> None:
+    """#55 item 1 on the local Slurm cluster with podman: the script starts the sandbox's own image in a step of
+    its own on the head node as Ray comes up, at the head's address and the block's first service port, with a
+    token made for the run that the runtime gets too (the sandbox answers only requests that carry it: the probe
+    passes); its output is in the run folder; its container is gone with the job's."""
+    job, output, script = ended.job, ended.output, ended.script
+    assert ended.state == "COMPLETED", output
+    head = re.search(r"; head (n\d+);", output)[1]
+    at = re.search(rf"service sandbox: in its own image {re.escape(sandbox_image)}, started by the target on the "
+                   rf"head node at http://(10\.77\.0\.\d+):(\d+)\n", output)
+    assert at, output
+    assert f"starting service sandbox in its own image on {head}" in output
+    assert re.search(r"service sandbox: ready in [\d.]+s, sandbox probe passed", output), output
+    assert "preflight passed: 2 nodes, 16 GPUs" in output
+    run_dir = ended.root / "verlc-runs" / f"{script.parent.parent.name}-{job}"
+    assert f"sandbox listening on {at[1]}:{at[2]}" in (run_dir / "services" / "sandbox.log").read_text()
+    record = json.loads((run_dir / "run-record.json").read_text())
+    assert record["services"]["sandbox"]["probe_passed"], record["services"]
+    assert left_of(engine, script, job) == [], "the job's and the service's containers must be gone"
+
+
 @side_by_side(lambda root, engine: Job(build(root, wait="300s", container=container_spec(
     root, "docker", engine, ray_fails_on_node=1)), env=engine))
 def test_a_worker_whose_ray_fails_inside_its_container_fails_the_job_fast_and_is_named(
@@ -409,6 +457,33 @@ def test_compose_bundle_comes_up_in_order_runs_to_the_preflight_and_down_leaves_
     volumes = subprocess.run(["podman", "volume", "ls", "--format", "{{.Name}}"], env=env, capture_output=True,
                              text=True, check=True).stdout
     assert "compose-e2e" not in left + volumes
+
+
+def test_a_compose_service_in_an_image_of_its_own_is_reached_by_the_runtime_with_the_runs_token(
+        engine: dict[str, str], podman_api: dict[str, str], sandbox_image: str, tmp_path: Path) -> None:
+    """#55 item 1 in podman compose: the sandbox's own image is a Compose service on the job's network, which the
+    head starts after; the runtime reaches it at its service name and port with the token Compose passed to
+    both (the probe passes only with it); `down` leaves nothing of it."""
+    compose_spec(tmp_path, engine)
+    with (tmp_path / "spec.yaml").open("a") as spec:
+        spec.write(f"services: {image_service(sandbox_image)}\n")
+    built = run_verlc("build", tmp_path / "spec.yaml", "--target", "compose", "--out", tmp_path / "out")
+    assert built.returncode == 0, built.stderr
+    bundle = tmp_path / "out" / "compose-e2e" / "compose"
+    env = {**os.environ, **podman_api, "VERLC_STOP_AFTER": "preflight", "VERLC_SERVICE_SANDBOX_TOKEN": "t" * 32}
+    up, started, down = compose_up_then_down(bundle, ["compose.yaml"], env)
+    log = up.stdout + up.stderr
+    assert up.returncode == 0, log[-6000:]
+    assert started["compose-e2e-ray-head-1"] >= started["compose-e2e-service-sandbox-1"], started
+    assert "service sandbox: in its own image " + sandbox_image + ", started by the target on the head node at " \
+           "http://service-sandbox:18000" in log, log[-6000:]
+    assert re.search(r"service sandbox: ready in [\d.]+s, sandbox probe passed", log), log[-6000:]
+    assert "sandbox listening on service-sandbox:18000" in log
+    assert "verlc: preflight passed: 2 nodes, 16 GPUs, 2 data files" in log
+    assert down.returncode == 0, down.stderr
+    left = subprocess.run(["podman", "ps", "--all", "--format", "{{.Names}}"], env=env, capture_output=True,
+                          text=True, check=True).stdout
+    assert "compose-e2e" not in left
 
 
 # A stand-in for verl's trainer (no GPU here) that saves as its FSDP ranks do: every node's rank writes its own

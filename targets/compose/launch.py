@@ -4,6 +4,7 @@ and cancel is `down`. The job runs on the head service, so the head's exit is th
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from ...contract.launcher import (TRACKER_RUN, LaunchError, Observed, State, Sub
                                   require_secrets)
 from ...contract.launcher import run as command
 from ...runtime.protocol import RECORD
-from .view import HEAD, RUN_LABEL
+from .view import HEAD, RUN_LABEL, SERVICE_PREFIX
 
 # The head container's state (`compose ps`), or how it ended, as verlc's
 STATES = {"CREATED": State.PENDING, "RUNNING": State.RUNNING, "RESTARTING": State.RUNNING, "PAUSED": State.RUNNING,
@@ -49,7 +50,10 @@ def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Subm
             _keep(bundle, owner, int(head.get("ExitCode", 1)))
     # the run's W&B run id (the compose file passes these through): its own, or the run it continues
     tracker = tracker_env((e.name for e in ir.env), env.get(TRACKER_RUN) or run)
-    command([*compose(), "up", "--detach"], cwd=bundle, env={**env, **tracker, "VERLC_RUN": run}, timeout=1800)
+    # a token for each service in an image of its own, made for this run (the compose file reads it; view.py)
+    tokens = {dict(s.variables)["token"]: secrets.token_urlsafe(24) for s in ir.services if s.image}
+    command([*compose(), "up", "--detach"], cwd=bundle, env={**env, **tracker, **tokens, "VERLC_RUN": run},
+            timeout=1800)
     where = env.get("DOCKER_HOST") or "local docker"
     return [Submission(run=run, job_id=ir.name, where=f"{where} ({bundle})", log=None,
                        record=str(bundle / "runs" / RECORD))]
@@ -112,12 +116,15 @@ def _keep(bundle: Path, run: str, code: int | None) -> None:
     """Keep the head's log (and its exit code, once it exited) under the run's name, unless kept already."""
     if not (log := _kept(bundle, run, "log")).exists():
         log.write_text(_compose_logs(bundle))
+    for service in _image_services(bundle):
+        if not (kept := _kept(bundle, run, f"{service}.log")).exists():
+            kept.write_text(_compose_logs(bundle, service))
     if code is not None and not (kept := _kept(bundle, run, "exit")).exists():
         kept.write_text(f"{code}\n")
 
 
-def _compose_logs(bundle: Path) -> str:
-    return command([*compose(), "logs", "--no-color", "--no-log-prefix", HEAD], cwd=bundle).stdout
+def _compose_logs(bundle: Path, service: str = HEAD) -> str:
+    return command([*compose(), "logs", "--no-color", "--no-log-prefix", service], cwd=bundle).stdout
 
 
 def logs(run: SubmittedRun) -> str:
@@ -151,6 +158,17 @@ def attach(run: SubmittedRun, argv: list[str]) -> list[str]:
 
 
 def service_logs(run: SubmittedRun, name: str, node: str | None) -> dict[str, str]:
-    """Only asked where the run folder, which keeps them, is not on this machine."""
-    where = f" ({Path(run.record).parent})" if run.record else ""
-    raise LaunchError(f"{run.run}'s services' logs are in its run folder{where}, which is not on this machine")
+    """Asked where the run folder (runs/, which keeps the runtime's services' logs) has none of `name`: a service
+    in an image of its own, whose container's log Compose keeps (and verlc once the run ended, in runs/)."""
+    if (kept := _kept(_bundle(run), run.run, f"{SERVICE_PREFIX}{name}.log")).exists():
+        return {f"{name}.log": kept.read_text(errors="replace")}
+    if f"{SERVICE_PREFIX}{name}" not in _image_services(_bundle(run)):
+        raise LaunchError(f"{run.run} has no service {name!r} in an image of its own, and its run folder no log "
+                          f"of it")
+    return {f"{name}.log": _compose_logs(_bundle(run), f"{SERVICE_PREFIX}{name}")}
+
+
+def _image_services(bundle: Path) -> list[str]:
+    """The Compose services that run services in images of their own (view.py image_services)."""
+    names = command([*compose(), "config", "--services"], cwd=bundle).stdout.split()
+    return [n for n in names if n.startswith(SERVICE_PREFIX)]

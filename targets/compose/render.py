@@ -16,6 +16,9 @@ def render(ir: JobIR) -> Bundle:
     header = "".join(f"# {line}\n" for line in header_lines(ir))
     usage = (f"# Run:  docker compose up --abort-on-container-exit --exit-code-from {HEAD}\n"
              f"#       {STOP_AFTER}={RUNNER_STAGES[-2]} docker compose up ...   (stages: {', '.join(RUNNER_STAGES)})\n")
+    tokens = [dict(s.variables)["token"] for s in ir.services if s.image]
+    if tokens:  # a service in an image of its own takes a token made for each run (verlc submit makes them)
+        usage += f"#       by hand, first:  export {' '.join(f'{t}=$(openssl rand -hex 24)' for t in tokens)}\n"
     files = [
         File("compose.yaml", header + usage + yaml_text.dump(compose_file(ir))),
         *job_package(ir, record=Word((RECORD_IN_CONTAINER,))),  # the job runs on the head

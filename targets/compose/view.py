@@ -19,6 +19,8 @@ RUN_LABEL = "verlc.run"
 GCS_PORT = 6379
 DASHBOARD_PORT = 8265
 HELPER_DIR = "/opt/verlc"  # where ./verlc_job is mounted, on PYTHONPATH, in every service
+SERVICE_PREFIX = "service-"  # a service in an image of its own: the Compose service `service-NAME`
+SERVICE_PORT = 18000  # its port (+ its place among them), in its own container's network namespace
 
 
 def text(value: str | Word) -> str:
@@ -134,4 +136,38 @@ def compose_file(ir: JobIR) -> dict[str, Any]:
                                   *ray_common], node)
         worker["depends_on"] = {HEAD: {"condition": "service_started"}}
         services[f"ray-worker-{node}"] = worker
-    return {"name": ir.name, "services": services, "volumes": {"hf-cache": {}}}
+    given = image_services(ir)
+    for name, service in given.items():
+        head["environment"] += service["environment"][-4:]  # its variables: the runtime takes them (protocol.py)
+        head.setdefault("depends_on", {})[name] = {"condition": "service_started"}
+    return {"name": ir.name, "services": {**services, **given}, "volumes": {"hf-cache": {}}}
+
+
+def image_services(ir: JobIR) -> dict[str, dict[str, Any]]:
+    """The services in images of their own (runtime/protocol.py), each a Compose service on the job's network,
+    reached at its service name and a port of its own; its token from `verlc submit` (launch.py), which makes one
+    for each run (by hand: export VERLC_SERVICE_<NAME>_TOKEN). The head starts once it has started, not once it is
+    healthy: the runtime waits for it beside the bring-up, with its deadline and its probe (a healthcheck would
+    need a client in the image, and podman without systemd runs none)."""
+    out: dict[str, dict[str, Any]] = {}
+    for index, s in enumerate(x for x in ir.services if x.image):
+        variables = dict(s.variables)
+        host, port = f"{SERVICE_PREFIX}{s.name}", SERVICE_PORT + index
+        values = {variables["host"]: host, variables["port"]: str(port), variables["url"]: f"http://{host}:{port}"}
+        # `${NAME:-}`, not `:?`: Compose interpolates the file for every command (ps, logs, down), not only `up`
+        token = f"${{{variables['token']}:-}}"
+
+        def word(w: Word, values: dict[str, str] = values) -> str:  # its own variables are known here
+            return "".join(values[p.name] if isinstance(p, Var) and p.name in values else
+                           f"${{{p.name}}}" if isinstance(p, Var) else p.replace("$", "$$") for p in w.parts)
+
+        out[host] = {
+            "image": s.image,
+            "init": True,
+            **({"command": [word(w) for w in s.argv]} if s.argv else {}),
+            "environment": [*(f"{e.name}={text(e.value)}" for e in ir.env), *(f"{k}={word(w)}" for k, w in s.env),
+                            *(f"{k}={v}" for k, v in values.items()), f"{variables['token']}={token}"],
+            "restart": "no",
+            "labels": {RUN_LABEL: "${VERLC_RUN:-}"},
+        }
+    return out

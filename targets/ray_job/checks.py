@@ -13,12 +13,16 @@ from ...compiler.verl.check import Selection
 from ...compiler.code import has_code
 from ...compiler.spec import Spec
 from ...compiler.verl.check import NOTE
+from ..shared import image_services_refused
 
 
 def check_build(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:  # noqa: ARG001
     if has_code(spec) and "working_dir" in spec.ray.model_fields_set:
         yield sourced.diagnostic(("ray", "working_dir"), "the job's working_dir is the run's code (code:); "
                                                          "drop ray.working_dir", at_key=True)
+    yield from image_services_refused(spec, sourced, "ray-job", "it submits to a Ray cluster that is not verlc's, "
+                                      "where nothing starts a container; run the service in the job's image "
+                                      "(command:), or build for slurm or compose")
     if spec.sweep is not None:
         count = math.prod(len(values) for values in spec.sweep.matrix.values())
         at_once = spec.ray.sweep_parallel

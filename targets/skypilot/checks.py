@@ -9,7 +9,7 @@ from ...compiler.diagnostics import Diagnostic
 from ...compiler.load import Sourced
 from ...compiler.verl.check import Selection
 from ...compiler.spec import Spec
-from ..shared import image_problems, kept, literal_env, node_image, node_workdir
+from ..shared import image_problems, image_services_refused, kept, literal_env, node_image, node_workdir
 from .section import Skypilot
 
 
@@ -28,6 +28,9 @@ def check_build(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterat
         yield sourced.diagnostic(("cluster",), "the skypilot target asks for GPUs by model: set cluster.gpu_type "
                                                "(SkyPilot's accelerator name, e.g. H100, A100-80GB, MI300X)")
     yield from literal_env(spec, sourced, "skypilot")
+    yield from image_services_refused(spec, sourced, "skypilot", "its task runs in one image on every node, and "
+                                      "verlc does not start a second container there yet; run the service in the "
+                                      "job's image (command:), or build for slurm or compose")
     mounts = [b.mount for b in k.buckets] + [v.mount for v in k.volumes]
     yield from kept(spec, sourced, workdir, mounts, "a skypilot.buckets or skypilot.volumes mount",
                     f"skypilot.recovery {k.recovery} restarts the job on new nodes (or set recovery: off)"

@@ -14,6 +14,7 @@ from ...compiler.verl.program import saves_checkpoints
 from ...compiler.code import has_code
 from ...compiler.spec import NoContainer, Spec
 from ...compiler.verl.check import NOTE
+from ..shared import image_services_refused
 from .lower import log_dirs
 
 LOG_FOLDER_NOTE = "Slurm does not create the folder"  # `verlc submit` creates it, and leaves this note out
@@ -27,6 +28,12 @@ def check_build(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterat
             f"lo is the loopback interface: on {spec.cluster.nodes} nodes every worker would look for the Ray "
             f"head at its own 127.0.0.1; name the interface the nodes reach each other on, or leave it out"))
     c = spec.container
+    if c.runtime not in ("docker", "podman"):
+        yield from image_services_refused(spec, sourced, "slurm", (
+            "the job runs on the nodes' own Python (container.runtime: none), with no engine to run it"
+            if isinstance(c, NoContainer) else
+            f"verlc starts a service's own image with docker or podman (container.runtime), not yet with "
+            f"{c.runtime}"))
     if has_code(spec) and isinstance(c, NoContainer) and c.workdir is not None:
         yield sourced.diagnostic(("container", "workdir"), "the job runs in the run's code (code:) on every "
                                                            "node; drop container.workdir", at_key=True)

@@ -52,7 +52,7 @@ declare -A node_devs=()  # node -> the interface of that address
 declare -A node_addrs=()  # node -> Slurm's address of it (NodeAddr), where head_interface is not set
 controller_ip=''  # the Slurm controller's address, likewise
 head_ip='' ray_port='' port_base='' dashboard_port='' client_port=''
-readonly shared=(node_ips node_devs node_addrs controller_ip head_ip ray_port port_base dashboard_port client_port
+readonly shared=(node_ips node_devs node_addrs controller_ip head_ip ray_port port_base dashboard_port client_port image_services
   run_dir runtime_file head_interface image_sha256 step_args ray_logs truncated logs_wait lock_wait ray_kill_after
   agent_first agent_count)
 fan_out() {
@@ -67,7 +67,7 @@ fan_out() {
 # Run by fan_out on each node (SLURMD_NODENAME and SLURM_PROCID are Slurm's, per task) -------------
 readonly node_functions=(log in_container image_commands container_commands ray_command node_address fetch_image
   verify_image run_container container_ready await_ray_logs drop_step_lock remove_container remove_leftovers
-  startup_timed_out ray_node)
+  startup_timed_out ray_node service_commands run_service)
 
 # node_address: this node's name, the IPv4 address Ray uses on it, and that address's interface (where
 # gloo, and NCCL unless told, open their sockets). With network.head_interface: that interface's address.
@@ -196,10 +196,30 @@ remove_container() {
 # remove_leftovers: what the job's steps may have left on this node once they ended: its container, and the
 # step lock's file (which drop_step_lock leaves while the engine's run command outlives its wait)
 remove_leftovers() {
-  local step_lock='' container_run=() container_remove=() container_check=()
+  local step_lock='' container_run=() container_remove=() container_check=() service_run=() service_remove=() i
   remove_container
   container_commands
   rm -f "$step_lock"
+  for ((i = 0; i < ${#image_services[@]}; i += 6)); do  # the head's, where its step could not remove it
+    service_commands "${image_services[i]}"
+    "${service_remove[@]}" >/dev/null 2>&1
+  done
+}
+
+# run_service NAME: the service NAME's own image in the foreground of this step on the head node, its output in
+# the run folder (services/NAME.log, which `verlc logs RUN --service NAME` shows); its container removed when the
+# step ends however the job ends (the cleanup's TERM, scancel's), and one an earlier attempt left removed first
+run_service() {
+  local name=$1 service_run=() service_remove=() run_pid='' rc=0
+  service_commands "$name"
+  trap '"${service_remove[@]}" >/dev/null 2>&1; exit 143' TERM INT
+  "${service_remove[@]}" >/dev/null 2>&1
+  log "starting service $name in its own image on $SLURMD_NODENAME"
+  "${service_run[@]}" </dev/null >>"$run_dir/services/$name.log" 2>&1 &
+  run_pid=$!
+  wait "$run_pid" || rc=$?
+  log "service $name's container on $SLURMD_NODENAME stopped (code $rc)"
+  exit $((rc ? rc : 1))
 }
 
 # Whether `ray start`'s output (a file tee writes) says the raylet did not register in time. tee may not have
@@ -491,12 +511,31 @@ start_containers() {
   wait "$ready_step" || die "the containers did not start on every node (the node is named above)"
 }
 
+# start_image_services: each service in an image of its own, in a step of its own on the head node beside Ray's
+# bring-up (run_service), its variables exported first for that step and for the runtime's (runtime/protocol.py):
+# the head's address, its port of the services' block, a token made for this run alone
+start_image_services() {
+  local i first port token
+  ((${#image_services[@]})) || return 0
+  first=${!services_block%%-*}
+  mkdir -p "$run_dir/services"
+  for ((i = 0; i < ${#image_services[@]}; i += 6)); do
+    port=$((first + image_services[i + 1]))
+    token=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
+    export "${image_services[i + 2]}=$head_ip" "${image_services[i + 3]}=$port"
+    export "${image_services[i + 4]}=http://$head_ip:$port" "${image_services[i + 5]}=$token"
+    fan_out host "run_service ${image_services[i]}" "$head_node"
+    "${step[@]}" &
+  done
+}
+
 # The second stage, and verlc's runtime for the rest: one step for the head's Ray, one for every worker's (each
 # node's own values in ray_node above), then the runtime in one step on the head node (the same stages every
 # bundle runs: wait for every node and GPU, data, preflight, train). What it reads from its environment is
 # given on its command line (`docker exec` passes no environment).
 run_job() {
   local name rc=0 job_step pid
+  start_image_services
   log "starting Ray head on $head_node"
   fan_out job "ray_node 0" "$head_node"
   "${step[@]}" &

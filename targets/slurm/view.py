@@ -79,6 +79,22 @@ class Stopping:
 
 
 @dataclass(frozen=True)
+class ImageServiceView:
+    """A service in an image of its own (runtime/protocol.py): the script starts its container on the head node
+    in a step of its own, beside Ray's bring-up, after exporting its variables (host, port, url, token: the
+    head's address, the services' block's port at `index`, a token made for the run), which the runtime gets too."""
+
+    name: str
+    index: int  # its port's place in the services' block (the runtime's order: the spec's)
+    host: str
+    port: str
+    url: str
+    token: str
+    run: tuple[Line, ...]  # runs its container in the foreground, removed when it stops
+    remove: Line  # removes its container (one left by an earlier attempt, or on the step's end)
+
+
+@dataclass(frozen=True)
 class SlurmView:
     """Everything `sbatch.sh.j2` prints, already resolved; built by `slurm_view`."""
 
@@ -115,6 +131,8 @@ class SlurmView:
     step_lock: Word  # the file whose lock the container's step holds (docker/podman)
     step_args: Line
     exec_prefix: Line
+    image_services: tuple[ImageServiceView, ...]
+    services_block: str  # the variable the script exports the services' block of ports in (FIRST-LAST)
     ray_head: tuple[Line, ...]
     ray_worker: tuple[Line, ...]
     runtime_sockets: tuple[str, ...]  # variables the runtime's step gets as Ray's: its address's interface
@@ -158,6 +176,24 @@ def job_env(ir: JobIR) -> tuple[EnvVar, ...]:
                  for k, v in tracker.items()),
                EnvVar("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", _word("0"), "verlc: Ray stops within KillWait"))
     return tuple(e for e in derived if e.name not in own)
+
+
+def image_services(ir: JobIR, env_names: tuple[str, ...]) -> tuple[ImageServiceView, ...]:
+    """The services in images of their own, each run by the job's engine (docker or podman: checks.py) on the
+    head's network, with the job's env and its own, its arguments after its image."""
+    out = []
+    for index, s in enumerate(ir.services):
+        if s.image is None:
+            continue
+        engine, variables = ir.container.runtime, dict(s.variables)
+        name = _word(f"verlc-{ir.name}-", Var("SLURM_JOB_ID"), f"-service-{s.name}")
+        run = ((engine, "run", "--rm", "--init", "--network=host", "--name", name),
+               *(("--env", n) for n in (*env_names, *variables.values())),
+               *(("--env", Word((f"{k}=", *w.parts))) for k, w in s.env),
+               (s.image, *s.argv))
+        out.append(ImageServiceView(s.name, index, variables["host"], variables["port"], variables["url"],
+                                    variables["token"], run, (engine, "rm", "--force", name)))
+    return tuple(out)
 
 
 RUNTIME_FILE = "verlc-runtime.py"
@@ -215,7 +251,9 @@ def slurm_view(ir: JobIR) -> SlurmView:
         )
         container_remove = (c.runtime, "rm", "--force", CONTAINER_WORD)
         container_check = (c.runtime, "container", "inspect", CONTAINER_WORD)
-        exec_prefix = (c.runtime, "exec", "--interactive", CONTAINER_WORD)
+        # the variables of services in images of their own pass from the step's env into the runtime's
+        given = tuple(a for s in ir.services if s.image for _, v in s.variables for a in ("--env", v))
+        exec_prefix = (c.runtime, "exec", "--interactive", *given, CONTAINER_WORD)
     elif c.runtime == "apptainer":
         assert c.image is not None and c.workdir is not None
         exec_prefix = ("apptainer", "exec", *c.gpu_args,
@@ -323,6 +361,8 @@ def slurm_view(ir: JobIR) -> SlurmView:
         step_lock=STEP_LOCK_FILE,
         step_args=step_args,
         exec_prefix=exec_prefix,
+        image_services=image_services(ir, env_names),
+        services_block=protocol.SERVICE_PORTS,
         ray_head=ray_head,
         ray_worker=ray_worker,
         runtime_sockets=head_sockets,
