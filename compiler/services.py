@@ -122,7 +122,7 @@ def _image_problems(name: str, s: Any, sourced: Sourced) -> Iterator[Diagnostic]
     if s.image is None:
         if not s.command:
             yield sourced.diagnostic(at, f"services.{name} runs a command in the job's image (command: [...]) "
-                                         f"or an image of its own (image: ...): it has neither")
+                                         f"or an image of its own (image: ...): it has neither", at_key=True)
         return
     if s.on != "head":
         yield sourced.diagnostic((*at, "on"), f"services.{name} runs in an image of its own, whose container the "

@@ -50,12 +50,15 @@ def test_services_as_compose_resolves_them(bundle: Path) -> None:
     result = config(bundle, "--format", "json", env={"WANDB_API_KEY": planted})
     assert result.returncode == 0, result.stderr
     services = json.loads(result.stdout)["services"]
-    spec = json.loads((bundle.parent / "ray-job" / "verlc_job" / "job.json").read_text())
+    spec = json.loads((bundle / "verlc_job" / "job.json").read_text())
     ray_nodes = [s for name, s in services.items() if name.startswith("ray-")]
     assert len(ray_nodes) == spec["nodes"]
     for name, service in services.items():
         assert service["init"] is True
-        if name != "ray-head":
+        if name.startswith("service-"):  # a service in an image of its own: the head starts after it (#55)
+            assert services["ray-head"]["depends_on"][name]["condition"] == "service_started"
+            assert f"VERLC_SERVICE_{name.removeprefix('service-').upper()}_TOKEN" in services["ray-head"]["environment"]
+        elif name != "ray-head":
             # no health gate: podman without systemd runs no healthchecks (#53 item 14); the worker waits itself
             assert service["depends_on"]["ray-head"]["condition"] == "service_started"
             assert service["command"][:2] == ["bash", "-c"] and "/dev/tcp/ray-head/6379" in service["command"][2]

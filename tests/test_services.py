@@ -437,3 +437,47 @@ def test_a_parallel_ray_job_sweep_with_a_service_on_a_node_of_its_own_is_refused
         "(ray.sweep_parallel: 1), or put judge on the head or every node"), shown.stderr
     (tmp_path / "sweep.yaml").write_text(spec.replace("sweep_parallel: 2", "sweep_parallel: 1"))
     assert run_verlc("validate", "sweep.yaml", "--target", "ray-job", cwd=tmp_path).returncode == 0
+
+
+IMAGE_SPEC = ("name: d\nproject: p\nmodel: Qwen/Qwen2.5-0.5B-Instruct\n"
+              "data: {train_files: [d/train.parquet], val_files: [d/test.parquet]}\n"
+              "cluster: {nodes: 1, gpus_per_node: 8, slurm: {cpus_per_task: 4}}\n"
+              "container: {runtime: podman, image: 'verlai/verl:vllm024.latest', workdir: /w}\n"
+              "compose: {image: 'verlai/verl:vllm024.latest', workdir: /w}\n"
+              "verl: {actor_rollout_ref: {actor: {ppo_micro_batch_size_per_gpu: 4}, rollout: "
+              "{name: vllm, log_prob_micro_batch_size_per_gpu: 4}, ref: {log_prob_micro_batch_size_per_gpu: 4}}, "
+              "critic: {ppo_micro_batch_size_per_gpu: 4}}\n"
+              "services:\n  sandbox:\n    image: 'volcengine/sandbox-fusion:server-20250609'\n")
+
+
+def test_a_service_in_an_image_of_its_own_builds_for_slurm_and_compose_and_is_refused_at_its_line_elsewhere(
+        tmp_path: Path) -> None:
+    """#55 item 1: slurm (docker, podman) and compose start the image's container; ray-job, kuberay and skypilot
+    cannot, and say so at services.NAME.image; so does slurm with apptainer. What the runtime cannot do to a
+    container it does not own (restart it, put it off the head, give it GPUs) is refused where the spec says it,
+    and a service with neither a command nor an image at the service."""
+    from conftest import run_verlc
+
+    (tmp_path / "s.yaml").write_text(IMAGE_SPEC)
+    for target in ("slurm", "compose"):
+        built = run_verlc("validate", "s.yaml", "--target", target, cwd=tmp_path)
+        assert built.returncode == 0, (target, built.stderr)
+    for target in ("ray-job", "kuberay", "skypilot"):
+        refused = run_verlc("validate", "s.yaml", "--target", target, cwd=tmp_path)
+        assert refused.returncode == 2 and (
+            f"s.yaml:11:5: services.sandbox.image: the {target} target cannot run services.sandbox in an image of "
+            f"its own: ") in refused.stderr, (target, refused.stderr)
+    (tmp_path / "a.yaml").write_text(IMAGE_SPEC.replace("runtime: podman", "runtime: apptainer"))
+    apptainer = run_verlc("validate", "a.yaml", "--target", "slurm", cwd=tmp_path)
+    assert apptainer.returncode == 2 and "a.yaml:11:5: services.sandbox.image: the slurm target cannot run " \
+        "services.sandbox in an image of its own: verlc starts a service's own image with docker or podman " \
+        "(container.runtime), not yet with apptainer" in apptainer.stderr, apptainer.stderr
+    (tmp_path / "b.yaml").write_text(IMAGE_SPEC + "    on: every_node\n    restart: 1\n    gpu_memory: 0.2\n"
+                                     "  nothing: {ready: {http: /health}}\n")
+    bad = run_verlc("validate", "b.yaml", "--target", "slurm", cwd=tmp_path).stderr
+    assert "b.yaml:12:9: services.sandbox.on: services.sandbox runs in an image of its own, whose container the " \
+           "target starts on the head node: it cannot be on every_node" in bad, bad
+    assert "b.yaml:13:14: services.sandbox.restart: services.sandbox runs in an image of its own" in bad, bad
+    assert "b.yaml:14:5: services.sandbox.gpu_memory: services.sandbox runs in an image of its own" in bad, bad
+    assert "b.yaml:15:3: services.nothing: services.nothing runs a command in the job's image (command: [...]) " \
+           "or an image of its own (image: ...): it has neither" in bad, bad

@@ -71,6 +71,16 @@ container_commands() {
   container_check=()
 }
 
+# services in images of their own (runtime/protocol.py), six words each: the name, its port's place in the
+# services' block (exported in services_block), and the variables exported for it: host, port, url, token
+readonly image_services=() services_block=VERLC_SERVICE_PORTS
+
+# service_commands NAME: sets `service_run`, what runs the service NAME's own image in the foreground (its
+# variables exported first: start_image_services), and `service_remove`, what removes its container
+service_commands() {
+  service_run=() service_remove=()
+}
+
 # ray_command I: sets `ray`, the node's Ray: the head where I is 0, a worker elsewhere (in ray_node)
 ray_command() {
   if (($1 == 0)); then
@@ -167,7 +177,7 @@ declare -A node_devs=()  # node -> the interface of that address
 declare -A node_addrs=()  # node -> Slurm's address of it (NodeAddr), where head_interface is not set
 controller_ip=''  # the Slurm controller's address, likewise
 head_ip='' ray_port='' port_base='' dashboard_port='' client_port=''
-readonly shared=(node_ips node_devs node_addrs controller_ip head_ip ray_port port_base dashboard_port client_port
+readonly shared=(node_ips node_devs node_addrs controller_ip head_ip ray_port port_base dashboard_port client_port image_services
   run_dir runtime_file head_interface image_sha256 step_args ray_logs truncated logs_wait lock_wait ray_kill_after
   agent_first agent_count)
 fan_out() {
@@ -182,7 +192,7 @@ fan_out() {
 # Run by fan_out on each node (SLURMD_NODENAME and SLURM_PROCID are Slurm's, per task) -------------
 readonly node_functions=(log in_container image_commands container_commands ray_command node_address fetch_image
   verify_image run_container container_ready await_ray_logs drop_step_lock remove_container remove_leftovers
-  startup_timed_out ray_node)
+  startup_timed_out ray_node service_commands run_service)
 
 # node_address: this node's name, the IPv4 address Ray uses on it, and that address's interface (where
 # gloo, and NCCL unless told, open their sockets). With network.head_interface: that interface's address.
@@ -311,10 +321,30 @@ remove_container() {
 # remove_leftovers: what the job's steps may have left on this node once they ended: its container, and the
 # step lock's file (which drop_step_lock leaves while the engine's run command outlives its wait)
 remove_leftovers() {
-  local step_lock='' container_run=() container_remove=() container_check=()
+  local step_lock='' container_run=() container_remove=() container_check=() service_run=() service_remove=() i
   remove_container
   container_commands
   rm -f "$step_lock"
+  for ((i = 0; i < ${#image_services[@]}; i += 6)); do  # the head's, where its step could not remove it
+    service_commands "${image_services[i]}"
+    "${service_remove[@]}" >/dev/null 2>&1
+  done
+}
+
+# run_service NAME: the service NAME's own image in the foreground of this step on the head node, its output in
+# the run folder (services/NAME.log, which `verlc logs RUN --service NAME` shows); its container removed when the
+# step ends however the job ends (the cleanup's TERM, scancel's), and one an earlier attempt left removed first
+run_service() {
+  local name=$1 service_run=() service_remove=() run_pid='' rc=0
+  service_commands "$name"
+  trap '"${service_remove[@]}" >/dev/null 2>&1; exit 143' TERM INT
+  "${service_remove[@]}" >/dev/null 2>&1
+  log "starting service $name in its own image on $SLURMD_NODENAME"
+  "${service_run[@]}" </dev/null >>"$run_dir/services/$name.log" 2>&1 &
+  run_pid=$!
+  wait "$run_pid" || rc=$?
+  log "service $name's container on $SLURMD_NODENAME stopped (code $rc)"
+  exit $((rc ? rc : 1))
 }
 
 # Whether `ray start`'s output (a file tee writes) says the raylet did not register in time. tee may not have
@@ -606,12 +636,31 @@ start_containers() {
   wait "$ready_step" || die "the containers did not start on every node (the node is named above)"
 }
 
+# start_image_services: each service in an image of its own, in a step of its own on the head node beside Ray's
+# bring-up (run_service), its variables exported first for that step and for the runtime's (runtime/protocol.py):
+# the head's address, its port of the services' block, a token made for this run alone
+start_image_services() {
+  local i first port token
+  ((${#image_services[@]})) || return 0
+  first=${!services_block%%-*}
+  mkdir -p "$run_dir/services"
+  for ((i = 0; i < ${#image_services[@]}; i += 6)); do
+    port=$((first + image_services[i + 1]))
+    token=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
+    export "${image_services[i + 2]}=$head_ip" "${image_services[i + 3]}=$port"
+    export "${image_services[i + 4]}=http://$head_ip:$port" "${image_services[i + 5]}=$token"
+    fan_out host "run_service ${image_services[i]}" "$head_node"
+    "${step[@]}" &
+  done
+}
+
 # The second stage, and verlc's runtime for the rest: one step for the head's Ray, one for every worker's (each
 # node's own values in ray_node above), then the runtime in one step on the head node (the same stages every
 # bundle runs: wait for every node and GPU, data, preflight, train). What it reads from its environment is
 # given on its command line (`docker exec` passes no environment).
 run_job() {
   local name rc=0 job_step pid
+  start_image_services
   log "starting Ray head on $head_node"
   fan_out job "ray_node 0" "$head_node"
   "${step[@]}" &
@@ -769,7 +818,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 d061649ba11478d177682ca7f86925b5df6fcdbd6c5fe4caf9593557911d3654:
+# runtime/ of verlc 0.1.0, as one program, sha256 e8abf3e063f906f8804b8911d82e08147eb6f02571f3e4b4e428451d63f5bb71:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -1016,6 +1065,12 @@ SWEEP_PARALLEL = "VERLC_SWEEP_PARALLEL"
 # ---- services beside the trainer -------------------------------------------------------------------------
 SERVICE_PORTS = "VERLC_SERVICE_PORTS"  # "FIRST-LAST": the ports of the job's block a target gives its services
 SERVICE_LOGS = "services"  # <run folder>/services/<name>.log: each head service's output
+# A service in an image of its own (job.Service.image) is the target's: it starts the service's container on the
+# head node, beside the bring-up, with the service's variables (Service.variables: host, port, url and a token
+# it makes for the run) in that container's env and in the runtime's, and removes it with the job. Its port is
+# the one of the services' block (SERVICE_PORTS) at the service's place in the spec, as the runtime's are; its
+# output goes to the run folder's services/<name>.log where the job has one. The runtime checks, probes and
+# watches it like its own, and neither starts nor stops it.
 # A job without a run folder (ray-job, kuberay, skypilot) keeps its services' logs in a folder of Ray's log folder
 # on each node (the runtime says which, relative to it): Ray's log API reads them from outside the cluster
 SERVICE_LOGS_IN_RAY = re.compile(r"the services' logs: \S+ on the head node \(in Ray's log folder of each node: "
@@ -1423,6 +1478,7 @@ class Service:
     name: str
     argv: List[Word]
     env: Dict[str, Word]
+    image: Union[str, None]  # an image of its own: the target starts its container and sets `variables` (given)
     every_node: bool  # on every node of the trainer
     own_node: bool  # on a node of its own (Services.own_nodes picks it), else on the head node
     gpus: int  # what it holds of its own node's GPUs, through Ray
@@ -1560,9 +1616,13 @@ def addresses(services: list[Service], head_ip: str) -> dict[str, str]:
     """Every service's variables: a head service at the head's own address, one on every node at 127.0.0.1
     (each node's processes reach their own node's), one on a node of its own at no host yet (`placed` sets it
     once the nodes are up); its token made now, for this run alone (never in a bundle or a log of verlc's: the
-    service and its callers read it from their environment)."""
+    service and its callers read it from their environment). One in an image of its own has the variables its
+    target gave this process (those it did not give are missing)."""
     values: dict[str, str] = {}
     for service, port in zip(services, service_ports(len(services))):
+        if service.image:  # the target's, which set its variables here (protocol.py)
+            values.update({v: os.environ[v] for v in service.variables.values() if v in os.environ})
+            continue
         own = {"port": str(port), "token": secrets.token_urlsafe(24)}
         values.update({variable: own[attribute] for attribute, variable in service.variables.items()
                        if attribute in own})
@@ -2451,31 +2511,20 @@ def exposure_problem(service: Service, port: int) -> str | None:
             f"bind it to ${{services.{service.name}.host}}, or set services.{service.name}.listen: all")
 
 
-# ==== runtime/services.py ====
-"""Services beside the trainer (a code sandbox, an LLM judge, a retriever): started as the cluster comes up, ready
-and answering one real request before training, watched while it trains, stopped with the job.
-
-A head service is a process group of this runtime's own on the head node; a service on every node is one per node,
-each held by a Ray actor pinned there (its process ends with the actor: the parent-death signal). Each service's
-address reaches the job as environment variables (Service.variables), set here before any service or the trainer
-starts: verl's settings read them through OmegaConf's ${oc.env:...}, a service's words through their env parts."""
+# ==== runtime/process.py ====
+"""A service's process on its node (runtime/services.py starts and watches it): a process group of its own, ended
+with its parent, its output in a log file."""
 
 
 import collections
-import json
 import os
 import signal
-import socket
 import subprocess
-import tempfile
 import time
-import uuid
 
 
 SERVICE_TAIL = 20  # of a service's output, shown when it fails
 SERVICE_STOP_GRACE = 10  # seconds between TERM and KILL when a service is stopped
-
-
 NOT_STARTED = 127  # a service whose command could not be started "exits" with the shell's code for it
 
 
@@ -2505,11 +2554,7 @@ class Process:
         return self.proc.poll() if self.proc else NOT_STARTED
 
     def tail(self) -> list[str]:
-        try:
-            with open(self.log, encoding="utf-8", errors="replace") as fh:
-                return list(collections.deque(fh, maxlen=SERVICE_TAIL))
-        except OSError:
-            return []
+        return tail_of(self.log)
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -2522,6 +2567,36 @@ class Process:
             self.proc.wait()
         except ProcessLookupError:
             pass
+
+
+def tail_of(log: str) -> list[str]:
+    """The last lines of a log file; none where it is not (yet) there."""
+    try:
+        with open(log, encoding="utf-8", errors="replace") as fh:
+            return list(collections.deque(fh, maxlen=SERVICE_TAIL))
+    except OSError:
+        return []
+
+
+# ==== runtime/services.py ====
+"""Services beside the trainer (a code sandbox, an LLM judge, a retriever): started as the cluster comes up, ready
+and answering one real request before training, watched while it trains, stopped with the job.
+
+A head service is a process group of this runtime's own on the head node; a service on every node is one per node,
+each held by a Ray actor pinned there (its process ends with the actor: the parent-death signal). A service in an
+image of its own is the target's container on the head node (protocol.py): checked and watched here, through its
+address, never started or stopped. Each service's address reaches the job as environment variables
+(Service.variables), set here before any service or the trainer starts: verl's settings read them through
+OmegaConf's ${oc.env:...}, a service's words through their env parts."""
+
+
+import json
+import os
+import socket
+import tempfile
+import time
+import uuid
+
 
 
 class NodeService:
@@ -2597,6 +2672,7 @@ class Services:
         self.restarts: dict[str, int] = {s.name: 0 for s in services}
         self.record: dict[str, dict] = {}
         self.launched: dict[str, float] = {}  # a node service's name -> when its actors were started here
+        self.given: dict[str, float] = {}  # a service in an image of its own (the target's) -> when seen here first
         self.own: dict[str, dict] = {}  # name -> the node of its own (a Ray node)
         self.ray = None
 
@@ -2620,9 +2696,26 @@ class Services:
                 say(f"tool config: {self.tool_config_path} ({self.tool_config.variable})")
         os.environ.update(self.variables)  # the services' words, the trainer and verl's settings read them
         for service in self.services:
-            if not service.every_node and not service.own_node:
+            if service.image:
+                self._take_given(service)
+            elif not service.every_node and not service.own_node:
                 self.head[service.name] = Process(service, self._log(service.name))
                 say(f"service {service.name}: started on the head node at {self.variables[service.variables['url']]}")
+
+    def _take_given(self, service: Service) -> None:
+        """A service in an image of its own: the target started its container and gave its variables."""
+        missing = [v for v in service.variables.values() if not self.variables.get(v)]
+        if missing:
+            self.problems.append(f"service {service.name}: its image {service.image} is the target's to start, "
+                                 f"and the target gave the job no {', '.join(missing)}")
+            return
+        self.given[service.name] = time.monotonic()
+        say(f"service {service.name}: in its own image {service.image}, started by the target on the head node at "
+            f"{self.variables[service.variables['url']]}")
+
+    def _here(self, service: Service) -> bool:
+        """Whether a service is on this (the head) node: the runtime's process or the target's container."""
+        return service.name in self.head or service.name in self.given
 
     def _tool_config_text(self) -> str:
         assert self.tool_config is not None
@@ -2695,31 +2788,46 @@ class Services:
                 return f"service {service.name}: its node's actor failed ({str(exc).strip().splitlines()[-1]})"
         return None
 
+    def _unreachable(self, service: Service) -> str | None:
+        """Why a service in an image of its own (whose process is the target's) is gone: its address accepts no
+        connection any more; or None."""
+        if service.name not in self.given:
+            return None
+        try:
+            socket.create_connection((self._host(service), self._port(service)), timeout=5).close()
+            return None
+        except OSError as exc:
+            return self._failure(service, f"stopped accepting connections at {self._host(service)}:"
+                                          f"{self._port(service)} ({exc.strerror or exc}): its container is the "
+                                          f"target's", self._tail(service))
+
     def _failure(self, service: Service, what: str, tail: list[str], log: str | None = None) -> str:
         """A service's problem, its last lines printed above it; `log`: its log where one node's is meant."""
         for line in tail:
             print(f"[service {service.name}] {line.rstrip()}", flush=True)
         if log is None:
-            log = self._log(service.name) if service.name in self.head else \
+            log = self._log(service.name) if self._here(service) else \
                 self._node_log(service, self.own[service.name]) if service.name in self.own else \
                 f"{self._log(service.name, 'NODE')}, one per node"
-        return f"service {service.name} {what} (its last lines are above; its log: {log})"
+        if service.name in self.given and not os.path.exists(log):
+            log = f"its container's output, which the target keeps: verlc logs RUN --service {service.name}"
+        return f"service {service.name} {what} ({'its last lines are above; ' if tail else ''}its log: {log})"
 
     def _check_once(self, service: Service) -> str | None:
-        if service.name in self.head:
+        if self._here(service):
             return ready_problem(service, self._host(service), self._port(service), self._token(service))
         problems = self.ray.get([h.ready.remote(self._port(service), self._token(service))
                                  for h in self.nodes[service.name]])
         return next((p for p in problems if p), None)
 
     def _exposed(self, service: Service) -> str | None:
-        if service.name in self.head:
+        if self._here(service):
             return exposure_problem(service, self._port(service))
         problems = self.ray.get([h.exposed.remote(self._port(service)) for h in self.nodes[service.name]])
         return next((p for p in problems if p), None)
 
     def _probe(self, service: Service) -> str | None:
-        if service.name in self.head:
+        if self._here(service):
             return probe_problem(service, self.variables[service.variables["url"]], self._token(service))
         problems = self.ray.get([h.probe.remote(self._port(service), self._token(service))
                                  for h in self.nodes[service.name]])
@@ -2731,7 +2839,7 @@ class Services:
         probe's result)."""
         now = time.monotonic()
         problems: list[str] = list(self.problems)
-        waiting = list(self.services)
+        waiting = [s for s in self.services if not s.image or s.name in self.given]
         last: dict[str, str] = {}
         while waiting:
             for service in list(waiting):
@@ -2765,21 +2873,23 @@ class Services:
         """When a service was started (time.monotonic() here): its head process's start, its node actors'."""
         if service.name in self.head:
             return self.head[service.name].started
-        return self.launched.get(service.name, otherwise)
+        return self.given.get(service.name) or self.launched.get(service.name, otherwise)
 
     def _tail(self, service: Service) -> list[str]:
         if service.name in self.head:
             return self.head[service.name].tail()
+        if service.name in self.given:  # where the target writes its container's output, if it has a run folder
+            return tail_of(self._log(service.name))
         handles = self.nodes.get(service.name) or []
         return self.ray.get(handles[0].tail.remote()) if handles else []
 
     def failed(self) -> str | None:
         """While training: why a service failed for good (restarted up to its count first), or None."""
         for service in self.services:
-            gone = self._exited(service)
+            gone = self._exited(service) or self._unreachable(service)
             if not gone:
                 continue
-            if self.restarts[service.name] >= service.restart:
+            if self.restarts[service.name] >= service.restart or service.name in self.given:
                 return gone
             self.restarts[service.name] += 1
             say(f"{gone}; starting it again ({self.restarts[service.name]} of {service.restart})")

@@ -238,6 +238,12 @@ SWEEP_PARALLEL = "VERLC_SWEEP_PARALLEL"
 # ---- services beside the trainer -------------------------------------------------------------------------
 SERVICE_PORTS = "VERLC_SERVICE_PORTS"  # "FIRST-LAST": the ports of the job's block a target gives its services
 SERVICE_LOGS = "services"  # <run folder>/services/<name>.log: each head service's output
+# A service in an image of its own (job.Service.image) is the target's: it starts the service's container on the
+# head node, beside the bring-up, with the service's variables (Service.variables: host, port, url and a token
+# it makes for the run) in that container's env and in the runtime's, and removes it with the job. Its port is
+# the one of the services' block (SERVICE_PORTS) at the service's place in the spec, as the runtime's are; its
+# output goes to the run folder's services/<name>.log where the job has one. The runtime checks, probes and
+# watches it like its own, and neither starts nor stops it.
 # A job without a run folder (ray-job, kuberay, skypilot) keeps its services' logs in a folder of Ray's log folder
 # on each node (the runtime says which, relative to it): Ray's log API reads them from outside the cluster
 SERVICE_LOGS_IN_RAY = re.compile(r"the services' logs: \S+ on the head node \(in Ray's log folder of each node: "

@@ -40,9 +40,13 @@ def addresses(services: list[Service], head_ip: str) -> dict[str, str]:
     """Every service's variables: a head service at the head's own address, one on every node at 127.0.0.1
     (each node's processes reach their own node's), one on a node of its own at no host yet (`placed` sets it
     once the nodes are up); its token made now, for this run alone (never in a bundle or a log of verlc's: the
-    service and its callers read it from their environment)."""
+    service and its callers read it from their environment). One in an image of its own has the variables its
+    target gave this process (those it did not give are missing)."""
     values: dict[str, str] = {}
     for service, port in zip(services, service_ports(len(services))):
+        if service.image:  # the target's, which set its variables here (protocol.py)
+            values.update({v: os.environ[v] for v in service.variables.values() if v in os.environ})
+            continue
         own = {"port": str(port), "token": secrets.token_urlsafe(24)}
         values.update({variable: own[attribute] for attribute, variable in service.variables.items()
                        if attribute in own})

@@ -123,6 +123,7 @@ class Service:
     name: str
     argv: List[Word]
     env: Dict[str, Word]
+    image: Union[str, None]  # an image of its own: the target starts its container and sets `variables` (given)
     every_node: bool  # on every node of the trainer
     own_node: bool  # on a node of its own (Services.own_nodes picks it), else on the head node
     gpus: int  # what it holds of its own node's GPUs, through Ray

@@ -4,78 +4,27 @@
 and answering one real request before training, watched while it trains, stopped with the job.
 
 A head service is a process group of this runtime's own on the head node; a service on every node is one per node,
-each held by a Ray actor pinned there (its process ends with the actor: the parent-death signal). Each service's
-address reaches the job as environment variables (Service.variables), set here before any service or the trainer
-starts: verl's settings read them through OmegaConf's ${oc.env:...}, a service's words through their env parts."""
+each held by a Ray actor pinned there (its process ends with the actor: the parent-death signal). A service in an
+image of its own is the target's container on the head node (protocol.py): checked and watched here, through its
+address, never started or stopped. Each service's address reaches the job as environment variables
+(Service.variables), set here before any service or the trainer starts: verl's settings read them through
+OmegaConf's ${oc.env:...}, a service's words through their env parts."""
 
 from __future__ import annotations
 
-import collections
 import json
 import os
-import signal
 import socket
-import subprocess
 import tempfile
 import time
 import uuid
 
 from .addresses import addresses, own_nodes, placed
 from .cluster import holding, node_label, node_name, on_each_node
-from .job import Service, ToolConfig, expand
+from .job import Service, ToolConfig
 from .probes import SERVICE_REQUEST_TIMEOUT, exposure_problem, probe_problem, ready_problem
+from .process import SERVICE_STOP_GRACE, Process, tail_of
 from .protocol import SERVICE_LOGS, TOOL_CONFIG_FILE, say, service_ready_message
-
-SERVICE_TAIL = 20  # of a service's output, shown when it fails
-SERVICE_STOP_GRACE = 10  # seconds between TERM and KILL when a service is stopped
-
-
-NOT_STARTED = 127  # a service whose command could not be started "exits" with the shell's code for it
-
-
-class Process:
-    """One service's process on this node: a process group of its own, ended with its parent (the runtime or the
-    node's actor), its output in a log file."""
-
-    def __init__(self, service: Service, log: str) -> None:
-        import ctypes
-
-        self.service, self.log = service, log
-        os.makedirs(os.path.dirname(log), exist_ok=True)
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
-        argv = [expand(w) for w in service.argv]
-        self.proc: subprocess.Popen | None = None
-        try:
-            with open(log, "ab") as out:
-                self.proc = subprocess.Popen(argv, env={**os.environ, **{k: expand(w) for k, w in service.env.items()}},
-                                             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                             start_new_session=True, preexec_fn=lambda: prctl(1, signal.SIGTERM))
-        except OSError as exc:  # not in this image, or not executable: an exit like the shell's (127), its log says why
-            with open(log, "a", encoding="utf-8") as out:
-                out.write(f"verlc: cannot start {argv[0]!r} here: {exc.strerror or exc}\n")
-        self.started = time.monotonic()
-
-    def poll(self) -> int | None:
-        return self.proc.poll() if self.proc else NOT_STARTED
-
-    def tail(self) -> list[str]:
-        try:
-            with open(self.log, encoding="utf-8", errors="replace") as fh:
-                return list(collections.deque(fh, maxlen=SERVICE_TAIL))
-        except OSError:
-            return []
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(SERVICE_STOP_GRACE)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        except ProcessLookupError:
-            pass
 
 
 class NodeService:
@@ -151,6 +100,7 @@ class Services:
         self.restarts: dict[str, int] = {s.name: 0 for s in services}
         self.record: dict[str, dict] = {}
         self.launched: dict[str, float] = {}  # a node service's name -> when its actors were started here
+        self.given: dict[str, float] = {}  # a service in an image of its own (the target's) -> when seen here first
         self.own: dict[str, dict] = {}  # name -> the node of its own (a Ray node)
         self.ray = None
 
@@ -174,9 +124,26 @@ class Services:
                 say(f"tool config: {self.tool_config_path} ({self.tool_config.variable})")
         os.environ.update(self.variables)  # the services' words, the trainer and verl's settings read them
         for service in self.services:
-            if not service.every_node and not service.own_node:
+            if service.image:
+                self._take_given(service)
+            elif not service.every_node and not service.own_node:
                 self.head[service.name] = Process(service, self._log(service.name))
                 say(f"service {service.name}: started on the head node at {self.variables[service.variables['url']]}")
+
+    def _take_given(self, service: Service) -> None:
+        """A service in an image of its own: the target started its container and gave its variables."""
+        missing = [v for v in service.variables.values() if not self.variables.get(v)]
+        if missing:
+            self.problems.append(f"service {service.name}: its image {service.image} is the target's to start, "
+                                 f"and the target gave the job no {', '.join(missing)}")
+            return
+        self.given[service.name] = time.monotonic()
+        say(f"service {service.name}: in its own image {service.image}, started by the target on the head node at "
+            f"{self.variables[service.variables['url']]}")
+
+    def _here(self, service: Service) -> bool:
+        """Whether a service is on this (the head) node: the runtime's process or the target's container."""
+        return service.name in self.head or service.name in self.given
 
     def _tool_config_text(self) -> str:
         assert self.tool_config is not None
@@ -249,31 +216,46 @@ class Services:
                 return f"service {service.name}: its node's actor failed ({str(exc).strip().splitlines()[-1]})"
         return None
 
+    def _unreachable(self, service: Service) -> str | None:
+        """Why a service in an image of its own (whose process is the target's) is gone: its address accepts no
+        connection any more; or None."""
+        if service.name not in self.given:
+            return None
+        try:
+            socket.create_connection((self._host(service), self._port(service)), timeout=5).close()
+            return None
+        except OSError as exc:
+            return self._failure(service, f"stopped accepting connections at {self._host(service)}:"
+                                          f"{self._port(service)} ({exc.strerror or exc}): its container is the "
+                                          f"target's", self._tail(service))
+
     def _failure(self, service: Service, what: str, tail: list[str], log: str | None = None) -> str:
         """A service's problem, its last lines printed above it; `log`: its log where one node's is meant."""
         for line in tail:
             print(f"[service {service.name}] {line.rstrip()}", flush=True)
         if log is None:
-            log = self._log(service.name) if service.name in self.head else \
+            log = self._log(service.name) if self._here(service) else \
                 self._node_log(service, self.own[service.name]) if service.name in self.own else \
                 f"{self._log(service.name, 'NODE')}, one per node"
-        return f"service {service.name} {what} (its last lines are above; its log: {log})"
+        if service.name in self.given and not os.path.exists(log):
+            log = f"its container's output, which the target keeps: verlc logs RUN --service {service.name}"
+        return f"service {service.name} {what} ({'its last lines are above; ' if tail else ''}its log: {log})"
 
     def _check_once(self, service: Service) -> str | None:
-        if service.name in self.head:
+        if self._here(service):
             return ready_problem(service, self._host(service), self._port(service), self._token(service))
         problems = self.ray.get([h.ready.remote(self._port(service), self._token(service))
                                  for h in self.nodes[service.name]])
         return next((p for p in problems if p), None)
 
     def _exposed(self, service: Service) -> str | None:
-        if service.name in self.head:
+        if self._here(service):
             return exposure_problem(service, self._port(service))
         problems = self.ray.get([h.exposed.remote(self._port(service)) for h in self.nodes[service.name]])
         return next((p for p in problems if p), None)
 
     def _probe(self, service: Service) -> str | None:
-        if service.name in self.head:
+        if self._here(service):
             return probe_problem(service, self.variables[service.variables["url"]], self._token(service))
         problems = self.ray.get([h.probe.remote(self._port(service), self._token(service))
                                  for h in self.nodes[service.name]])
@@ -285,7 +267,7 @@ class Services:
         probe's result)."""
         now = time.monotonic()
         problems: list[str] = list(self.problems)
-        waiting = list(self.services)
+        waiting = [s for s in self.services if not s.image or s.name in self.given]
         last: dict[str, str] = {}
         while waiting:
             for service in list(waiting):
@@ -319,21 +301,23 @@ class Services:
         """When a service was started (time.monotonic() here): its head process's start, its node actors'."""
         if service.name in self.head:
             return self.head[service.name].started
-        return self.launched.get(service.name, otherwise)
+        return self.given.get(service.name) or self.launched.get(service.name, otherwise)
 
     def _tail(self, service: Service) -> list[str]:
         if service.name in self.head:
             return self.head[service.name].tail()
+        if service.name in self.given:  # where the target writes its container's output, if it has a run folder
+            return tail_of(self._log(service.name))
         handles = self.nodes.get(service.name) or []
         return self.ray.get(handles[0].tail.remote()) if handles else []
 
     def failed(self) -> str | None:
         """While training: why a service failed for good (restarted up to its count first), or None."""
         for service in self.services:
-            gone = self._exited(service)
+            gone = self._exited(service) or self._unreachable(service)
             if not gone:
                 continue
-            if self.restarts[service.name] >= service.restart:
+            if self.restarts[service.name] >= service.restart or service.name in self.given:
                 return gone
             self.restarts[service.name] += 1
             say(f"{gone}; starting it again ({self.restarts[service.name]} of {service.restart})")
