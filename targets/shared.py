@@ -107,6 +107,11 @@ def kept(spec: Spec, sourced: Sourced, workdir: str | None, mounts: list[str], w
                                       f"({where})")
 
 
+# A service in an image of its own where it has a network namespace of its own (a compose service, a sidecar of the
+# head pod): its port, plus its place among them (Slurm's share the node's: the job's block of ports)
+OWN_SERVICE_PORT = 18000
+
+
 def image_services_refused(spec: Spec, sourced: Sourced, target: str, why: str) -> Iterator[Diagnostic]:
     """Each service in an image of its own, refused at its image where the target cannot start that image's
     container (`why`)."""

@@ -135,6 +135,12 @@ VARIANTS = {
     "ascend, 2 x 16 NPUs": REPO / "specs" / "qwen3-32b-grpo-ascend-a3.yaml",
     "pyxis image": base(container={"runtime": "pyxis", "image": "nvcr.io#nvidia/pytorch:24.05-py3",
                                    "workdir": "/workspace"}),
+    "sweep of 2, a service in an image of its own": base(
+        sweep={"matrix": {"verl.actor_rollout_ref.actor.optim.lr": [1e-6, 2e-6]}},
+        services={"code_box": {"image": "volcengine/sandbox-fusion:server-20250609",
+                               "command": ["uvicorn", "sandbox.server.server:app", "--host",
+                                           "${services.code_box.host}", "--port", "${services.code_box.port}"],
+                               "env": {"HOME_OF": "$$HOME"}, "probe": {"kind": "sandbox"}}}),
 }
 
 
@@ -166,12 +172,23 @@ def test_every_rayjob_passes_kuberays_crd(rayjob_schema: Any, tmp_path: Path, va
             assert container["resources"]["limits"][gpus] == str(ir.gpus_per_node)
             shm = next(v for v in pod["spec"]["volumes"] if v["name"] == "dshm")
             assert shm["emptyDir"]["medium"] == "Memory" and QUANTITY.fullmatch(shm["emptyDir"]["sizeLimit"])
-            for env in container["env"]:  # secrets by reference only
-                assert "value" in env or set(env["valueFrom"]) == {"secretKeyRef"}
+            for env in container["env"]:  # secrets by reference only; a service's host is its pod's address
+                assert "value" in env or set(env["valueFrom"]) == {"secretKeyRef"} or \
+                    (env["name"].endswith("_HOST") and env["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}})
             helper = next(v for v in pod["spec"]["volumes"] if v["name"] == "verlc-job")
             mounted = {s["configMap"]["name"]: {i["key"] for i in s["configMap"]["items"]}
                        for s in helper["projected"]["sources"]}
             assert mounted == {c["metadata"]["name"]: set(c["data"]) for c in configmaps}
+        if ir.services:  # #55 item 1: the head pod's sidecar, its token from the RayJob's own Secret
+            head = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"]
+            [sidecar] = head[1:]
+            token = {"name": "VERLC_SERVICE_CODE_BOX_TOKEN", "valueFrom": {"secretKeyRef": {
+                "name": f"{name}-services", "key": "VERLC_SERVICE_CODE_BOX_TOKEN"}}}
+            assert sidecar["name"] == "service-code-box" and token in sidecar["env"] and token in head[0]["env"]
+            assert sidecar["args"][3:] == ["$(VERLC_SERVICE_CODE_BOX_HOST)", "--port", "$(VERLC_SERVICE_CODE_BOX_PORT)"]
+            assert {"name": "HOME_OF", "value": "$$HOME"} in sidecar["env"]  # a literal $, as Kubernetes reads it
+            assert {"name": "VERLC_SERVICE_CODE_BOX_URL", "value": "http://$(VERLC_SERVICE_CODE_BOX_HOST):18000"} \
+                in head[0]["env"]
     # no generated RayJob sets a field whose CRD schema carries CEL rules (which this test cannot evaluate)
     def fields(node: Any, path: str = "") -> set[str]:
         if not isinstance(node, dict):
@@ -380,3 +397,56 @@ def test_verl_saves_ahead_of_the_rayjobs_deadline(tmp_path: Path) -> None:
     built = run_verlc("build", spec, "--target", "kuberay", "--out", tmp_path / "no-saves")
     assert "trainer.save_freq is -1: verl saves no checkpoint, not even ahead of the deadline" in built.stderr, \
         built.stderr
+
+
+SECRET_KUBECTL = r'''#!{python}
+import json, os, sys
+with open(os.environ["VERLC_RECORD"], "a") as fh:
+    fh.write(json.dumps(sys.argv[1:]) + "\n")
+args = sys.argv[1:]
+if args[:1] == ["create"]:
+    text = sys.stdin.read()
+    with open(os.environ["VERLC_RECORD"] + ".created", "a") as fh:
+        fh.write(text + "\n---\n")
+    if "kind: Secret" in text:
+        print("\n".join(f"secret/{n}" for n in ("k8s-run-v2-v000-services", "k8s-run-v2-v001-services")))
+    else:
+        print("rayjob.ray.io/k8s-run-v2-v000\nrayjob.ray.io/k8s-run-v2-v001")
+elif args[:2] == ["get", "rayjob"]:
+    print("uid-of-" + args[2])
+'''
+
+
+def test_submit_makes_each_rayjobs_secret_of_tokens_first_and_hands_it_to_the_rayjob(tmp_path: Path) -> None:
+    """#55 item 1 on KubeRay (against a recording kubectl: no cluster here): `verlc submit` creates one Secret per
+    RayJob with a token made for the run (on kubectl's stdin, never its command line or the bundle), then the
+    RayJobs, then makes each Secret the RayJob's own (Kubernetes deletes it with the RayJob)."""
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "kubectl").write_text(SECRET_KUBECTL.replace("{python}", sys.executable))
+    (bin_dir / "kubectl").chmod(0o755)
+    record = tmp_path / "record.jsonl"
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "spec.yaml").write_text(yaml.safe_dump(VARIANTS["sweep of 2, a service in an image of its own"]))
+    submitted = run_verlc("submit", "spec.yaml", "--target", "kuberay", cwd=work,
+                          env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "VERLC_RECORD": str(record)})
+    assert submitted.returncode == 0, submitted.stderr
+    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [c[:2] for c in calls] == [["apply", "--namespace"], ["create", "--namespace"], ["create", "--namespace"],
+                                      ["get", "rayjob"], ["patch", "secret"], ["get", "rayjob"], ["patch", "secret"]]
+    created = [d for d in yaml.safe_load_all(record.with_suffix(".jsonl.created").read_text()) if d]
+    secrets, jobs = created[:2], created[2:]
+    assert [s["kind"] for s in secrets] == ["Secret", "Secret"] and [j["kind"] for j in jobs] == ["RayJob"] * 2
+    assert [s["metadata"]["name"] for s in secrets] == [f"{j['metadata']['name']}-services" for j in jobs]
+    tokens = [s["stringData"]["VERLC_SERVICE_CODE_BOX_TOKEN"] for s in secrets]
+    assert len(set(tokens)) == 2 and all(len(t) >= 32 for t in tokens)
+    owner = json.loads(calls[4][-1])["metadata"]["ownerReferences"]
+    assert owner == [{"apiVersion": "ray.io/v1", "kind": "RayJob", "name": "k8s-run-v2-v000",
+                      "uid": "uid-of-k8s-run-v2-v000"}]
+    assert calls[4][2] == "k8s-run-v2-v000-services" and calls[6][2] == "k8s-run-v2-v001-services"
+    kept = record.read_text() + submitted.stdout + submitted.stderr + "".join(
+        p.read_text() for p in (work / "out").rglob("*") if p.is_file())
+    assert not [t for t in tokens if t in kept]

@@ -452,17 +452,17 @@ IMAGE_SPEC = ("name: d\nproject: p\nmodel: Qwen/Qwen2.5-0.5B-Instruct\n"
 
 def test_a_service_in_an_image_of_its_own_builds_for_slurm_and_compose_and_is_refused_at_its_line_elsewhere(
         tmp_path: Path) -> None:
-    """#55 item 1: slurm (docker, podman) and compose start the image's container; ray-job, kuberay and skypilot
+    """#55 item 1: slurm (docker, podman), compose and kuberay start the image's container; ray-job and skypilot
     cannot, and say so at services.NAME.image; so does slurm with apptainer. What the runtime cannot do to a
     container it does not own (restart it, put it off the head, give it GPUs) is refused where the spec says it,
     and a service with neither a command nor an image at the service."""
     from conftest import run_verlc
 
     (tmp_path / "s.yaml").write_text(IMAGE_SPEC)
-    for target in ("slurm", "compose"):
+    for target in ("slurm", "compose", "kuberay"):
         built = run_verlc("validate", "s.yaml", "--target", target, cwd=tmp_path)
         assert built.returncode == 0, (target, built.stderr)
-    for target in ("ray-job", "kuberay", "skypilot"):
+    for target in ("ray-job", "skypilot"):
         refused = run_verlc("validate", "s.yaml", "--target", target, cwd=tmp_path)
         assert refused.returncode == 2 and (
             f"s.yaml:11:5: services.sandbox.image: the {target} target cannot run services.sandbox in an image of "

@@ -12,15 +12,14 @@ from ...compiler.derive import tracker_env
 from ...compiler.ir import ContainerIR, JobIR, Var, Word
 from ...runtime.protocol import RUNNER_STAGES, STOP_AFTER
 from ..job_package import COMMAND, PACKAGE
-from ..shared import path_list, persistent_home
+from ..shared import OWN_SERVICE_PORT, path_list, persistent_home
 
 HEAD = "ray-head"
 RUN_LABEL = "verlc.run"
 GCS_PORT = 6379
 DASHBOARD_PORT = 8265
 HELPER_DIR = "/opt/verlc"  # where ./verlc_job is mounted, on PYTHONPATH, in every service
-SERVICE_PREFIX = "service-"  # a service in an image of its own: the Compose service `service-NAME`
-SERVICE_PORT = 18000  # its port (+ its place among them), in its own container's network namespace
+SERVICE_PREFIX = "service-"  # a service in an image of its own: the Compose service `service-NAME`, at OWN_SERVICE_PORT
 
 
 def text(value: str | Word) -> str:
@@ -152,7 +151,7 @@ def image_services(ir: JobIR) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for index, s in enumerate(x for x in ir.services if x.image):
         variables = dict(s.variables)
-        host, port = f"{SERVICE_PREFIX}{s.name}", SERVICE_PORT + index
+        host, port = f"{SERVICE_PREFIX}{s.name}", OWN_SERVICE_PORT + index
         values = {variables["host"]: host, variables["port"]: str(port), variables["url"]: f"http://{host}:{port}"}
         # `${NAME:-}`, not `:?`: Compose interpolates the file for every command (ps, logs, down), not only `up`
         token = f"${{{variables['token']}:-}}"

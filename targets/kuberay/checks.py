@@ -13,7 +13,7 @@ from ...compiler.verl.program import saves_checkpoints
 from ...compiler.code import has_code
 from ...compiler.spec import Spec
 from ...compiler.verl.check import NOTE
-from ..shared import image_problems, image_services_refused, kept, literal_env, node_image, node_workdir
+from ..shared import image_problems, kept, literal_env, node_image, node_workdir
 from .lower import GPU_LABEL, RAYJOB_NAME_MAX, is_rayjob_name, rayjob_names
 from .section import Kubernetes
 
@@ -38,9 +38,6 @@ def check_build(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterat
     image, workdir = node_image(spec, k.image), node_workdir(spec, k.workdir)
     yield from image_problems(spec, sourced, "kuberay", "kubernetes", image, workdir,
                               spec.kubernetes.workdir if spec.kubernetes else None, "Kubernetes")
-    yield from image_services_refused(spec, sourced, "kuberay", "a sidecar of the head pod would need its run's "
-                                      "token in a Secret that verlc submit makes, which it does not yet; run the "
-                                      "service in the job's image (command:), or build for slurm or compose")
     bad = [n for n in rayjob_names(spec) if not is_rayjob_name(n)]
     if bad:
         yield sourced.diagnostic(("name",), (

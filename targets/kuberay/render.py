@@ -10,7 +10,7 @@ from ..job_package import job_package
 from ...runtime.job import Expiry
 from ...runtime.protocol import JOB_END
 from .lower import KubeIR
-from .view import DEADLINE_LEAD, SUBMISSION_WHY, configmap, package_parts, rayjobs
+from .view import DEADLINE_LEAD, SUBMISSION_WHY, configmap, package_parts, rayjobs, service_secret
 
 
 def render(ir: JobIR) -> Bundle:
@@ -20,12 +20,19 @@ def render(ir: JobIR) -> Bundle:
     expiry = Expiry(variable=ir.expiry_variable, lead=DEADLINE_LEAD, end_env=JOB_END) \
         if k.deadline and ir.expiry_variable else None
     package = job_package(ir, record=None, image=k.image, expiry=expiry)  # the run record goes to the job log
+    tokens = [dict(s.variables)["token"] for s in ir.services if s.image]
     usage = (f"# Run:  kubectl apply --namespace {k.namespace} -f runtime.yaml -f configmap.yaml -f rayjob.yaml\n"
              "#       (or: verlc submit)\n"
              + "".join(f"# {line}\n" for line in SUBMISSION_WHY)
              + (f"# activeDeadlineSeconds: `verlc submit` also sets {JOB_END} (the deadline in epoch seconds) in the\n"
                 f"# head's environment, for verl's save ahead of it; without it verl saves at trainer.save_freq only.\n"
-                if expiry else ""))
+                if expiry else "")
+             + (f"# services in images of their own: `verlc submit` first makes the Secret "
+                f"{service_secret(k.names[0])}\n"
+                f"# (one per RayJob) with a token for each ({', '.join(tokens)}), owned by the RayJob;\n"
+                f"# by hand: kubectl create secret generic {service_secret(k.names[0])} "
+                f"{' '.join(f'--from-literal={t}=$(openssl rand -hex 24)' for t in tokens)}\n"
+                if tokens else ""))
     docs = "---\n".join(yaml_text.dump(doc) for doc in rayjobs(ir, package))
     parts = package_parts(package)
     return finish(ir, "kuberay", [

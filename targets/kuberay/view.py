@@ -12,11 +12,11 @@ import shlex
 from typing import Any
 
 from ...compiler.derive import tracker_env
-from ...compiler.ir import JobIR
+from ...compiler.ir import JobIR, Var, Word
 from ..bundle import File
 from ..job_package import COMMAND, PACKAGE
 from ...runtime.protocol import JOB_END, RUNNER_STAGES, STOP_AFTER
-from ..shared import path_list
+from ..shared import OWN_SERVICE_PORT, path_list
 from .lower import KubeIR
 
 HELPER_DIR = "/opt/verlc"  # the ConfigMaps are mounted at HELPER_DIR/verlc_job, on PYTHONPATH, in every pod
@@ -77,6 +77,38 @@ def _env(ir: JobIR, k: KubeIR, head: bool, run: str) -> list[dict[str, Any]]:
     return env
 
 
+def service_secret(rayjob: str) -> str:
+    """The Secret with the tokens of a RayJob's services in images of their own: `verlc submit` makes it for each
+    run (launch.py), owned by the RayJob, so that Kubernetes deletes it with it."""
+    return f"{rayjob}-services"
+
+
+def _kube_word(word: Word) -> str:
+    """A word where Kubernetes expands $(NAME) from the container's env (a service's args and env values)."""
+    return "".join(f"$({p.name})" if isinstance(p, Var) else p.replace("$", "$$") for p in word.parts)
+
+
+def image_services(ir: JobIR, run: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The services in images of their own (runtime/protocol.py), as sidecars of the head pod: each at the pod's
+    address (which the workers' pods reach) and a port of its own, its token from the run's Secret; and those
+    variables, which the head's container (the runtime) gets too."""
+    given: list[dict[str, Any]] = []
+    sidecars = []
+    for index, s in enumerate(x for x in ir.services if x.image):
+        v, port = dict(s.variables), OWN_SERVICE_PORT + index
+        variables = [{"name": v["host"], "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                     {"name": v["port"], "value": str(port)},
+                     {"name": v["url"], "value": f"http://$({v['host']}):{port}"},
+                     {"name": v["token"], "valueFrom": {"secretKeyRef": {"name": service_secret(run),
+                                                                         "key": v["token"]}}}]
+        given += variables
+        env = [{"name": e.name, "value": e.value.display.replace("$", "$$")} for e in ir.env if e.name != "PYTHONPATH"]
+        sidecars.append({"name": f"service-{s.name.replace('_', '-')}", "image": s.image,
+                         **({"args": [_kube_word(w) for w in s.argv]} if s.argv else {}),
+                         "env": [*env, *({"name": n, "value": _kube_word(w)} for n, w in s.env), *variables]})
+    return given, sidecars
+
+
 def _pod(ir: JobIR, k: KubeIR, role: str, files: list[File], run: str) -> dict[str, Any]:
     limits: dict[str, str] = {k.gpu_resource: str(ir.gpus_per_node)}
     if k.cpus:
@@ -90,8 +122,11 @@ def _pod(ir: JobIR, k: KubeIR, role: str, files: list[File], run: str) -> dict[s
     container = {"name": f"ray-{role}", "image": k.image, "workingDir": k.workdir,
                  "env": _env(ir, k, role == "head", run),
                  "resources": {"requests": dict(limits), "limits": limits}, "volumeMounts": mounts}
+    sidecars: list[dict[str, Any]] = []
     if role == "head":
         container["ports"] = [{"name": "gcs", "containerPort": 6379}, {"name": "dashboard", "containerPort": DASHBOARD_PORT}]
+        given, sidecars = image_services(ir, run)
+        container["env"] += given
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": k.shm_size}},
                {"name": "verlc-job", "projected": {"sources": [  # both ConfigMaps in one folder: the package
                    {"configMap": {"name": configmap_name(ir, part), "items": [
@@ -99,7 +134,7 @@ def _pod(ir: JobIR, k: KubeIR, role: str, files: list[File], run: str) -> dict[s
                    for part, part_files in package_parts(files).items()]}}]
     volumes += [{"name": f"claim-{i}", "persistentVolumeClaim": {
         "claimName": v.source, **({"readOnly": True} if v.mode == "ro" else {})}} for i, v in enumerate(k.volumes)]
-    spec: dict[str, Any] = {"containers": [container], "volumes": volumes}
+    spec: dict[str, Any] = {"containers": [container, *sidecars], "volumes": volumes}
     if k.service_account:
         spec["serviceAccountName"] = k.service_account
     if k.image_pull_secret:
