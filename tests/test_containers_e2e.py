@@ -212,6 +212,28 @@ def test_a_service_in_an_image_of_its_own_runs_beside_the_bring_up_on_the_head_a
     assert left_of(engine, script, job) == [], "the job's and the service's containers must be gone"
 
 
+def missing_image_service() -> str:
+    return json.dumps({"sandbox": {"image": "localhost/verlc-no-such-image:1", "ready": {"deadline": "20s"}}})
+
+
+@side_by_side(lambda root, engine: Job(build(
+    root, container=container_spec(root, "podman", engine), extra=f"services: {missing_image_service()}\n"),
+    env=job_env(engine, "podman", root)))
+def test_a_service_whose_image_is_not_there_fails_the_preflight_by_its_deadline_with_the_engines_words(
+        ended: Ended, engine: dict[str, str]) -> None:
+    """The service's own image cannot be had (not on the node, no registry answers): its container never starts,
+    so the service is never ready; the job fails before training once its deadline has passed, naming the
+    service, and shows the engine's own words from the service's log, with nothing of the job left."""
+    job, output, script = ended.job, ended.output, ended.script
+    assert ended.state == "FAILED", output
+    assert re.search(r"service sandbox was not ready within 20s \(ready\.deadline\): nothing accepts a connection "
+                     r"at 10\.77\.0\.\d+:\d+", output), output
+    shown = [line for line in output.splitlines() if line.startswith("[service sandbox] ")]  # its log's last lines
+    assert any("localhost/verlc-no-such-image" in line for line in shown), output
+    assert "stage train" not in output and "TRAINER" not in output
+    assert left_of(engine, script, job) == []
+
+
 @side_by_side(lambda root, engine: Job(build(root, wait="300s", container=container_spec(
     root, "docker", engine, ray_fails_on_node=1)), env=engine))
 def test_a_worker_whose_ray_fails_inside_its_container_fails_the_job_fast_and_is_named(

@@ -22,7 +22,7 @@ def check_build(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterat
                                                          "drop ray.working_dir", at_key=True)
     yield from image_services_refused(spec, sourced, "ray-job", "it submits to a Ray cluster that is not verlc's, "
                                       "where nothing starts a container; run the service in the job's image "
-                                      "(command:), or build for slurm or compose")
+                                      "(command:), or build for slurm, compose or kuberay")
     if spec.sweep is not None:
         count = math.prod(len(values) for values in spec.sweep.matrix.values())
         at_once = spec.ray.sweep_parallel

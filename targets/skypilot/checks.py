@@ -28,9 +28,10 @@ def check_build(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterat
         yield sourced.diagnostic(("cluster",), "the skypilot target asks for GPUs by model: set cluster.gpu_type "
                                                "(SkyPilot's accelerator name, e.g. H100, A100-80GB, MI300X)")
     yield from literal_env(spec, sourced, "skypilot")
-    yield from image_services_refused(spec, sourced, "skypilot", "its task runs in one image on every node, and "
-                                      "verlc does not start a second container there yet; run the service in the "
-                                      "job's image (command:), or build for slurm or compose")
+    yield from image_services_refused(spec, sourced, "skypilot", "the task's commands run inside the job's image "
+                                      "on every node (resources.image_id: docker:...), where no container engine "
+                                      "starts a second one; run the service in the job's image (command:), or "
+                                      "build for slurm, compose or kuberay")
     mounts = [b.mount for b in k.buckets] + [v.mount for v in k.volumes]
     yield from kept(spec, sourced, workdir, mounts, "a skypilot.buckets or skypilot.volumes mount",
                     f"skypilot.recovery {k.recovery} restarts the job on new nodes (or set recovery: off)"
