@@ -467,11 +467,25 @@ def test_a_service_in_an_image_of_its_own_builds_for_slurm_and_compose_and_is_re
         assert refused.returncode == 2 and (
             f"s.yaml:11:5: services.sandbox.image: the {target} target cannot run services.sandbox in an image of "
             f"its own: ") in refused.stderr, (target, refused.stderr)
-    (tmp_path / "a.yaml").write_text(IMAGE_SPEC.replace("runtime: podman", "runtime: apptainer"))
-    apptainer = run_verlc("validate", "a.yaml", "--target", "slurm", cwd=tmp_path)
-    assert apptainer.returncode == 2 and "a.yaml:11:5: services.sandbox.image: the slurm target cannot run " \
-        "services.sandbox in an image of its own: verlc starts a service's own image with docker or podman " \
-        "(container.runtime), not yet with apptainer" in apptainer.stderr, apptainer.stderr
+    (tmp_path / "a.yaml").write_text(IMAGE_SPEC.replace("runtime: podman", "runtime: pyxis"))
+    pyxis = run_verlc("validate", "a.yaml", "--target", "slurm", cwd=tmp_path)
+    assert pyxis.returncode == 2 and "a.yaml:11:5: services.sandbox.image: the slurm target cannot run " \
+        "services.sandbox in an image of its own: verlc starts a service's own image with docker, podman or " \
+        "apptainer (container.runtime), not yet with pyxis" in pyxis.stderr, pyxis.stderr
+    # apptainer: `apptainer run` of the image (its own runscript) with the args, in the step's env; nothing to remove
+    own = "command: [--port, '${services.sandbox.port}']\n    env: {MODE: fast}\n    image: 'volcengine"
+    (tmp_path / "c.yaml").write_text(IMAGE_SPEC.replace("runtime: podman", "runtime: apptainer").replace(
+        "image: 'volcengine", own))
+    built = run_verlc("build", "c.yaml", "--target", "slurm", "--out", "out", cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+    script = (tmp_path / "out" / "d" / "slurm" / "sbatch.sh").read_text()
+    assert "      service_run=(\n        apptainer run\n        --env MODE=fast\n        " \
+           "volcengine/sandbox-fusion:server-20250609 --port \"${VERLC_SERVICE_SANDBOX_PORT}\"\n      )\n" \
+           "      service_remove=()\n" in script, script
+    from conftest import require_tool
+
+    checked = subprocess.run([require_tool("shellcheck"), "-"], input=script, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout
     (tmp_path / "b.yaml").write_text(IMAGE_SPEC + "    on: every_node\n    restart: 1\n    gpu_memory: 0.2\n"
                                      "  nothing: {ready: {http: /health}}\n")
     bad = run_verlc("validate", "b.yaml", "--target", "slurm", cwd=tmp_path).stderr

@@ -28,12 +28,12 @@ def check_build(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterat
             f"lo is the loopback interface: on {spec.cluster.nodes} nodes every worker would look for the Ray "
             f"head at its own 127.0.0.1; name the interface the nodes reach each other on, or leave it out"))
     c = spec.container
-    if c.runtime not in ("docker", "podman"):
+    if c.runtime not in ("docker", "podman", "apptainer"):
         yield from image_services_refused(spec, sourced, "slurm", (
             "the job runs on the nodes' own Python (container.runtime: none), with no engine to run it"
             if isinstance(c, NoContainer) else
-            f"verlc starts a service's own image with docker or podman (container.runtime), not yet with "
-            f"{c.runtime}"))
+            "verlc starts a service's own image with docker, podman or apptainer (container.runtime), not yet "
+            "with pyxis (whose srun runs a command in an image, not the image's own entrypoint)"))
     if has_code(spec) and isinstance(c, NoContainer) and c.workdir is not None:
         yield sourced.diagnostic(("container", "workdir"), "the job runs in the run's code (code:) on every "
                                                            "node; drop container.workdir", at_key=True)

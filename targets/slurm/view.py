@@ -91,7 +91,7 @@ class ImageServiceView:
     url: str
     token: str
     run: tuple[Line, ...]  # runs its container in the foreground, removed when it stops
-    remove: Line  # removes its container (one left by an earlier attempt, or on the step's end)
+    remove: Line  # removes its container (one left by an earlier attempt, or on the step's end); () for apptainer
 
 
 @dataclass(frozen=True)
@@ -179,20 +179,25 @@ def job_env(ir: JobIR) -> tuple[EnvVar, ...]:
 
 
 def image_services(ir: JobIR, env_names: tuple[str, ...]) -> tuple[ImageServiceView, ...]:
-    """The services in images of their own, each run by the job's engine (docker or podman: checks.py) on the
-    head's network, with the job's env and its own, its arguments after its image."""
+    """The services in images of their own, each run by the job's engine (docker, podman or apptainer: checks.py)
+    on the head's network, with the job's env and its own, its arguments after its image. docker and podman name
+    its container, which its step removes; apptainer's ends with its step's process (it passes the step's env)."""
     out = []
     for index, s in enumerate(ir.services):
         if s.image is None:
             continue
         engine, variables = ir.container.runtime, dict(s.variables)
-        name = _word(f"verlc-{ir.name}-", Var("SLURM_JOB_ID"), f"-service-{s.name}")
-        run = ((engine, "run", "--rm", "--init", "--network=host", "--name", name),
-               *(("--env", n) for n in (*env_names, *variables.values())),
-               *(("--env", Word((f"{k}=", *w.parts))) for k, w in s.env),
-               (s.image, *s.argv))
+        own_env = tuple(("--env", Word((f"{k}=", *w.parts))) for k, w in s.env)
+        if engine == "apptainer":  # `run`: the image's own runscript (a Docker image's entrypoint), given the args
+            run: tuple[Line, ...] = (("apptainer", "run"), *own_env, (s.image, *s.argv))
+            remove: Line = ()
+        else:
+            name = _word(f"verlc-{ir.name}-", Var("SLURM_JOB_ID"), f"-service-{s.name}")
+            run = ((engine, "run", "--rm", "--init", "--network=host", "--name", name),
+                   *(("--env", n) for n in (*env_names, *variables.values())), *own_env, (s.image, *s.argv))
+            remove = (engine, "rm", "--force", name)
         out.append(ImageServiceView(s.name, index, variables["host"], variables["port"], variables["url"],
-                                    variables["token"], run, (engine, "rm", "--force", name)))
+                                    variables["token"], run, remove))
     return tuple(out)
 
 
