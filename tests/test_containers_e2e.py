@@ -483,29 +483,57 @@ def test_compose_bundle_comes_up_in_order_runs_to_the_preflight_and_down_leaves_
 
 def test_a_compose_service_in_an_image_of_its_own_is_reached_by_the_runtime_with_the_runs_token(
         engine: dict[str, str], podman_api: dict[str, str], sandbox_image: str, tmp_path: Path) -> None:
-    """#55 item 1 in podman compose: the sandbox's own image is a Compose service on the job's network, which the
-    head starts after; the runtime reaches it at its service name and port with the token Compose passed to
-    both (the probe passes only with it); `down` leaves nothing of it."""
+    """#55 item 1 in podman compose, through `verlc submit`: the sandbox's own image is a Compose service on the
+    job's network, which the head starts after; the runtime reaches it at its service name and port with the
+    token verlc submit made for the run and Compose passed to both (the probe passes only with it); `verlc logs
+    --service` shows its container's log, kept once the run ended; cancel (`down`) leaves nothing of it, and the
+    token is in no file of verlc's."""
+    from test_compose import compose_binary
+    from verlc.lifecycle import ledger
+
     compose_spec(tmp_path, engine)
     with (tmp_path / "spec.yaml").open("a") as spec:
         spec.write(f"services: {image_service(sandbox_image)}\n")
-    built = run_verlc("build", tmp_path / "spec.yaml", "--target", "compose", "--out", tmp_path / "out")
-    assert built.returncode == 0, built.stderr
-    bundle = tmp_path / "out" / "compose-e2e" / "compose"
-    env = {**os.environ, **podman_api, "VERLC_STOP_AFTER": "preflight", "VERLC_SERVICE_SANDBOX_TOKEN": "t" * 32}
-    up, started, down = compose_up_then_down(bundle, ["compose.yaml"], env)
-    log = up.stdout + up.stderr
-    assert up.returncode == 0, log[-6000:]
-    assert started["compose-e2e-ray-head-1"] >= started["compose-e2e-service-sandbox-1"], started
-    assert "service sandbox: in its own image " + sandbox_image + ", started by the target on the head node at " \
-           "http://service-sandbox:18000" in log, log[-6000:]
-    assert re.search(r"service sandbox: ready in [\d.]+s, sandbox probe passed", log), log[-6000:]
-    assert "sandbox listening on service-sandbox:18000" in log
-    assert "verlc: preflight passed: 2 nodes, 16 GPUs, 2 data files" in log
+    tools = tmp_path / "tools"  # `docker-compose` on PATH is what the launcher runs
+    tools.mkdir()
+    (tools / "docker-compose").symlink_to(compose_binary())
+    env = {**os.environ, **podman_api, "PATH": f"{tools}:{podman_api['PATH']}", "VERLC_STOP_AFTER": "preflight"}
+
+    def verlc(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "verlc", *args], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=900)
+
+    def inspect(name: str, form: str) -> str:
+        return subprocess.run(["podman", "inspect", "--format", form, f"compose-e2e-{name}-1"], env=env,
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    submitted = verlc("submit", "spec.yaml", "--target", "compose", "--wait")
+    [run] = ledger.fold(tmp_path / ledger.FILE).values()
+    try:
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        assert (run.state, run.exit_code) == ("COMPLETED", 0)
+        log = verlc("logs", run.run).stdout
+        assert "service sandbox: in its own image " + sandbox_image + ", started by the target on the head node " \
+               "at http://service-sandbox:18000" in log, log[-6000:]
+        assert re.search(r"service sandbox: ready in [\d.]+s, sandbox probe passed", log), log[-6000:]
+        assert "verlc: preflight passed: 2 nodes, 16 GPUs, 2 data files" in log
+        started = {name: inspect(name, "{{.State.StartedAt}}") for name in ("ray-head", "service-sandbox")}
+        assert started["ray-head"] >= started["service-sandbox"], started
+        token = next(e.split("=", 1)[1] for e in inspect("service-sandbox", "{{json .Config.Env}}").strip(
+            "[]").replace('"', "").split(",") if e.startswith("VERLC_SERVICE_SANDBOX_TOKEN="))
+        assert len(token) >= 32
+        shown = verlc("logs", run.run, "--service", "sandbox")
+        assert shown.returncode == 0 and "sandbox listening on service-sandbox:18000" in shown.stdout, shown.stderr
+    finally:
+        down = verlc("cancel", run.run)
     assert down.returncode == 0, down.stderr
+    kept = verlc("logs", run.run, "--service", "sandbox")  # its containers are gone: kept in runs/
+    assert kept.returncode == 0 and "sandbox listening on service-sandbox:18000" in kept.stdout, kept.stderr
     left = subprocess.run(["podman", "ps", "--all", "--format", "{{.Names}}"], env=env, capture_output=True,
                           text=True, check=True).stdout
     assert "compose-e2e" not in left
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert not [p for p in files if token in p.read_text(errors="replace")]
 
 
 # A stand-in for verl's trainer (no GPU here) that saves as its FSDP ranks do: every node's rank writes its own

@@ -352,7 +352,7 @@ remove_leftovers() {
 run_service() {
   local name=$1 service_run=() service_remove=() run_pid='' rc=0
   service_commands "$name"
-  trap '"${service_remove[@]}" >/dev/null 2>&1; exit 143' TERM INT
+  trap 'kill -TERM "$run_pid" 2>/dev/null; "${service_remove[@]}" >/dev/null 2>&1; exit 143' TERM INT
   "${service_remove[@]}" >/dev/null 2>&1
   log "starting service $name in its own image on $SLURMD_NODENAME"
   "${service_run[@]}" </dev/null >>"$run_dir/services/$name.log" 2>&1 &
