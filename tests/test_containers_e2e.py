@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -481,6 +481,24 @@ def test_compose_bundle_comes_up_in_order_runs_to_the_preflight_and_down_leaves_
     assert "compose-e2e" not in left + volumes
 
 
+def compose_verlc(root: Path, podman_api: dict[str, str]
+                  ) -> tuple[dict[str, str], Callable[..., subprocess.CompletedProcess[str]]]:
+    """verlc as a user runs it from `root` on a compose bundle: the real Compose binary as `docker-compose` on PATH
+    (what the launcher runs), podman's API as the engine, stopping after the preflight; that environment (a test
+    may change it between calls) and the runner."""
+    from test_compose import compose_binary
+
+    tools = root / "tools"
+    tools.mkdir()
+    (tools / "docker-compose").symlink_to(compose_binary())
+    env = {**os.environ, **podman_api, "PATH": f"{tools}:{podman_api['PATH']}", "VERLC_STOP_AFTER": "preflight"}
+
+    def verlc(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "verlc", *args], cwd=root, env=env, capture_output=True,
+                              text=True, timeout=900)
+    return env, verlc
+
+
 def test_a_compose_service_in_an_image_of_its_own_is_reached_by_the_runtime_with_the_runs_token(
         engine: dict[str, str], podman_api: dict[str, str], sandbox_image: str, tmp_path: Path) -> None:
     """#55 item 1 in podman compose, through `verlc submit`: the sandbox's own image is a Compose service on the
@@ -488,20 +506,12 @@ def test_a_compose_service_in_an_image_of_its_own_is_reached_by_the_runtime_with
     token verlc submit made for the run and Compose passed to both (the probe passes only with it); `verlc logs
     --service` shows its container's log, kept once the run ended; cancel (`down`) leaves nothing of it, and the
     token is in no file of verlc's."""
-    from test_compose import compose_binary
     from verlc.lifecycle import ledger
 
     compose_spec(tmp_path, engine)
     with (tmp_path / "spec.yaml").open("a") as spec:
         spec.write(f"services: {image_service(sandbox_image)}\n")
-    tools = tmp_path / "tools"  # `docker-compose` on PATH is what the launcher runs
-    tools.mkdir()
-    (tools / "docker-compose").symlink_to(compose_binary())
-    env = {**os.environ, **podman_api, "PATH": f"{tools}:{podman_api['PATH']}", "VERLC_STOP_AFTER": "preflight"}
-
-    def verlc(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "verlc", *args], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=900)
+    env, verlc = compose_verlc(tmp_path, podman_api)
 
     def inspect(name: str, form: str) -> str:
         return subprocess.run(["podman", "inspect", "--format", form, f"compose-e2e-{name}-1"], env=env,
@@ -651,18 +661,9 @@ def test_compose_runs_through_submit_status_logs_and_cancel(engine: dict[str, st
                                                             tmp_path: Path) -> None:
     """`verlc submit --target compose` brings the stack up detached on the podman engine; status follows the
     head's exit, logs show the stages, cancel takes everything down; the ledger has each run's end."""
-    from test_compose import compose_binary
-
     # verl's trainer only prints its argv and waits (fake_bin): there is no GPU to train on
     compose_spec(tmp_path, engine, env=json.dumps({"PATH": f"{fake_bin(tmp_path)}:/opt/venv/bin:/usr/bin:/bin"}))
-    tools = tmp_path / "tools"  # `docker-compose` on PATH is what the launcher runs
-    tools.mkdir()
-    (tools / "docker-compose").symlink_to(compose_binary())
-    env = {**os.environ, **podman_api, "PATH": f"{tools}:{podman_api['PATH']}", "VERLC_STOP_AFTER": "preflight"}
-
-    def verlc(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "verlc", *args], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=900)
+    env, verlc = compose_verlc(tmp_path, podman_api)
 
     from test_slurm_e2e import wait_for
     from verlc.lifecycle import ledger
