@@ -828,7 +828,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 e8abf3e063f906f8804b8911d82e08147eb6f02571f3e4b4e428451d63f5bb71:
+# runtime/ of verlc 0.1.0, as one program, sha256 d96b04f019ff3c8667c250ffbfea08c8b9b272338d0b0f8d18214669f4603f11:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -2479,11 +2479,17 @@ def ready_problem(service: Service, host: str, port: int, token: str) -> str | N
     if service.ready_http:
         status, text = _request(f"http://{host}:{port}{service.ready_http}", token)
         return None if status // 100 == 2 else f"GET {service.ready_http} answered {status or text}"
+    refused = connect_problem(host, port)
+    return refused and f"nothing accepts a connection at {host}:{port} ({refused})"
+
+
+def connect_problem(host: str, port: int) -> str | None:
+    """Why a connection to host:port failed (one try), or None where it was accepted."""
     try:
         socket.create_connection((host, port), timeout=5).close()
         return None
     except OSError as exc:
-        return f"nothing accepts a connection at {host}:{port} ({exc.strerror or exc})"
+        return str(exc.strerror or exc)
 
 
 def probe_problem(service: Service, url: str, token: str) -> str | None:
@@ -2803,13 +2809,10 @@ class Services:
         connection any more; or None."""
         if service.name not in self.given:
             return None
-        try:
-            socket.create_connection((self._host(service), self._port(service)), timeout=5).close()
-            return None
-        except OSError as exc:
-            return self._failure(service, f"stopped accepting connections at {self._host(service)}:"
-                                          f"{self._port(service)} ({exc.strerror or exc}): its container is the "
-                                          f"target's", self._tail(service))
+        host, port = self._host(service), self._port(service)
+        refused = connect_problem(host, port)
+        return refused and self._failure(service, f"stopped accepting connections at {host}:{port} ({refused}): "
+                                                  f"its container is the target's", self._tail(service))
 
     def _failure(self, service: Service, what: str, tail: list[str], log: str | None = None) -> str:
         """A service's problem, its last lines printed above it; `log`: its log where one node's is meant."""
@@ -2899,7 +2902,7 @@ class Services:
             gone = self._exited(service) or self._unreachable(service)
             if not gone:
                 continue
-            if self.restarts[service.name] >= service.restart or service.name in self.given:
+            if self.restarts[service.name] >= service.restart:  # 0 for the target's (checked at build)
                 return gone
             self.restarts[service.name] += 1
             say(f"{gone}; starting it again ({self.restarts[service.name]} of {service.restart})")

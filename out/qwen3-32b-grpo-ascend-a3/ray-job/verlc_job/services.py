@@ -22,7 +22,7 @@ import uuid
 from .addresses import addresses, own_nodes, placed
 from .cluster import holding, node_label, node_name, on_each_node
 from .job import Service, ToolConfig
-from .probes import SERVICE_REQUEST_TIMEOUT, exposure_problem, probe_problem, ready_problem
+from .probes import SERVICE_REQUEST_TIMEOUT, connect_problem, exposure_problem, probe_problem, ready_problem
 from .process import SERVICE_STOP_GRACE, Process, tail_of
 from .protocol import SERVICE_LOGS, TOOL_CONFIG_FILE, say, service_ready_message
 
@@ -221,13 +221,10 @@ class Services:
         connection any more; or None."""
         if service.name not in self.given:
             return None
-        try:
-            socket.create_connection((self._host(service), self._port(service)), timeout=5).close()
-            return None
-        except OSError as exc:
-            return self._failure(service, f"stopped accepting connections at {self._host(service)}:"
-                                          f"{self._port(service)} ({exc.strerror or exc}): its container is the "
-                                          f"target's", self._tail(service))
+        host, port = self._host(service), self._port(service)
+        refused = connect_problem(host, port)
+        return refused and self._failure(service, f"stopped accepting connections at {host}:{port} ({refused}): "
+                                                  f"its container is the target's", self._tail(service))
 
     def _failure(self, service: Service, what: str, tail: list[str], log: str | None = None) -> str:
         """A service's problem, its last lines printed above it; `log`: its log where one node's is meant."""
@@ -317,7 +314,7 @@ class Services:
             gone = self._exited(service) or self._unreachable(service)
             if not gone:
                 continue
-            if self.restarts[service.name] >= service.restart or service.name in self.given:
+            if self.restarts[service.name] >= service.restart:  # 0 for the target's (checked at build)
                 return gone
             self.restarts[service.name] += 1
             say(f"{gone}; starting it again ({self.restarts[service.name]} of {service.restart})")

@@ -93,11 +93,17 @@ def ready_problem(service: Service, host: str, port: int, token: str) -> str | N
     if service.ready_http:
         status, text = _request(f"http://{host}:{port}{service.ready_http}", token)
         return None if status // 100 == 2 else f"GET {service.ready_http} answered {status or text}"
+    refused = connect_problem(host, port)
+    return refused and f"nothing accepts a connection at {host}:{port} ({refused})"
+
+
+def connect_problem(host: str, port: int) -> str | None:
+    """Why a connection to host:port failed (one try), or None where it was accepted."""
     try:
         socket.create_connection((host, port), timeout=5).close()
         return None
     except OSError as exc:
-        return f"nothing accepts a connection at {host}:{port} ({exc.strerror or exc})"
+        return str(exc.strerror or exc)
 
 
 def probe_problem(service: Service, url: str, token: str) -> str | None:
