@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..compiler.derive import checkpoint_dir
 from ..compiler.diagnostics import Diagnostic
-from ..compiler.ir import parse_word
+from ..compiler.ir import JobIR, parse_word
 from ..compiler.load import Sourced
 from ..compiler.spec import Spec
 from ..compiler.verl.check import NOTE
@@ -110,6 +110,12 @@ def kept(spec: Spec, sourced: Sourced, workdir: str | None, mounts: list[str], w
 # A service in an image of its own where it has a network namespace of its own (a compose service, a sidecar of the
 # head pod): its port, plus its place among them (Slurm's share the node's: the job's block of ports)
 OWN_SERVICE_PORT = 18000
+
+
+def image_service_tokens(ir: JobIR) -> list[str]:
+    """The token variables of the services in images of their own: a target that starts them makes each for
+    the run (runtime/protocol.py)."""
+    return [dict(s.variables)["token"] for s in ir.services if s.image]
 
 
 def image_services_refused(spec: Spec, sourced: Sourced, target: str, why: str) -> Iterator[Diagnostic]:

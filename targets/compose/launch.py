@@ -15,6 +15,7 @@ from ...contract.launcher import (TRACKER_RUN, LaunchError, Observed, State, Sub
                                   require_secrets)
 from ...contract.launcher import run as command
 from ...runtime.protocol import RECORD
+from ..shared import image_service_tokens
 from .view import HEAD, RUN_LABEL, SERVICE_PREFIX
 
 # The head container's state (`compose ps`), or how it ended, as verlc's
@@ -51,7 +52,7 @@ def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Subm
     # the run's W&B run id (the compose file passes these through): its own, or the run it continues
     tracker = tracker_env((e.name for e in ir.env), env.get(TRACKER_RUN) or run)
     # a token for each service in an image of its own, made for this run (the compose file reads it; view.py)
-    tokens = {dict(s.variables)["token"]: secrets.token_urlsafe(24) for s in ir.services if s.image}
+    tokens = {t: secrets.token_urlsafe(24) for t in image_service_tokens(ir)}
     command([*compose(), "up", "--detach"], cwd=bundle, env={**env, **tracker, **tokens, "VERLC_RUN": run},
             timeout=1800)
     where = env.get("DOCKER_HOST") or "local docker"

@@ -7,6 +7,7 @@ from ...compiler import yaml_text
 from ..bundle import Bundle, File, finish, header_lines
 from ..job_package import job_package
 from ...runtime.protocol import RECORD, RUNNER_STAGES, STOP_AFTER
+from ..shared import image_service_tokens
 from .view import HEAD, compose_file, run_time_folders
 
 RECORD_IN_CONTAINER = f"/verlc/runs/{RECORD}"  # ./runs/ on the host
@@ -16,7 +17,7 @@ def render(ir: JobIR) -> Bundle:
     header = "".join(f"# {line}\n" for line in header_lines(ir))
     usage = (f"# Run:  docker compose up --abort-on-container-exit --exit-code-from {HEAD}\n"
              f"#       {STOP_AFTER}={RUNNER_STAGES[-2]} docker compose up ...   (stages: {', '.join(RUNNER_STAGES)})\n")
-    tokens = [dict(s.variables)["token"] for s in ir.services if s.image]
+    tokens = image_service_tokens(ir)
     if tokens:  # a service in an image of its own takes a token made for each run (verlc submit makes them)
         usage += f"#       by hand, first:  export {' '.join(f'{t}=$(openssl rand -hex 24)' for t in tokens)}\n"
     files = [

@@ -136,19 +136,21 @@ def compose_file(ir: JobIR) -> dict[str, Any]:
         worker["depends_on"] = {HEAD: {"condition": "service_started"}}
         services[f"ray-worker-{node}"] = worker
     given = image_services(ir)
-    for name, service in given.items():
-        head["environment"] += service["environment"][-4:]  # its variables: the runtime takes them (protocol.py)
+    for name, (_, variables) in given.items():
+        head["environment"] += variables  # the runtime takes them (runtime/protocol.py)
         head.setdefault("depends_on", {})[name] = {"condition": "service_started"}
-    return {"name": ir.name, "services": {**services, **given}, "volumes": {"hf-cache": {}}}
+    return {"name": ir.name, "services": {**services, **{name: s for name, (s, _) in given.items()}},
+            "volumes": {"hf-cache": {}}}
 
 
-def image_services(ir: JobIR) -> dict[str, dict[str, Any]]:
+def image_services(ir: JobIR) -> dict[str, tuple[dict[str, Any], list[str]]]:
     """The services in images of their own (runtime/protocol.py), each a Compose service on the job's network,
     reached at its service name and a port of its own; its token from `verlc submit` (launch.py), which makes one
     for each run (by hand: export VERLC_SERVICE_<NAME>_TOKEN). The head starts once it has started, not once it is
     healthy: the runtime waits for it beside the bring-up, with its deadline and its probe (a healthcheck would
-    need a client in the image, and podman without systemd runs none)."""
-    out: dict[str, dict[str, Any]] = {}
+    need a client in the image, and podman without systemd runs none). Each with its variables, as the head's
+    environment has them too."""
+    out: dict[str, tuple[dict[str, Any], list[str]]] = {}
     for index, s in enumerate(x for x in ir.services if x.image):
         variables = dict(s.variables)
         host, port = f"{SERVICE_PREFIX}{s.name}", OWN_SERVICE_PORT + index
@@ -157,16 +159,16 @@ def image_services(ir: JobIR) -> dict[str, dict[str, Any]]:
         token = f"${{{variables['token']}:-}}"
 
         def word(w: Word, values: dict[str, str] = values) -> str:  # its own variables are known here
-            return "".join(values[p.name] if isinstance(p, Var) and p.name in values else
-                           f"${{{p.name}}}" if isinstance(p, Var) else p.replace("$", "$$") for p in w.parts)
+            return text(Word(tuple(values[p.name] if isinstance(p, Var) and p.name in values else p for p in w.parts)))
 
-        out[host] = {
+        given = [*(f"{k}={v}" for k, v in values.items()), f"{variables['token']}={token}"]
+        out[host] = ({
             "image": s.image,
             "init": True,
             **({"command": [word(w) for w in s.argv]} if s.argv else {}),
             "environment": [*(f"{e.name}={text(e.value)}" for e in ir.env), *(f"{k}={word(w)}" for k, w in s.env),
-                            *(f"{k}={v}" for k, v in values.items()), f"{variables['token']}={token}"],
+                            *given],
             "restart": "no",
             "labels": {RUN_LABEL: "${VERLC_RUN:-}"},
-        }
+        }, given)
     return out

@@ -17,7 +17,8 @@ from ...compiler.ir import JobIR
 from ...contract.launcher import LaunchError, Observed, State, Submission, SubmittedRun, observed, tool, variants_of
 from ...contract.launcher import run as command
 from .lower import KubeIR
-from .view import labels, service_secret, with_end
+from ..shared import image_service_tokens
+from .view import labels, service_secret, sidecar, with_end
 
 # KubeRay's jobDeploymentStatus values after which nothing more happens to the RayJob
 FINAL = {"Complete", "Failed"}
@@ -40,7 +41,7 @@ def submit(ir: JobIR, bundle: Path, cwd: Path, env: dict[str, str]) -> list[Subm
     # create, not apply: a RayJob of the same name is another run's, and applying would rewrite it. With its
     # deadline's end in the head's environment (view.with_end), for verl's save ahead of it.
     docs = [with_end(doc, time.time()) for doc in YAML(typ="safe").load_all((bundle / "rayjob.yaml").read_text())]
-    tokens = [dict(s.variables)["token"] for s in ir.services if s.image]
+    tokens = image_service_tokens(ir)
     if tokens:  # the run's tokens, before the RayJob whose head pod reads them
         _create_secrets(ir, [doc["metadata"]["name"] for doc in docs], tokens, env)
     try:
@@ -129,7 +130,7 @@ def service_logs(run: SubmittedRun, name: str, node: str | None) -> dict[str, st
     theirs in the head pod, which verlc does not read from outside."""
     try:
         return {f"{name}.log": command([kubectl(), "logs", "--namespace", run.where, _head_pod(run), "--container",
-                                        f"service-{name.replace('_', '-')}"], timeout=300).stdout}
+                                        sidecar(name)], timeout=300).stdout}
     except LaunchError:
         pass
     raise LaunchError(f"{run.run}'s services' logs are in its head pod (the folder its log names, in Ray's log "

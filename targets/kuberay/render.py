@@ -10,6 +10,7 @@ from ..job_package import job_package
 from ...runtime.job import Expiry
 from ...runtime.protocol import JOB_END
 from .lower import KubeIR
+from ..shared import image_service_tokens
 from .view import DEADLINE_LEAD, SUBMISSION_WHY, configmap, package_parts, rayjobs, service_secret
 
 
@@ -20,7 +21,7 @@ def render(ir: JobIR) -> Bundle:
     expiry = Expiry(variable=ir.expiry_variable, lead=DEADLINE_LEAD, end_env=JOB_END) \
         if k.deadline and ir.expiry_variable else None
     package = job_package(ir, record=None, image=k.image, expiry=expiry)  # the run record goes to the job log
-    tokens = [dict(s.variables)["token"] for s in ir.services if s.image]
+    tokens = image_service_tokens(ir)
     usage = (f"# Run:  kubectl apply --namespace {k.namespace} -f runtime.yaml -f configmap.yaml -f rayjob.yaml\n"
              "#       (or: verlc submit)\n"
              + "".join(f"# {line}\n" for line in SUBMISSION_WHY)

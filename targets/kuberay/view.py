@@ -62,10 +62,14 @@ def _key(path: str) -> str:
     return path.removeprefix(f"{PACKAGE}/").replace("/", "-")
 
 
+def _spec_env(ir: JobIR) -> list[dict[str, Any]]:
+    """The spec's env but PYTHONPATH (which each pod's container extends). Kubernetes expands $(NAME) in env values
+    and reads $$ as $: every $ doubled keeps a value as written."""
+    return [{"name": e.name, "value": e.value.display.replace("$", "$$")} for e in ir.env if e.name != "PYTHONPATH"]
+
+
 def _env(ir: JobIR, k: KubeIR, head: bool, run: str) -> list[dict[str, Any]]:
-    # Kubernetes expands $(NAME) in env values and reads $$ as $: every $ doubled keeps a value as written
-    env: list[dict[str, Any]] = [{"name": e.name, "value": e.value.display.replace("$", "$$")} for e in ir.env
-                                 if e.name != "PYTHONPATH"]
+    env = _spec_env(ir)
     # the RayJob's name is the run's id: its retries (backoffLimit) continue the one W&B run
     env += [{"name": name, "value": value} for name, value in tracker_env((e.name for e in ir.env), run).items()]
     env += [{"name": name, "valueFrom": {"secretKeyRef": {"name": k.secret, "key": name}}} for name in ir.secrets]
@@ -81,6 +85,11 @@ def service_secret(rayjob: str) -> str:
     """The Secret with the tokens of a RayJob's services in images of their own: `verlc submit` makes it for each
     run (launch.py), owned by the RayJob, so that Kubernetes deletes it with it."""
     return f"{rayjob}-services"
+
+
+def sidecar(service: str) -> str:
+    """The head pod's container of a service in an image of its own (a DNS label: no '_')."""
+    return f"service-{service.replace('_', '-')}"
 
 
 def _kube_word(word: Word) -> str:
@@ -102,10 +111,10 @@ def image_services(ir: JobIR, run: str) -> tuple[list[dict[str, Any]], list[dict
                      {"name": v["token"], "valueFrom": {"secretKeyRef": {"name": service_secret(run),
                                                                          "key": v["token"]}}}]
         given += variables
-        env = [{"name": e.name, "value": e.value.display.replace("$", "$$")} for e in ir.env if e.name != "PYTHONPATH"]
-        sidecars.append({"name": f"service-{s.name.replace('_', '-')}", "image": s.image,
+        sidecars.append({"name": sidecar(s.name), "image": s.image,
                          **({"args": [_kube_word(w) for w in s.argv]} if s.argv else {}),
-                         "env": [*env, *({"name": n, "value": _kube_word(w)} for n, w in s.env), *variables]})
+                         "env": [*_spec_env(ir), *({"name": n, "value": _kube_word(w)} for n, w in s.env),
+                                 *variables]})
     return given, sidecars
 
 
