@@ -81,35 +81,43 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def stop_by_pid(temp: Path) -> None:
     """Stop this head's processes, not every Ray on the machine as `ray stop` would: those whose command line
-    names its temp dir, and their descendants (Ray's agents rename themselves); TERM, then KILL after 10 s; then
-    the temp dir (its sessions' logs and sockets) goes."""
-    def ours() -> set[int]:
-        parent: dict[int, int] = {}
-        roots = set()
+    names its temp dir, and their descendants (Ray's agents rename themselves); TERM, then KILL after 3 s; then
+    the temp dir (its sessions' logs and sockets) goes. A process once found stays ours (by its pid and start
+    time): Ray's client server names no temp dir, and when its parent ends first it is init's child, no longer
+    a descendant (one outlived the suite so)."""
+    def processes() -> dict[int, tuple[int, str, bytes]]:  # pid -> its parent, its start time, its command line
+        found = {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit() or int(entry.name) == os.getpid():
                 continue
             try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-                parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                found[int(entry.name)] = (int(fields[1]), fields[19], (entry / "cmdline").read_bytes())
             except (OSError, ValueError, IndexError):  # a process that has just gone
                 continue
-            if str(temp).encode() in cmdline:
-                roots.add(int(entry.name))
-        found, grew = set(roots), True
-        while grew:
-            more = {pid for pid, ppid in parent.items() if ppid in found} - found
-            found |= more
-            grew = bool(more)
         return found
 
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    known: dict[int, str] = {}  # pid -> start time
+
+    def ours() -> set[int]:
+        now = processes()
+        found = {pid for pid, (_, _, cmdline) in now.items() if str(temp).encode() in cmdline}
+        found |= {pid for pid, started in known.items() if pid in now and now[pid][1] == started}
+        grew = True
+        while grew:
+            more = {pid for pid, (ppid, _, _) in now.items() if ppid in found} - found
+            found |= more
+            grew = bool(more)
+        known.update({pid: now[pid][1] for pid in found})
+        return found
+
+    for sig, grace in ((signal.SIGTERM, 3), (signal.SIGKILL, 10)):  # Ray's GCS and raylet outlast 10 s of TERM here
         for pid in ours():
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + grace
         while ours() and time.monotonic() < deadline:
             time.sleep(0.2)
     shutil.rmtree(temp, ignore_errors=True)
