@@ -111,8 +111,8 @@ exec /opt/venv/bin/python3 "$@"
 
 def mounts(root: Path) -> str:
     """The containers' mounts (a YAML flow list): the test's folder, and this venv's CPU torch, read-only, for
-    the preflight's all-reduce. (The test image has no torch of its own: podman's vfs driver here copies an
-    image's whole tree into every container, and torch would double that.)"""
+    the preflight's all-reduce. (The test image has no torch of its own: where podman falls back to its vfs
+    driver, an image's whole tree is copied into every container, and torch would double that.)"""
     site = Path(sysconfig.get_paths()["purelib"])
     into = "/opt/venv/lib/python3.11/site-packages"  # the image's Python is 3.11, as this one must be
     assert sys.version_info[:2] == (3, 11), "torch's compiled parts must match the image's Python"
