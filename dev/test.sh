@@ -35,8 +35,9 @@ fi
 # tests/conftest.py) one at a time in this one, and every other test in a second, whose output follows this
 # one's. One machine test at a time: two at once (the Slurm cluster's jobs beside a Ray head or podman's
 # containers) took both cores between them, and Ray's own start-up deadlines (a raylet registers within 30 s,
-# hard-coded) and the tests' waits were missed on CI's machine; one at a time they ran 47 minutes in all here,
-# the others 20 minutes beside them. A side that selects no test (e.g. `dev/test.sh tests/test_diff.py`) exits 5;
+# hard-coded) and the tests' waits were missed on CI's machine; one at a time they ran 35 minutes in all here
+# (47 while podman's storage was vfs: dev/containers.sh), the others 21 minutes beside them; 38 minutes in all
+# from a fresh clone, the installs and the test image's build included. A side that selects no test (e.g. `dev/test.sh tests/test_diff.py`) exits 5;
 # both doing so is a failure.
 others_log=$(mktemp)
 trap 'rm -f "$others_log"' EXIT
