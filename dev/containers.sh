@@ -6,6 +6,7 @@
 #                             test image unless the state folder has it for this recipe (prints its name)
 #   dev/containers.sh start   start `podman system service` on STATE/podman.sock (the Docker API)
 #   dev/containers.sh stop    stop exactly the service `start` started (by its pid file)
+#   dev/containers.sh release unmount the overlay store's folder podman keeps mounted, when no container runs
 #   dev/containers.sh env     print the exports that point podman, docker and Compose at this state folder
 #
 # Nothing outside the state folder (default /tmp/verlc-containers, or $VERLC_CONTAINER_STATE) is written:
@@ -149,6 +150,14 @@ stop_service() {
   rm -f "$state/service.pid" "$state/podman.sock"
 }
 
+# release: podman's overlay driver keeps its home folder bind-mounted once it has run; unmounted here when no
+# container runs, so that the tests leave no mount behind (podman mounts it again when next run)
+release() {
+  local home=$state/storage-overlay/overlay
+  [[ -z $(podman ps --quiet 2>/dev/null) ]] || return 0
+  if mountpoint -q "$home"; then umount "$home"; fi
+}
+
 mkdir -p "$state"
 # One at a time: two pytest processes (a developer's, beside dev/test.sh) may build the image or write the
 # configuration at once.
@@ -158,10 +167,11 @@ case ${1:-} in
   image) install; write_config; export_env; build_image ;;
   start) write_config; export_env; start_service ;;
   stop) stop_service ;;
+  release) export_env; release ;;
   env)
     printf 'export CONTAINERS_CONF=%q CONTAINERS_STORAGE_CONF=%q\n' "$state/containers.conf" "$state/storage.conf"
     printf 'export DOCKER_HOST=%q PATH=%q\n' "unix://$state/podman.sock" "$here/bin:$PATH"
     printf 'export VERLC_TEST_IMAGE=%q\n' "$image"
     ;;
-  *) die "usage: dev/containers.sh image|start|stop|env" ;;
+  *) die "usage: dev/containers.sh image|start|stop|release|env" ;;
 esac

@@ -48,6 +48,7 @@ def engine() -> Iterator[dict[str, str]]:
     env["PATH"] = f"{REPO / 'dev' / 'bin'}:/usr/bin:/bin:/usr/sbin:/sbin"
     env.pop("DOCKER_HOST")  # the jobs run podman directly; only Compose needs the API service
     yield env
+    subprocess.run(["bash", str(REPO / "dev" / "containers.sh"), "release"], timeout=60)  # the store's mount
 
 
 PODMAN_WITHOUT_GPUS = """#!/bin/bash
