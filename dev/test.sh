@@ -37,8 +37,8 @@ fi
 # containers) took both cores between them, and Ray's own start-up deadlines (a raylet registers within 30 s,
 # hard-coded) and the tests' waits were missed on CI's machine; one at a time they ran 35 minutes in all here
 # (47 while podman's storage was vfs: dev/containers.sh), the others 21 minutes beside them; 38 minutes in all
-# from a fresh clone, the installs and the test image's build included. A side that selects no test (e.g. `dev/test.sh tests/test_diff.py`) exits 5;
-# both doing so is a failure.
+# from a fresh clone, the installs and the test image's build included. A side that selects no test (e.g.
+# `dev/test.sh tests/test_diff.py`) exits 5; both doing so is a failure.
 others_log=$(mktemp)
 trap 'rm -f "$others_log"' EXIT
 # The tests beside the machine tests only compute: they yield the CPU (nice) to the daemons of the machine tests.

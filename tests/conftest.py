@@ -9,7 +9,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -128,22 +130,52 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[SESSION_MARK] = str(os.getpid())
 
 
-def left_running() -> dict[int, str]:
-    """This session's processes still running (pid -> command line), not pytest itself nor a zombie."""
-    mark = f"{SESSION_MARK}={os.getpid()}".encode()
+class Process(NamedTuple):
+    parent: int
+    started: str  # clock ticks from boot to its start: with its pid, this one process and no later one
+    cmdline: bytes
+
+
+def processes() -> dict[int, Process]:
+    """Every running process, read from /proc, but pytest itself and zombies."""
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if mark not in (entry / "environ").read_bytes().split(b"\0"):
-                continue
-            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue
-            found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError):  # gone, or not ours to read
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if fields[0] != "Z":
+                found[int(entry.name)] = Process(int(fields[1]), fields[19], (entry / "cmdline").read_bytes())
+        except (OSError, ValueError, IndexError):  # a process that has just gone
             continue
     return found
+
+
+def stop_processes(find: Callable[[], Iterable[int]], grace: float) -> None:
+    """TERM to what `find` finds, KILL to what it still finds after `grace` s; then up to 10 s for that to go."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
+        for pid in find():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while find() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def carries(pid: int, variable: str, value: str) -> bool:
+    """Whether the process has variable=value in the environment it started with (not when gone, or not ours)."""
+    try:
+        return f"{variable}={value}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def left_running() -> dict[int, str]:
+    """This session's processes still running (pid -> command line)."""
+    return {pid: p.cmdline.replace(b"\0", b" ").decode(errors="replace") for pid, p in processes().items()
+            if carries(pid, SESSION_MARK, str(os.getpid()))}
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -160,13 +192,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         report.write_line("\n".join(lines), red=True)
     else:
         print("\n".join(lines), file=sys.stderr)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in left_running():
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        time.sleep(2)
+    stop_processes(left_running, 2)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

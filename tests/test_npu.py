@@ -238,7 +238,7 @@ def npu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     def start(temp: Path, npus: int, shown: int, *role: str, name: str) -> None:
         env = ray_env({"PATH": f"{tools}:{BIN}:{os.environ['PATH']}", "FAKE_NPUS": str(shown),
                        "ASCEND_RT_VISIBLE_DEVICES": ",".join(map(str, range(npus))),
-                       "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES": "1"})
+                       "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES": "1"}, temp)
         subprocess.run([str(BIN / "ray"), "start", *role, "--node-ip-address=127.0.0.1", f"--node-name={name}",
                         f'--resources={{"NPU": {npus}}}', "--num-cpus=1", f"--temp-dir={temp}",
                         f"--dashboard-agent-listen-port={free_port()}", "--disable-usage-stats"],

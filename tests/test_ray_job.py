@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, failing_first, rollout_engine_site, run_verlc
+from conftest import IN_CI, carries, failing_first, processes, rollout_engine_site, run_verlc, stop_processes
 from verlc.runtime.protocol import record_from_log
 from test_slurm_e2e import write_fixtures
 
@@ -37,12 +36,18 @@ NODE_ENV: dict[str, str] = {}  # the head node's own environment, set by the ray
 GCS: dict[str, str] = {}  # "address": the head's GCS address, set by the ray_head fixture
 
 
-def ray_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    # The node has the rollout engine. Its raylet waits up to 300 s (Ray's default: 60 s) for a fresh worker
-    # process to register: on this 2-core machine beside the Slurm cluster's jobs, a worker's start (Python,
-    # Ray's imports) can take longer than 60 s, and Ray then kills it and starts another, again and again.
+RAY_MARK = "VERLC_TEST_RAY"  # in the environment of a Ray node's every process: its temp dir (stop_by_pid)
+
+
+def ray_env(extra: dict[str, str] | None = None, temp: Path | None = None) -> dict[str, str]:
+    """The environment of Ray's commands here; `temp`: that of `ray start --temp-dir=TEMP`, whose every process
+    then carries it (stop_by_pid).
+    The node has the rollout engine. Its raylet waits up to 300 s (Ray's default: 60 s) for a fresh worker
+    process to register: on this 2-core machine beside the Slurm cluster's jobs, a worker's start (Python,
+    Ray's imports) can take longer than 60 s, and Ray then kills it and starts another, again and again."""
     return {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "RAY_USAGE_STATS_ENABLED": "0",
-            "RAY_worker_register_timeout_seconds": "300", "PYTHONPATH": str(rollout_engine_site()), **(extra or {})}
+            "RAY_worker_register_timeout_seconds": "300", "PYTHONPATH": str(rollout_engine_site()), **(extra or {}),
+            **({RAY_MARK: str(temp)} if temp else {})}
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +66,7 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     subprocess.run([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
                     "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", "--num-gpus=8",
                     "--num-cpus=2", f"--temp-dir={temp}", "--disable-usage-stats"],
-                   check=True, capture_output=True, env=ray_env(node_env), timeout=120)
+                   check=True, capture_output=True, env=ray_env(node_env, temp), timeout=120)
     NODE_ENV.update(node_env)
     GCS["address"] = f"127.0.0.1:{port}"
     try:
@@ -80,46 +85,21 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def stop_by_pid(temp: Path) -> None:
-    """Stop this head's processes, not every Ray on the machine as `ray stop` would: those whose command line
-    names its temp dir, and their descendants (Ray's agents rename themselves); TERM, then KILL after 3 s; then
-    the temp dir (its sessions' logs and sockets) goes. A process once found stays ours (by its pid and start
-    time): Ray's client server names no temp dir, and when its parent ends first it is init's child, no longer
-    a descendant (one outlived the suite so)."""
-    def processes() -> dict[int, tuple[int, str, bytes]]:  # pid -> its parent, its start time, its command line
-        found = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                found[int(entry.name)] = (int(fields[1]), fields[19], (entry / "cmdline").read_bytes())
-            except (OSError, ValueError, IndexError):  # a process that has just gone
-                continue
-        return found
-
-    known: dict[int, str] = {}  # pid -> start time
-
+    """Stop the Ray node started with `ray_env(temp=TEMP)` and `--temp-dir=TEMP`, not every Ray on the machine as
+    `ray stop` would: the processes that carry TEMP in their environment or command line, and their descendants
+    (Ray's client server names no temp dir and is init's child from its start: it outlived the suite so); TERM,
+    then KILL after 3 s; then the temp dir (its sessions' logs and sockets) goes."""
     def ours() -> set[int]:
         now = processes()
-        found = {pid for pid, (_, _, cmdline) in now.items() if str(temp).encode() in cmdline}
-        found |= {pid for pid, started in known.items() if pid in now and now[pid][1] == started}
+        found = {pid for pid, p in now.items() if str(temp).encode() in p.cmdline or carries(pid, RAY_MARK, str(temp))}
         grew = True
         while grew:
-            more = {pid for pid, (ppid, _, _) in now.items() if ppid in found} - found
+            more = {pid for pid, p in now.items() if p.parent in found} - found
             found |= more
             grew = bool(more)
-        known.update({pid: now[pid][1] for pid in found})
         return found
 
-    for sig, grace in ((signal.SIGTERM, 3), (signal.SIGKILL, 10)):  # Ray's GCS and raylet outlast 10 s of TERM here
-        for pid in ours():
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace
-        while ours() and time.monotonic() < deadline:
-            time.sleep(0.2)
+    stop_processes(ours, 3)  # Ray's GCS and raylet outlast 10 s of TERM here
     shutil.rmtree(temp, ignore_errors=True)
 
 
@@ -547,7 +527,7 @@ def test_torchrun_on_every_node_runs_each_nodes_rank_and_one_failure_stops_them_
     (bin_dir / "torchrun").write_text(STAND_IN_TORCHRUN)
     (bin_dir / "torchrun").chmod(0o755)
     temp = Path("/tmp") / f"verlc-test-ray2-{os.getpid()}"
-    env = ray_env({"PATH": f"{bin_dir}:{BIN}:{os.environ['PATH']}", "VERLC_TEST_DIR": str(tmp_path)})
+    env = ray_env({"PATH": f"{bin_dir}:{BIN}:{os.environ['PATH']}", "VERLC_TEST_DIR": str(tmp_path)}, temp)
     port = free_port()
     common = ["--node-ip-address=127.0.0.1", "--num-gpus=2", "--num-cpus=1", f"--temp-dir={temp}",
               "--disable-usage-stats"]
