@@ -16,13 +16,14 @@ from .ir import parse_word
 from .overrides import device_defaults, verl_values
 from .load import Sourced
 from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, image_file, is_hub_id
-from .verl import determinism, preprocess
+from .verl import determinism, loadable, preprocess
 from .verl.check import NOTE, Selection, Setting, check_groups, check_verl, select, settings, without_prefixes
-from .services import (check_references, gpu_memory_problems, placement_problems, tool_config_problems,
+from .services import (ROLLOUT_MEMORY, check_references, gpu_memory_problems, placement_problems, tool_config_problems,
                        word_problems)
 from .verl.hydra import SERVICE_REFERENCE, hydra_value, shown
 from .verl.program import GENERATION_SERVER, RAY_PROGRAMS, TORCHRUN, own_config
 from .verl.release import Release
+from .verl.rules import Config
 from .verl.workers import external_modules, with_external
 
 if TYPE_CHECKING:
@@ -59,8 +60,11 @@ def check(spec: Spec, sourced: Sourced, release: Release, catalog: Catalog, targ
         *check_references(spec, sourced),
         *word_problems(spec, sourced),
         *placement_problems(spec, sourced),
-        *tool_config_problems(spec, sourced, chosen),
+        *tool_config_problems(spec, sourced, chosen, code),
+        *_loaded_names(spec, sourced, chosen, code),
         *gpu_memory_problems(spec, sourced, chosen),
+        *_rollout_memory(spec, sourced, chosen),
+        *_learns_nothing(spec, sourced, chosen),
         *_container(spec, sourced),
         *_ray(spec, sourced),
         *_data(spec, sourced),
@@ -80,6 +84,60 @@ def check(spec: Spec, sourced: Sourced, release: Release, catalog: Catalog, targ
     if problems:
         raise SpecError(problems)
     return tuple(sorted(set(notes)))
+
+
+def _rollout_memory(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
+    """The rollout engine takes gpu_memory_utilization as its share of each GPU's memory: vLLM's CacheConfig takes
+    0 < share <= 1 (SGLang's mem_fraction_static, which verl passes it as, is a share too); verl's own config
+    takes any float, and the engine refuses it once the model has loaded."""
+    if isinstance(chosen, str):
+        return
+    given = next((s for s in settings(spec.verl, chosen.walker) if s.key == ROLLOUT_MEMORY), None)
+    value = given.value if given is not None else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not 0 < value <= 1:
+        yield sourced.diagnostic(given.loc, f"{value:g}: the rollout engine takes {ROLLOUT_MEMORY} as its share of "
+                                            f"each GPU's memory, more than 0 and at most 1 (vLLM refuses any other "
+                                            f"value as it starts, after the queue and the model load)")
+
+
+# verl's advantage estimators that compare the responses to one prompt with each other (a group of rollout.n)
+GROUP_ESTIMATORS = ("grpo", "grpo_passk", "grpo_vectorized", "rloo", "rloo_vectorized", "opo", "gdpo",
+                    "reinforce_plus_plus_baseline")
+
+
+def _learns_nothing(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
+    """Notes for a run that verl takes and that learns nothing, or not what its estimator means."""
+    if isinstance(chosen, str):
+        return
+    config = Config(chosen.tree, verl_values(spec, chosen))
+    where = {s.key: s.loc for s in settings(spec.verl, chosen.walker)}
+    epochs = config.get("trainer.total_epochs")
+    if epochs == 0 and not isinstance(epochs, bool) and config.get("trainer.total_training_steps") in (None, 0):
+        yield sourced.diagnostic(where.get("trainer.total_epochs", ("verl",)), (
+            f"{NOTE}trainer.total_epochs 0: verl's trainer runs no step (it loads the model, validates if asked, and "
+            f"ends)"))
+    estimator, n = config.get("algorithm.adv_estimator"), config.get("actor_rollout_ref.rollout.n")
+    if estimator in GROUP_ESTIMATORS and n == 1 and not isinstance(n, bool):
+        yield sourced.diagnostic(where.get("actor_rollout_ref.rollout.n", where.get("algorithm.adv_estimator",
+                                                                                      ("verl",))), (
+            f"{NOTE}{estimator} compares the rollout.n responses to each prompt with each other, and rollout.n is 1: "
+            f"every group has one response, so no response is better than its group's (set rollout.n to the group "
+            f"size, e.g. 5)"))
+
+
+def _loaded_names(spec: Spec, sourced: Sourced, chosen: Selection | str, code: Path | None) -> Iterator[Diagnostic]:
+    """The classes and functions verl imports by a name the spec's verl settings give (loadable.spec_names): the
+    release ships each one of verl's, the run's code each of its own."""
+    if isinstance(chosen, str):
+        return
+    where = {s.key: s.loc for s in settings(spec.verl, chosen.walker)}
+    config = Config(chosen.tree, verl_values(spec, chosen))
+    for key, name, what in loadable.spec_names(config.get):
+        found = loadable.name_problem(name, what, chosen.release.loadable, code, chosen.release.label,
+                                      loadable.releases_shipping)
+        if found is not None:
+            message, refused = found
+            yield sourced.diagnostic(where.get(key, ("verl", *key.split("."))), message if refused else NOTE + message)
 
 
 def _unbuilt_program(spec: Spec, sourced: Sourced, release: Release) -> Iterator[Diagnostic]:
@@ -205,6 +263,16 @@ def _words(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
             yield sourced.diagnostic(loc, str(exc))
 
 
+# The variables that choose a process's accelerators, which Ray sets for each of its workers.
+VISIBLE_DEVICES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES")
+
+
+def _device_count(value: object) -> int | None:
+    """How many devices a literal CUDA_VISIBLE_DEVICES-like value lists (None: one that expands on the node)."""
+    text = str(value)
+    return None if "$" in text else len([d for d in text.split(",") if d.strip()])
+
+
 def _env(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     ours = {e.name: e.origin for e in derived_environment(spec)}
     for name in spec.env:
@@ -218,6 +286,13 @@ def _env(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
             yield sourced.diagnostic(("env", name), f"verlc sets {name} " + (
                 f"itself ({origin.removeprefix('verlc: ')})" if origin.startswith("verlc: ")
                 else f"from {origin}; change it there instead"), at_key=True)
+        elif name in VISIBLE_DEVICES and spec.program not in TORCHRUN \
+                and (listed := _device_count(spec.env[name])) is not None and listed < spec.cluster.gpus_per_node:
+            yield sourced.diagnostic(("env", name), (
+                f"{name} lists {listed} device(s), fewer than the cluster.gpus_per_node "
+                f"({spec.cluster.gpus_per_node}) each node gives Ray to assign: Ray hands its workers device numbers "
+                f"that {name} hides, and verl's workers fail once they start. List {spec.cluster.gpus_per_node}, or "
+                f"remove it (Ray sets {name} for each worker itself)"), at_key=True)
         elif hccl_picks_ports(spec, name):
             yield sourced.diagnostic(("env", name), f"{NOTE}{name}: auto: HCCL picks these ports itself, from the "
                                                     f"OS's ephemeral ports, which no job's block of ports reaches: "
@@ -256,6 +331,8 @@ def _container(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
                                                          f"the sha256sum of FILE>, not {c.image}")
     if isinstance(c, Pyxis) and file is None and "$" not in c.image:
         yield from _enroot_reference(c.image, sourced)
+    elif file is None and (problem := digest_problem(getattr(c, "image", None) or "")):
+        yield sourced.diagnostic(("container", "image"), problem)
     for i, mount in enumerate(getattr(c, "mounts", ())):
         if ":" not in mount:
             yield sourced.diagnostic(("container", "mounts", i), "a mount is SRC:DST[:OPTIONS]")
@@ -264,6 +341,16 @@ def _container(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
 # enroot's image reference, [USER@][REGISTRY#]IMAGE[:TAG]: its image is lowercase letters, digits and /._- (enroot's
 # docker.sh refuses anything else as an "Invalid image reference"); newer enroots also take REGISTRY/IMAGE@DIGEST
 _ENROOT_IMAGE = re.compile(r"[a-z0-9/._-]+")
+
+
+def digest_problem(image: str) -> str | None:
+    """Why the digest an image reference is pinned by (IMAGE@sha256:DIGEST) is one no registry resolves, or None."""
+    digest = image.split("@sha256:", 1)[1] if "@sha256:" in image else None
+    if digest is None or re.fullmatch(r"[0-9a-f]{64}", digest) or "$" in digest:
+        return None
+    return (f"{image!r}: a sha256 digest is 64 hex digits (lowercase); {digest!r} has {len(digest)} characters"
+            + ("" if re.fullmatch(r"[0-9a-fA-F]*", digest) else ", not all hex digits")
+            + ", which no registry resolves")
 
 
 def _enroot_reference(image: str, sourced: Sourced) -> Iterator[Diagnostic]:
@@ -278,9 +365,8 @@ def _enroot_reference(image: str, sourced: Sourced) -> Iterator[Diagnostic]:
     elif "::" in image.split("#", 1)[-1]:
         yield sourced.diagnostic(loc, f"{image!r}: '::' is no tag separator; enroot passes ':{tag[1:]}' to the "
                                       f"registry as the tag, which no registry has (IMAGE:TAG, one ':')")
-    elif digest is not None and not re.fullmatch(r"[0-9a-f]{64}", digest):
-        yield sourced.diagnostic(loc, f"{image!r}: a sha256 digest is 64 hex digits (lowercase); this one has "
-                                      f"{len(digest)} characters, which no registry resolves")
+    elif digest is not None and (problem := digest_problem(image)):
+        yield sourced.diagnostic(loc, problem)
     elif not _ENROOT_IMAGE.fullmatch(name):
         yield sourced.diagnostic(loc, f"{image!r}: enroot takes an image name of lowercase letters, digits and "
                                       f"/._- only ({name!r}), and refuses it as an invalid image reference")
@@ -330,7 +416,7 @@ def _reproducible(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iter
             yield sourced.diagnostic(("container", "image"), (
                 f"reproducible: true needs the image file pinned by its own sha256, which the job checks on every "
                 f"node: {image}@sha256:<the sha256sum of {image}>; a file can be replaced"))
-    elif not re.search(r"@sha256:[0-9a-f]{64}$", image):
+    elif "@sha256:" not in image:  # (pinned by a digest that is not 64 hex digits: _container names it)
         yield sourced.diagnostic(("container", "image"), f"reproducible: true needs the image pinned by digest "
                                                          f"({image}@sha256:<64 hex digits>); a tag can move")
     if "verl_version" not in sourced.data and "verl_commit" not in sourced.data:

@@ -18,7 +18,8 @@ from .load import Sourced, load
 from .verl.moves import carry
 from .spec import Spec
 from .validate import validate
-from .verl.check import _ranges, all_keys, describe, select, settings
+from .verl.check import all_keys, describe, select, settings
+from .verl.release import ranges
 from .verl.editor import Key, describe_key, walkers
 from .verl.hydra import hydra_value, shown, verl_value
 from .verl.place import KNOWN, Walker
@@ -136,9 +137,9 @@ def _releases(key: str, version: str) -> str:
             runs.setdefault(key, []).append(other)
     if not runs:
         return "none"
-    parts = [f"{_ranges(vs)}" + ("" if name == key else f" as {name}") for name, vs in runs.items()]
+    parts = [f"{ranges(vs)}" + ("" if name == key else f" as {name}") for name, vs in runs.items()]
     missing = [v for v in RELEASES if not any(v in vs for vs in runs.values())]
-    return "; ".join(parts) + (f"; not in {_ranges(missing)}" if missing else "")
+    return "; ".join(parts) + (f"; not in {ranges(missing)}" if missing else "")
 
 
 def _unknown(key: str, release: Release, every: list[Walker]) -> str:
@@ -146,7 +147,7 @@ def _unknown(key: str, release: Release, every: list[Walker]) -> str:
     hint = did_you_mean(key, keys)
     elsewhere = [v for v in RELEASES if v != release.version and _has(snapshot(v), key)]
     return (f"{release.label} has no key '{key}'{hint}"
-            + (f"; verl {_ranges(elsewhere)} has it (verlc explain {key} --verl-version {elsewhere[-1]})"
+            + (f"; verl {ranges(elsewhere)} has it (verlc explain {key} --verl-version {elsewhere[-1]})"
                if elsewhere else ""))
 
 

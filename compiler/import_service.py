@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from .services import engine_server
 from .diagnostics import Diagnostic
 from .import_script import _PYTHON, _SHELL_ENV, SECRET, Call, Imported, ImportFailed, locate
 from .verl.hydra import service_variable
@@ -149,10 +150,22 @@ def add_service(imported: Imported, server: Server, shown: str, text: str) -> li
     while name in services:
         name = f"{name}_2"[:32]
     argv = tuple(w.replace(f"${{services.{server.name}.", f"${{services.{name}.") for w in server.argv)
+    # the share of each GPU the server takes beside the trainer: its flag, else its engine's default (the build
+    # checks it with the rollout's)
+    engine = engine_server(argv)
+    share = engine[3] if engine is not None and isinstance(engine[3], float) else \
+        engine[2] if engine is not None else None
     services[name] = {"command": list(argv), **({"env": server.env} if server.env else {}),
+                      **({"gpu_memory": share} if share is not None else {}),
                       "ready": {"http": READY_PATH, "deadline": READY_DEADLINE},
                       "probe": {"kind": "judge", "model": server.model}}
     imported.left += [f"{shown}: {item}" for item in server.left]
+    if engine is not None and engine[3] is None:
+        imported.left.append(f"{shown}:{server.line}: the server passes no {engine[1]}: {engine[0]} then takes "
+                             + (f"{engine[2]:g} of each GPU (written as services.{name}.gpu_memory; pass "
+                                f"{engine[1]} with a share that fits beside the rollout's)" if engine[2] is not None
+                                else f"a share it sizes itself; pass {engine[1]} and set services.{name}.gpu_memory "
+                                     f"to it"))
     addresses = [f"http://{host}:{server.port}" for host in dict.fromkeys((server.host, *LOCAL_HOSTS))]
     wired = list(_wire(spec.get("verl"), addresses, f"${{services.{name}.url}}", "verl"))
     variable = service_variable(name, "url")

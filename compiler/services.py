@@ -4,6 +4,7 @@ the job gets for it. The runtime (runtime/services.py) starts them, sets the var
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from .derive import TOOL_CONFIG_KEY, has_key
@@ -12,6 +13,7 @@ from .ir import ProbeIR, ServiceIR, Word, parse_word
 from .load import Sourced
 from .overrides import verl_values
 from .spec import Spec
+from .verl import loadable
 from .verl.check import NOTE, Selection
 from .verl.hydra import SERVICE_ATTRIBUTES, SERVICE_REFERENCE, service_variable, verl_value
 from .verl.program import TORCHRUN
@@ -138,31 +140,95 @@ def _image_problems(name: str, s: Any, sourced: Sourced) -> Iterator[Diagnostic]
 
 
 ROLLOUT_MEMORY = "actor_rollout_ref.rollout.gpu_memory_utilization"
+# Inference servers a service may run on the trainer's GPUs: (how a command starts one, its memory-share flag, the
+# share it takes without the flag). vLLM's EngineArgs default gpu_memory_utilization is 0.9; SGLang sizes
+# mem_fraction_static itself from the GPU's memory when the flag is missing (server_args), as if the GPU were its own.
+ENGINE_SERVERS = (("vLLM", ("vllm serve", "-m vllm.entrypoints.openai.api_server"), "--gpu-memory-utilization", 0.9),
+                  ("SGLang", ("-m sglang.launch_server", "sglang serve"), "--mem-fraction-static", None))
+
+
+def engine_server(argv: tuple[str, ...]) -> tuple[str, str, float | None, float | str | None] | None:
+    """(engine, its flag, its default share, the share the command passes: a number, a word verlc cannot read, or
+    None) where `argv` starts an inference server, else None."""
+    line = " ".join(argv)
+    for engine, starts, flag, default in ENGINE_SERVERS:
+        if any(f" {s} " in f" {line} " for s in starts):
+            given: float | str | None = None
+            for i, word in enumerate(argv):
+                if word == flag and i + 1 < len(argv):
+                    given = argv[i + 1]
+                elif word.startswith(flag + "="):
+                    given = word.partition("=")[2]
+            try:
+                given = float(given) if given is not None else None
+            except ValueError:
+                pass
+            return engine, flag, default, given
+    return None
 
 
 def gpu_memory_problems(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
-    """Services that take a share of the GPUs they share with the trainer (gpu_memory) and verl's rollout (its
-    gpu_memory_utilization of every GPU) must fit one GPU together on the node that has them all: the head (a
-    service on every node is there too). Refused with every number where they do not (vLLM fails to start, or
-    runs out of memory, after the model has loaded)."""
-    shares = {name: s.gpu_memory for name, s in spec.services.items() if s.gpu_memory}
-    if not shares or isinstance(chosen, str):
+    """Services that take a share of the GPUs they share with the trainer (gpu_memory, or what the inference server
+    its command starts takes: its flag, else its default) and verl's rollout (its gpu_memory_utilization of every
+    GPU) must fit one GPU together on the node that has them all: the head (a service on every node is there too).
+    Refused with every number where they do not (vLLM fails to start, or runs out of memory, after the model has
+    loaded); a server whose flag and gpu_memory disagree too."""
+    if isinstance(chosen, str):
+        return
+    shares: dict[str, float] = {}
+    said: dict[str, str] = {}
+    for name, s in spec.services.items():
+        server = engine_server(tuple(s.command)) if s.image is None and s.on != "own_node" else None
+        at = ("services", name)
+        if server is None:
+            if s.gpu_memory:
+                shares[name], said[name] = s.gpu_memory, f"services.{name}.gpu_memory"
+            continue
+        engine, flag, default, given = server
+        if isinstance(given, str):  # a variable: the server's share is known only where it runs
+            if s.gpu_memory:
+                shares[name], said[name] = s.gpu_memory, f"services.{name}.gpu_memory"
+            continue
+        if s.gpu_memory is not None and (given if given is not None else default) != s.gpu_memory:
+            yield sourced.diagnostic((*at, "gpu_memory"), (
+                f"services.{name} runs {engine}, which takes "
+                + (f"{given:g} of each GPU ({flag} {given:g})" if given is not None else
+                   f"{default:g} of each GPU without {flag} (its default)" if default is not None else
+                   f"the share it sizes itself without {flag}")
+                + f", not gpu_memory's {s.gpu_memory:g}: pass {flag} {s.gpu_memory:g} in its command"))
+            continue
+        if given is None and default is None:
+            yield sourced.diagnostic((*at, "command"), (
+                f"services.{name} runs {engine} on the GPUs verl's rollout uses, without {flag}: {engine} then sizes "
+                f"its memory as if each GPU were its own; pass {flag} and the same services.{name}.gpu_memory, "
+                f"with the rollout's {ROLLOUT_MEMORY}, within 1"))
+            continue
+        shares[name] = given if given is not None else default  # type: ignore[assignment]
+        said[name] = (f"services.{name}.gpu_memory" if s.gpu_memory is not None else
+                      f"services.{name}: {engine}'s {flag} {given:g}" if given is not None else
+                      f"services.{name}: {engine}'s default without {flag}")
+    if not shares:
         return
     rollout = Config(chosen.tree, verl_values(spec, chosen)).get(ROLLOUT_MEMORY)  # the spec's, else the default
     if not isinstance(rollout, (int, float)) or isinstance(rollout, bool):
         return  # an interpolation or a type problem: verl's check says which
     taken = sum(shares.values())
     if rollout + taken > 1:
-        parts = " + ".join(f"{shares[n]:g} (services.{n}.gpu_memory)" for n in shares)
+        parts = " + ".join(f"{shares[n]:g} ({said[n]})" for n in shares)
         for name in shares:
-            yield sourced.diagnostic(("services", name, "gpu_memory"),
+            s = spec.services[name]
+            yield sourced.diagnostic(("services", name, "gpu_memory" if s.gpu_memory is not None else "command"),
                                      f"the head node's GPUs hold verl's rollout and the services: {rollout:g} "
                                      f"({ROLLOUT_MEMORY}) + {parts} = {rollout + taken:g} of a GPU's memory, more "
-                                     f"than it has; lower them to fit within 1")
+                                     f"than it has; lower them to fit within 1"
+                                     + ("" if s.gpu_memory is not None else
+                                        f" (services.{name}.gpu_memory and the server's own flag)"))
 
 
-def tool_config_problems(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
-    """The tool config is verl's file: a `tools` list of mappings, each naming its class; and the program's
+def tool_config_problems(spec: Spec, sourced: Sourced, chosen: Selection | str, code: Path | None = None
+                         ) -> Iterator[Diagnostic]:
+    """The tool config is verl's file: a `tools` list of mappings, each naming a class the release (or the run's
+    code) has, a config.type and a tool_schema of the form the release reads (loadable.py); and the program's
     config has the key that names the file (verl 0.3 has no multi-turn tools)."""
     if spec.tool_config is None:
         return
@@ -172,9 +238,19 @@ def tool_config_problems(spec: Spec, sourced: Sourced, chosen: Selection | str) 
                                                    "[{class_name: ..., config: {...}, tool_schema: {...}}]}")
     else:
         for i, tool in enumerate(tools):
+            at = ("tool_config", "tools", i)
             if not isinstance(tool, dict) or not isinstance(tool.get("class_name"), str):
-                yield sourced.diagnostic(("tool_config", "tools", i), "a tool names its class_name (the Python "
-                                                                      "class verl imports for it)")
+                yield sourced.diagnostic(at, "a tool names its class_name (the Python class verl imports for it)")
+                continue
+            if isinstance(chosen, str):
+                continue
+            release = chosen.release
+            found = loadable.name_problem(tool["class_name"], "the tool's class", release.loadable, code,
+                                          release.label, loadable.releases_shipping)
+            if found is not None:
+                yield sourced.diagnostic((*at, "class_name"), found[0] if found[1] else NOTE + found[0])
+            for path, message, refused in loadable.tool_problems(tool, release.loadable, release.label):
+                yield sourced.diagnostic((*at, *path), message if refused else NOTE + message)
     if not isinstance(chosen, str) and not has_key(chosen.tree, TOOL_CONFIG_KEY):
         yield sourced.diagnostic(("tool_config",), f"{chosen.release.label}'s {chosen.config} has no "
                                                    f"{TOOL_CONFIG_KEY}: this release runs no multi-turn tools",

@@ -157,7 +157,7 @@ SlurmctldTimeout=30
 SlurmdTimeout=60
 EOF
   for ((i = 1; i <= count; i++)); do
-    echo "NodeName=n$i NodeHostname=n$i NodeAddr=$(node_ip "n$i") CPUs=$cpus RealMemory=$mem Gres=gpu:8 State=UNKNOWN"
+    echo "NodeName=n$i NodeHostname=n$i NodeAddr=$(node_ip "n$i") CPUs=$cpus RealMemory=$mem Gres=gpu:8 Features=h100,ib,rack1 State=UNKNOWN"
     write_hosts "n$i"
   done >>"$conf"
   echo "PartitionName=debug Nodes=n[1-$count] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES" >>"$conf"

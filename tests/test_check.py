@@ -92,7 +92,8 @@ container: {runtime: docker, image: verl:1, workdir: /workspace/verl, mounts: MO
 secrets: [WANDB_API_KEY]
 verl:
   algorithm: {adv_estimator: grpo}
-  actor_rollout_ref: {actor: {ppo_micro_batch_size_per_gpu: 4}, rollout: {name: vllm, log_prob_micro_batch_size_per_gpu: 4}}
+  actor_rollout_ref: {actor: {ppo_micro_batch_size_per_gpu: 4},
+                      rollout: {name: vllm, n: 4, log_prob_micro_batch_size_per_gpu: 4}}
 """
 
 
@@ -243,7 +244,7 @@ ENROOT = "container.image: "
                                          "(nvcr.io#nvidia/pytorch:24.05-py3)"),
     ("nvcr.io#nvidia/pytorch::24.05-py3", "'::' is no tag separator"),
     ("nvcr.io#nvidia/pytorch:24.05 py3", "has white space: enroot refuses it"),
-    ("nvcr.io#nvidia/pytorch@sha256:abc123", "a sha256 digest is 64 hex digits (lowercase); this one has 6"),
+    ("nvcr.io#nvidia/pytorch@sha256:abc123", "a sha256 digest is 64 hex digits (lowercase); 'abc123' has 6 characters"),
     ("nvcr.io#NVIDIA/PyTorch:24.05", "enroot takes an image name of lowercase letters, digits and /._- only "
                                      "('NVIDIA/PyTorch')"),
 ])

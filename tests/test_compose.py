@@ -96,3 +96,25 @@ def test_the_runs_wandb_run_reaches_every_ray_node_only_from_verlc_submit(bundle
             assert service["environment"]["WANDB_RESUME"] == "allow", name
     for name, service in json.loads(bare.stdout)["services"].items():
         assert not service["environment"].get("WANDB_RUN_ID"), name
+
+
+@pytest.mark.parametrize("bundle", BUNDLES, ids=[b.parent.name for b in BUNDLES])
+def test_one_mount_per_target_and_the_specs_hugging_face_cache_wins(bundle: Path) -> None:
+    """Compose keeps one mount per target: a named volume beside the spec's own mount of the Hugging Face cache
+    replaced the user's cache with an empty volume (#64 item 2). Read back through Compose itself."""
+    result = config(bundle, "--format", "json", env={"HOME": "/home/someone"})
+    assert result.returncode == 0, result.stderr
+    from ruamel.yaml import YAML
+    spec = YAML(typ="safe").load(bundle / "spec.yaml")
+    mounts = ((spec.get("compose") or {}).get("mounts") or (spec.get("container") or {}).get("mounts") or [])
+    own = [m.split(":")[0] for m in mounts if m.split(":")[1].rstrip("/") == "/root/.cache/huggingface"]
+    for name, service in json.loads(result.stdout)["services"].items():
+        if name.startswith("service-"):
+            continue
+        targets = [v["target"] for v in service["volumes"]]
+        assert len(targets) == len(set(targets)), (name, targets)
+        [cache] = [v for v in service["volumes"] if v["target"] == "/root/.cache/huggingface"]
+        if own:
+            assert (cache["type"], cache["source"]) == ("bind", own[0].replace("${HOME}", "/home/someone")), cache
+        else:
+            assert (cache["type"], cache["source"]) == ("volume", "hf-cache"), cache

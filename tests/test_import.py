@@ -873,7 +873,7 @@ PORT=${USERSIM_PORT:-18001}
 export CUDA_VISIBLE_DEVICES=${USERSIM_GPU:-1}
 export VLLM_USE_V1=1
 python3 -m vllm.entrypoints.openai.api_server --model "$ROOT/models/qwen25-7b-instruct" \\
-    --served-model-name usersim --port "$PORT" --host 127.0.0.1 --gpu-memory-utilization 0.8 \\
+    --served-model-name usersim --port "$PORT" --host 127.0.0.1 --gpu-memory-utilization 0.4 \\
     2>&1 | tee "$ROOT/usersim_server.log"
 """
 CALLER = f"""export USER_API_BASE=${{USER_API_BASE:-http://127.0.0.1:18001/v1}}
@@ -894,7 +894,8 @@ def test_a_server_script_imports_as_a_service_the_trainers_settings_reach(tmp_pa
     assert service["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model",
                                   f"{tmp_path}/models/qwen25-7b-instruct", "--served-model-name", "usersim",
                                   "--port", "${services.usersim.port}", "--host", "${services.usersim.host}",
-                                  "--gpu-memory-utilization", "0.8"]
+                                  "--gpu-memory-utilization", "0.4"]
+    assert service["gpu_memory"] == 0.4  # the server's own share, which the build checks with the rollout's (#64)
     assert service["env"] == {"VLLM_USE_V1": "1"}  # the GPU choice is left, said in the header
     assert service["ready"] == {"http": "/health", "deadline": "15m"}
     assert service["probe"] == {"kind": "judge", "model": "usersim"}
@@ -902,13 +903,22 @@ def test_a_server_script_imports_as_a_service_the_trainers_settings_reach(tmp_pa
     assert spec["env"] == {"USER_TEMPERATURE": "0.0"}
     header = out.read_text().split("\nname:")[0]
     assert "serve.sh: line 4: CUDA_VISIBLE_DEVICES=1: the server's own GPUs" in header, header
-    assert "set services.usersim.gpu_memory to its share of a GPU's memory (0.8 here)" in header, header
+    assert "set services.usersim.gpu_memory to its share of a GPU's memory (0.4 here)" in header, header
     assert "line 1: export USER_API_BASE=http://127.0.0.1:18001/v1: the server's address" in header, header
     assert "VERLC_SERVICE_USERSIM_URL (http://HOST:PORT), and USER_API_BASE was it followed by /v1" in header, header
     assert "serve.sh:6: the server, as service usersim" in result.stderr and "env.USER_API_BASE" in result.stderr
     # the spec builds: the service's address reaches the trainer's environment on every target
     built = run_verlc("build", out, "--target", "ray-job", "--out", tmp_path / "bundles", cwd=tmp_path)
     assert built.returncode == 0, built.stderr
+    # a share that does not fit beside the rollout's (0.5, verl 0.7.1's default) is refused with both numbers
+    (tmp_path / "big.sh").write_text(SERVER.replace("0.4", "0.8"))
+    big = run_verlc("import", "train.sh", "--service", "big.sh", "--verl-version", "0.7.1", cwd=tmp_path)
+    assert big.returncode == 2 and "0.5 (actor_rollout_ref.rollout.gpu_memory_utilization) + 0.8 (services.usersim" \
+        ".gpu_memory) = 1.3 of a GPU's memory" in big.stderr, big.stderr
+    # without the flag, vLLM's default share is written, and said
+    (tmp_path / "bare.sh").write_text(SERVER.replace(" --gpu-memory-utilization 0.4", ""))
+    bare = run_verlc("import", "train.sh", "--service", "bare.sh", "--verl-version", "0.7.1", cwd=tmp_path)
+    assert bare.returncode == 2 and "0.9 (services.usersim.gpu_memory)" in bare.stderr, bare.stderr
     # a script that starts no server is refused, naming what it started
     (tmp_path / "other.sh").write_text("python3 -m http.server 9000\n")
     refused = run_verlc("import", "train.sh", "--service", "other.sh", "--verl-version", "0.7.1", cwd=tmp_path)

@@ -371,7 +371,9 @@ def test_a_service_on_a_node_of_its_own_adds_that_node_to_every_targets_allocati
     text = (REPO / "specs" / "genrm-judge.yaml").read_text()
     assert "    on: own_node" in text and "  nodes: 2\n" in text
     (tmp_path / "own.yaml").write_text(text)
-    (tmp_path / "head.yaml").write_text(text.replace("    on: own_node", "    on: head"))
+    # on the head, beside the rollout's 0.5 of each GPU: vLLM's share said by its flag and gpu_memory (#64 item 3)
+    (tmp_path / "head.yaml").write_text(text.replace("    on: own_node", "    on: head\n    gpu_memory: 0.3").replace(
+        '--max-model-len, "8192"]', '--max-model-len, "8192", --gpu-memory-utilization, "0.3"]'))
     for name, nodes in (("own", 3), ("head", 2)):
         built = run_verlc("build", f"{name}.yaml", "--target", "all", "--out", "out", cwd=tmp_path)
         assert built.returncode == 0, built.stderr

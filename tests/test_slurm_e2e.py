@@ -1123,3 +1123,22 @@ def test_verls_sft_program_runs_under_torchrun_on_one_node(ended: Ended) -> None
                         "--config-name=sft_trainer_engine"], launched
     assert f"model.path={ended.root}/model" in argv and "data.max_length=512" in argv, launched
     assert "preflight passed: 1 nodes, 8 GPUs, 2 data files" in output and "step:2 - train/loss:0.5" in output
+
+
+CONSTRAINTS = ["h100&ib", "h100|ib", "h100,ib", "[h100|ib]", "(h100&ib)|rack1", "h100*2", "[h100*1&ib*1]",
+               "h100&&ib", "h100||ib", "&h100", "h100&", "h100|", "(h100", "h100)", "()", "h100(ib)", "h100 ib"]
+
+
+def test_verlcs_constraint_grammar_is_the_controllers(slurm: None) -> None:
+    """#64 item 6: each expression's verdict is slurmctld's own (sbatch --test-only against the test cluster, whose
+    nodes have the features h100, ib and rack1): refused at the line by verlc exactly where Slurm refuses it."""
+    from verlc.targets.slurm.section import constraint_problem
+
+    slurms, verlcs = {}, {}
+    for expression in CONSTRAINTS:
+        done = subprocess.run(["sbatch", "--test-only", "-N", "1", f"--constraint={expression}", "--wrap", "true"],
+                              capture_output=True, text=True, timeout=60)
+        slurms[expression] = done.returncode == 0
+        verlcs[expression] = constraint_problem(expression) is None
+    assert verlcs == slurms
+    assert not slurms["h100&&ib"] and slurms["h100&ib"]  # the case the issue names, both ways

@@ -12,7 +12,7 @@ from ..diagnostics import Diagnostic, did_you_mean
 from ..load import Sourced
 from .hydra import KEY, SERVICE_REFERENCE, hydra_value, shown, verl_value
 from .place import KNOWN, UNDER_VALUE, UNKNOWN, Place, Walker
-from .release import ENGINE_KEY, MISSING, RELEASES, Release, snapshot
+from .release import ENGINE_KEY, MISSING, RELEASES, Release, ranges, snapshot
 from .rules import WORKERS, WORKERS_NOTE, Config, absolute, rules
 from .workers import startup_rules
 
@@ -573,19 +573,7 @@ def other_releases(parts: list[str], release: Release) -> str:
             having.append(version)
     if not having:
         return ""
-    return f"; {key} exists in verl {_ranges(having)}"
-
-
-def _ranges(versions: list[str]) -> str:
-    """Consecutive releases as 'A-B', others listed: '0.3.0.post1-0.6.1, 0.8.0'."""
-    index = {v: i for i, v in enumerate(RELEASES)}
-    runs: list[list[str]] = []
-    for v in versions:
-        if runs and index[v] == index[runs[-1][-1]] + 1:
-            runs[-1].append(v)
-        else:
-            runs.append([v])
-    return ", ".join(r[0] if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    return f"; {key} exists in verl {ranges(having)}"
 
 
 def all_keys(tree: dict[str, Any], prefix: str = "") -> Iterator[str]:

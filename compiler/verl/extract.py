@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from . import workers
+from . import loadable, workers
 from .release import put
 
 TRAINER_CONFIGS = ("ppo_trainer", "ppo_megatron_trainer")
@@ -67,6 +67,7 @@ def extract(package: Path, *, lazy: bool = False, all_classes: bool = False,
         "allowed": _allowed(package, classes),
         "worker_allowed": _worker_allowed(package, _allowed(package, classes)),
         "startup": workers.read(package),
+        "loadable": loadable.read(package),
         "docs": {"keys": {} if lazy else yaml_docs(config_dir, {n: c["engines"]
                                                              for n, c in {**configs, **program_configs}.items()}),
                  "fields": {q: info["docs"] for q, info in used.items() if info["docs"]}},

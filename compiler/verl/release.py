@@ -58,6 +58,7 @@ class Release:
     commit: str | None = None      # the git commit these facts were read from (None: a PyPI release)
     unchecked: tuple[str, ...] = ()  # packages whose keys only Hydra can judge (a program's group choices)
     startup: Mapping[str, Any] = field(default_factory=dict)  # what its workers need at start-up (workers.py)
+    loadable: Mapping[str, Any] = field(default_factory=dict)  # what verl imports by a name the spec gives (loadable.py)
     validated: bool = True  # the program runs verl's validate_config (main_ppo does): its consistency rules apply
     programs: Mapping[str, str] = field(default_factory=dict)  # verl's own Hydra programs -> their config
     program_configs: Mapping[str, tuple[str, Mapping[str, Any]]] = field(default_factory=dict)  # not main_ppo's
@@ -143,6 +144,18 @@ def put(tree: dict[str, Any], path: list[str], value: Any) -> dict[str, Any]:
     return {**tree, head: put(tree.get(head) or {}, rest, value) if rest else value}
 
 
+def ranges(versions: list[str]) -> str:
+    """Consecutive releases as 'A-B', others listed: '0.3.0.post1-0.6.1, 0.8.0'."""
+    index = {v: i for i, v in enumerate(RELEASES)}
+    runs: list[list[str]] = []
+    for v in versions:
+        if runs and index[v] == index[runs[-1][-1]] + 1:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    return ", ".join(r[0] if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
 @cache
 def snapshot(version: str) -> Release:
     """The shipped schema of one verl release; KeyError when verlc has none for it."""
@@ -184,6 +197,7 @@ def from_data(version: str, data: dict[str, Any], source: str, commit: str | Non
         worker_allowed={k: tuple(v) for k, v in data.get("worker_allowed", {}).items()},
         groups={k: tuple(v) for k, v in data.get("groups", {}).items()},
         startup=data.get("startup", {}),
+        loadable={**data.get("loadable", {}), "objects": frozenset(data.get("loadable", {}).get("objects", ()))},
         programs=data.get("programs", {}),
         program_configs={name: (c["default_engine"], c["engines"]) for name, c in data.get("program_configs", {}).items()},
         choices=data.get("choices", {}),
@@ -239,7 +253,8 @@ def pack(version: str, data: dict[str, Any]) -> bytes:
     doc = {"verl_version": version, "configs": configs, "choices": choices, "programs": data["programs"],
            "program_configs": interned(data["program_configs"]), "nodes": nodes, "groups": data["groups"],
            "targets": data["targets"], "classes": data["classes"], "allowed": data["allowed"],
-           "worker_allowed": data["worker_allowed"], "startup": data["startup"]}
+           "worker_allowed": data["worker_allowed"], "startup": data["startup"],
+           "loadable": data["loadable"]}
     return _gzip(json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode())
 
 
@@ -260,5 +275,6 @@ def unpack(doc: dict[str, Any]) -> dict[str, Any]:
         "groups": doc["groups"], "targets": doc["targets"], "classes": doc["classes"], "allowed": doc["allowed"],
         "worker_allowed": doc.get("worker_allowed", {}),
         "startup": doc.get("startup", {}),
+        "loadable": doc.get("loadable", {}),
         "choices": doc.get("choices", {}), "nodes": nodes,  # the choices' subtrees: built when chosen
     }

@@ -61,14 +61,27 @@ def _service(ir: JobIR, c: ContainerIR, command: list[str], node: int | None) ->
         "shm_size": c.shm_size,
         "working_dir": text(c.workdir),
         "environment": env,
-        "volumes": [text(m) for m in c.mounts] + ["hf-cache:/root/.cache/huggingface",
-                                                  f"./{PACKAGE}:{HELPER_DIR}/{PACKAGE}:ro"]
-        + ([checkpoints] if checkpoints else []),
+        "volumes": [text(m) for m in c.mounts] + ([] if _own_hf_cache(c) else [f"{HF_VOLUME}:{HF_CACHE}"])
+        + [f"./{PACKAGE}:{HELPER_DIR}/{PACKAGE}:ro"] + ([checkpoints] if checkpoints else []),
         "command": command,
     }
     if node is not None:
         service.update(_gpu_settings(ir, c, node))
     return service
+
+
+# The Hugging Face cache of every container: the spec's mount where it has one there (Compose keeps one mount per
+# target, so a second one would silently replace the user's cache), else a named volume that outlives the stack.
+HF_CACHE = "/root/.cache/huggingface"
+HF_VOLUME = "hf-cache"
+
+
+def _mount_targets(c: ContainerIR) -> list[str]:
+    return [text(m).split(":")[1] for m in c.mounts]
+
+
+def _own_hf_cache(c: ContainerIR) -> bool:
+    return any(t.rstrip("/") == HF_CACHE for t in _mount_targets(c))
 
 
 CHECKPOINTS = "checkpoints"  # the bundle's folder for the checkpoints, where no mount of the spec's holds them
@@ -81,8 +94,7 @@ def checkpoint_mount(ir: JobIR) -> str | None:
     absolute = isinstance(ir.checkpoint_dir.parts[0], Var) or ir.checkpoint_dir.parts[0].startswith("/")
     path = text(ir.checkpoint_dir) if absolute else \
         f"{text(c.workdir)}/{text(ir.checkpoint_dir)}"  # verl writes relative to its working dir
-    targets = [text(m).split(":")[1] for m in c.mounts]
-    if "$" not in path and persistent_home(path, None, targets) is not None:
+    if "$" not in path and persistent_home(path, None, _mount_targets(c)) is not None:
         return None
     return f"./{CHECKPOINTS}:{path}"
 
@@ -140,7 +152,7 @@ def compose_file(ir: JobIR) -> dict[str, Any]:
         head["environment"] += variables  # the runtime takes them (runtime/protocol.py)
         head.setdefault("depends_on", {})[name] = {"condition": "service_started"}
     return {"name": ir.name, "services": {**services, **{name: s for name, (s, _) in given.items()}},
-            "volumes": {"hf-cache": {}}}
+            **({} if _own_hf_cache(c) else {"volumes": {HF_VOLUME: {}}})}
 
 
 def image_services(ir: JobIR) -> dict[str, tuple[dict[str, Any], list[str]]]:

@@ -16,6 +16,7 @@ from ...compiler.spec import NoContainer, Spec
 from ...compiler.verl.check import NOTE
 from ..shared import image_services_refused
 from .lower import log_dirs
+from .section import HINTS
 
 LOG_FOLDER_NOTE = "Slurm does not create the folder"  # `verlc submit` creates it, and leaves this note out
 
@@ -112,6 +113,10 @@ def check_section(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
                                      at_key=True)
         elif option in FIXED:
             yield sourced.diagnostic(where, f"verlc sets --{option} itself: {FIXED[option]}", at_key=True)
+        elif option == "hint" and slurm.sbatch[option] not in HINTS:
+            near = difflib.get_close_matches(str(slurm.sbatch[option]), HINTS, n=1)
+            yield sourced.diagnostic(where, f"sbatch takes --hint={' | '.join(HINTS)}; it refuses "
+                                            f"{slurm.sbatch[option]!r}" + (f" (did you mean {near[0]}?)" if near else ""))
         elif option not in SBATCH_OPTIONS:
             near = difflib.get_close_matches(option, sorted(SBATCH_OPTIONS), n=1)
             yield sourced.diagnostic(where, f"sbatch has no option --{option}"

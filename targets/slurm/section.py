@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import Field, Strict
+from pydantic import AfterValidator, Field, Strict
+from annotated_types import Len
 
 from ...compiler.fields import Bool, Directive, Int, Model, Seconds, SlurmMem, SlurmTime, matching
 from ...compiler.ir import TimeLimit
@@ -19,8 +21,54 @@ MailUser = Annotated[str, Strict(), matching(r"[A-Za-z0-9._%+-]{1,64}(@[A-Za-z0-
                                              "an e-mail address or a user name")]
 GresName = Annotated[str, Strict(), matching(r"[A-Za-z][A-Za-z0-9_]{0,62}", "a Slurm GRES name such as npu")]
 # sbatch reads #SBATCH lines itself (no shell): a constraint's &, |, [], * and () reach it as they are
-Constraint = Annotated[str, Strict(), matching(r"[A-Za-z0-9_.,:@+=/\[\]*&|()!-]{1,255}",
-                                               "a Slurm node feature expression (features joined by & | , * [])")]
+_FEATURE = re.compile(r"!?[A-Za-z0-9_.:@+=/-]+(\*[0-9]+)?")
+
+
+def constraint_problem(text: str) -> str | None:
+    """Why Slurm's controller refuses `text` as a --constraint ("Invalid feature specification"), or None: features
+    (a count after `*`) joined by one `&`, `|` or `,`, grouped by `()` or, for a matching OR, `[]`."""
+    tokens = re.findall(r"[()\[\]]|[&|,]+|[^()\[\]&|,]+", text)
+    closing = {"(": ")", "[": "]"}
+    stack: list[str] = []
+    operand = False  # whether the token before was an operand (a feature or a closed group)
+    for token in tokens:
+        if token in closing:
+            if operand:
+                return f"{text!r}: a group after a feature needs an operator (& | ,) between them"
+            stack.append(closing[token])
+            continue
+        elif token in (")", "]"):
+            if not stack or stack.pop() != token or not operand:
+                return f"{text!r}: {token!r} closes no group or an empty one"
+        elif token[0] in "&|,":
+            if len(token) > 1:
+                return f"{text!r}: {token!r}: features are joined by one &, | or , (AND, OR, AND)"
+            if not operand:
+                return f"{text!r}: {token!r} has no feature before it"
+            operand = False
+            continue
+        elif operand and re.fullmatch(r"\*[0-9]+", token):
+            continue  # a count after a group: [rack1|rack2]*2
+        elif not _FEATURE.fullmatch(token):
+            return f"{text!r}: {token!r} is not a node feature (letters, digits and _.:@+=/-, a count after *)"
+        operand = True
+    if stack:
+        return f"{text!r}: {stack[-1]!r} is missing"
+    if not tokens:
+        return f"{text!r} has no feature"
+    return None  # a trailing operator (h100&) is taken: Slurm 22.05's controller ignores it
+
+
+def _constraint(text: str) -> str:
+    problem = constraint_problem(text)
+    if problem is not None:
+        raise ValueError(f"{problem}: Slurm refuses it as an invalid feature specification")
+    return text
+
+
+Constraint = Annotated[str, Strict(), Len(1, 255), AfterValidator(_constraint)]
+# sbatch --hint's values (Slurm 22.05 on): sbatch refuses any other as "unrecognized --hint argument"
+HINTS = ("compute_bound", "memory_bound", "multithread", "nomultithread")
 SbatchOption = Annotated[str, Strict(), matching(r"[a-z][a-z0-9-]{0,40}", "an sbatch long option without its "
                                                                           "dashes, such as gres-flags")]
 
