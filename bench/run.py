@@ -442,12 +442,12 @@ def main() -> int:
                 rows.append((f"{n}-node Slurm: job start -> cluster ready", f"{f['start_to_ready']:.2f} s",
                              "none: on 2 cores this measures CPU contention", ""))
             largest = max(figures)
-            floor = ray_floor(tmp / f"floor{largest}", largest)
+            ray_bare = ray_floor(tmp / f"floor{largest}", largest)  # not `floor`: the import floor's, read below
             ours = figures[largest]["start_to_preflight_passed"]
             rows.append((f"{largest}-node Slurm: verlc's bring-up + preflight (job start -> preflight passed) vs. the "
                          f"bare floor (`ray start` on every node + `ray status` seeing all of them)",
-                         f"{ours:.1f} s vs. {floor:.1f} s: {ours / floor:.2f}x", "within 2x the floor (#56)",
-                         "met" if ours <= 2 * floor else "NOT met"))
+                         f"{ours:.1f} s vs. {ray_bare:.1f} s: {ours / ray_bare:.2f}x", "within 2x the floor (#56)",
+                         "met" if ours <= 2 * ray_bare else "NOT met"))
             rows.append((f"{largest}-node Slurm: each preflight check (the runtime's `check` lines; inputs and data "
                          f"run beside nodes)", ", ".join(f"{k} {v:.2f} s" for k, v in
                                                         figures[largest]["checks"].items()), "", ""))

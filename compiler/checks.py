@@ -138,6 +138,12 @@ def _loaded_names(spec: Spec, sourced: Sourced, chosen: Selection | str, code: P
         if found is not None:
             message, refused = found
             yield sourced.diagnostic(where.get(key, ("verl", *key.split("."))), message if refused else NOTE + message)
+    if "VERL_USE_EXTERNAL_MODULES" in spec.env:
+        return  # modules verl imports as it loads may register more
+    for key, name, registry in loadable.registered_names(config.get):
+        problem = loadable.registry_problem(name, registry, chosen.release.loadable, chosen.release.label)
+        if problem is not None and key in where:  # verl's own defaults are its registries' own
+            yield sourced.diagnostic(where[key], problem)
 
 
 def _unbuilt_program(spec: Spec, sourced: Sourced, release: Release) -> Iterator[Diagnostic]:

@@ -47,6 +47,18 @@ Name = Annotated[str, Strict(), matching(
     "a valid name: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")]
 EnvName = Annotated[str, Strict(), matching(
     r"[A-Za-z_][A-Za-z0-9_]{0,127}", "an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")]
+
+
+def _secret_name(value: str) -> str:
+    name, eq, _ = value.partition("=")
+    if eq:  # never echo what follows '=': it is the secret itself
+        raise ValueError(f"a secret is listed by its name alone: write {name[:80]!r} here and export its value where "
+                         f"you submit (the value given here is not shown)")
+    return value
+
+
+SecretName = Annotated[str, Strict(), AfterValidator(_secret_name), matching(
+    r"[A-Za-z_][A-Za-z0-9_]{0,127}", "an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")]
 # Values that reach `#SBATCH` lines, which sbatch splits on white space.
 Directive = Annotated[str, Strict(), matching(
     r"[A-Za-z0-9_.,:%@+=/\[\]{}~-]{1,255}", "a Slurm directive value (no spaces or quotes)")]

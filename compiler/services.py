@@ -91,6 +91,9 @@ def placement_problems(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
     for name, s in spec.services.items():
         at = ("services", name)
         yield from _image_problems(name, s, sourced)
+        if s.ready.http is not None and s.ready.command is not None:
+            yield sourced.diagnostic((*at, "ready"), f"services.{name}.ready has both http and command: give one "
+                                                     f"(a path that answers 2xx, or a command that exits 0)")
         if s.gpus is not None and s.on != "own_node":
             yield sourced.diagnostic((*at, "gpus"), f"gpus is what a service on a node of its own holds there "
                                                     f"(on: own_node); services.{name} is on: {s.on}", at_key=True)

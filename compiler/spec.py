@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 from pydantic import Discriminator, Field, Strict, Tag, create_model
 
 from .fields import (
-    Bool, Directive, EnvName, EnvValue, Int, Model, Name, Number, Package, Seconds, Size, Str, Text, Version, matching,
+    Bool, Directive, EnvName, EnvValue, SecretName, Int, Model, Name, Number, Package, Seconds, Size, Str, Text, Version, matching,
 )
 
 if TYPE_CHECKING:
@@ -416,7 +416,7 @@ class Spec(Model):
     network: Network = Field(Network(), description="Which NIC Ray uses; NCCL/RCCL settings.")
     env: dict[EnvName, EnvValue] = Field(default_factory=dict, description="Set on every node before Ray starts; "
                                          "${env:NAME} (and ${HOME}, ${USER}, a leading ~) expand on the node.")
-    secrets: tuple[EnvName, ...] = Field((), description="Names only; values come from the submitting shell.")
+    secrets: tuple[SecretName, ...] = Field((), description="Names only; values come from the submitting shell.")
     pins: dict[Package, Version] = Field(
         default_factory=dict, description="Exact package versions every node must have (verl: verl_version).")
     ray: Ray = Field(Ray(), description="Ray's ports, bring-up deadline, debugger, and the ray-job address.")

@@ -58,6 +58,10 @@ def _diagnostic(sourced: Sourced, err: Any, root: type[Spec]) -> Diagnostic:
     message = err["msg"].removeprefix("Value error, ")
     if loc and loc[-1] == "[key]":  # pydantic's mark of a mapping's key (not its value) that is wrong
         return sourced.diagnostic(loc[:-1], _sentence(message), at_key=True)
+    if kind in ("tuple_type", "list_type") and isinstance(err.get("input"), str):
+        words = err["input"].split()
+        return sourced.diagnostic(loc, "should be a list of words (argv), got one string" + (
+            f": write it as {words!r}, each word one item (no shell splits it)" if len(words) > 1 else ""))
     if kind.endswith("_type") and "input" in err:
         message += f", got {type(err['input']).__name__ if err['input'] is not None else 'null'}"
         value = err["input"]

@@ -134,3 +134,27 @@ def test_the_example_is_pinned_to_a_release_that_ships_its_tool() -> None:
     result = run_verlc("validate", REPO / "specs" / "search-r1-retriever.yaml")
     assert result.returncode == 0, result.stderr
     assert "verl 0.7.1" in result.stdout
+
+
+REGISTRIES = r"""
+import importlib, json, pkgutil
+import verl.experimental.agent_loop as loops
+import verl.experimental.reward_loop.reward_manager as new
+import verl.workers.reward_manager as legacy
+for package in (loops, new, legacy):  # every module of each registry's package, as verl's loading does
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{module.name}")
+from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
+from verl.workers.reward_manager.registry import REWARD_MANAGER_REGISTRY
+print(json.dumps({"agent_loop": sorted(_agent_loop_registry),
+                  "reward_manager": sorted({*REWARD_MANAGER, *REWARD_MANAGER_REGISTRY})}))
+"""
+
+
+def test_the_registries_are_verls_own_once_loaded() -> None:
+    """The installed verl (0.9.1): its agent loop and reward manager registries, filled by importing every module of
+    their packages, hold exactly the names verlc read from the release's files."""
+    result = subprocess.run([sys.executable, "-c", REGISTRIES], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout) == snapshot("0.9.1").loadable["registered"]

@@ -48,11 +48,14 @@ def read(package: Path) -> dict[str, Any]:
             tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
         except SyntaxError:
             continue
+        # `register` as the module names it (`from .registry import register as register_manager`)
+        registers = {"register"} | {a.asname for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names
+                                    if a.name == "register" and a.asname}
         for node in tree.body:
             if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 objects.append(f"{module}.{node.name}")
             if isinstance(node, ast.ClassDef):
-                for name in _registered(node):
+                for name in _registered(node, registers):
                     registry = "reward_manager" if "reward_manager" in module else \
                         "agent_loop" if "agent_loop" in module else None
                     if registry:
@@ -67,9 +70,9 @@ def read(package: Path) -> dict[str, Any]:
             "registered": {k: sorted(v) for k, v in sorted(registered.items())}}
 
 
-def _registered(node: ast.ClassDef) -> Iterator[str]:
+def _registered(node: ast.ClassDef, registers: set[str]) -> Iterator[str]:
     for d in node.decorator_list:
-        if isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == "register" \
+        if isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id in registers \
                 and len(d.args) == 1 and isinstance(d.args[0], ast.Constant) and isinstance(d.args[0].value, str):
             yield d.args[0].value
 
@@ -254,3 +257,29 @@ def spec_names(get: Any) -> Iterator[tuple[str, str, str]]:
         path, name = get(f"{section}.path"), get(f"{section}.name")
         if isinstance(path, str) and path.startswith(_PKG) and isinstance(name, str) and name:
             yield f"{section}.path", f"{path.removeprefix(_PKG)}.{name}", f"{section}.{{path, name}}"
+
+
+def registered_names(get: Any) -> Iterator[tuple[str, str, str]]:
+    """The names verl looks up in one of its registries (`@register("name")`): (the key that gives it, the name,
+    the registry). None where code the run loads may register more (a custom reward function's file, or an agent
+    loop config of its own)."""
+    if any(isinstance(get(k), str) and get(k) for k in ("custom_reward_function.path",
+                                                        "reward.custom_reward_function.path")):
+        return
+    new = get("reward.reward_manager.name")
+    if isinstance(new, str) and get("reward.reward_manager.source") in ("register", None):
+        yield "reward.reward_manager.name", new, "reward_manager"
+    elif isinstance(get("reward_model.reward_manager"), str):
+        yield "reward_model.reward_manager", get("reward_model.reward_manager"), "reward_manager"
+    loop = get("actor_rollout_ref.rollout.agent.default_agent_loop")
+    if isinstance(loop, str) and not get("actor_rollout_ref.rollout.agent.agent_loop_config_path"):
+        yield "actor_rollout_ref.rollout.agent.default_agent_loop", loop, "agent_loop"
+
+
+def registry_problem(name: str, registry: str, facts: Mapping[str, Any], label: str) -> str | None:
+    """Why `name` is not in the release's `registry`, or None (also where the schema does not know it)."""
+    known = facts.get("registered", {}).get(registry)
+    if not known or name in known:
+        return None
+    return (f"{label} registers these {registry.replace('_', ' ')}s: {', '.join(known)}; {name!r} is not one "
+            f"(verl looks it up once its trainer runs, after the queue and the model load)")

@@ -859,7 +859,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 d96b04f019ff3c8667c250ffbfea08c8b9b272338d0b0f8d18214669f4603f11:
+# runtime/ of verlc 0.1.0, as one program, sha256 d85c5d9bcc8d14f4f75f5a59a3be827efa3272dfb8a0aaa8b57c0cd16784a109:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -877,7 +877,7 @@ lifecycle (lifecycle/, each target's launch.py) reads those lines and the run fo
 them takes the names below from here, and the bash templates get them from their views, so a rename is one
 edit here.
 
-Standard library only: every bundle ships it with the rest of the runtime (runtime/ship.py).
+Standard library only: every bundle ships it with the rest of the runtime (targets/job_package.py).
 """
 
 

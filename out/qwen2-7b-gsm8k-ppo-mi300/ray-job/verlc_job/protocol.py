@@ -8,7 +8,7 @@ lifecycle (lifecycle/, each target's launch.py) reads those lines and the run fo
 them takes the names below from here, and the bash templates get them from their views, so a rename is one
 edit here.
 
-Standard library only: every bundle ships it with the rest of the runtime (runtime/ship.py).
+Standard library only: every bundle ships it with the rest of the runtime (targets/job_package.py).
 """
 
 from __future__ import annotations
