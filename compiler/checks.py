@@ -19,7 +19,7 @@ from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, imag
 from .verl import determinism, loadable, preprocess
 from .verl.check import NOTE, Selection, Setting, check_groups, check_verl, select, settings, without_prefixes
 from .services import (ROLLOUT_MEMORY, check_references, gpu_memory_problems, placement_problems, tool_config_problems,
-                       word_problems)
+                       wiring_problems, word_problems)
 from .verl.hydra import SERVICE_REFERENCE, hydra_value, shown
 from .verl.program import GENERATION_SERVER, RAY_PROGRAMS, TORCHRUN, own_config
 from .verl.release import Release
@@ -60,6 +60,7 @@ def check(spec: Spec, sourced: Sourced, release: Release, catalog: Catalog, targ
         *check_references(spec, sourced),
         *word_problems(spec, sourced),
         *placement_problems(spec, sourced),
+        *wiring_problems(spec, sourced),
         *tool_config_problems(spec, sourced, chosen, code),
         *_loaded_names(spec, sourced, chosen, code),
         *gpu_memory_problems(spec, sourced, chosen),

@@ -3,6 +3,7 @@ the job gets for it. The runtime (runtime/services.py) starts them, sets the var
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,59 @@ def check_references(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
             yield sourced.diagnostic(("services", name, "listen"),
                                      f"{NOTE}services.{name} listens on every interface of its node: anyone who "
                                      f"reaches the node reaches it", at_key=True)
+
+
+# A word that says which port a server listens on, followed by the port (or `--port=PORT`)
+_PORT_FLAGS = ("--port", "-p", "--listen-port", "--http-port", "--server-port")
+# An address written by hand: scheme, host, port
+_FIXED_ADDRESS = re.compile(r"\bhttps?://(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]|[A-Za-z0-9.-]+):[0-9]{2,5}\b")
+
+
+def wiring_problems(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
+    """How a service's command and the trainer's settings reach it: a command that never reads its own port (verlc
+    probes that port until the deadline), one that listens on another service's port, a command written as one
+    string (argv[0] would be the whole line), `https://` before a service's address (services speak plain HTTP),
+    and, where the spec has services, an address written by hand in verl's settings or the tool config."""
+    for name, s in spec.services.items():
+        at = ("services", name)
+        if not s.command:
+            continue  # an image of its own: the target gives it its port
+        if " " in s.command[0].strip():
+            yield sourced.diagnostic((*at, "command", 0), (
+                f"{s.command[0]!r} is one word with spaces: a command is a list of words (argv), each its own item; "
+                f"write {s.command[0].split()!r} + the rest"))
+        words = [*s.command, *s.env.values()]
+        own = {m[1].partition(".")[2] for w in words for m in SERVICE_REFERENCE.finditer(w)
+               if m[1].partition(".")[0] == name}
+        # (a misspelt attribute of its own, `${services.NAME.prot}`, is said once, by check_references)
+        if not own & {"port", "url"} and own <= set(SERVICE_ATTRIBUTES) \
+                and (s.probe is not None or s.ready.command is None):
+            yield sourced.diagnostic((*at, "command"), (
+                f"services.{name} never reads ${{services.{name}.port}}: verlc gives it a port of the job's own and "
+                f"checks that one until ready.deadline, while a port written in its command is another. Pass "
+                f"${{services.{name}.port}} (or its url) where the server takes its port"))
+        for i, word in enumerate(s.command):
+            flag, eq, value = word.partition("=")
+            j, given = (i + 1, s.command[i + 1]) if word in _PORT_FLAGS and i + 1 < len(s.command) else \
+                (i, value) if eq and flag in _PORT_FLAGS else (i, "")
+            other = re.fullmatch(r"\$\{services\.([a-z][a-z0-9_]*)\.port\}", given)
+            if other and other[1] != name and other[1] in spec.services:
+                yield sourced.diagnostic((*at, "command", j), (
+                    f"services.{name} listens on services.{other[1]}'s port: two servers cannot take one port; "
+                    f"give it ${{services.{name}.port}}"))
+    places = list(_strings(spec.verl, ("verl",))) + list(_strings(spec.tool_config or {}, ("tool_config",)))
+    for name, s in spec.services.items():
+        places += _service_words(name, s)
+    for loc, text in places:
+        if re.search(r"https://\$\{services\.", text):
+            yield sourced.diagnostic(loc, "a service speaks plain HTTP: ${services.NAME.url} is http://HOST:PORT "
+                                          "already, and https:// before its host fails the TLS handshake")
+        elif spec.services and loc[0] != "services" and (m := _FIXED_ADDRESS.search(text)) \
+                and not SERVICE_REFERENCE.search(text):
+            yield sourced.diagnostic(loc, (
+                f"{NOTE}{m[0]} is an address written by hand while the spec has services ("
+                f"{', '.join(spec.services)}): a service's address is known only as the job runs; "
+                f"${{services.NAME.url}} gives it (the host a process on another node reaches)"))
 
 
 def placement_problems(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:

@@ -20,7 +20,8 @@ import uuid
 from .addresses import addresses, own_nodes, placed
 from .cluster import holding, node_label, node_name, on_each_node
 from .job import Service, ToolConfig
-from .probes import SERVICE_REQUEST_TIMEOUT, connect_problem, exposure_problem, probe_problem, ready_problem
+from .probes import (SERVICE_REQUEST_TIMEOUT, connect_problem, exposure_problem, listening_ports, probe_problem,
+                     ready_problem)
 from .process import SERVICE_STOP_GRACE, Process, tail_of
 from .protocol import SERVICE_LOGS, TOOL_CONFIG_FILE, say, service_ready_message
 
@@ -286,11 +287,20 @@ class Services:
                 elif time.monotonic() - self._started(service, now) > service.deadline:
                     waiting.remove(service)
                     problems.append(self._failure(service, f"was not ready within {service.deadline}s "
-                                                           f"(ready.deadline): {last[service.name]}",
-                                                  self._tail(service)))
+                                                           f"(ready.deadline): {last[service.name]}"
+                                                           + self._elsewhere(service), self._tail(service)))
             if waiting:
                 time.sleep(0.5)
         return problems
+
+    def _elsewhere(self, service: Service) -> str:
+        """Where a head service listens, when not on the port verlc gave it (a port written in its command)."""
+        process = self.head.get(service.name)
+        if process is None or process.proc is None or service.ready_command:
+            return ""
+        ports = [p for p in listening_ports(process.proc.pid) if p != self._port(service)]
+        return (f"; its process listens on port {', '.join(map(str, ports))} instead of {self._port(service)}: pass "
+                f"${{services.{service.name}.port}} where the server takes its port") if ports else ""
 
     def _started(self, service: Service, otherwise: float) -> float:
         """When a service was started (time.monotonic() here): its head process's start, its node actors'."""

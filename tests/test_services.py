@@ -126,9 +126,11 @@ def test_a_service_listening_on_every_interface_fails_at_once_unless_the_spec_sa
 
 
 def test_a_service_never_ready_fails_by_its_deadline_naming_it_with_its_last_lines(services) -> None:  # noqa: ANN001
-    # listens on another port than the one verlc gave it: never ready there
+    # listens on another port than the one verlc gave it: never ready there, and the failure names the port it
+    # does listen on, read from the kernel's tables for the service's own processes (#64 item 4)
+    elsewhere = service_ports(1)[0]
     silent = sandbox(deadline=3, argv=[[sys.executable], [str(SERVERS / "sandbox.py")], ["--host"], ["127.0.0.1"],
-                                       ["--port"], [str(service_ports(1)[0])]])
+                                       ["--port"], [str(elsewhere)]])
     running = services(silent)
     running.start_head("127.0.0.1")
     began = time.monotonic()
@@ -137,6 +139,7 @@ def test_a_service_never_ready_fails_by_its_deadline_naming_it_with_its_last_lin
     assert len(problems) == 1 and problems[0].startswith("service sandbox was not ready within 3s (ready.deadline): "
                                                          "GET /health answered"), problems
     assert "its log: " in problems[0]
+    assert f"its process listens on port {elsewhere} instead of " in problems[0], problems
 
 
 def test_a_service_whose_command_is_not_in_the_image_fails_the_preflight_naming_it(services, capsys) -> None:  # noqa: ANN001
@@ -497,3 +500,31 @@ def test_a_service_in_an_image_of_its_own_builds_for_slurm_and_compose_and_is_re
     assert "b.yaml:14:5: services.sandbox.gpu_memory: services.sandbox runs in an image of its own" in bad, bad
     assert "b.yaml:15:3: services.nothing: services.nothing runs a command in the job's image (command: [...]) " \
            "or an image of its own (image: ...): it has neither" in bad, bad
+
+
+def test_an_address_written_by_hand_beside_services_is_noted_at_its_line(tmp_path: Path) -> None:
+    """#64 item 4: a verl setting (or tool config) that names localhost:PORT while the spec has services reaches
+    no service of this run: a note at its line; ${services.NAME.url} in its place takes none."""
+    from conftest import run_verlc
+
+    spec = """name: site
+project: p
+model: /models/m
+data: {train_files: [/d/train.parquet], val_files: [/d/test.parquet]}
+cluster: {nodes: 1, gpus_per_node: 8, slurm: {cpus_per_task: 32}}
+container: {runtime: none}
+secrets: [WANDB_API_KEY]
+verl: {algorithm: {adv_estimator: grpo}, actor_rollout_ref: {actor: {ppo_micro_batch_size_per_gpu: 4},
+                           rollout: {name: vllm, n: 4, log_prob_micro_batch_size_per_gpu: 4}},
+       reward: {sandbox_fusion: {url: "URL/run_code"}}}
+services:
+  sandbox:
+    command: [python3, s.py, --port, "${services.sandbox.port}"]
+"""
+    (tmp_path / "fixed.yaml").write_text(spec.replace("URL", "http://localhost:8080"))
+    (tmp_path / "wired.yaml").write_text(spec.replace("URL", "${services.sandbox.url}"))
+    fixed, wired = (run_verlc("validate", f"{n}.yaml", cwd=tmp_path) for n in ("fixed", "wired"))
+    assert fixed.returncode == 0 and wired.returncode == 0, fixed.stderr + wired.stderr
+    assert "fixed.yaml:10:39: verl.reward.sandbox_fusion.url: note: http://localhost:8080 is an address written by " \
+           "hand while the spec has services (sandbox)" in fixed.stdout + fixed.stderr
+    assert "written by hand" not in wired.stdout + wired.stderr
