@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
-from ..runtime.protocol import (CHECK_LINE, CLOCK_OFFSET, CLOCKS_MESSAGE, FIRST_STEP, IMAGE_LINE, SERVICE_READY,
-                                STEP_TIMES, TRAINER_MESSAGE, TRAINER_MILESTONES, TRAINING_MESSAGE, Event, parse_event)
+from ..runtime.protocol import (CHECK_LINE, CLOCK_OFFSET, CLOCKS_MESSAGE, FIRST_STEP, IMAGE_LINE, SERVICE_FAILED,
+                                SERVICE_READY, STEP_TIMES, TRAINER_MESSAGE, TRAINER_MILESTONES, TRAINING_MESSAGE, Event, parse_event)
 from .progress import ATTEMPT
 
 SERVICE_STARTED = re.compile(r"service (?P<name>[\w-]+): start(?:ed|ing) on ")
@@ -93,8 +93,11 @@ class _Reader:
         elif (m := SERVICE_STARTED.match(message)):
             self.services[m["name"]] = now
         elif (m := SERVICE_READY.match(message)) and m["name"] in self.services:
-            start = self.services[m["name"]]
-            part(Phase(f"service {m['name']}", start, round(now - start, 3), True, "from its start until seen ready"))
+            part(Phase(f"service {m['name']}", self.services[m["name"]], float(m["seconds"]), True,
+                       "from its start until first seen ready"))
+        elif (m := SERVICE_FAILED.match(message)) and m["name"] in self.services:
+            part(Phase(f"service {m['name']}", self.services[m["name"]], float(m["seconds"]), True,
+                       "failed: from its start until it failed (the job's log says why)"))
         elif message.startswith(TRAINING_MESSAGE):
             self.trainer = now
         elif event.exit_code is not None:

@@ -25,6 +25,9 @@ class Process:
 
         self.service, self.log = service, log
         os.makedirs(os.path.dirname(log), exist_ok=True)
+        # where this process's output starts in the log (a restarted service appends to its predecessor's): its
+        # last lines are its own
+        self.offset = os.path.getsize(log) if os.path.exists(log) else 0
         prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
         argv = [expand(w) for w in service.argv]
         self.proc: subprocess.Popen | None = None
@@ -42,7 +45,7 @@ class Process:
         return self.proc.poll() if self.proc else NOT_STARTED
 
     def tail(self) -> list[str]:
-        return tail_of(self.log)
+        return tail_of(self.log, self.offset)
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -57,10 +60,11 @@ class Process:
             pass
 
 
-def tail_of(log: str) -> list[str]:
-    """The last lines of a log file; none where it is not (yet) there."""
+def tail_of(log: str, offset: int = 0) -> list[str]:
+    """The last lines of a log file from byte `offset` on; none where it is not (yet) there."""
     try:
         with open(log, encoding="utf-8", errors="replace") as fh:
+            fh.seek(offset)
             return list(collections.deque(fh, maxlen=SERVICE_TAIL))
     except OSError:
         return []

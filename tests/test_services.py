@@ -528,3 +528,73 @@ services:
     assert "fixed.yaml:10:39: verl.reward.sandbox_fusion.url: note: http://localhost:8080 is an address written by " \
            "hand while the spec has services (sandbox)" in fixed.stdout + fixed.stderr
     assert "written by hand" not in wired.stdout + wired.stderr
+
+
+def test_the_slurm_scripts_header_names_each_service_where_it_runs_its_port_readiness_and_probe() -> None:
+    """#64 item 10: what a reviewer reads at the top of sbatch.sh, for every example with services."""
+    from conftest import REPO
+    from ruamel.yaml import YAML
+
+    seen = 0
+    for script in sorted((REPO / "out").glob("*/slurm/sbatch.sh")):
+        spec = YAML(typ="safe").load(script.parent / "spec.yaml")
+        header = script.read_text().split("\nset -euo pipefail\n")[0]
+        for name, service in (spec.get("services") or {}).items():
+            seen += 1
+            line = next((l for l in header.splitlines() if l.startswith(f"#   {name}: on ")), None)
+            assert line is not None, (script, header)
+            assert f"port $VERLC_SERVICE_{name.upper()}_PORT" in line
+            where = {"head": "the head node", "every_node": "every node", "own_node": "a node of its own"}
+            assert where[service.get("on", "head")] in line, line
+            detail = header.splitlines()[header.splitlines().index(line) + 1]
+            ready = service.get("ready") or {}
+            assert (f"GET {ready['http']} answers 2xx" if ready.get("http") else "ready when") in detail, detail
+            if service.get("probe"):
+                assert f"one {service['probe']['kind']} request" in detail, detail
+    assert seen >= 3
+
+
+def test_a_services_time_to_ready_is_its_own_measured_from_its_start_not_when_the_preflight_asks(services) -> None:  # noqa: ANN001
+    """#64 item 8: the watch asks each service from its start, so a sandbox ready in a second is not charged with
+    the bring-up that ran before the preflight asked."""
+    running = services(sandbox())
+    running.start_head("127.0.0.1")
+    started = running.head["sandbox"].started
+    deadline = time.monotonic() + 60
+    while running.watch.seen("sandbox") is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    seen = running.watch.seen("sandbox")
+    assert seen is not None
+    time.sleep(2)  # the bring-up and the preflight's other checks, meanwhile
+    assert running.ready() == []
+    seconds = running.record["sandbox"]["ready_seconds"]
+    assert seconds == round(seen - started, 1) and seconds < time.monotonic() - started - 1.5, seconds
+    running.stop()
+
+
+def test_a_service_that_dies_before_training_is_started_again_and_its_tail_is_its_own(services, tmp_path: Path,
+                                                                                       capsys) -> None:  # noqa: ANN001
+    """#64 item 9: restart covers the bring-up too: a service that exits before it was ready is started again (up
+    to its count) and is then ready; a service that keeps dying fails with its own last lines, not its
+    predecessor's again; and ready.deadline counts from its first start."""
+    mark = tmp_path / "died-once"
+    script = (f'if [ ! -e {mark} ]; then touch {mark}; echo "first start: dying"; exit 3; fi; '
+              f'exec {sys.executable} {SERVERS / "sandbox.py"} --host "$VERLC_SERVICE_SANDBOX_HOST" '
+              f'--port "$VERLC_SERVICE_SANDBOX_PORT"')
+    flaky = sandbox(restart=1, argv=[["bash"], ["-c"], [script]])
+    running = services(flaky)
+    running.start_head("127.0.0.1")
+    assert running.ready() == []
+    assert running.restarts["sandbox"] == 1
+    shown = capsys.readouterr().out
+    assert "service sandbox exited with code 3" in shown and "starting it again (1 of 1)" in shown, shown
+    running.stop()
+    # one that dies at every start: its second death shows its own line once, not the first one's as well
+    always = sandbox(restart=1, argv=[["bash"], ["-c"], ['echo "start at $(date +%s%N)"; exit 4']])
+    dying = services(always)
+    dying.start_head("127.0.0.1")
+    problems = dying.ready()
+    assert len(problems) == 1 and problems[0].startswith("service sandbox exited with code 4"), problems
+    shown = capsys.readouterr().out
+    tails = [line for line in shown.splitlines() if line.startswith("[service sandbox] start at ")]
+    assert len(tails) == 2 and tails[0] != tails[1], shown  # each death's own line, once each

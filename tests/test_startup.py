@@ -323,3 +323,57 @@ def test_a_release_without_verls_save_ahead_of_the_deadline_is_a_note_where_slur
         spec.write_text(json.dumps(data))
         done = run_verlc("build", spec, "--target", target, "--out", tmp_path / "eval", "--force")
         assert done.returncode == 0 and "checkpoint" not in done.stderr, done.stderr
+
+
+# (train_batch_size, rollout.n, GPUs, sequence parallel, log-prob micro batch): #64 item 5's case first
+MICRO_CASES = [(1024, 5, 32, 1, 7), (1024, 5, 32, 1, 8), (1024, 5, 32, 1, 160), (512, 8, 16, 2, 12), (512, 8, 16, 2, 16),
+               (256, 4, 8, 1, 3), (256, 4, 8, 4, 64), (96, 5, 8, 1, 5)]
+
+ENGINE_ORACLE = r"""
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import torch
+from tensordict import TensorDict
+from verl.utils import tensordict_utils as tu
+from verl.workers.engine.utils import prepare_micro_batches
+verdicts = []
+for rank, micro in json.load(sys.stdin):
+    data = TensorDict({"input_ids": torch.zeros(rank, 2, dtype=torch.long)}, batch_size=[rank])
+    tu.assign_non_tensor(data, use_dynamic_bsz=False, micro_batch_size_per_gpu=micro)
+    try:
+        prepare_micro_batches(data)
+        verdicts.append(True)
+    except AssertionError:
+        verdicts.append(False)
+print(json.dumps(verdicts))
+"""
+
+
+def test_the_engine_workers_log_prob_micro_batch_rule_is_verls_own() -> None:
+    """#64 item 5: verl 0.9.1's engine workers split each data-parallel rank's share of compute_log_prob (and the
+    reference's) with prepare_micro_batches, which asserts the micro batch divides it: verlc's verdict on each case
+    is that function's own, called with the rank's batch (the installed verl is 0.9.1)."""
+    from verlc.compiler.verl.workers import startup_rules
+
+    ranks = [[train * n // (gpus // sp), micro] for train, n, gpus, sp, micro in MICRO_CASES]
+    done = subprocess.run([sys.executable, "-c", ENGINE_ORACLE], input=json.dumps(ranks), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    verls = json.loads(done.stdout)
+    release = snapshot("0.9.1")
+    verlcs = []
+    for train, n, gpus, sp, micro in MICRO_CASES:
+        config = Config(release.tree("ppo_trainer", release.default_engine("ppo_trainer")), {
+            "data.train_batch_size": train, "actor_rollout_ref.rollout.n": n, "trainer.nnodes": gpus // 8 or 1,
+            "trainer.n_gpus_per_node": min(gpus, 8), "actor_rollout_ref.actor.ulysses_sequence_parallel_size": sp,
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": micro})
+        refused = [m for keys, m, r in startup_rules(release.startup, config.get, use_critic=False,
+                                                      label=release.label) if r and "prepare_micro_batches" in m]
+        verlcs.append(not refused)
+    assert verlcs == verls
+    assert verls[0] is False and verls[1] is True  # 160 per rank: 7 does not divide it, 8 does
+    # where the release has the legacy workers too (0.7.1), only trainer.use_legacy_worker_impl: disable runs these
+    legacy = snapshot("0.7.1")
+    fact = legacy.startup["engine_micro_batches"]
+    assert fact and fact["legacy"] and not snapshot("0.9.1").startup["engine_micro_batches"]["legacy"]
+    assert "total_data_size %" in line_of(release_package("0.9.1"), release.startup["engine_micro_batches"]["where"])

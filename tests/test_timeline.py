@@ -99,7 +99,8 @@ def test_each_attempt_has_its_phases_and_a_missing_milestone_is_unknown() -> Non
     assert phases["all 2 nodes in Ray"].seconds == 11 and phases["all 2 nodes in Ray"].note == "the last: n2"
     assert (phases["check nodes"].start, phases["check nodes"].seconds) == (50.4, 2.6)
     assert phases["check nodes"].note == "the slowest node: n2 (2.5s)" and phases["check cluster"].note == ""
-    assert (phases["service judge"].start, phases["service judge"].seconds) == (30.5, 29.5)  # from its start
+    # from its start until first seen ready (the runtime's own measure, #64 item 8), not until the preflight's line
+    assert (phases["service judge"].start, phases["service judge"].seconds) == (30.5, 9.5)
     assert (phases["verl: dataloader ready"].start, phases["verl: dataloader ready"].seconds) == (61.2, 8.8)
     assert (phases["verl: workers up"].start, phases["verl: workers up"].seconds) == (70, 30)
     unknown = [p.name for p in first.phases if p.seconds is None]
@@ -123,6 +124,21 @@ def test_each_attempt_has_its_phases_and_a_missing_milestone_is_unknown() -> Non
     assert ("1", "node clocks") not in by
     assert timeline.clock_note({"n1": (0.0, 0.002), "n2": (0.003, 0.004)}) == \
         "n2 +0.003s (within 0.004s) against the head's, the furthest of 2"  # within its bound: nothing said
+
+
+def test_a_service_that_failed_is_in_the_timeline_with_its_time_until_it_failed() -> None:
+    """#64 item 8: a failed service is a phase too (from its start until it failed, its note says so), beside one
+    that was ready; the runtime's own messages, as it says them."""
+    lines = log((0, "job 8 on n1; head n1; SLURM_RESTART_COUNT=0"), (1, "stage ray"),
+                (2, "service sandbox: started on the head node at http://10.0.0.1:20500"),
+                (3, "service judge: started on the head node at http://10.0.0.1:20501"),
+                (20, protocol.service_ready_message("judge", 3.2)), (21, protocol.service_failed_message("sandbox", 19.4)),
+                (21.5, "exit code 1"))
+    [attempt] = timeline.attempts(lines)
+    phases = {p.name: p for p in attempt.phases}
+    assert (phases["service judge"].start, phases["service judge"].seconds) == (3, 3.2)
+    failed = phases["service sandbox"]
+    assert (failed.start, failed.seconds) == (2, 19.4) and failed.note.startswith("failed"), failed
 
 
 def test_follow_says_how_long_each_phase_took_as_it_ends() -> None:

@@ -64,6 +64,7 @@ def read(package: Path) -> dict[str, Any]:
         "expiry_save": code.expiry_save(),
         "loggers": code.loggers(),
         "sglang_model_len": code.sglang_model_len(),
+        "engine_micro_batches": code.engine_micro_batches(),
     }
 
 
@@ -286,6 +287,21 @@ class _Code:
         return next((self.where(path, n.lineno) for n in ast.walk(self.tree(path)) if isinstance(n, ast.Assert)
                      and re.fullmatch(r"self\.config\.max_model_len >= self\.config\.prompt_length \+ "
                                       r"self\.config\.response_length", ast.unparse(n.test))), None)
+
+
+    def engine_micro_batches(self) -> dict[str, Any] | None:
+        """Where the engine workers' prepare_micro_batches asserts that a rank's batch divides by the micro batch
+        (when dynamic batch size is off), and whether the release has the legacy FSDP workers beside them (then
+        the engine workers run only with trainer.use_legacy_worker_impl: disable); None where it has no such
+        assert."""
+        path = self.file("verl.workers.engine.utils")
+        if path is None:
+            return None
+        where = next((self.where(path, n.lineno) for n in ast.walk(self.tree(path)) if isinstance(n, ast.Assert)
+                      and re.fullmatch(r"total_data_size % \(force_group_size \* micro_batch_size_per_gpu\) == 0",
+                                       ast.unparse(n.test))), None)
+        return None if where is None else {"where": where,
+                                           "legacy": self.file(ENGINE_MODULES["fsdp"]) is not None}
 
 
 def _parents(module: str) -> list[str]:
@@ -576,3 +592,38 @@ def startup_rules(startup: dict[str, Any], get: Any, *, use_critic: bool, label:
             yield (("algorithm.adv_estimator",),
                    f"{label}'s critic loads its model with {FA2} whatever the config says ({where}): "
                    f"every node needs flash-attn installed for this torch (the preflight checks it)", False)
+    yield from _engine_micro_batches(startup.get("engine_micro_batches"), get, label)
+
+
+def _engine_micro_batches(fact: dict[str, Any] | None, get: Any, label: str
+                          ) -> Iterator[tuple[tuple[str, ...], str, bool]]:
+    """The engine workers' compute_log_prob (and the reference's) hands each data-parallel rank train_batch_size x
+    rollout.n / (GPUs / sequence parallel) samples, which prepare_micro_batches asserts divide by the micro batch
+    unless dynamic batch size is on (verl/workers/engine/utils.py)."""
+    if fact is None or (fact["legacy"] and get("trainer.use_legacy_worker_impl") != "disable"):
+        return
+    train, n, nnodes, per_node = (get(k) for k in ("data.train_batch_size", "actor_rollout_ref.rollout.n",
+                                                   "trainer.nnodes", "trainer.n_gpus_per_node"))
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (train, n, nnodes, per_node)):
+        return
+    uses_ref = bool(get("actor_rollout_ref.actor.use_kl_loss")) or bool(get("algorithm.use_kl_in_reward"))
+    roles = [("actor_rollout_ref.rollout", "actor_rollout_ref.actor", "compute_log_prob")]
+    if uses_ref:
+        roles.append(("actor_rollout_ref.ref", "actor_rollout_ref.ref", "compute_ref_log_prob"))
+    for section, sp_section, call in roles:
+        micro, dynamic = get(f"{section}.log_prob_micro_batch_size_per_gpu"), get(f"{section}.log_prob_use_dynamic_bsz")
+        sp = get(f"{sp_section}.ulysses_sequence_parallel_size") or 1
+        if dynamic or not isinstance(micro, int) or isinstance(micro, bool) or micro <= 0 or not isinstance(sp, int):
+            continue
+        gpus = nnodes * per_node
+        if gpus % sp or (train * n) % (gpus // sp):
+            continue  # another rule says why the batch does not split over the ranks
+        rank = train * n // (gpus // sp)
+        if rank % micro:
+            yield ((f"{section}.log_prob_micro_batch_size_per_gpu", "data.train_batch_size",
+                    "actor_rollout_ref.rollout.n"),
+                   f"{label}'s engine workers hand each data-parallel rank of {call} data.train_batch_size x "
+                   f"rollout.n / (GPUs / sequence parallel) = {train} x {n} / ({gpus} / {sp}) = {rank} samples, "
+                   f"which {section}.log_prob_micro_batch_size_per_gpu ({micro}) does not divide: its "
+                   f"prepare_micro_batches asserts it ({fact['where']}); pick a divisor of {rank}, or "
+                   f"log_prob_use_dynamic_bsz", True)

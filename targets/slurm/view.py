@@ -94,11 +94,31 @@ class ImageServiceView:
     remove: Line  # removes its container (one left by an earlier attempt, or on the step's end); () for apptainer
 
 
+def service_lines(ir: JobIR) -> tuple[str, ...]:
+    """What a reviewer reads of each service at the script's top: where it runs, its port, when it is ready and
+    what request checks it (the runtime does it all: runtime/services.py)."""
+    lines = []
+    for index, s in enumerate(ir.services):
+        where = ("every node (127.0.0.1 there)" if s.every_node else f"a node of its own ({s.gpus} GPUs)"
+                 if s.own_node else "the head node") + (", every interface" if s.listen_all else "")
+        ready = (f"GET {s.ready_http} answers 2xx" if s.ready_http else
+                 "its ready command exits 0" if s.ready_command else "its port accepts a connection")
+        what = f"image {s.image}" if s.image else "the job's image"
+        lines.append(f"  {s.name}: on {where}, in {what}; port ${dict(s.variables)['port']} (the job's services' "
+                     f"port {index + 1})")
+        lines.append(f"    ready when {ready} within {s.deadline} s of its start"
+                     + (f", then one {s.probe.kind} request" if s.probe else "")
+                     + (f"; started again up to {s.restart} time(s)" if s.restart else "")
+                     + (f"; {s.gpu_memory:g} of each GPU's memory" if s.gpu_memory else ""))
+    return ("Services, started beside Ray's bring-up and checked before the preflight:", *lines) if lines else ()
+
+
 @dataclass(frozen=True)
 class SlurmView:
     """Everything `sbatch.sh.j2` prints, already resolved; built by `slurm_view`."""
 
     header: tuple[str, ...]
+    services: tuple[str, ...]  # the header's lines on the services (service_lines)
     directives: tuple[str, ...]
     log_dirs: tuple[str, ...]
     requeue: bool
@@ -334,6 +354,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
     array = (f"--array=0-{len(ir.variants) - 1}{throttle}",) if ir.variants else ()
     return SlurmView(
         header=header_lines(ir),
+        services=service_lines(ir),
         log_dirs=slurm.log_dirs,
         directives=(*(f"--{k}={v}" if v else f"--{k}" for k, v in slurm.directives), *array, "--export=ALL"),
         requeue=slurm.requeue,

@@ -818,7 +818,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 d85c5d9bcc8d14f4f75f5a59a3be827efa3272dfb8a0aaa8b57c0cd16784a109:
+# runtime/ of verlc 0.1.0, as one program, sha256 2d2750d2208f166f3593b26e280617d1b081c353b56d1d0a4c873e848bcaaafa:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -959,11 +959,18 @@ def record_from_log(text: str) -> dict:
 
 
 TRAINING_MESSAGE = "training: "  # the runtime's line as it starts verl's trainer, then its argv
-SERVICE_READY = re.compile(r"service (?P<name>[\w-]+): ready in ")  # service_ready_message, read back
+# service_ready_message and service_failed_message, read back: seconds from the service's start (its first, for a
+# failure) until it was first seen ready, or until it failed
+SERVICE_READY = re.compile(r"service (?P<name>[\w-]+): ready in (?P<seconds>[0-9.]+)s")
+SERVICE_FAILED = re.compile(r"service (?P<name>[\w-]+): failed (?P<seconds>[0-9.]+)s after its start")
 
 
 def service_ready_message(name: str, seconds: float) -> str:
     return f"service {name}: ready in {seconds:g}s"
+
+
+def service_failed_message(name: str, seconds: float) -> str:
+    return f"service {name}: failed {seconds:g}s after its start"
 
 
 def stage_message(stage: str) -> str:
@@ -2383,6 +2390,7 @@ HTTP side of runtime/services.py, asked on the head node or, for a service on ev
 
 
 import json
+import os
 import socket
 import subprocess
 
@@ -2493,6 +2501,37 @@ def probe_problem(service: Service, url: str, token: str) -> str | None:
     return f"failed its {service.probe.kind} probe: {request} answered {shown}"
 
 
+def _listening(table_rows: list[list[str]]) -> dict[str, int]:
+    """{socket inode: port} of the LISTEN rows (state 0A) of /proc/net/tcp-style rows."""
+    return {row[9]: int(row[1].partition(":")[2], 16) for row in table_rows if len(row) > 9 and row[3] == "0A"}
+
+
+def listening_ports(session: int) -> list[int]:
+    """The ports that the processes of one session (a service's process group, started with a session of its own)
+    listen on, as the kernel's tables say: where a service listens when it is not on the port verlc gave it."""
+    sockets: dict[str, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as fh:
+                sockets.update(_listening([line.split() for line in fh.readlines()[1:]]))
+        except OSError:
+            continue
+    ports = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+                fields = fh.read().rpartition(")")[2].split()
+            if int(fields[3]) != session:  # after the command's name: state, ppid, pgrp, session
+                continue
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:[") and target[8:-1] in sockets:
+                    ports.add(sockets[target[8:-1]])
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile, or not ours to read
+    return sorted(ports)
+
+
 def open_to_all(port: int) -> bool:
     """Whether a socket of this node's network listens on `port` on every interface (0.0.0.0 or ::), as the
     kernel's tables say."""
@@ -2543,6 +2582,9 @@ class Process:
 
         self.service, self.log = service, log
         os.makedirs(os.path.dirname(log), exist_ok=True)
+        # where this process's output starts in the log (a restarted service appends to its predecessor's): its
+        # last lines are its own
+        self.offset = os.path.getsize(log) if os.path.exists(log) else 0
         prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
         argv = [expand(w) for w in service.argv]
         self.proc: subprocess.Popen | None = None
@@ -2560,7 +2602,7 @@ class Process:
         return self.proc.poll() if self.proc else NOT_STARTED
 
     def tail(self) -> list[str]:
-        return tail_of(self.log)
+        return tail_of(self.log, self.offset)
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -2575,13 +2617,78 @@ class Process:
             pass
 
 
-def tail_of(log: str) -> list[str]:
-    """The last lines of a log file; none where it is not (yet) there."""
+def tail_of(log: str, offset: int = 0) -> list[str]:
+    """The last lines of a log file from byte `offset` on; none where it is not (yet) there."""
     try:
         with open(log, encoding="utf-8", errors="replace") as fh:
+            fh.seek(offset)
             return list(collections.deque(fh, maxlen=SERVICE_TAIL))
     except OSError:
         return []
+
+
+# ==== runtime/watch.py ====
+"""When each service was first seen ready, polled from its start on a thread of its own.
+
+The preflight asks the services only after the bring-up, the data stage and the all-reduce; a sandbox that was
+ready a second after its start would otherwise count the whole wait as its own time to ready. The watch asks each
+service (its readiness check alone, never its probe) every POLL seconds from the moment it was started until it first
+answers, and keeps that moment, which the preflight reports (services.py).
+"""
+
+
+import threading
+import time
+from collections.abc import Callable
+
+POLL = 0.25  # seconds between two asks of a service not yet ready
+
+
+class Watch:
+    """Services' first-ready moments (time.monotonic()), by name."""
+
+    def __init__(self, ready_problem: Callable[[str], str | None]) -> None:
+        self._problem = ready_problem  # a service's name -> why it is not ready yet (one ask), or None
+        self._waiting: set[str] = set()
+        self._seen: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, name: str) -> None:
+        """Ask `name` from now on until it answers (again, for one started anew)."""
+        with self._lock:
+            self._waiting.add(name)
+            self._seen.pop(name, None)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="verlc-service-watch", daemon=True)
+                self._thread.start()
+
+    def seen(self, name: str) -> float | None:
+        """When `name` first answered since it was added, or None."""
+        with self._lock:
+            return self._seen.get(name)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            with self._lock:
+                names = sorted(self._waiting)
+            for name in names:
+                try:
+                    answered = self._problem(name) is None
+                except Exception:  # noqa: BLE001  (a node's actor gone: the preflight's own ask says why)
+                    answered = False
+                if answered:
+                    with self._lock:
+                        if name in self._waiting:
+                            self._waiting.discard(name)
+                            self._seen[name] = time.monotonic()
+            self._stopped.wait(POLL)
 
 
 # ==== runtime/services.py ====
@@ -2680,7 +2787,10 @@ class Services:
         self.launched: dict[str, float] = {}  # a node service's name -> when its actors were started here
         self.given: dict[str, float] = {}  # a service in an image of its own (the target's) -> when seen here first
         self.own: dict[str, dict] = {}  # name -> the node of its own (a Ray node)
+        self.first: dict[str, float] = {}  # name -> its first start (ready.deadline counts from it, restarts or not)
         self.ray = None
+        by_name = {s.name: s for s in services}
+        self.watch = Watch(lambda name: self._check_once(by_name[name]))
 
     def _port(self, service: Service) -> int:
         return int(self.variables[service.variables["port"]])
@@ -2706,6 +2816,8 @@ class Services:
                 self._take_given(service)
             elif not service.every_node and not service.own_node:
                 self.head[service.name] = Process(service, self._log(service.name))
+                self.first[service.name] = self.head[service.name].started
+                self.watch.add(service.name)
                 say(f"service {service.name}: started on the head node at {self.variables[service.variables['url']]}")
 
     def _take_given(self, service: Service) -> None:
@@ -2715,7 +2827,8 @@ class Services:
             self.problems.append(f"service {service.name}: its image {service.image} is the target's to start, "
                                  f"and the target gave the job no {', '.join(missing)}")
             return
-        self.given[service.name] = time.monotonic()
+        self.given[service.name] = self.first[service.name] = time.monotonic()
+        self.watch.add(service.name)
         say(f"service {service.name}: in its own image {service.image}, started by the target on the head node at "
             f"{self.variables[service.variables['url']]}")
 
@@ -2765,7 +2878,8 @@ class Services:
                     service, self.variables, self._node_log(service, n),
                     n["NodeManagerAddress"] if service.own_node else "127.0.0.1")
                 for n in on]
-            self.launched[service.name] = time.monotonic()
+            self.launched[service.name] = self.first[service.name] = time.monotonic()
+            self.watch.add(service.name)
             where = f"on {node_label(on[0])}, a node of its own ({service.gpus} {self.device}s)" \
                 if service.own_node else f"on {len(on)} nodes"
             say(f"service {service.name}: starting {where} at {self.variables[service.variables['url']]}")
@@ -2837,9 +2951,10 @@ class Services:
         return next((p for p in problems if p), None)
 
     def ready(self) -> list[str]:
-        """Wait until every service is ready (each by its deadline from its start) and its probe passed: the
-        problems, each naming its service; the record of each (seconds from its start until seen ready, the
-        probe's result)."""
+        """Wait until every service is ready (each by its deadline from its first start) and its probe passed: the
+        problems, each naming its service; the record of each (seconds from its start until first seen ready, by
+        the watch that asks it from its start: watch.py; the probe's result). A service that exits meanwhile is
+        started again up to its restart count, as while training."""
         now = time.monotonic()
         problems: list[str] = list(self.problems)
         waiting = [s for s in self.services if not s.image or s.name in self.given]
@@ -2847,14 +2962,18 @@ class Services:
         while waiting:
             for service in list(waiting):
                 gone = self._exited(service)
+                if gone and self._start_again(service, gone):
+                    continue
                 if gone:
                     problems.append(gone)
+                    self._failed_after(service, now)
                     waiting.remove(service)
                     continue
-                last[service.name] = self._check_once(service) or ""
+                seen = self.watch.seen(service.name)
+                last[service.name] = "" if seen is not None else self._check_once(service) or ""
                 if not last[service.name]:
                     waiting.remove(service)
-                    seconds = round(time.monotonic() - self._started(service, now), 1)
+                    seconds = round((seen or time.monotonic()) - self._started(service, now), 1)
                     problem = self._exposed(service) or self._probe(service)
                     self.record[service.name] = {"ready_seconds": seconds, "probe": service.probe.kind
                                                  if service.probe else None, "probe_passed": problem is None}
@@ -2863,14 +2982,44 @@ class Services:
                     else:
                         say(service_ready_message(service.name, seconds) + (
                             f", {service.probe.kind} probe passed" if service.probe else ""))
-                elif time.monotonic() - self._started(service, now) > service.deadline:
+                elif time.monotonic() - self.first.get(service.name, now) > service.deadline:
                     waiting.remove(service)
                     problems.append(self._failure(service, f"was not ready within {service.deadline}s "
-                                                           f"(ready.deadline): {last[service.name]}",
-                                                  self._tail(service)))
+                                                           f"(ready.deadline): {last[service.name]}"
+                                                           + self._elsewhere(service), self._tail(service)))
+                    self._failed_after(service, now)
             if waiting:
                 time.sleep(0.5)
         return problems
+
+    def _failed_after(self, service: Service, otherwise: float) -> None:
+        """Said once a service failed before training: how long after its first start (the timeline reads it)."""
+        self.record[service.name] = {"ready_seconds": None, "probe": service.probe.kind if service.probe else None,
+                                     "probe_passed": False}
+        say(service_failed_message(service.name, round(time.monotonic() - self.first.get(service.name, otherwise),
+                                                       1)))
+
+    def _start_again(self, service: Service, gone: str) -> bool:
+        """A service that exited, started again where its restart count allows (said, with why): whether it was."""
+        if self.restarts[service.name] >= service.restart:  # 0 for the target's (checked at build)
+            return False
+        self.restarts[service.name] += 1
+        say(f"{gone}; starting it again ({self.restarts[service.name]} of {service.restart})")
+        if service.name in self.head:
+            self.head[service.name] = Process(service, self._log(service.name))
+        else:
+            self.ray.get([h.restart.remote() for h in self.nodes[service.name]])
+        self.watch.add(service.name)
+        return True
+
+    def _elsewhere(self, service: Service) -> str:
+        """Where a head service listens, when not on the port verlc gave it (a port written in its command)."""
+        process = self.head.get(service.name)
+        if process is None or process.proc is None or service.ready_command:
+            return ""
+        ports = [p for p in listening_ports(process.proc.pid) if p != self._port(service)]
+        return (f"; its process listens on port {', '.join(map(str, ports))} instead of {self._port(service)}: pass "
+                f"${{services.{service.name}.port}} where the server takes its port") if ports else ""
 
     def _started(self, service: Service, otherwise: float) -> float:
         """When a service was started (time.monotonic() here): its head process's start, its node actors'."""
@@ -2890,20 +3039,13 @@ class Services:
         """While training: why a service failed for good (restarted up to its count first), or None."""
         for service in self.services:
             gone = self._exited(service) or self._unreachable(service)
-            if not gone:
-                continue
-            if self.restarts[service.name] >= service.restart:  # 0 for the target's (checked at build)
+            if gone and not self._start_again(service, gone):
                 return gone
-            self.restarts[service.name] += 1
-            say(f"{gone}; starting it again ({self.restarts[service.name]} of {service.restart})")
-            if service.name in self.head:
-                self.head[service.name] = Process(service, self._log(service.name))
-            else:
-                self.ray.get([h.restart.remote() for h in self.nodes[service.name]])
         return None
 
     def stop(self) -> None:
         """Every service stopped: the head's process groups, the nodes' actors (each stops its process)."""
+        self.watch.stop()
         for name, process in self.head.items():
             process.stop()
         for handles in self.nodes.values():

@@ -132,11 +132,18 @@ def record_from_log(text: str) -> dict:
 
 
 TRAINING_MESSAGE = "training: "  # the runtime's line as it starts verl's trainer, then its argv
-SERVICE_READY = re.compile(r"service (?P<name>[\w-]+): ready in ")  # service_ready_message, read back
+# service_ready_message and service_failed_message, read back: seconds from the service's start (its first, for a
+# failure) until it was first seen ready, or until it failed
+SERVICE_READY = re.compile(r"service (?P<name>[\w-]+): ready in (?P<seconds>[0-9.]+)s")
+SERVICE_FAILED = re.compile(r"service (?P<name>[\w-]+): failed (?P<seconds>[0-9.]+)s after its start")
 
 
 def service_ready_message(name: str, seconds: float) -> str:
     return f"service {name}: ready in {seconds:g}s"
+
+
+def service_failed_message(name: str, seconds: float) -> str:
+    return f"service {name}: failed {seconds:g}s after its start"
 
 
 def stage_message(stage: str) -> str:

@@ -22,9 +22,11 @@ import uuid
 from .addresses import addresses, own_nodes, placed
 from .cluster import holding, node_label, node_name, on_each_node
 from .job import Service, ToolConfig
-from .probes import SERVICE_REQUEST_TIMEOUT, connect_problem, exposure_problem, probe_problem, ready_problem
+from .probes import (SERVICE_REQUEST_TIMEOUT, connect_problem, exposure_problem, listening_ports, probe_problem,
+                     ready_problem)
 from .process import SERVICE_STOP_GRACE, Process, tail_of
-from .protocol import SERVICE_LOGS, TOOL_CONFIG_FILE, say, service_ready_message
+from .protocol import SERVICE_LOGS, TOOL_CONFIG_FILE, say, service_failed_message, service_ready_message
+from .watch import Watch
 
 
 class NodeService:
@@ -102,7 +104,10 @@ class Services:
         self.launched: dict[str, float] = {}  # a node service's name -> when its actors were started here
         self.given: dict[str, float] = {}  # a service in an image of its own (the target's) -> when seen here first
         self.own: dict[str, dict] = {}  # name -> the node of its own (a Ray node)
+        self.first: dict[str, float] = {}  # name -> its first start (ready.deadline counts from it, restarts or not)
         self.ray = None
+        by_name = {s.name: s for s in services}
+        self.watch = Watch(lambda name: self._check_once(by_name[name]))
 
     def _port(self, service: Service) -> int:
         return int(self.variables[service.variables["port"]])
@@ -128,6 +133,8 @@ class Services:
                 self._take_given(service)
             elif not service.every_node and not service.own_node:
                 self.head[service.name] = Process(service, self._log(service.name))
+                self.first[service.name] = self.head[service.name].started
+                self.watch.add(service.name)
                 say(f"service {service.name}: started on the head node at {self.variables[service.variables['url']]}")
 
     def _take_given(self, service: Service) -> None:
@@ -137,7 +144,8 @@ class Services:
             self.problems.append(f"service {service.name}: its image {service.image} is the target's to start, "
                                  f"and the target gave the job no {', '.join(missing)}")
             return
-        self.given[service.name] = time.monotonic()
+        self.given[service.name] = self.first[service.name] = time.monotonic()
+        self.watch.add(service.name)
         say(f"service {service.name}: in its own image {service.image}, started by the target on the head node at "
             f"{self.variables[service.variables['url']]}")
 
@@ -187,7 +195,8 @@ class Services:
                     service, self.variables, self._node_log(service, n),
                     n["NodeManagerAddress"] if service.own_node else "127.0.0.1")
                 for n in on]
-            self.launched[service.name] = time.monotonic()
+            self.launched[service.name] = self.first[service.name] = time.monotonic()
+            self.watch.add(service.name)
             where = f"on {node_label(on[0])}, a node of its own ({service.gpus} {self.device}s)" \
                 if service.own_node else f"on {len(on)} nodes"
             say(f"service {service.name}: starting {where} at {self.variables[service.variables['url']]}")
@@ -259,9 +268,10 @@ class Services:
         return next((p for p in problems if p), None)
 
     def ready(self) -> list[str]:
-        """Wait until every service is ready (each by its deadline from its start) and its probe passed: the
-        problems, each naming its service; the record of each (seconds from its start until seen ready, the
-        probe's result)."""
+        """Wait until every service is ready (each by its deadline from its first start) and its probe passed: the
+        problems, each naming its service; the record of each (seconds from its start until first seen ready, by
+        the watch that asks it from its start: watch.py; the probe's result). A service that exits meanwhile is
+        started again up to its restart count, as while training."""
         now = time.monotonic()
         problems: list[str] = list(self.problems)
         waiting = [s for s in self.services if not s.image or s.name in self.given]
@@ -269,14 +279,18 @@ class Services:
         while waiting:
             for service in list(waiting):
                 gone = self._exited(service)
+                if gone and self._start_again(service, gone):
+                    continue
                 if gone:
                     problems.append(gone)
+                    self._failed_after(service, now)
                     waiting.remove(service)
                     continue
-                last[service.name] = self._check_once(service) or ""
+                seen = self.watch.seen(service.name)
+                last[service.name] = "" if seen is not None else self._check_once(service) or ""
                 if not last[service.name]:
                     waiting.remove(service)
-                    seconds = round(time.monotonic() - self._started(service, now), 1)
+                    seconds = round((seen or time.monotonic()) - self._started(service, now), 1)
                     problem = self._exposed(service) or self._probe(service)
                     self.record[service.name] = {"ready_seconds": seconds, "probe": service.probe.kind
                                                  if service.probe else None, "probe_passed": problem is None}
@@ -285,14 +299,44 @@ class Services:
                     else:
                         say(service_ready_message(service.name, seconds) + (
                             f", {service.probe.kind} probe passed" if service.probe else ""))
-                elif time.monotonic() - self._started(service, now) > service.deadline:
+                elif time.monotonic() - self.first.get(service.name, now) > service.deadline:
                     waiting.remove(service)
                     problems.append(self._failure(service, f"was not ready within {service.deadline}s "
-                                                           f"(ready.deadline): {last[service.name]}",
-                                                  self._tail(service)))
+                                                           f"(ready.deadline): {last[service.name]}"
+                                                           + self._elsewhere(service), self._tail(service)))
+                    self._failed_after(service, now)
             if waiting:
                 time.sleep(0.5)
         return problems
+
+    def _failed_after(self, service: Service, otherwise: float) -> None:
+        """Said once a service failed before training: how long after its first start (the timeline reads it)."""
+        self.record[service.name] = {"ready_seconds": None, "probe": service.probe.kind if service.probe else None,
+                                     "probe_passed": False}
+        say(service_failed_message(service.name, round(time.monotonic() - self.first.get(service.name, otherwise),
+                                                       1)))
+
+    def _start_again(self, service: Service, gone: str) -> bool:
+        """A service that exited, started again where its restart count allows (said, with why): whether it was."""
+        if self.restarts[service.name] >= service.restart:  # 0 for the target's (checked at build)
+            return False
+        self.restarts[service.name] += 1
+        say(f"{gone}; starting it again ({self.restarts[service.name]} of {service.restart})")
+        if service.name in self.head:
+            self.head[service.name] = Process(service, self._log(service.name))
+        else:
+            self.ray.get([h.restart.remote() for h in self.nodes[service.name]])
+        self.watch.add(service.name)
+        return True
+
+    def _elsewhere(self, service: Service) -> str:
+        """Where a head service listens, when not on the port verlc gave it (a port written in its command)."""
+        process = self.head.get(service.name)
+        if process is None or process.proc is None or service.ready_command:
+            return ""
+        ports = [p for p in listening_ports(process.proc.pid) if p != self._port(service)]
+        return (f"; its process listens on port {', '.join(map(str, ports))} instead of {self._port(service)}: pass "
+                f"${{services.{service.name}.port}} where the server takes its port") if ports else ""
 
     def _started(self, service: Service, otherwise: float) -> float:
         """When a service was started (time.monotonic() here): its head process's start, its node actors'."""
@@ -312,20 +356,13 @@ class Services:
         """While training: why a service failed for good (restarted up to its count first), or None."""
         for service in self.services:
             gone = self._exited(service) or self._unreachable(service)
-            if not gone:
-                continue
-            if self.restarts[service.name] >= service.restart:  # 0 for the target's (checked at build)
+            if gone and not self._start_again(service, gone):
                 return gone
-            self.restarts[service.name] += 1
-            say(f"{gone}; starting it again ({self.restarts[service.name]} of {service.restart})")
-            if service.name in self.head:
-                self.head[service.name] = Process(service, self._log(service.name))
-            else:
-                self.ray.get([h.restart.remote() for h in self.nodes[service.name]])
         return None
 
     def stop(self) -> None:
         """Every service stopped: the head's process groups, the nodes' actors (each stops its process)."""
+        self.watch.stop()
         for name, process in self.head.items():
             process.stop()
         for handles in self.nodes.values():

@@ -6,6 +6,7 @@ HTTP side of runtime/services.py, asked on the head node or, for a service on ev
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 
@@ -115,6 +116,37 @@ def probe_problem(service: Service, url: str, token: str) -> str | None:
         return None
     shown = answer if len(answer) <= 300 else answer[:300] + "..."
     return f"failed its {service.probe.kind} probe: {request} answered {shown}"
+
+
+def _listening(table_rows: list[list[str]]) -> dict[str, int]:
+    """{socket inode: port} of the LISTEN rows (state 0A) of /proc/net/tcp-style rows."""
+    return {row[9]: int(row[1].partition(":")[2], 16) for row in table_rows if len(row) > 9 and row[3] == "0A"}
+
+
+def listening_ports(session: int) -> list[int]:
+    """The ports that the processes of one session (a service's process group, started with a session of its own)
+    listen on, as the kernel's tables say: where a service listens when it is not on the port verlc gave it."""
+    sockets: dict[str, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as fh:
+                sockets.update(_listening([line.split() for line in fh.readlines()[1:]]))
+        except OSError:
+            continue
+    ports = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+                fields = fh.read().rpartition(")")[2].split()
+            if int(fields[3]) != session:  # after the command's name: state, ppid, pgrp, session
+                continue
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:[") and target[8:-1] in sockets:
+                    ports.add(sockets[target[8:-1]])
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile, or not ours to read
+    return sorted(ports)
 
 
 def open_to_all(port: int) -> bool:
