@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 from pydantic import Discriminator, Field, Strict, Tag, create_model
 
 from .fields import (
-    Bool, Directive, EnvName, EnvValue, SecretName, Int, Model, Name, Number, Package, Seconds, Size, Str, Text, Version, matching,
+    Bool, Directive, EnvName, EnvValue, Int, Model, Name, Number, Package, SecretName, Seconds, Size, Str, Text,
+    Version, matching,
 )
 
 if TYPE_CHECKING:

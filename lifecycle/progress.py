@@ -13,8 +13,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from ..runtime.protocol import (CHECK_LINE, IMAGE_LINE, SERVICE_READY, STEP_LINE, STEP_TIMES, TRAINER_MESSAGE,
-                                TRAINING_MESSAGE, Event as Line, parse_event)
+from ..runtime.protocol import (CHECK_LINE, IMAGE_LINE, SERVICE_READY, SERVICE_TAIL_PREFIX, STEP_LINE, STEP_TIMES,
+                                TRAINER_MESSAGE, TRAINING_MESSAGE, Event as Line, parse_event)
 
 TOTAL = re.compile(r"Total training steps: (\d+)")
 STEP = STEP_LINE  # verl's console logger line, parsed as the runtime's stall watchdog parses it
@@ -104,6 +104,8 @@ def events(lines: Iterable[str], clock: Clock | None = None) -> Iterator[Event]:
             yield Event("nodes", "ray {}/{} nodes".format(*event.node_count))
         elif event and WHY.match(event.message):
             yield Event("why", event.message)
+        elif line.startswith(SERVICE_TAIL_PREFIX):  # a failed service's last lines, which its failure points at
+            yield Event("why", line.rstrip())
         elif m := TOTAL.search(line):
             yield Event("total", m[0], total=int(m[1]))
         elif step := parse_step(line):

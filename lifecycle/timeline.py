@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 from ..runtime.protocol import (CHECK_LINE, CLOCK_OFFSET, CLOCKS_MESSAGE, FIRST_STEP, IMAGE_LINE, SERVICE_FAILED,
-                                SERVICE_READY, STEP_TIMES, TRAINER_MESSAGE, TRAINER_MILESTONES, TRAINING_MESSAGE, Event, parse_event)
+                                SERVICE_READY, STEP_TIMES, TRAINER_MESSAGE, TRAINER_MILESTONES, TRAINING_MESSAGE, Event,
+                                parse_event)
 from .progress import ATTEMPT
 
 SERVICE_STARTED = re.compile(r"service (?P<name>[\w-]+): start(?:ed|ing) on ")

@@ -69,6 +69,7 @@ def test_follow_says_why_a_run_failed_or_starts_over() -> None:
     """#53 item 11: the preflight's failing line, a requeue and its reason, the cap on requeues, the exit code."""
     log = """\
 [2026-12-01T03:00:00.000Z] verlc: stage preflight
+[service sandbox] verlc: cannot start 'uvicorn' here: No such file or directory
 [2026-12-01T03:00:01.000Z] verlc: PREFLIGHT FAILED: data file data/nope.parquet does not exist (cwd /w)
 [2026-12-01T03:00:02.000Z] verlc: USR1: preemption or time limit ahead; stopping and requeueing
 [2026-12-01T03:00:03.000Z] verlc: requeueing job 7
@@ -78,6 +79,7 @@ def test_follow_says_why_a_run_failed_or_starts_over() -> None:
 """.splitlines()
     assert [(e.kind, e.text) for e in progress.events(log)] == [
         ("stage", "preflight"),
+        ("why", "[service sandbox] verlc: cannot start 'uvicorn' here: No such file or directory"),  # #64 item 9
         ("why", "PREFLIGHT FAILED: data file data/nope.parquet does not exist (cwd /w)"),
         ("why", "USR1: preemption or time limit ahead; stopping and requeueing"),
         ("why", "requeueing job 7"),

@@ -554,7 +554,8 @@ def test_the_slurm_scripts_header_names_each_service_where_it_runs_its_port_read
     assert seen >= 3
 
 
-def test_a_services_time_to_ready_is_its_own_measured_from_its_start_not_when_the_preflight_asks(services) -> None:  # noqa: ANN001
+def test_a_services_time_to_ready_is_measured_from_its_start_not_when_the_preflight_asks(
+        services) -> None:  # noqa: ANN001
     """#64 item 8: the watch asks each service from its start, so a sandbox ready in a second is not charged with
     the bring-up that ran before the preflight asked."""
     running = services(sandbox())

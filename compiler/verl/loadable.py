@@ -137,7 +137,8 @@ def name_problem(dotted: str, what: str, facts: Mapping[str, Any], code: Path | 
         if not facts.get("objects") or shipped(facts, dotted):
             return None
         elsewhere = others(dotted)
-        return (f"{label} ships no {dotted} ({what}, which verl imports by name once its trainer runs, after the queue, the bring-up and the model load)"
+        return (f"{label} ships no {dotted} ({what}, which verl imports by name once its trainer runs, after the "
+                f"queue, the bring-up and the model load)"
                 + (f"; {elsewhere} ship it: pin one with verl_version, or ship the class in the run's code"
                    if elsewhere else "; no release verlc knows ships it"), True)
     found = in_code(dotted, code)
@@ -161,7 +162,8 @@ def tool_problems(tool: Mapping[str, Any], facts: Mapping[str, Any], label: str
         where = ("config", "type") if isinstance(config, Mapping) and "type" in config else \
             ("config",) if isinstance(config, Mapping) else ()
         yield (where, f"{label} reads a tool's config.type as its ToolType, one of "
-                      f"{', '.join(map(repr, types))}; " + (f"{kind!r} is not one" if kind is not None else "it is missing"),
+                      f"{', '.join(map(repr, types))}; "
+                      + (f"{kind!r} is not one" if kind is not None else "it is missing"),
                True)
     models = facts.get("tool_schema") or {}
     if "tool_schema" not in tool or tool["tool_schema"] is None:

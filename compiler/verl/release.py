@@ -58,7 +58,7 @@ class Release:
     commit: str | None = None      # the git commit these facts were read from (None: a PyPI release)
     unchecked: tuple[str, ...] = ()  # packages whose keys only Hydra can judge (a program's group choices)
     startup: Mapping[str, Any] = field(default_factory=dict)  # what its workers need at start-up (workers.py)
-    loadable: Mapping[str, Any] = field(default_factory=dict)  # what verl imports by a name the spec gives (loadable.py)
+    loadable: Mapping[str, Any] = field(default_factory=dict)  # what verl imports by a name a spec gives (loadable.py)
     validated: bool = True  # the program runs verl's validate_config (main_ppo does): its consistency rules apply
     programs: Mapping[str, str] = field(default_factory=dict)  # verl's own Hydra programs -> their config
     program_configs: Mapping[str, tuple[str, Mapping[str, Any]]] = field(default_factory=dict)  # not main_ppo's

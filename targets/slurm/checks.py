@@ -116,7 +116,8 @@ def check_section(spec: Spec, sourced: Sourced) -> Iterator[Diagnostic]:
         elif option == "hint" and slurm.sbatch[option] not in HINTS:
             near = difflib.get_close_matches(str(slurm.sbatch[option]), HINTS, n=1)
             yield sourced.diagnostic(where, f"sbatch takes --hint={' | '.join(HINTS)}; it refuses "
-                                            f"{slurm.sbatch[option]!r}" + (f" (did you mean {near[0]}?)" if near else ""))
+                                            f"{slurm.sbatch[option]!r}"
+                                            + (f" (did you mean {near[0]}?)" if near else ""))
         elif option not in SBATCH_OPTIONS:
             near = difflib.get_close_matches(option, sorted(SBATCH_OPTIONS), n=1)
             yield sourced.diagnostic(where, f"sbatch has no option --{option}"

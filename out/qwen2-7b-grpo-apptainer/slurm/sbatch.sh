@@ -828,7 +828,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 2d2750d2208f166f3593b26e280617d1b081c353b56d1d0a4c873e848bcaaafa:
+# runtime/ of verlc 0.1.0, as one program, sha256 01a64a8586fb81061759eef095b9e3cd3a785e3977be722341297d7fc9fa792d:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -973,6 +973,13 @@ TRAINING_MESSAGE = "training: "  # the runtime's line as it starts verl's traine
 # failure) until it was first seen ready, or until it failed
 SERVICE_READY = re.compile(r"service (?P<name>[\w-]+): ready in (?P<seconds>[0-9.]+)s")
 SERVICE_FAILED = re.compile(r"service (?P<name>[\w-]+): failed (?P<seconds>[0-9.]+)s after its start")
+
+
+SERVICE_TAIL_PREFIX = "[service "  # a failed service's last lines, printed above its failure (`verlc logs -f` too)
+
+
+def service_tail_line(name: str, line: str) -> str:
+    return f"{SERVICE_TAIL_PREFIX}{name}] {line.rstrip()}"
 
 
 def service_ready_message(name: str, seconds: float) -> str:
@@ -2931,7 +2938,7 @@ class Services:
     def _failure(self, service: Service, what: str, tail: list[str], log: str | None = None) -> str:
         """A service's problem, its last lines printed above it; `log`: its log where one node's is meant."""
         for line in tail:
-            print(f"[service {service.name}] {line.rstrip()}", flush=True)
+            print(service_tail_line(service.name, line), flush=True)
         if log is None:
             log = self._log(service.name) if self._here(service) else \
                 self._node_log(service, self.own[service.name]) if service.name in self.own else \

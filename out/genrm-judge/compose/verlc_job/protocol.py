@@ -138,6 +138,13 @@ SERVICE_READY = re.compile(r"service (?P<name>[\w-]+): ready in (?P<seconds>[0-9
 SERVICE_FAILED = re.compile(r"service (?P<name>[\w-]+): failed (?P<seconds>[0-9.]+)s after its start")
 
 
+SERVICE_TAIL_PREFIX = "[service "  # a failed service's last lines, printed above its failure (`verlc logs -f` too)
+
+
+def service_tail_line(name: str, line: str) -> str:
+    return f"{SERVICE_TAIL_PREFIX}{name}] {line.rstrip()}"
+
+
 def service_ready_message(name: str, seconds: float) -> str:
     return f"service {name}: ready in {seconds:g}s"
 

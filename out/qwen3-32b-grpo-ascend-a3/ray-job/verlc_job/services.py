@@ -25,7 +25,8 @@ from .job import Service, ToolConfig
 from .probes import (SERVICE_REQUEST_TIMEOUT, connect_problem, exposure_problem, listening_ports, probe_problem,
                      ready_problem)
 from .process import SERVICE_STOP_GRACE, Process, tail_of
-from .protocol import SERVICE_LOGS, TOOL_CONFIG_FILE, say, service_failed_message, service_ready_message
+from .protocol import (SERVICE_LOGS, TOOL_CONFIG_FILE, say, service_failed_message, service_ready_message,
+                       service_tail_line)
 from .watch import Watch
 
 
@@ -238,7 +239,7 @@ class Services:
     def _failure(self, service: Service, what: str, tail: list[str], log: str | None = None) -> str:
         """A service's problem, its last lines printed above it; `log`: its log where one node's is meant."""
         for line in tail:
-            print(f"[service {service.name}] {line.rstrip()}", flush=True)
+            print(service_tail_line(service.name, line), flush=True)
         if log is None:
             log = self._log(service.name) if self._here(service) else \
                 self._node_log(service, self.own[service.name]) if service.name in self.own else \
