@@ -118,3 +118,14 @@ def test_one_mount_per_target_and_the_specs_hugging_face_cache_wins(bundle: Path
             assert (cache["type"], cache["source"]) == ("bind", own[0].replace("${HOME}", "/home/someone")), cache
         else:
             assert (cache["type"], cache["source"]) == ("volume", "hf-cache"), cache
+
+
+def test_a_multi_node_spec_on_compose_is_told_it_asks_one_host_for_every_nodes_gpus() -> None:
+    """#64: compose runs every node's container on one host; the device ids it reserves run past one node's GPUs."""
+    from conftest import run_verlc
+
+    done = run_verlc("validate", REPO / "specs" / "genrm-judge.yaml", "--target", "compose")
+    assert done.returncode == 0, done.stderr
+    assert "its 3 Ray nodes ask that host for 3 x 8 = 24 GPUs (device ids 0-23)" in done.stdout + done.stderr
+    single = run_verlc("validate", REPO / "specs" / "quickstart-gsm8k-1node.yaml", "--target", "compose")
+    assert "one Docker host" not in single.stdout + single.stderr

@@ -48,6 +48,13 @@ def check_build(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterat
             f"{NOTE}the compose bundle does not build images: build it first, in the folder its context is "
             f"relative to (where you run sbatch): `docker build --file "
             f"{build.dockerfile} --tag {spec.container.image} {build.context}`"), at_key=True)
+    nodes = spec.cluster.nodes + sum(1 for s in spec.services.values() if s.on == "own_node")
+    if nodes > 1:
+        yield sourced.diagnostic(("cluster", "nodes"), (
+            f"{NOTE}the compose bundle runs every node's container on one Docker host: its {nodes} Ray nodes ask that "
+            f"host for {nodes} x {spec.cluster.gpus_per_node} = {nodes * spec.cluster.gpus_per_node} GPUs (device ids "
+            f"0-{nodes * spec.cluster.gpus_per_node - 1}), where a machine of one node has "
+            f"{spec.cluster.gpus_per_node}; for several machines, build slurm, kuberay or skypilot"))
     if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", spec.name):
         yield sourced.diagnostic(("name",), "the compose target uses the name as the Compose project "
                                             "name: lowercase letters, digits, '-' and '_' only")
