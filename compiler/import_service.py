@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -52,15 +52,32 @@ class Server:
 
 def find_server(calls: tuple[Call, ...], base_env: dict[str, str], shown: str, text: str) -> Server:
     """The first server the script started; ImportFailed naming what it started instead."""
-    for call in calls:
+    for i, call in enumerate(calls):
         words = _server_words(call)
         if words is not None:
-            return _server(call, words, base_env, text)
+            server = _server(call, words, base_env, text)
+            # every other call: one started in the background may be recorded after the loop that waits for it
+            return replace(server, left=server.left + tuple(_waits(calls[:i] + calls[i + 1:], server, text)))
     started = ", ".join(dict.fromkeys(" ".join(c.argv[:3]) for c in calls)) or "nothing verlc records"
     raise ImportFailed([Diagnostic(shown, 1, 1, "script", f"no server verlc knows is started here (vLLM's "
                                                           f"`vllm serve` or `python -m vllm.entrypoints.openai."
                                                           f"api_server`, `python -m sglang.launch_server`); the "
                                                           f"script started: {started}")])
+
+
+# What a script waits for its server with (the sandbox's stand-ins: each answers at once)
+_WAITERS = ("curl", "wget", "nc")
+
+
+def _waits(others: tuple[Call, ...], server: Server, text: str) -> Iterator[str]:
+    """A loop of the script's that waits for its own server to answer: verlc's readiness does that instead."""
+    for call in others:
+        if call.tool in _WAITERS and any(server.port in word for word in call.argv[1:]):
+            line = locate(text, call.tool, call.argv[-1])[0]
+            yield (f"line {line}: `{' '.join((call.tool, *call.argv[1:]))}`: the script waits for its own server; verlc does that "
+                   f"(services.{server.name}.ready: GET {READY_PATH} until ready.deadline, {READY_DEADLINE} here), so "
+                   f"the loop is left out; change ready if the server answers elsewhere")
+            return
 
 
 def _server_words(call: Call) -> tuple[tuple[str, ...], tuple[str, ...]] | None:

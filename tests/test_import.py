@@ -919,6 +919,17 @@ def test_a_server_script_imports_as_a_service_the_trainers_settings_reach(tmp_pa
     (tmp_path / "bare.sh").write_text(SERVER.replace(" --gpu-memory-utilization 0.4", ""))
     bare = run_verlc("import", "train.sh", "--service", "bare.sh", "--verl-version", "0.7.1", cwd=tmp_path)
     assert bare.returncode == 2 and "0.9 (services.usersim.gpu_memory)" in bare.stderr, bare.stderr
+    # a script that starts its server in the background and waits for it with curl (#64): the loop ends at once in
+    # the sandbox (curl is a stand-in), the server's call is recorded although the script ended first, and the
+    # spec's header says verlc's readiness does the waiting
+    (tmp_path / "waits.sh").write_text(SERVER.replace("2>&1 | tee \"$ROOT/usersim_server.log\"", "&")
+                                       + 'until curl -sf "http://127.0.0.1:$PORT/health"; do sleep 5; done\n')
+    waits = run_verlc("import", "train.sh", "--service", "waits.sh", "--verl-version", "0.7.1", "-o",
+                      tmp_path / "waits.yaml", cwd=tmp_path)
+    assert waits.returncode == 0, waits.stderr
+    header = (tmp_path / "waits.yaml").read_text().split("\nname:")[0]
+    assert "waits.sh: line 9: `curl -sf http://127.0.0.1:18001/health`: the script waits for its own server; " \
+           "verlc does that (services.usersim.ready: GET /health" in header, header
     # a script that starts no server is refused, naming what it started
     (tmp_path / "other.sh").write_text("python3 -m http.server 9000\n")
     refused = run_verlc("import", "train.sh", "--service", "other.sh", "--verl-version", "0.7.1", cwd=tmp_path)

@@ -9,7 +9,8 @@ sandbox made of Linux namespaces (util-linux `unshare`, unprivileged user namesp
 - the commands that start, install, download or schedule (python, python3, python3.X, ray, torchrun, uv, pip,
   hf, huggingface-cli, nvidia-smi, srun, sbatch, docker, podman, apptainer, vllm, ...) are stand-ins wherever the script
   looks for them (on PATH and at their absolute paths): each call records its argv, environment and working
-  folder, prints nothing and exits 0 (so a loop waiting for `nvidia-smi` ends at once);
+  folder, prints nothing and exits 0 (so a loop waiting for `nvidia-smi`, or for a server with `curl`, `wget` or
+  `nc`, ends at once);
 - a probe of the host answers as a plain host of the accelerator the import is for (CUDA unless told): a
   `python -c` that imports another accelerator's package (`import torch_npu` on CUDA) exits 1, and another
   accelerator's tools (`npu-smi`, `rocm-smi` on CUDA) are not there, also for `command -v`; every probe (a
@@ -39,7 +40,7 @@ from .compiler.import_script import Call
 # schedule before it: recorded, never run.
 STAND_INS = ("python", "python3", "ray", "torchrun", "uv", "pip", "pip3", "hf", "huggingface-cli", "nvidia-smi",
              "rocm-smi", "npu-smi", "srun", "sbatch", "scontrol", "docker", "podman", "apptainer", "singularity", "conda",
-             "module", "vllm")
+             "module", "vllm", "curl", "wget", "nc")
 # What a plain host of each accelerator lacks: the packages another accelerator's stack installs, and its tools.
 ABSENT = {
     "cuda": (("torch_npu", "mindspeed", "torch_mlu"), ("npu-smi", "rocm-smi", "amd-smi")),
@@ -103,9 +104,18 @@ cd "$VERLC_CWD" 2>/dev/null || cd "$tmp"
 vars=()
 while [ "$1" != "--" ]; do vars+=("$1"); shift; done
 shift
-exec unshare --user -- env -i "${vars[@]}" VERLC_CALLS="$tmp/calls" VERLC_ABSENT="$VERLC_ABSENT" \
+unshare --user -- env -i "${vars[@]}" VERLC_CALLS="$tmp/calls" VERLC_ABSENT="$VERLC_ABSENT" \
   BASH_ENV="$tmp/bin/bash_env" bash "$@" \
   < /dev/null
+rc=$?
+# A call the script started in the background (a server, `... &`) may still be recording: every process of this
+# namespace ends with this shell, its first, so it waits for them (stand-ins end at once; at most 2 s)
+for _ in {1..20}; do
+  pids=(/proc/[0-9]*)
+  ((${#pids[@]} <= 1)) && break
+  sleep 0.1
+done
+exit "$rc"
 """
 
 
