@@ -5,8 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import AfterValidator, Field, Strict
-from annotated_types import Len
+from pydantic import AfterValidator, Field, Strict, StringConstraints
 
 from ...compiler.fields import Bool, Directive, Int, Model, Seconds, SlurmMem, SlurmTime, matching
 from ...compiler.ir import TimeLimit
@@ -66,7 +65,7 @@ def _constraint(text: str) -> str:
     return text
 
 
-Constraint = Annotated[str, Strict(), Len(1, 255), AfterValidator(_constraint)]
+Constraint = Annotated[str, Strict(), StringConstraints(min_length=1, max_length=255), AfterValidator(_constraint)]
 # sbatch --hint's values (Slurm 22.05 on): sbatch refuses any other as "unrecognized --hint argument"
 HINTS = ("compute_bound", "memory_bound", "multithread", "nomultithread")
 SbatchOption = Annotated[str, Strict(), matching(r"[a-z][a-z0-9-]{0,40}", "an sbatch long option without its "
