@@ -4,7 +4,8 @@ verl loads some classes and functions by a dotted name from its config or the to
 (tool_registry.get_tool_class), `trainer.checkpoint_callback_class`, the agent loop manager, `pkg://` paths of
 custom reward functions and managers. It does so when its workers start, after the queue, the bring-up and the
 model load; a name the release does not ship fails there. Read (`read`), stored in the schema under "loadable":
-- objects: every module-level class and function of the verl package, dotted ("verl.tools.base_tool.BaseTool");
+- objects: every name a module of the verl package has at its top level (its classes and functions, and what it
+  imports or assigns there: a package re-exports its modules' classes), dotted ("verl.tools.base_tool.BaseTool");
 - tool_types: the values of the release's ToolType (a tool's `config.type`, which verl reads as ToolType(type));
 - tool_schema: the pydantic models verl validates a tool's `tool_schema` with, from OpenAIFunctionToolSchema
   down: {class: {field: [annotation, required]}};
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,10 @@ def read(package: Path) -> dict[str, Any]:
         # `register` as the module names it (`from .registry import register as register_manager`)
         registers = {"register"} | {a.asname for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names
                                     if a.name == "register" and a.asname}
+        # what `getattr(module, name)` finds: its own classes and functions, and the names it imports or assigns
+        # (a package's __init__ re-exports its modules' classes)
+        objects += [f"{module}.{name}" for name in _top_level(tree)]
         for node in tree.body:
-            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                objects.append(f"{module}.{node.name}")
             if isinstance(node, ast.ClassDef):
                 for name in _registered(node, registers):
                     registry = "reward_manager" if "reward_manager" in module else \
@@ -111,12 +113,22 @@ def in_code(dotted: str, code: Path | None) -> bool | None:
 def top_level_names(source: Path) -> set[str]:
     """The names a Python file defines or imports at its top level."""
     try:
-        tree = ast.parse(source.read_text(encoding="utf-8", errors="replace"))
+        return _top_level(ast.parse(source.read_text(encoding="utf-8", errors="replace")))
     except SyntaxError:
         return set()
+
+
+def _top_level(tree: ast.Module) -> set[str]:
+    """Names bound at a module's top level, also in its top-level `if`, `try` and `with` blocks (an import that
+    may fail is a name that may be there: verl's verdict then depends on the node, and verlc's leans to taking it)."""
     names = set()
-    for node in tree.body:
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+    nodes = list(tree.body)
+    while nodes:
+        node = nodes.pop(0)
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            nodes += [*node.body, *getattr(node, "orelse", ()), *getattr(node, "finalbody", ()),
+                      *(n for h in getattr(node, "handlers", ()) for n in h.body)]
+        elif isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             names.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
@@ -128,7 +140,7 @@ def top_level_names(source: Path) -> set[str]:
 
 
 def name_problem(dotted: str, what: str, facts: Mapping[str, Any], code: Path | None, label: str,
-                 others: Any) -> tuple[str, bool] | None:
+                 others: Callable[[str], str]) -> tuple[str, bool] | None:
     """What is wrong with `dotted`, a class or function verl imports by name (`what` says whose): (message,
     refusal), or None. `others(dotted)` names the releases that ship it (for a name of verl's)."""
     if not _DOTTED.fullmatch(dotted):
