@@ -892,7 +892,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 01a64a8586fb81061759eef095b9e3cd3a785e3977be722341297d7fc9fa792d:
+# runtime/ of verlc 0.1.0, as one program, sha256 73e136783b56703e55231a3597cf1004140810c325f2b04c4819a8c0e3a33fec:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -2865,7 +2865,6 @@ class Services:
         self.nodes: dict[str, list] = {}  # name -> its actors, one per node
         self.restarts: dict[str, int] = {s.name: 0 for s in services}
         self.record: dict[str, dict] = {}
-        self.launched: dict[str, float] = {}  # a node service's name -> when its actors were started here
         self.given: dict[str, float] = {}  # a service in an image of its own (the target's) -> when seen here first
         self.own: dict[str, dict] = {}  # name -> the node of its own (a Ray node)
         self.first: dict[str, float] = {}  # name -> its first start (ready.deadline counts from it, restarts or not)
@@ -2959,7 +2958,7 @@ class Services:
                     service, self.variables, self._node_log(service, n),
                     n["NodeManagerAddress"] if service.own_node else "127.0.0.1")
                 for n in on]
-            self.launched[service.name] = self.first[service.name] = time.monotonic()
+            self.first[service.name] = time.monotonic()
             self.watch.add(service.name)
             where = f"on {node_label(on[0])}, a node of its own ({service.gpus} {self.device}s)" \
                 if service.own_node else f"on {len(on)} nodes"
@@ -3106,7 +3105,7 @@ class Services:
         """When a service was started (time.monotonic() here): its head process's start, its node actors'."""
         if service.name in self.head:
             return self.head[service.name].started
-        return self.given.get(service.name) or self.launched.get(service.name, otherwise)
+        return self.first.get(service.name, otherwise)
 
     def _tail(self, service: Service) -> list[str]:
         if service.name in self.head:

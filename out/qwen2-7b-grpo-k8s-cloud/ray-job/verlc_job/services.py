@@ -102,7 +102,6 @@ class Services:
         self.nodes: dict[str, list] = {}  # name -> its actors, one per node
         self.restarts: dict[str, int] = {s.name: 0 for s in services}
         self.record: dict[str, dict] = {}
-        self.launched: dict[str, float] = {}  # a node service's name -> when its actors were started here
         self.given: dict[str, float] = {}  # a service in an image of its own (the target's) -> when seen here first
         self.own: dict[str, dict] = {}  # name -> the node of its own (a Ray node)
         self.first: dict[str, float] = {}  # name -> its first start (ready.deadline counts from it, restarts or not)
@@ -196,7 +195,7 @@ class Services:
                     service, self.variables, self._node_log(service, n),
                     n["NodeManagerAddress"] if service.own_node else "127.0.0.1")
                 for n in on]
-            self.launched[service.name] = self.first[service.name] = time.monotonic()
+            self.first[service.name] = time.monotonic()
             self.watch.add(service.name)
             where = f"on {node_label(on[0])}, a node of its own ({service.gpus} {self.device}s)" \
                 if service.own_node else f"on {len(on)} nodes"
@@ -343,7 +342,7 @@ class Services:
         """When a service was started (time.monotonic() here): its head process's start, its node actors'."""
         if service.name in self.head:
             return self.head[service.name].started
-        return self.given.get(service.name) or self.launched.get(service.name, otherwise)
+        return self.first.get(service.name, otherwise)
 
     def _tail(self, service: Service) -> list[str]:
         if service.name in self.head:
