@@ -74,9 +74,9 @@ def _waits(others: tuple[Call, ...], server: Server, text: str) -> Iterator[str]
     for call in others:
         if call.tool in _WAITERS and any(server.port in word for word in call.argv[1:]):
             line = locate(text, call.tool, call.argv[-1])[0]
-            yield (f"line {line}: `{' '.join((call.tool, *call.argv[1:]))}`: the script waits for its own server; verlc does that "
-                   f"(services.{server.name}.ready: GET {READY_PATH} until ready.deadline, {READY_DEADLINE} here), so "
-                   f"the loop is left out; change ready if the server answers elsewhere")
+            yield (f"line {line}: `{' '.join((call.tool, *call.argv[1:]))}`: the script waits for its own server; "
+                   f"verlc does that (services.{server.name}.ready: GET {READY_PATH} until ready.deadline, "
+                   f"{READY_DEADLINE} here), so the loop is left out; change ready if the server answers elsewhere")
             return
 
 
@@ -170,19 +170,19 @@ def add_service(imported: Imported, server: Server, shown: str, text: str) -> li
     # the share of each GPU the server takes beside the trainer: its flag, else its engine's default (the build
     # checks it with the rollout's)
     engine = engine_server(argv)
-    share = engine[3] if engine is not None and isinstance(engine[3], float) else \
-        engine[2] if engine is not None else None
+    share = engine.share if engine is not None else None
     services[name] = {"command": list(argv), **({"env": server.env} if server.env else {}),
                       **({"gpu_memory": share} if share is not None else {}),
                       "ready": {"http": READY_PATH, "deadline": READY_DEADLINE},
                       "probe": {"kind": "judge", "model": server.model}}
     imported.left += [f"{shown}: {item}" for item in server.left]
-    if engine is not None and engine[3] is None:
-        imported.left.append(f"{shown}:{server.line}: the server passes no {engine[1]}: {engine[0]} then takes "
-                             + (f"{engine[2]:g} of each GPU (written as services.{name}.gpu_memory; pass "
-                                f"{engine[1]} with a share that fits beside the rollout's)" if engine[2] is not None
-                                else f"a share it sizes itself; pass {engine[1]} and set services.{name}.gpu_memory "
-                                     f"to it"))
+    if engine is not None and engine.given is None:
+        imported.left.append(f"{shown}:{server.line}: the server passes no {engine.flag}: {engine.engine} then takes "
+                             + (f"{engine.default:g} of each GPU (written as services.{name}.gpu_memory; pass "
+                                f"{engine.flag} with a share that fits beside the rollout's)"
+                                if engine.default is not None else
+                                f"a share it sizes itself; pass {engine.flag} and set services.{name}.gpu_memory to "
+                                f"it"))
     addresses = [f"http://{host}:{server.port}" for host in dict.fromkeys((server.host, *LOCAL_HOSTS))]
     wired = list(_wire(spec.get("verl"), addresses, f"${{services.{name}.url}}", "verl"))
     variable = service_variable(name, "url")

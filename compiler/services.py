@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .derive import TOOL_CONFIG_KEY, has_key
 from .diagnostics import Diagnostic, did_you_mean
@@ -204,9 +204,28 @@ ENGINE_SERVERS = (("vLLM", ("vllm serve", "-m vllm.entrypoints.openai.api_server
                   ("SGLang", ("-m sglang.launch_server", "sglang serve"), "--mem-fraction-static", None))
 
 
-def engine_server(argv: tuple[str, ...]) -> tuple[str, str, float | None, float | str | None] | None:
-    """(engine, its flag, its default share, the share the command passes: a number, a word verlc cannot read, or
-    None) where `argv` starts an inference server, else None."""
+class EngineServer(NamedTuple):
+    """An inference server a service's command starts: its engine, its memory-share flag, the share it takes
+    without the flag, and what the command passes (a number, a word verlc cannot read, or None: no flag)."""
+
+    engine: str
+    flag: str
+    default: float | None
+    given: float | str | None
+
+    @property
+    def share(self) -> float | None:
+        """What it takes of each GPU: the flag's number, else its default; None where verlc cannot know."""
+        return None if isinstance(self.given, str) else self.given if self.given is not None else self.default
+
+    def takes(self) -> str:
+        return (f"{self.given:g} of each GPU ({self.flag} {self.given:g})" if isinstance(self.given, float) else
+                f"{self.default:g} of each GPU without {self.flag} (its default)" if self.default is not None else
+                f"the share it sizes itself without {self.flag}")
+
+
+def engine_server(argv: tuple[str, ...]) -> EngineServer | None:
+    """The inference server `argv` starts, or None."""
     line = " ".join(argv)
     for engine, starts, flag, default in ENGINE_SERVERS:
         if any(f" {s} " in f" {line} " for s in starts):
@@ -220,7 +239,7 @@ def engine_server(argv: tuple[str, ...]) -> tuple[str, str, float | None, float 
                 given = float(given) if given is not None else None
             except ValueError:
                 pass
-            return engine, flag, default, given
+            return EngineServer(engine, flag, default, given)
     return None
 
 
@@ -237,33 +256,25 @@ def gpu_memory_problems(spec: Spec, sourced: Sourced, chosen: Selection | str) -
     for name, s in spec.services.items():
         server = engine_server(tuple(s.command)) if s.image is None and s.on != "own_node" else None
         at = ("services", name)
-        if server is None:
+        if server is None or isinstance(server.given, str):  # a variable's share is known only where it runs
             if s.gpu_memory:
                 shares[name], said[name] = s.gpu_memory, f"services.{name}.gpu_memory"
             continue
-        engine, flag, default, given = server
-        if isinstance(given, str):  # a variable: the server's share is known only where it runs
-            if s.gpu_memory:
-                shares[name], said[name] = s.gpu_memory, f"services.{name}.gpu_memory"
-            continue
-        if s.gpu_memory is not None and (given if given is not None else default) != s.gpu_memory:
+        if s.gpu_memory is not None and server.share != s.gpu_memory:
             yield sourced.diagnostic((*at, "gpu_memory"), (
-                f"services.{name} runs {engine}, which takes "
-                + (f"{given:g} of each GPU ({flag} {given:g})" if given is not None else
-                   f"{default:g} of each GPU without {flag} (its default)" if default is not None else
-                   f"the share it sizes itself without {flag}")
-                + f", not gpu_memory's {s.gpu_memory:g}: pass {flag} {s.gpu_memory:g} in its command"))
-            continue
-        if given is None and default is None:
+                f"services.{name} runs {server.engine}, which takes {server.takes()}, not gpu_memory's "
+                f"{s.gpu_memory:g}: pass {server.flag} {s.gpu_memory:g} in its command"))
+        elif server.share is None:
             yield sourced.diagnostic((*at, "command"), (
-                f"services.{name} runs {engine} on the GPUs verl's rollout uses, without {flag}: {engine} then sizes "
-                f"its memory as if each GPU were its own; pass {flag} and the same services.{name}.gpu_memory, "
-                f"with the rollout's {ROLLOUT_MEMORY}, within 1"))
-            continue
-        shares[name] = given if given is not None else default  # type: ignore[assignment]
-        said[name] = (f"services.{name}.gpu_memory" if s.gpu_memory is not None else
-                      f"services.{name}: {engine}'s {flag} {given:g}" if given is not None else
-                      f"services.{name}: {engine}'s default without {flag}")
+                f"services.{name} runs {server.engine} on the GPUs verl's rollout uses, without {server.flag}: "
+                f"{server.engine} then sizes its memory as if each GPU were its own; pass {server.flag} and the same "
+                f"services.{name}.gpu_memory, with the rollout's {ROLLOUT_MEMORY}, within 1"))
+        else:
+            shares[name] = server.share
+            said[name] = (f"services.{name}.gpu_memory" if s.gpu_memory is not None else
+                          f"services.{name}: {server.engine}'s {server.flag} {server.given:g}"
+                          if server.given is not None else
+                          f"services.{name}: {server.engine}'s default without {server.flag}")
     if not shares:
         return
     rollout = Config(chosen.tree, verl_values(spec, chosen)).get(ROLLOUT_MEMORY)  # the spec's, else the default
