@@ -288,7 +288,6 @@ class _Code:
                      and re.fullmatch(r"self\.config\.max_model_len >= self\.config\.prompt_length \+ "
                                       r"self\.config\.response_length", ast.unparse(n.test))), None)
 
-
     def engine_micro_batches(self) -> dict[str, Any] | None:
         """Where the engine workers' prepare_micro_batches asserts that a rank's batch divides by the micro batch
         (when dynamic batch size is off), and whether the release has the legacy FSDP workers beside them (then
@@ -611,7 +610,8 @@ def _engine_micro_batches(fact: dict[str, Any] | None, get: Any, label: str
     if uses_ref:
         roles.append(("actor_rollout_ref.ref", "actor_rollout_ref.ref", "compute_ref_log_prob"))
     for section, sp_section, call in roles:
-        micro, dynamic = get(f"{section}.log_prob_micro_batch_size_per_gpu"), get(f"{section}.log_prob_use_dynamic_bsz")
+        micro = get(f"{section}.log_prob_micro_batch_size_per_gpu")
+        dynamic = get(f"{section}.log_prob_use_dynamic_bsz")
         sp = get(f"{sp_section}.ulysses_sequence_parallel_size") or 1
         if dynamic or not isinstance(micro, int) or isinstance(micro, bool) or micro <= 0 or not isinstance(sp, int):
             continue
