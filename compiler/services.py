@@ -198,9 +198,10 @@ def _image_problems(name: str, s: Any, sourced: Sourced) -> Iterator[Diagnostic]
 
 ROLLOUT_MEMORY = "actor_rollout_ref.rollout.gpu_memory_utilization"
 # Inference servers a service may run on the trainer's GPUs: (how a command starts one, its memory-share flag, the
-# share it takes without the flag). vLLM's EngineArgs default gpu_memory_utilization is 0.9; SGLang sizes
+# share it takes without the flag). vLLM's default gpu_memory_utilization is 0.92 in vLLM 0.24.0, the release verl
+# 0.9.1 pins (vllm/config/cache.py CacheConfig; earlier releases took 0.9); SGLang sizes
 # mem_fraction_static itself from the GPU's memory when the flag is missing (server_args), as if the GPU were its own.
-ENGINE_SERVERS = (("vLLM", ("vllm serve", "-m vllm.entrypoints.openai.api_server"), "--gpu-memory-utilization", 0.9),
+ENGINE_SERVERS = (("vLLM", ("vllm serve", "-m vllm.entrypoints.openai.api_server"), "--gpu-memory-utilization", 0.92),
                   ("SGLang", ("-m sglang.launch_server", "sglang serve"), "--mem-fraction-static", None))
 
 

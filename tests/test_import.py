@@ -918,7 +918,7 @@ def test_a_server_script_imports_as_a_service_the_trainers_settings_reach(tmp_pa
     # without the flag, vLLM's default share is written, and said
     (tmp_path / "bare.sh").write_text(SERVER.replace(" --gpu-memory-utilization 0.4", ""))
     bare = run_verlc("import", "train.sh", "--service", "bare.sh", "--verl-version", "0.7.1", cwd=tmp_path)
-    assert bare.returncode == 2 and "0.9 (services.usersim.gpu_memory)" in bare.stderr, bare.stderr
+    assert bare.returncode == 2 and "0.92 (services.usersim.gpu_memory)" in bare.stderr, bare.stderr
     # a script that starts its server in the background and waits for it with curl (#64): the loop ends at once in
     # the sandbox (curl is a stand-in), the server's call is recorded although the script ended first, and the
     # spec's header says verlc's readiness does the waiting
