@@ -36,38 +36,61 @@ mark() { printf '%s\t%s\t%s\n' "$1" "$(since "$t0")" "${2:-}" >>"$events"; echo 
 pack() { tar -C "$out" -czf "$results/rehearsal.tar.gz" .; }
 fail() { echo "rehearse.sh: $*" >&2; mark failed "$*"; pack; exit 1; }
 
-# --- install: the wheels into folders of their own, verl's two releases apart ---------------------------------
-python3 dev/gpu/wheel_matches.py .whl/common/verlc-*.whl \
-  || fail "the verlc wheel in .whl/common is not this working tree's: run dev/gpu/wheels.sh here first"
+# --- install --------------------------------------------------------------------------------------------------
 site=$work/site
 rm -rf "${site:?}" "${work:?}"/verl-* "${work:?}"/bin "${work:?}"/serve
 mkdir -p "$site" "$work"/bin
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/common/*.whl || fail "pip install"
-tar -C "$site" -xJf .whl/ray.tar.xz || fail "unpacking ray"
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$work/serve" .whl/serve/*.whl \
-  || fail "pip install the judge's serving packages"
-export GPU_REHEARSAL_SERVE=$work/serve  # the judge service's PYTHONPATH (specs/gpu-rehearsal-judge.yaml)
-for release in 0.5.0 0.6.1; do
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$work/verl-$release" \
-    .whl/verl-"$release"/*.whl || fail "pip install verl $release"
-done
 printf '#!/bin/sh\nexec python3 -c "import sys; from ray.scripts.scripts import main; sys.argv[0] = \\"ray\\"; main()" "$@"\n' \
   >"$work"/bin/ray
 printf '#!/bin/sh\nexec python3 -P -m verlc "$@"\n' >"$work"/bin/verlc  # -P: not the source folder verlc/
 chmod +x "$work"/bin/*
 export PATH=$work/bin:$PATH
-# the stand-in for flash-attn: what verl 0.5.0's actor imports on CUDA (dev/gpu/standin/flash_attn)
-standin=$PWD/dev/gpu/standin
-use_release() { export PYTHONPATH=$work/verl-$1:$site:$standin; }
-use_release 0.5.0
+if want train || want judge || want cases || want sft || want pipeline || want sft-two; then
+  # verl 0.5.0 and 0.6.1: the wheels into folders of their own, the two releases apart
+  python3 dev/gpu/wheel_matches.py .whl/common/verlc-*.whl \
+    || fail "the verlc wheel in .whl/common is not this working tree's: run dev/gpu/wheels.sh here first"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/common/*.whl || fail "pip install"
+  tar -C "$site" -xJf .whl/ray.tar.xz || fail "unpacking ray"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$work/serve" .whl/serve/*.whl \
+    || fail "pip install the judge's serving packages"
+  export GPU_REHEARSAL_SERVE=$work/serve  # the judge service's PYTHONPATH (specs/gpu-rehearsal-judge.yaml)
+  for release in 0.5.0 0.6.1; do
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$work/verl-$release" \
+      .whl/verl-"$release"/*.whl || fail "pip install verl $release"
+  done
+  # the stand-in for flash-attn: what verl 0.5.0's actor imports on CUDA (dev/gpu/standin/flash_attn)
+  standin=$PWD/dev/gpu/standin
+  use_release() { export PYTHONPATH=$work/verl-$1:$site:$standin; }
+  use_release 0.5.0
+else
+  # verl 0.9.1 with vLLM: the parts that earlier calls carried (in V091_PARTS) and this one's, joined, then
+  # unpacked into one folder; verlc from this working tree
+  parts_dir=${V091_PARTS:-.whl/v091}
+  cp -n .whl/v091/* "$parts_dir"/ 2>/dev/null
+  python3 dev/gpu/parts.py join "$parts_dir"/v091.tar.parts.json "$work"/v091.tar || fail "the v091 parts"
+  mkdir -p "$work"/v091
+  tar -C "$work"/v091 -xf "$work"/v091.tar && rm "$work"/v091.tar || fail "unpacking the v091 bundle"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" \
+    $(ls "$work"/v091/wheels/*.whl | grep -v /verlc-) || fail "pip install (v091)"
+  for big in vllm ray; do tar -C "$site" -xJf "$work/v091/$big.tar.xz" || fail "unpacking $big"; done
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$site" . \
+    || fail "pip install verlc"
+  rm -rf build
+  export PYTHONPATH=$site
+  # no network there: nothing asks the hub or reports usage
+  export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+fi
 mark installed
 python3 - <<'EOF' | tee "$out/versions.txt"
 import platform, subprocess
 from importlib.metadata import version
 import torch
 print("python", platform.python_version())
-for name in ("verl", "ray", "torch", "transformers", "tensordict", "hydra-core", "verlc"):
-    print(name, version(name))
+for name in ("verl", "ray", "torch", "transformers", "tensordict", "hydra-core", "vllm", "verlc"):
+    try:
+        print(name, version(name))
+    except Exception:
+        print(name, "none")
 print("gpu", torch.cuda.get_device_name(0), "x", torch.cuda.device_count())
 print("driver", subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                                capture_output=True, text=True).stdout.strip())
@@ -94,7 +117,8 @@ ray_up() {
   for _ in $(seq 60); do curl -sf http://127.0.0.1:8265/api/version >/dev/null && return 0; sleep 1; done
   fail "Ray's dashboard did not answer"
 }
-export RAY_ADDRESS=http://127.0.0.1:8265 NCCL_NVLS_ENABLE=0
+# NVLink multicast stays off on the lent machines (/work/.library/device/KINDS.md), in every process Ray starts
+export RAY_ADDRESS=http://127.0.0.1:8265 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 ray_up
 mark ray-head
 
@@ -109,6 +133,13 @@ submit() {
   run=$(sed -n 's/^[0-9.]* submitted \([^ ]*\) .*/\1/p' "$out/$label.follow" | head -n 1)  # read by the caller
   [[ -n $run ]] && verlc logs "$run" >"$out/$label.log" 2>&1
   mark "$label" "exit $rc run ${run:-none}"
+}
+
+# what holds the GPU: pid, MiB, command line
+gpu_users() {
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | while IFS=', ' read -r pid mib; do
+    printf '%s\t%s\t%s\n' "$pid" "$mib" "$(ps -o args= -p "$pid" | cut -c1-160)"
+  done
 }
 
 # build SPEC LABEL: a spec the build must refuse
@@ -131,11 +162,6 @@ if want train; then
   ls -R "$GPU_REHEARSAL/checkpoints" >"$out/checkpoints.txt" 2>&1
 fi
 if want judge; then  # the judge beside the trainer: which processes hold the GPU, sampled every 2 s meanwhile
-  gpu_users() {
-    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | while IFS=', ' read -r pid mib; do
-      printf '%s\t%s\t%s\n' "$pid" "$mib" "$(ps -o args= -p "$pid" | cut -c1-160)"
-    done
-  }
   (while sleep 2; do echo "at $(since "$t0")"; gpu_users; done) >"$out/judge-gpu.txt" 2>&1 &
   sampler=$!
   submit specs/gpu-rehearsal-judge.yaml judge
@@ -149,6 +175,29 @@ if want cases; then
   build dev/gpu/cases/hf-rollout-n4-0.5.0.yaml hf-n4
   build dev/gpu/cases/hf-rollout-0.6.1.yaml hf-0.6.1
 fi
+if want vllm; then  # verl 0.9.1 with vLLM 0.24.0: which processes hold the GPU, sampled every 2 s meanwhile
+  (while sleep 2; do echo "at $(since "$t0")"; gpu_users; done) >"$out/vllm-gpu.txt" 2>&1 &
+  sampler=$!
+  submit specs/gpu-rehearsal-vllm.yaml vllm
+  kill "$sampler"
+  verlc runs --results "$run" --format markdown >"$out/vllm-results.md" 2>&1
+  verlc runs --timeline "$run" --format markdown >"$out/vllm-timeline.md" 2>&1
+  cat "$out/vllm-results.md" "$out/vllm-timeline.md"
+  ls -R "$GPU_REHEARSAL/checkpoints/vllm" >"$out/vllm-checkpoints.txt" 2>&1
+  # the same run again: it resumes from the last checkpoint (trainer.resume_mode auto), 8 steps already done
+  submit specs/gpu-rehearsal-vllm.yaml vllm-resume
+fi
+if want vllm-judge; then  # the judge as `vllm serve` on the rollout's GPU, its share the spec's gpu_memory
+  submit specs/gpu-rehearsal-vllm-judge.yaml vllm-judge
+  verlc logs "$run" --service judge >"$out/vllm-judge-service.log" 2>&1
+fi
+if want vllm-cases; then
+  for case in dev/gpu/cases/*-0.9.1.yaml; do
+    label=$(basename "$case" .yaml)
+    if grep -q '^# expect: build' "$case"; then build "$case" "$label"; else submit "$case" "$label"; fi
+  done
+fi
+declare -F use_release >/dev/null || { ray stop --force >/dev/null 2>&1; mark finished; pack; exit 0; }
 use_release 0.6.1
 ray_up
 want cases && submit dev/gpu/cases/vllm-missing-0.6.1.yaml vllm-0.6.1

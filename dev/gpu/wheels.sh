@@ -5,6 +5,7 @@
 # what verl 0.5.0 / 0.6.1, Ray's Jobs API and verlc add to it. Idempotent.
 #
 #   bash dev/gpu/wheels.sh      # then: the device tool runs dev/gpu/rehearse.sh with .whl carried
+#   bash dev/gpu/wheels.sh vllm # verl 0.9.1 with vLLM 0.24.0 instead: one bundle in 44 MiB parts (.whl/v091/)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 python=${PYTHON:-.venv/bin/python}
@@ -19,6 +20,43 @@ fetch() {  # fetch DIR NAME==VERSION...: Linux x86-64 wheels for CPython 3.12, n
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
     -d "$dir" "$@"
 }
+
+# verl 0.9.1 with its `vllm` extra's pins (vllm 0.24.0, transformers 5.9.0; torch 2.11.0 is the machine's): about
+# 210 MB packed, more than four calls carry, so one tar in parts of 44 MiB (the working tree, 17 MB, takes the rest
+# of a call's 64 MiB) with a manifest (dev/gpu/parts.py), each part carried by a call of its own and joined there.
+# Left out, as optional at import for a dense model on Hopper: FlashInfer and its cubins (vLLM falls back to its
+# own sampler), the CUTLASS DSL, TileLang, the MoE and FA2 kernels (vLLM prefers FA3 on SM90), the Rust front end.
+if [[ ${1:-} == vllm ]]; then
+  bundle=.cache/gpu-v091  # what was fetched and packed stays for the next run; the tar and its parts are remade
+  mkdir -p "$bundle"
+  # tokenizers 0.22: transformers 5.9.0 checks tokenizers<=0.23.0 at import (the machine has 0.23.2); xgrammar
+  # 0.2.9 needs apache-tvm-ffi 0.1.11 (it fails at import with the 0.1.9 vLLM pins for FlashInfer and its CuTe
+  # kernels, which are not here); 0.2.5.post1, the newest that takes 0.1.9, is 48 MB
+  "$python" dev/gpu/closure.py "$bundle"/wheels verl==0.9.1 vllm==0.24.0 'ray[default]==2.49.2' transformers==5.9.0 \
+    'tokenizers>=0.22,<=0.23.0' tensordict==0.10.0 ruamel.yaml==0.18.14 'apache-tvm-ffi>=0.1.11,<0.2' xgrammar==0.2.9 \
+    --skip torch torchvision torchaudio numba wandb mbridge flashinfer-python flashinfer-cubin tilelang nvidia-cudnn-frontend fastsafetensors \
+    nvidia-cutlass-dsl quack-kernels tokenspeed-mla humming-kernels >"$bundle"/closure.log
+  for big in vllm ray; do  # unpacked, pruned, packed with xz, outside the wheels folder
+    [[ -f $bundle/$big.tar.xz ]] && continue
+    rm -rf "${bundle:?}/$big" && mkdir "$bundle/$big"
+    (cd "$bundle/$big" && unzip -q ../wheels/"$big"-*.whl)
+    rm -rf "$bundle"/ray/ray/jars "$bundle"/ray/ray/rllib "$bundle"/vllm/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so \
+      "$bundle"/vllm/vllm/_moe_C_stable_libtorch.abi3.so "$bundle"/vllm/vllm/vllm-rs \
+      "$bundle"/vllm/vllm/third_party/fmha_sm100 "$bundle"/vllm/vllm/third_party/deep_gemm/_C.cpython-3{10,11,13,14}-*.so
+    XZ_OPT="-6 -T2" tar -C "$bundle/$big" -cJf "$bundle/$big.tar.xz.partial" . && mv "$bundle/$big.tar.xz"{.partial,}
+    rm -rf "${bundle:?}/$big"
+  done
+  # verlc is not in it: the rehearsal installs it from the working tree that travels with each call
+  # the wheels of this closure (the folder may hold others, of an earlier one)
+  sed -n 's/^\([^ ]*\.whl\) .*/wheels\/\1/p' "$bundle"/wheels/closure.txt | grep -v -e '^wheels/vllm-' -e '^wheels/ray-' \
+    >"$bundle"/members.txt
+  tar -C "$bundle" -cf "$bundle"/v091.tar -T "$bundle"/members.txt vllm.tar.xz ray.tar.xz
+  rm -rf "$out"/v091
+  "$python" dev/gpu/parts.py split "$bundle"/v091.tar "$out"/v091 --size 44
+  rm "$bundle"/v091.tar
+  "$python" dev/gpu/parts.py calls "$out"/v091 --budget 44
+  exit 0
+fi
 
 # verl and the one package whose version differs between the two releases the rehearsal runs
 fetch "$out"/verl-0.5.0 verl==0.5.0 tensordict==0.9.1
