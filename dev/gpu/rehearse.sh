@@ -66,7 +66,7 @@ else
   # verl 0.9.1 with vLLM: the parts that earlier calls carried (in V091_PARTS) and this one's, joined, then
   # unpacked into one folder; verlc from this working tree
   parts_dir=${V091_PARTS:-.whl/v091}
-  cp -n .whl/v091/* "$parts_dir"/ 2>/dev/null
+  [[ $parts_dir -ef .whl/v091 ]] || cp .whl/v091/* "$parts_dir"/ 2>/dev/null
   python3 dev/gpu/parts.py join "$parts_dir"/v091.tar.parts.json "$work"/v091.tar || fail "the v091 parts"
   mkdir -p "$work"/v091
   tar -C "$work"/v091 -xf "$work"/v091.tar && rm "$work"/v091.tar || fail "unpacking the v091 bundle"

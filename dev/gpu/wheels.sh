@@ -25,16 +25,18 @@ fetch() {  # fetch DIR NAME==VERSION...: Linux x86-64 wheels for CPython 3.12, n
 # 210 MB packed, more than four calls carry, so one tar in parts of 44 MiB (the working tree, 17 MB, takes the rest
 # of a call's 64 MiB) with a manifest (dev/gpu/parts.py), each part carried by a call of its own and joined there.
 # Left out, as optional at import for a dense model on Hopper: FlashInfer and its cubins (vLLM falls back to its
-# own sampler), the CUTLASS DSL, TileLang, the MoE and FA2 kernels (vLLM prefers FA3 on SM90), the Rust front end.
+# own sampler), the CUTLASS DSL, TileLang, the MoE and FA2 kernels (vLLM prefers FA3 on SM90), the Rust front end;
+# of verl-core, what only vision and video data or its tests use (torchcodec, PyAV, pytest plugins).
 if [[ ${1:-} == vllm ]]; then
   bundle=.cache/gpu-v091  # what was fetched and packed stays for the next run; the tar and its parts are remade
   mkdir -p "$bundle"
   # tokenizers 0.22: transformers 5.9.0 checks tokenizers<=0.23.0 at import (the machine has 0.23.2); xgrammar
   # 0.2.9 needs apache-tvm-ffi 0.1.11 (it fails at import with the 0.1.9 vLLM pins for FlashInfer and its CuTe
   # kernels, which are not here); 0.2.5.post1, the newest that takes 0.1.9, is 48 MB
-  "$python" dev/gpu/closure.py "$bundle"/wheels verl==0.9.1 vllm==0.24.0 'ray[default]==2.49.2' transformers==5.9.0 \
+  "$python" dev/gpu/closure.py "$bundle"/wheels 'verl[vllm]==0.9.1' vllm==0.24.0 'ray[default]==2.49.2' transformers==5.9.0 \
     'tokenizers>=0.22,<=0.23.0' tensordict==0.10.0 ruamel.yaml==0.18.14 'apache-tvm-ffi>=0.1.11,<0.2' xgrammar==0.2.9 \
-    --skip torch torchvision torchaudio numba wandb mbridge flashinfer-python flashinfer-cubin tilelang nvidia-cudnn-frontend fastsafetensors \
+    --skip torch torchvision torchaudio numba wandb mbridge torchcodec av pytest-asyncio pytest-rerunfailures \
+    flashinfer-python flashinfer-cubin tilelang nvidia-cudnn-frontend fastsafetensors \
     nvidia-cutlass-dsl quack-kernels tokenspeed-mla humming-kernels >"$bundle"/closure.log
   for big in vllm ray; do  # unpacked, pruned, packed with xz, outside the wheels folder
     [[ -f $bundle/$big.tar.xz ]] && continue
