@@ -299,6 +299,8 @@ class JobIR:
     pins: tuple[tuple[str, str], ...]  # (package, exact version) every node must have
     rollout_package: str | None  # the package of the rollout engine (rollout.name): on every node
     startup: tuple[Need, ...] | None  # what the workers need at start-up, on every node (None: verlc cannot know)
+    # vLLM's rollout: the share of each GPU's total memory it asks to find free when it starts (None: no vLLM)
+    rollout_memory: float | None
     expiry_variable: str | None  # where verl's trainer reads a deadline to save a checkpoint before (0.5.0 on)
     image: Word  # the image a run record names ("none" without a container)
     trainer_module: str

@@ -91,6 +91,7 @@ def lower(spec: Spec, release: Release, catalog: Catalog, *, spec_file: str, spe
         rollout_package=ROLLOUT_PACKAGES.get(str(config.get("actor_rollout_ref.rollout.name")
                                                  or config.get("rollout.name"))),
         startup=startup_needs(spec, release, config) if ppo else None,
+        rollout_memory=rollout_memory(spec, config) if ppo else None,
         # verl's PPO trainer saves ahead of that deadline; its other programs do not read it
         expiry_variable=(release.startup.get("expiry_save") or {}).get("variable") if ppo else None,
         image=parse_word(getattr(spec.container, "image", None) or "none"),
@@ -132,6 +133,15 @@ def startup_needs(spec: Spec, release: Release, config: Config) -> tuple[Need, .
         return None
     return needs(release.startup, config.get, use_critic=critic_in_use(spec.verl, config.tree),
                  accelerator=spec.cluster.accelerator, label=release.label)
+
+
+def rollout_memory(spec: Spec, config: Config) -> float | None:
+    """The share of each GPU's total memory vLLM's rollout asks to find free at its start (vLLM's request_memory
+    refuses to start below it), where the rollout is vLLM on CUDA or ROCm; None elsewhere."""
+    share = config.get("actor_rollout_ref.rollout.gpu_memory_utilization")
+    if config.get("actor_rollout_ref.rollout.name") != "vllm" or spec.cluster.accelerator == "npu":
+        return None
+    return float(share) if isinstance(share, int | float) and not isinstance(share, bool) else None
 
 
 def takes_data_files(chosen: Selection) -> bool:

@@ -16,8 +16,8 @@ from importlib import resources
 from ..compiler.ir import JobIR, VariantIR, Word
 from .bundle import File
 from ..compiler.derive import TOOL_CONFIG_VARIABLE
-from ..runtime.job import (Code, DataPrep, Expiry, Job, ModelFetch, Probe, Service, StageInput, StartupNeed,
-                           ToolConfig)
+from ..runtime.job import (Code, DataPrep, Expiry, Job, ModelFetch, Probe, RolloutMemory, Service, StageInput,
+                           StartupNeed, ToolConfig)
 from ..runtime.protocol import PIPELINE_JOBS, REFERENCE
 
 PACKAGE = "verlc_job"
@@ -82,7 +82,16 @@ def job_of(ir: JobIR, *, record: Word | None, variant: VariantIR | None = None, 
             probe=Probe(**vars(s.probe)) if s.probe else None, restart=s.restart, variables=dict(s.variables))
             for s in ir.services],
         tool_config=ToolConfig(TOOL_CONFIG_VARIABLE, ir.tool_config) if ir.tool_config is not None else None,
+        rollout_memory=RolloutMemory(share) if (share := rollout_share(ir, variant)) is not None else None,
     )
+
+
+def rollout_share(ir: JobIR, variant: VariantIR | None) -> float | None:
+    """vLLM's share of each GPU for this run: a sweep variant's own gpu_memory_utilization, else the base's."""
+    if ir.rollout_memory is None:
+        return None
+    own = dict(variant.settings).get("actor_rollout_ref.rollout.gpu_memory_utilization") if variant else None
+    return float(own) if isinstance(own, int | float) and not isinstance(own, bool) else ir.rollout_memory
 
 
 def runtime_sources() -> dict[str, str]:

@@ -81,7 +81,38 @@ def test_the_facts_the_gpu_run_met_are_read_where_they_hold() -> None:
     assert ("actor_rollout_ref", "attn_implementation") in {(f["role"], f["unless"])
                                                             for f in snapshot("0.6.1").startup["attention"]}
     assert {f["flag"] for f in old["flags"]} == {"use_liger"}
-    assert not snapshot("0.9.1").startup["imports"], "0.8 on: engine workers, which these facts do not cover"
+    new = snapshot("0.9.1").startup  # 0.8 on: the engine workers
+    assert ("transfer_queue", "verl/trainer/main_ppo.py:137") in {(f["module"], f["where"]) for f in new["imports"]["fsdp"]}
+    assert {(f["role"], f["unless"]) for f in new["attention"]} == {("actor_rollout_ref", "attn_implementation"),
+                                                                     ("critic", "attn_implementation")}
+    assert not snapshot("0.8.0").startup["imports"]["fsdp"]  # 0.8.0's trainer has no transfer queue
+
+
+def test_the_engine_workers_needs_are_verls_own(tmp_path: Path) -> None:
+    """verl 0.9.1's own code, run here (its verl-core extra's transfer_queue is not installed): the trainer's start
+    imports transfer_queue, and HFModelConfig asks for flash_attention_2 unless override_config says otherwise;
+    verlc's needs for the same settings say both."""
+    sdpa = {"actor_rollout_ref.model.override_config.attn_implementation": "sdpa"}
+    assert needed("0.9.1") >= {("import", "transfer_queue"), (FA2, "flash_attn")}
+    assert (FA2, "flash_attn") not in needed("0.9.1", **sdpa)
+    assert ("import", "verl.workers.rollout.vllm_rollout") in needed("0.9.1", **sdpa)
+    assert ("import", "transfer_queue") not in needed("0.8.0")
+    package = release_package("0.9.1")
+    env = {**os.environ, "PYTHONPATH": str(package.parent)}
+    blocked = "import sys; sys.modules['transfer_queue'] = None; import verl.trainer.ppo.v1"
+    done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode != 0 and "transfer_queue" in done.stderr.splitlines()[-1], done.stderr[-2000:]
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 128, "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2}))
+    asks = ("import json, sys; from verl.workers.config.model import HFModelConfig\n"
+            "for oc in ({}, {'attn_implementation': 'sdpa'}):\n"
+            "    print(HFModelConfig(path=sys.argv[1], override_config=oc, load_tokenizer=False).hf_config._attn_implementation)")
+    done = subprocess.run([sys.executable, "-c", asks, str(tmp_path / "model")], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == [FA2, "sdpa"]
 
 
 @pytest.mark.parametrize("version", ["0.7.1", "0.8.0", "0.9.0", "0.9.1"])

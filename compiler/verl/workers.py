@@ -24,8 +24,11 @@ states it:
   already repeated each prompt n times (the batch sizes then differ: verl 0.5.0).
 
 Scope: the legacy FSDP/Megatron workers (`workers/fsdp_workers.py`, `workers/megatron_workers.py`, verl
-0.3-0.7). A release whose workers are elsewhere (0.8 on: `workers/engine_workers.py`) has no attention facts;
-`needs()` says so, and the preflight records that it could not know.
+0.3-0.7), and from 0.8 on, where those are gone, the engine workers (`workers/engine_workers.py`, each engine's
+package under `workers/engine/`, what the trainer's TaskRunner imports as it runs, and HFModelConfig's ask for an
+attention kernel). Not covered: 0.7.1's engine workers (`use_legacy_worker_impl: disable`) beside its legacy
+ones, and the flags of the engine workers; `needs()` of a config these do not cover is empty, and the preflight
+records that it could not know.
 """
 
 from __future__ import annotations
@@ -42,10 +45,18 @@ from typing import Any
 from .release import MISSING
 
 # Packages verl's workers may import that verl's own requirements do not install.
+# transfer_queue: verl 0.9's trainer imports it as it runs, and only verl's `verl-core` extra installs it.
 OPTIONAL = ("apex", "flash_attn", "flashinfer", "liger_kernel", "mbridge", "megatron", "mindspeed", "sglang",
-            "torch_npu", "transformer_engine", "trl", "vllm")
+            "torch_npu", "transfer_queue", "transformer_engine", "trl", "vllm")
 # Each engine's worker module (verl/trainer/main_ppo.py picks it by actor.strategy).
 ENGINE_MODULES = {"fsdp": "verl.workers.fsdp_workers", "megatron": "verl.workers.megatron_workers"}
+# 0.8 on, the legacy worker modules gone: one worker module for every engine, each engine's implementation a
+# package of its own, started by the trainer's TaskRunner (whose `run` imports more as it begins).
+ENGINE_WORKERS = "verl.workers.engine_workers"
+ENGINE_PACKAGES = {"fsdp": "verl.workers.engine.fsdp", "megatron": "verl.workers.engine.megatron"}
+TRAINER = "verl.trainer.main_ppo"
+# The model config the engine workers build each role's model from (HFModelConfig reads override_config).
+MODEL_CONFIG = ("verl.workers.config.model", "HFModelConfig", ("actor_rollout_ref", "critic"))
 # The worker classes of fsdp_workers.py, and the config section each one builds its model from.
 ROLES = {"ActorRolloutRefWorker": "actor_rollout_ref", "CriticWorker": "critic", "RewardModelWorker": "reward_model"}
 FA2 = "flash_attention_2"
@@ -54,9 +65,10 @@ FA2 = "flash_attention_2"
 def read(package: Path) -> dict[str, Any]:
     """The start-up facts of the verl package at `package` (the folder holding verl/__init__.py)."""
     code = _Code(package)
+    legacy = {engine: list(code.imported(module)) for engine, module in ENGINE_MODULES.items() if code.file(module)}
     return {
-        "imports": {engine: list(code.imported(module)) for engine, module in ENGINE_MODULES.items()
-                    if code.file(module)},
+        "imports": legacy or {engine: list(code.engine_imported(engine)) for engine in ENGINE_PACKAGES
+                              if code.file(ENGINE_WORKERS) and code.file(ENGINE_PACKAGES[engine])},
         "attention": list(code.attention()),
         "flags": list(code.flags()),
         "rollouts": code.rollouts(),
@@ -141,11 +153,34 @@ class _Code:
                     elif _optional(name):
                         yield name, self.where(path, stmt.lineno), here
 
+    def engine_imported(self, engine: str) -> Iterator[dict[str, Any]]:
+        """Each import of an OPTIONAL package that starting the engine workers runs (role ""): loading the worker
+        module and the engine's package, and what the trainer's TaskRunner imports at the top of its `run`."""
+        found: set[tuple[str, str, str]] = set()
+        roots = [(ENGINE_WORKERS, ""), (ENGINE_PACKAGES[engine], "")]
+        trainer = self.file(TRAINER)
+        if trainer is not None:
+            runs = [m for c in self.tree(trainer).body if isinstance(c, ast.ClassDef)
+                    for m in c.body if isinstance(m, ast.FunctionDef) and m.name == "run"]
+            for stmt, device in (pair for m in runs for pair in _loaded(m.body, "")):
+                for name in _names(stmt, TRAINER, False):
+                    if name.split(".")[0] == "verl":
+                        roots.append((name, device))
+                    elif _optional(name) and (name, self.where(trainer, stmt.lineno), device) not in found:
+                        found.add((name, self.where(trainer, stmt.lineno), device))
+                        yield {"module": name, "where": self.where(trainer, stmt.lineno), "device": device, "role": ""}
+        for root, device in roots:
+            for module, at, on in self._loading(root, device):
+                if (module, at, on) not in found:
+                    found.add((module, at, on))
+                    yield {"module": module, "where": at, "device": on, "role": ""}
+
     # --- attention kernels the workers ask for -----------------------------------------------------
 
     def attention(self) -> Iterator[dict[str, Any]]:
         path = self.file(ENGINE_MODULES["fsdp"])
         if path is None:
+            yield from self._engine_attention()
             return
         tree = self.tree(path)
         functions = self._imported_functions(tree, ENGINE_MODULES["fsdp"])
@@ -161,6 +196,18 @@ class _Code:
                     if fixed:  # a function the worker calls asks for it whatever the config says
                         yield {"role": ROLES[cls.name], "where": self.where(target[0], fixed[0]), "unless": None,
                                "via": self.where(path, call.lineno)}
+
+    def _engine_attention(self) -> Iterator[dict[str, Any]]:
+        """The engine workers' ask: the model config each role's model is built from (HFModelConfig)."""
+        module, name, roles_ = MODEL_CONFIG
+        path = self.file(module) if self.file(ENGINE_WORKERS) else None
+        if path is None:
+            return
+        for cls in (n for n in self.tree(path).body if isinstance(n, ast.ClassDef) and n.name == name):
+            for method in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+                for line, unless in _demands(method):
+                    for role in roles_:
+                        yield {"role": role, "where": self.where(path, line), "unless": unless}
 
     def _imported_functions(self, tree: ast.Module, module: str) -> dict[str, tuple[Path, ast.FunctionDef]]:
         """Functions a module imports by name from other verl modules: name -> (file, definition)."""
@@ -447,7 +494,8 @@ def needs(startup: dict[str, Any], get: Any, *, use_critic: bool, accelerator: s
 
     for fact in startup["imports"][engine]:
         if active.get(fact["role"]) and fact["device"] in ("", device):
-            who = f"the {ROLE_WORDS[fact['role']]} worker" if fact["role"] else f"the {engine} worker module"
+            who = (f"the {ROLE_WORDS[fact['role']]} worker" if fact["role"] else "the trainer"
+                   if fact["where"].startswith("verl/trainer/") else f"the {engine} worker module")
             on = f" on {fact['device'].upper()}" if fact["device"] else ""
             add(("import", fact["module"].split(".")[0], ""), Need(  # one need per package: its first place
                 "import", fact["module"], fact["device"], fact["where"],
