@@ -95,7 +95,8 @@ def test_the_engine_workers_needs_are_verls_own(tmp_path: Path) -> None:
     sdpa = {"actor_rollout_ref.model.override_config.attn_implementation": "sdpa"}
     assert needed("0.9.1") >= {("import", "transfer_queue"), (FA2, "flash_attn")}
     assert (FA2, "flash_attn") not in needed("0.9.1", **sdpa)
-    assert ("import", "verl.workers.rollout.vllm_rollout") in needed("0.9.1", **sdpa)
+    assert ("import", "verl.workers.rollout.vllm_rollout") in needed(
+        "0.9.1", **sdpa, **{"actor_rollout_ref.rollout.name": "vllm"})
     assert ("import", "transfer_queue") not in needed("0.8.0")
     package = release_package("0.9.1")
     env = {**os.environ, "PYTHONPATH": str(package.parent)}
