@@ -767,7 +767,11 @@ job_description() {
   "verl_commit": null,
   "code": null,
   "rollout_package": "vllm",
-  "startup": null,
+  "startup": [
+    {"check": "import", "module": "transfer_queue", "device": "", "where": "verl/trainer/main_ppo.py:137", "why": "verl 0.9.1: the trainer imports it when it starts", "avoid": ""},
+    {"check": "flash_attention_2", "module": "flash_attn", "device": "cuda", "where": "verl/workers/config/model.py:185", "why": "verl 0.9.1: the actor asks transformers for flash_attention_2 unless actor_rollout_ref.model.override_config.attn_implementation says otherwise", "avoid": "set actor_rollout_ref.model.override_config.attn_implementation: sdpa to load the model without flash-attn"},
+    {"check": "import", "module": "verl.workers.rollout.vllm_rollout", "device": "cuda", "where": "verl/workers/rollout/base.py (_ROLLOUT_REGISTRY)", "why": "verl 0.9.1: the workers build the rollout (vllm, async) from this module", "avoid": ""}
+  ],
   "image": "${HOME}/images/verl-vllm.sif",
   "record": [
     {"env": "SLURM_SUBMIT_DIR"},
@@ -816,7 +820,8 @@ job_description() {
   "files": [],
   "run_folder": [{"env": "SLURM_SUBMIT_DIR"}, "/verlc-runs/qwen2-7b-grpo-apptainer-", {"env": "SLURM_JOB_ID"}],
   "services": [],
-  "tool_config": null
+  "tool_config": null,
+  "rollout_memory": {"share": 0.6}
 }
 VERLC_JOB
 }
@@ -828,7 +833,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 73e136783b56703e55231a3597cf1004140810c325f2b04c4819a8c0e3a33fec:
+# runtime/ of verlc 0.1.0, as one program, sha256 85e43b7a481f5e74729bcfe9b65d135eb790840ba08d1a71bdd2a2a6b583cf20:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -1516,6 +1521,13 @@ class Service:
 
 
 @dataclass(frozen=True)
+class RolloutMemory:
+    """vLLM's rollout asks, when it starts, for `share` of each GPU's total memory free (vLLM's request_memory):
+    the preflight measures each GPU's free memory, with the services up, before the trainer takes its own."""
+    share: float
+
+
+@dataclass(frozen=True)
 class ToolConfig:
     """verl's multi-turn tool config from the spec: the runtime writes `content` (JSON, which is YAML) on every
     node before training, at a path it puts in `variable`, which verl's tool_config_path reads."""
@@ -1566,6 +1578,7 @@ class Job:
     # processes beside the trainer (a sandbox, a judge, a retriever), in the spec's order
     services: List[Service] = record(Service, default_factory=list)
     tool_config: Union[ToolConfig, None] = record(ToolConfig, default=None)
+    rollout_memory: Union[RolloutMemory, None] = record(RolloutMemory, default=None)
 
     def to_json(self) -> str:
         """For review: one key per line, and a long list (the trainer's argv) one item per line."""
@@ -1924,6 +1937,7 @@ would import them: an import can take seconds and must not stay loaded in a Ray 
 
 
 import json
+import math
 import platform
 import subprocess
 import sys
@@ -2006,9 +2020,79 @@ def startup_problems(found: dict, needs: list[StartupNeed]) -> list[str]:
 def startup_record(found: dict, needs: list[StartupNeed] | None) -> dict:
     """What the run record keeps: each need and what every node showed, or why nothing was checked."""
     if needs is None:
-        return {"unknown": "verlc has no start-up facts for this release's workers (verl 0.8 on: engine workers)"}
+        return {"unknown": "verlc has no start-up facts for this release's workers"}
     return {"needs": [{**asdict(need), "nodes": {info["host"]: info.get("results", [{}] * len(needs))[i]
                                          for info in found.values()}} for i, need in enumerate(needs)]}
+
+
+# --- the memory vLLM's rollout asks to find free ---------------------------------------------------------------
+
+GIB = 1 << 30
+# Each GPU's free and total memory, as a process that has just made its CUDA context there sees them (as vLLM's
+# engine does when it measures), and the processes holding memory on the GPUs (nvidia-smi; none where it is absent).
+MEMORY_PROBE = r"""
+import json, subprocess, torch
+gpus = []
+if torch.cuda.is_available():
+    for i in range(torch.cuda.device_count()):
+        free, total = torch.cuda.mem_get_info(i)
+        gpus.append({"index": i, "name": torch.cuda.get_device_name(i), "free": free, "total": total})
+holders = []
+try:
+    listed = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory,process_name",
+                             "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30).stdout
+    for line in listed.splitlines():
+        pid, mib, name = (part.strip() for part in line.split(",", 2))
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                name = fh.read().replace(b"\0", b" ").decode(errors="replace").strip() or name
+        except OSError:
+            pass
+        holders.append({"pid": int(pid), "mib": int(mib), "command": name[:160]})
+except Exception:
+    pass
+print(json.dumps({"gpus": gpus, "holders": holders}))
+"""
+
+
+def memory_found() -> dict:
+    """This node's GPUs' free and total memory, and what holds memory there (a task's answer, as JSON)."""
+    host = platform.node()
+    try:
+        done = subprocess.run([sys.executable, "-c", MEMORY_PROBE], capture_output=True, text=True,
+                              timeout=STARTUP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return {"host": host, "error": f"the measurement did not finish within {STARTUP_TIMEOUT}s"}
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"host": host, "error": f"the measurement exited with code {done.returncode}: {last}"}
+    return {"host": host, **json.loads(lines[-1])}
+
+
+def memory_problems(found: dict, memory: RolloutMemory) -> list[str]:
+    """A problem for each GPU with less free memory than vLLM's rollout asks for at its start (vLLM refuses to
+    start below `share` of the GPU's total: vllm/v1/worker/utils.py request_memory), naming the node, the GPU,
+    both figures and what holds the memory. The trainer's own models take more before vLLM starts: what fails
+    here fails there."""
+    problems = []
+    for node, info in sorted(found.items()):
+        where = f"node {info['host']} ({node[:8]})"
+        if "error" in info:
+            problems.append(f"GPU memory: {where}: {info['error']}")
+            continue
+        held = ", ".join(f"pid {h['pid']} {h['mib'] / 1024:.1f} GiB ({h['command']})" for h in info["holders"])
+        for gpu in info["gpus"]:
+            asked = math.ceil(gpu["total"] * memory.share)  # as vLLM rounds it
+            if gpu["free"] < asked:
+                problems.append(
+                    f"GPU memory: {where}: GPU {gpu['index']} ({gpu['name']}) has {gpu['free'] / GIB:.1f} of "
+                    f"{gpu['total'] / GIB:.1f} GiB free, and vLLM's rollout asks for {memory.share} of its total "
+                    f"({asked / GIB:.1f} GiB) free when it starts (actor_rollout_ref.rollout.gpu_memory_utilization; "
+                    f"vLLM refuses to start below it) before verl's own models take theirs; "
+                    f"{'held by: ' + held if held else 'nvidia-smi names no process holding it'}. Lower the share, "
+                    f"or free the GPU (a service's gpu_memory counts only what the spec says)")
+    return problems
 
 
 # ==== runtime/collective.py ====
@@ -3320,6 +3404,11 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
     problems += timed("paths", path_problems, ray, nodes, job, files)
     if services and not problems:  # they came up beside the bring-up and the data stage
         problems += timed("services", services.ready)
+    memory = {}
+    if job.rollout_memory and not problems:  # with the services up, each holding what it holds
+        memory, unanswered = timed("gpu memory", on_each_node, ray, trainer, memory_found, what="GPU memory",
+                                   timeout=STARTUP_TIMEOUT + 30, see=True)
+        problems += unanswered + memory_problems(memory, job.rollout_memory)
     run_record = {
         "started": started,
         "image": job.image,
@@ -3334,6 +3423,7 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
         "versions": next(iter(seen.values()), {}).get("packages", {}),
         "pins": dict(p.split("=", 1) for p in job.pins),
         "startup": startup_record(found, job.startup),
+        **({"gpu_memory": {info["host"]: info.get("gpus") for info in memory.values()}} if memory else {}),
         "problems": problems,
         **({"services": services.record} if services else {}),
     }

@@ -23,7 +23,8 @@ from .protocol import check_message, clocks_message, record_messages, say, stamp
 from .services import Services
 from .record import (code_inputs, data_inputs, flat, model_input, reference_problems, resolved_verl_config,
                      sha256_file, stage_records)
-from .startup import STARTUP_TIMEOUT, startup_found, startup_problems, startup_record
+from .startup import (STARTUP_TIMEOUT, memory_found, memory_problems, startup_found, startup_problems,
+                      startup_record)
 
 T = TypeVar("T")
 
@@ -44,6 +45,11 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
     problems += timed("paths", path_problems, ray, nodes, job, files)
     if services and not problems:  # they came up beside the bring-up and the data stage
         problems += timed("services", services.ready)
+    memory = {}
+    if job.rollout_memory and not problems:  # with the services up, each holding what it holds
+        memory, unanswered = timed("gpu memory", on_each_node, ray, trainer, memory_found, what="GPU memory",
+                                   timeout=STARTUP_TIMEOUT + 30, see=True)
+        problems += unanswered + memory_problems(memory, job.rollout_memory)
     run_record = {
         "started": started,
         "image": job.image,
@@ -58,6 +64,7 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
         "versions": next(iter(seen.values()), {}).get("packages", {}),
         "pins": dict(p.split("=", 1) for p in job.pins),
         "startup": startup_record(found, job.startup),
+        **({"gpu_memory": {info["host"]: info.get("gpus") for info in memory.values()}} if memory else {}),
         "problems": problems,
         **({"services": services.record} if services else {}),
     }

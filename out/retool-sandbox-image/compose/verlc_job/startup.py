@@ -9,12 +9,13 @@ would import them: an import can take seconds and must not stay loaded in a Ray 
 from __future__ import annotations
 
 import json
+import math
 import platform
 import subprocess
 import sys
 from dataclasses import asdict
 
-from .job import StartupNeed
+from .job import RolloutMemory, StartupNeed
 
 
 STARTUP_TIMEOUT = 300
@@ -92,6 +93,76 @@ def startup_problems(found: dict, needs: list[StartupNeed]) -> list[str]:
 def startup_record(found: dict, needs: list[StartupNeed] | None) -> dict:
     """What the run record keeps: each need and what every node showed, or why nothing was checked."""
     if needs is None:
-        return {"unknown": "verlc has no start-up facts for this release's workers (verl 0.8 on: engine workers)"}
+        return {"unknown": "verlc has no start-up facts for this release's workers"}
     return {"needs": [{**asdict(need), "nodes": {info["host"]: info.get("results", [{}] * len(needs))[i]
                                          for info in found.values()}} for i, need in enumerate(needs)]}
+
+
+# --- the memory vLLM's rollout asks to find free ---------------------------------------------------------------
+
+GIB = 1 << 30
+# Each GPU's free and total memory, as a process that has just made its CUDA context there sees them (as vLLM's
+# engine does when it measures), and the processes holding memory on the GPUs (nvidia-smi; none where it is absent).
+MEMORY_PROBE = r"""
+import json, subprocess, torch
+gpus = []
+if torch.cuda.is_available():
+    for i in range(torch.cuda.device_count()):
+        free, total = torch.cuda.mem_get_info(i)
+        gpus.append({"index": i, "name": torch.cuda.get_device_name(i), "free": free, "total": total})
+holders = []
+try:
+    listed = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory,process_name",
+                             "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30).stdout
+    for line in listed.splitlines():
+        pid, mib, name = (part.strip() for part in line.split(",", 2))
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                name = fh.read().replace(b"\0", b" ").decode(errors="replace").strip() or name
+        except OSError:
+            pass
+        holders.append({"pid": int(pid), "mib": int(mib), "command": name[:160]})
+except Exception:
+    pass
+print(json.dumps({"gpus": gpus, "holders": holders}))
+"""
+
+
+def memory_found() -> dict:
+    """This node's GPUs' free and total memory, and what holds memory there (a task's answer, as JSON)."""
+    host = platform.node()
+    try:
+        done = subprocess.run([sys.executable, "-c", MEMORY_PROBE], capture_output=True, text=True,
+                              timeout=STARTUP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return {"host": host, "error": f"the measurement did not finish within {STARTUP_TIMEOUT}s"}
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"host": host, "error": f"the measurement exited with code {done.returncode}: {last}"}
+    return {"host": host, **json.loads(lines[-1])}
+
+
+def memory_problems(found: dict, memory: RolloutMemory) -> list[str]:
+    """A problem for each GPU with less free memory than vLLM's rollout asks for at its start (vLLM refuses to
+    start below `share` of the GPU's total: vllm/v1/worker/utils.py request_memory), naming the node, the GPU,
+    both figures and what holds the memory. The trainer's own models take more before vLLM starts: what fails
+    here fails there."""
+    problems = []
+    for node, info in sorted(found.items()):
+        where = f"node {info['host']} ({node[:8]})"
+        if "error" in info:
+            problems.append(f"GPU memory: {where}: {info['error']}")
+            continue
+        held = ", ".join(f"pid {h['pid']} {h['mib'] / 1024:.1f} GiB ({h['command']})" for h in info["holders"])
+        for gpu in info["gpus"]:
+            asked = math.ceil(gpu["total"] * memory.share)  # as vLLM rounds it
+            if gpu["free"] < asked:
+                problems.append(
+                    f"GPU memory: {where}: GPU {gpu['index']} ({gpu['name']}) has {gpu['free'] / GIB:.1f} of "
+                    f"{gpu['total'] / GIB:.1f} GiB free, and vLLM's rollout asks for {memory.share} of its total "
+                    f"({asked / GIB:.1f} GiB) free when it starts (actor_rollout_ref.rollout.gpu_memory_utilization; "
+                    f"vLLM refuses to start below it) before verl's own models take theirs; "
+                    f"{'held by: ' + held if held else 'nvidia-smi names no process holding it'}. Lower the share, "
+                    f"or free the GPU (a service's gpu_memory counts only what the spec says)")
+    return problems

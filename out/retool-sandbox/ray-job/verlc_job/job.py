@@ -137,6 +137,13 @@ class Service:
 
 
 @dataclass(frozen=True)
+class RolloutMemory:
+    """vLLM's rollout asks, when it starts, for `share` of each GPU's total memory free (vLLM's request_memory):
+    the preflight measures each GPU's free memory, with the services up, before the trainer takes its own."""
+    share: float
+
+
+@dataclass(frozen=True)
 class ToolConfig:
     """verl's multi-turn tool config from the spec: the runtime writes `content` (JSON, which is YAML) on every
     node before training, at a path it puts in `variable`, which verl's tool_config_path reads."""
@@ -187,6 +194,7 @@ class Job:
     # processes beside the trainer (a sandbox, a judge, a retriever), in the spec's order
     services: List[Service] = record(Service, default_factory=list)
     tool_config: Union[ToolConfig, None] = record(ToolConfig, default=None)
+    rollout_memory: Union[RolloutMemory, None] = record(RolloutMemory, default=None)
 
     def to_json(self) -> str:
         """For review: one key per line, and a long list (the trainer's argv) one item per line."""
