@@ -9,6 +9,7 @@ where this test environment can import the release."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from verlc.compiler.verl.release import RELEASES, snapshot
 from verlc.compiler.verl.rules import Config
 from verlc.compiler.verl.workers import FA2, needs, read
 from verlc.runtime import startup as runtime_startup
-from verlc.runtime.job import Expiry, StartupNeed
+from verlc.runtime.job import Expiry, RolloutMemory, StartupNeed
 from verlc.runtime.train import with_deadline
 
 sys.path.insert(0, str(REPO / "dev"))
@@ -304,6 +305,45 @@ def test_the_preflight_imports_each_need_in_a_fresh_python_and_names_what_fails(
     record = runtime_startup.startup_record({"abcdef0123": found}, needs)
     assert record["needs"][1]["nodes"][found["host"]]["ok"] is False
     assert "unknown" in runtime_startup.startup_record({}, None)
+
+
+def test_the_gpu_memory_check_takes_vllms_own_rule_and_names_what_holds_the_gpu(tmp_path: Path) -> None:
+    """vLLM refuses to start unless ceil(total x gpu_memory_utilization) bytes are free (vLLM 0.24.0's
+    request_memory, vllm/v1/worker/utils.py): the preflight's verdict is that rule, byte for byte, on stand-in
+    figures; the probe itself runs here (no GPU: nothing to measure, nothing refused); a vLLM rollout's share
+    reaches the job, an SGLang one's does not (SGLang asks a share of the free memory, not the total)."""
+    gib = 1 << 30
+    total = 80 * gib
+    share = 0.4
+    asked = math.ceil(total * share)  # vLLM's own arithmetic
+    holder = {"pid": 4242, "mib": 40960, "command": "vllm serve /models/judge"}
+
+    def node(free: int) -> dict:
+        return {"abcdef0123": {"host": "n1", "gpus": [{"index": 0, "name": "H100", "free": free, "total": total}],
+                               "holders": [holder]}}
+
+    assert runtime_startup.memory_problems(node(asked), RolloutMemory(share)) == []
+    short = runtime_startup.memory_problems(node(asked - 1), RolloutMemory(share))
+    assert len(short) == 1 and "node n1 (abcdef01)" in short[0] and "GPU 0 (H100)" in short[0]
+    assert "pid 4242 40.0 GiB (vllm serve /models/judge)" in short[0] and "0.4 of its total (32.0 GiB)" in short[0]
+    found = runtime_startup.memory_found()
+    assert found["gpus"] == [] and runtime_startup.memory_problems({"x" * 10: found}, RolloutMemory(share)) == []
+    failed = {"abcdef0123": {"host": "n1", "error": "the measurement exited with code 1: boom"}}
+    assert runtime_startup.memory_problems(failed, RolloutMemory(share)) == [
+        "GPU memory: node n1 (abcdef01): the measurement exited with code 1: boom"]
+    for engine, expected in (("vllm", {"share": 0.55}), ("sglang", None)):
+        spec = tmp_path / f"{engine}.yaml"
+        spec.write_text(json.dumps({
+            "name": engine, "project": "p", "model": "/models/m", "verl_version": "0.9.1",
+            "data": {"train_files": ["/d/t.parquet"], "val_files": ["/d/v.parquet"]},
+            "cluster": {"nodes": 1, "gpus_per_node": 1}, "container": {"runtime": "none"}, "targets": ["ray-job"],
+            "verl": {"algorithm": {"adv_estimator": "grpo"}, "data": {"train_batch_size": 16},
+                     "trainer": {"logger": ["console"]}, **rollout(name=engine, gpu_memory_utilization=0.55)}}))
+        built = subprocess.run([sys.executable, "-m", "verlc", "build", str(spec), "--target", "ray-job", "--out",
+                                str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+        assert built.returncode == 0, built.stderr
+        job = json.loads((tmp_path / "out" / engine / "ray-job" / "verlc_job" / "job.json").read_text())
+        assert job["rollout_memory"] == expected
 
 
 def test_the_deadline_reaches_the_jobs_ray_env_merged_with_what_is_there(tmp_path: Path) -> None:
