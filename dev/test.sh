@@ -9,6 +9,13 @@ python=${PYTHON:-python3}
 # process starts (two at once would race for apt's lock). Outside CI a machine without root runs on, and the
 # tests that need a missing tool skip.
 bash dev/packages.sh || [[ ${CI:-} != true ]]
+# The container tests' image (dev/containers.sh image: debootstrap and pip, mostly downloads, 160 s on a fresh
+# machine), built beside the installs below instead of inside the first container test. The tests' own call
+# waits for it (the script's lock) and builds it again, saying why, where this one failed; its log is kept.
+image_log=$(mktemp)
+bash dev/containers.sh image >"$image_log" 2>&1 &
+image_build=$!
+trap 'kill "$image_build" 2>/dev/null; rm -f "$image_log" "${others_log:-}"' EXIT
 [[ -x .venv/bin/python ]] || "$python" -m venv .venv
 # Pin the CPU build of torch before verl asks for "torch": the plain name pulls GBs of CUDA wheels.
 .venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
@@ -40,7 +47,6 @@ fi
 # from a fresh clone, the installs and the test image's build included. A side that selects no test (e.g.
 # `dev/test.sh tests/test_diff.py`) exits 5; both doing so is a failure.
 others_log=$(mktemp)
-trap 'rm -f "$others_log"' EXIT
 # The tests beside the machine tests only compute: they yield the CPU (nice) to the daemons of the machine tests.
 nice -n 10 .venv/bin/python -m pytest -p no:cacheprovider -m "not machine" "$@" > "$others_log" 2>&1 &
 others=$!
@@ -49,6 +55,7 @@ set +e
 machine_rc=$?
 wait "$others"
 others_rc=$?
+wait "$image_build" || echo "dev/test.sh: the image built beside the installs failed: $(tail -n 3 "$image_log")"
 set -e
 echo "==================== the tests beside them (not machine) ===================="
 cat "$others_log"
