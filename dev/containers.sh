@@ -107,9 +107,14 @@ build_image() {
   [[ ! -f /etc/pip.conf ]] || cp /etc/pip.conf "$rootfs/etc/pip.conf"
   cp "$here/constraints.txt" "$rootfs/tmp/constraints.txt"
   log "building $image: Python packages"
+  # verl without its dependencies (the jobs' trainer is a stand-in), and what verl 0.9.1's trainer imports as it
+  # starts from its verl-core extra (TransferQueue, with what it imports beside the torch the tests mount): the
+  # preflight of a verl 0.9.1 job checks that it imports on every node
   chroot "$rootfs" /bin/sh -c 'python3 -m venv /opt/venv && /opt/venv/bin/pip install --quiet --no-cache-dir \
       --disable-pip-version-check -c /tmp/constraints.txt "ray[default]" pyarrow \
-    && /opt/venv/bin/pip install --quiet --no-cache-dir --disable-pip-version-check --no-deps -c /tmp/constraints.txt verl' \
+    && /opt/venv/bin/pip install --quiet --no-cache-dir --disable-pip-version-check --no-deps -c /tmp/constraints.txt verl \
+      TransferQueue tensordict pyzmq msgspec omegaconf antlr4-python3-runtime pyvers orjson importlib_metadata zipp \
+      numpy cloudpickle dill psutil tqdm sympy mpmath' \
     >"$state/pip.log" 2>&1 || die "pip install in the image failed; see $state/pip.log"
   rm -f "$rootfs/tmp/constraints.txt" "$rootfs/etc/resolv.conf"
   log "building $image: import"

@@ -117,7 +117,7 @@ def mounts(root: Path) -> str:
     site = Path(sysconfig.get_paths()["purelib"])
     into = "/opt/venv/lib/python3.11/site-packages"  # the image's Python is 3.11, as this one must be
     assert sys.version_info[:2] == (3, 11), "torch's compiled parts must match the image's Python"
-    torch = [site / "torch", site / "torchgen", *site.glob("torch-*.dist-info"),
+    torch = [site / "torch", site / "torchgen", site / "functorch", *site.glob("torch-*.dist-info"),
              *rollout_engine_site().glob("vllm-*.dist-info")]  # and the rollout engine the spec names
     return "[" + ", ".join([f"'{root}:{root}'", *(f"'{p}:{into}/{p.name}:ro'" for p in torch)]) + "]"
 
