@@ -834,7 +834,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 85e43b7a481f5e74729bcfe9b65d135eb790840ba08d1a71bdd2a2a6b583cf20:
+# runtime/ of verlc 0.1.0, as one program, sha256 0a768cf0b668e216f142bb6b433defc38ed08ce0787807220b8e7ab5a98b8632:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -1983,13 +1983,14 @@ for need in needs:
     except BaseException as exc:
         ok, detail = False, (type(exc).__name__ + ": " + str(exc)).splitlines()[0][:300]
     results.append({"ok": ok, "detail": detail})
-print(json.dumps(results))
+print(json.dumps({"devices": sorted(devices), "results": results}))
 """
 
 
 def startup_found(needs: list[dict]) -> dict:
     """One node's outcome of each start-up need (as JSON: a Ray task's argument), in the needs' order: ok true,
-    false (with why) or null (not checked: the need is for a device this node's torch does not see)."""
+    false (with why) or null (not checked: the need is for a device this node's torch does not see); and the
+    devices its torch sees ("cuda", "npu")."""
     host = platform.node()
     try:
         done = subprocess.run([sys.executable, "-c", STARTUP_PROBE, json.dumps(needs)], capture_output=True,
@@ -2000,7 +2001,7 @@ def startup_found(needs: list[dict]) -> dict:
     if done.returncode != 0 or not lines:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return {"host": host, "error": f"the check exited with code {done.returncode}: {last}"}
-    return {"host": host, "results": json.loads(lines[-1])}
+    return {"host": host, **json.loads(lines[-1])}
 
 
 def startup_problems(found: dict, needs: list[StartupNeed]) -> list[str]:
@@ -3406,9 +3407,12 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
     if services and not problems:  # they came up beside the bring-up and the data stage
         problems += timed("services", services.ready)
     memory = {}
-    if job.rollout_memory and not problems:  # with the services up, each holding what it holds
-        memory, unanswered = timed("gpu memory", on_each_node, ray, trainer, memory_found, what="GPU memory",
-                                   timeout=STARTUP_TIMEOUT + 30, see=True)
+    # with the services up, each holding what it holds; on the nodes whose start-up check saw a CUDA device (all
+    # where it did not run)
+    measured = [n for n in trainer if "cuda" in found.get(n["NodeID"], {}).get("devices", ["cuda"])]
+    if job.rollout_memory and measured and not problems:
+        memory, unanswered = timed("gpu memory", lambda: on_each_node(
+            ray, measured, memory_found, what="GPU memory", timeout=STARTUP_TIMEOUT + 30, see=True))
         problems += unanswered + memory_problems(memory, job.rollout_memory)
     run_record = {
         "started": started,

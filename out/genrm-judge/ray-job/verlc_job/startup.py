@@ -55,13 +55,14 @@ for need in needs:
     except BaseException as exc:
         ok, detail = False, (type(exc).__name__ + ": " + str(exc)).splitlines()[0][:300]
     results.append({"ok": ok, "detail": detail})
-print(json.dumps(results))
+print(json.dumps({"devices": sorted(devices), "results": results}))
 """
 
 
 def startup_found(needs: list[dict]) -> dict:
     """One node's outcome of each start-up need (as JSON: a Ray task's argument), in the needs' order: ok true,
-    false (with why) or null (not checked: the need is for a device this node's torch does not see)."""
+    false (with why) or null (not checked: the need is for a device this node's torch does not see); and the
+    devices its torch sees ("cuda", "npu")."""
     host = platform.node()
     try:
         done = subprocess.run([sys.executable, "-c", STARTUP_PROBE, json.dumps(needs)], capture_output=True,
@@ -72,7 +73,7 @@ def startup_found(needs: list[dict]) -> dict:
     if done.returncode != 0 or not lines:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return {"host": host, "error": f"the check exited with code {done.returncode}: {last}"}
-    return {"host": host, "results": json.loads(lines[-1])}
+    return {"host": host, **json.loads(lines[-1])}
 
 
 def startup_problems(found: dict, needs: list[StartupNeed]) -> list[str]:

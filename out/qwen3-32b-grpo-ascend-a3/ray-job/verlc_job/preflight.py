@@ -46,9 +46,12 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
     if services and not problems:  # they came up beside the bring-up and the data stage
         problems += timed("services", services.ready)
     memory = {}
-    if job.rollout_memory and not problems:  # with the services up, each holding what it holds
-        memory, unanswered = timed("gpu memory", on_each_node, ray, trainer, memory_found, what="GPU memory",
-                                   timeout=STARTUP_TIMEOUT + 30, see=True)
+    # with the services up, each holding what it holds; on the nodes whose start-up check saw a CUDA device (all
+    # where it did not run)
+    measured = [n for n in trainer if "cuda" in found.get(n["NodeID"], {}).get("devices", ["cuda"])]
+    if job.rollout_memory and measured and not problems:
+        memory, unanswered = timed("gpu memory", lambda: on_each_node(
+            ray, measured, memory_found, what="GPU memory", timeout=STARTUP_TIMEOUT + 30, see=True))
         problems += unanswered + memory_problems(memory, job.rollout_memory)
     run_record = {
         "started": started,
