@@ -63,16 +63,22 @@ def startup_found(needs: list[dict]) -> dict:
     """One node's outcome of each start-up need (as JSON: a Ray task's argument), in the needs' order: ok true,
     false (with why) or null (not checked: the need is for a device this node's torch does not see); and the
     devices its torch sees ("cuda", "npu")."""
+    return fresh_python(STARTUP_PROBE, [json.dumps(needs)], "the check")
+
+
+def fresh_python(probe: str, args: list[str], what: str) -> dict:
+    """`probe` run by a fresh Python of this node: this node's host name and the JSON object the probe printed
+    last, or an error naming `what` (it timed out, failed or printed nothing)."""
     host = platform.node()
     try:
-        done = subprocess.run([sys.executable, "-c", STARTUP_PROBE, json.dumps(needs)], capture_output=True,
-                              text=True, timeout=STARTUP_TIMEOUT)
+        done = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True,
+                              timeout=STARTUP_TIMEOUT)
     except subprocess.TimeoutExpired:
-        return {"host": host, "error": f"the check did not finish within {STARTUP_TIMEOUT}s"}
+        return {"host": host, "error": f"{what} did not finish within {STARTUP_TIMEOUT}s"}
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"host": host, "error": f"the check exited with code {done.returncode}: {last}"}
+        return {"host": host, "error": f"{what} exited with code {done.returncode}: {last}"}
     return {"host": host, **json.loads(lines[-1])}
 
 
@@ -131,17 +137,7 @@ print(json.dumps({"gpus": gpus, "holders": holders}))
 
 def memory_found() -> dict:
     """This node's GPUs' free and total memory, and what holds memory there (a task's answer, as JSON)."""
-    host = platform.node()
-    try:
-        done = subprocess.run([sys.executable, "-c", MEMORY_PROBE], capture_output=True, text=True,
-                              timeout=STARTUP_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        return {"host": host, "error": f"the measurement did not finish within {STARTUP_TIMEOUT}s"}
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"host": host, "error": f"the measurement exited with code {done.returncode}: {last}"}
-    return {"host": host, **json.loads(lines[-1])}
+    return fresh_python(MEMORY_PROBE, [], "the measurement")
 
 
 def memory_problems(found: dict, memory: RolloutMemory) -> list[str]:
