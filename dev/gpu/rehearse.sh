@@ -132,6 +132,8 @@ submit() {
   cat "$out/$label.follow"
   run=$(sed -n 's/^[0-9.]* submitted \([^ ]*\) .*/\1/p' "$out/$label.follow" | head -n 1)  # read by the caller
   [[ -n $run ]] && verlc logs "$run" >"$out/$label.log" 2>&1
+  # a failed run's last lines in this log too: it comes back from the device call even when the pack does not
+  ((rc == 0)) || { echo "--- the last 80 lines of $label's job log"; tail -n 80 "$out/$label.log"; }
   mark "$label" "exit $rc run ${run:-none}"
 }
 

@@ -891,7 +891,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 12a7d216b35f12976797fcc495a7d1992c9825d45cf49f5ac5057135aed5ae72:
+# runtime/ of verlc 0.1.0, as one program, sha256 0ce295a27456284acb1517c1d5b9cba586f81e99a3772c55121e80d0dd776d56:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -2096,7 +2096,7 @@ GIB = 1 << 30
 # Each GPU's free and total memory, as a process that has just made its CUDA context there sees them (as vLLM's
 # engine does when it measures), and the processes holding memory on the GPUs (nvidia-smi; none where it is absent).
 MEMORY_PROBE = r"""
-import json, subprocess, torch
+import json, os, subprocess, torch
 gpus = []
 if torch.cuda.is_available():
     for i in range(torch.cuda.device_count()):
@@ -2108,12 +2108,14 @@ try:
                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30).stdout
     for line in listed.splitlines():
         pid, mib, name = (part.strip() for part in line.split(",", 2))
+        if int(pid) == os.getpid():
+            continue  # this probe's own context
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
                 name = fh.read().replace(b"\0", b" ").decode(errors="replace").strip() or name
         except OSError:
             pass
-        holders.append({"pid": int(pid), "mib": int(mib), "command": name[:160]})
+        holders.append({"pid": int(pid), "mib": int(mib), "command": " ".join(name.split())[:160]})
 except Exception:
     pass
 print(json.dumps({"gpus": gpus, "holders": holders}))

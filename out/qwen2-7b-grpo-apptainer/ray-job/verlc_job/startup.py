@@ -111,7 +111,7 @@ GIB = 1 << 30
 # Each GPU's free and total memory, as a process that has just made its CUDA context there sees them (as vLLM's
 # engine does when it measures), and the processes holding memory on the GPUs (nvidia-smi; none where it is absent).
 MEMORY_PROBE = r"""
-import json, subprocess, torch
+import json, os, subprocess, torch
 gpus = []
 if torch.cuda.is_available():
     for i in range(torch.cuda.device_count()):
@@ -123,12 +123,14 @@ try:
                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30).stdout
     for line in listed.splitlines():
         pid, mib, name = (part.strip() for part in line.split(",", 2))
+        if int(pid) == os.getpid():
+            continue  # this probe's own context
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
                 name = fh.read().replace(b"\0", b" ").decode(errors="replace").strip() or name
         except OSError:
             pass
-        holders.append({"pid": int(pid), "mib": int(mib), "command": name[:160]})
+        holders.append({"pid": int(pid), "mib": int(mib), "command": " ".join(name.split())[:160]})
 except Exception:
     pass
 print(json.dumps({"gpus": gpus, "holders": holders}))
