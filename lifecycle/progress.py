@@ -9,6 +9,7 @@ from 0.5, so numpy scalars show as `np.float64(0.5)`), behind Ray's `(TaskRunner
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -91,13 +92,23 @@ class Clock:
         return said
 
 
+# How many of the trainer's own last lines a failed training shows (`--follow`): a Python traceback's cause
+TRAINER_TAIL = 12
+FAILED_TRAINING = re.compile(r"training exited with code [1-9]\d*$")
+
+
 def events(lines: Iterable[str], clock: Clock | None = None) -> Iterator[Event]:
     clock = clock or Clock()
+    recent: deque[str] = deque(maxlen=TRAINER_TAIL)  # the lines no event was made of: the trainer's own output
     for line in lines:
         event = parse_event(line)
         took = clock.took(event) if event else None
         if took:
             yield Event("took", took)
+        if event is None and line.strip() and not parse_step(line):
+            recent.append(line.rstrip())
+        if event and FAILED_TRAINING.fullmatch(event.message):  # why it failed is in its last lines
+            yield from (Event("why", f"[trainer] {kept}") for kept in recent)
         if event and event.stage:
             yield Event("stage", event.stage)
         elif event and event.node_count:

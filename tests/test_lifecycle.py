@@ -88,6 +88,20 @@ def test_follow_says_why_a_run_failed_or_starts_over() -> None:
         ("why", "exit code 1")]
 
 
+def test_follow_shows_the_trainers_last_lines_when_training_fails() -> None:
+    """A failed trainer's cause is in its own last lines (the GPU run of verl 0.9.1 showed only its exit code):
+    `--follow` shows them above the exit, and nothing of them when training succeeds."""
+    trainer = [f"(TaskRunnerV1 pid=9) line {i}" for i in range(20)] + [
+        "Traceback (most recent call last):", "RuntimeError: CUDA error: no kernel image is available"]
+    log = ["[2026-12-01T03:00:00.000Z] verlc: stage train", "(TaskRunnerV1 pid=9) step:1 - critic/score/mean:0.1",
+           *trainer, "[2026-12-01T03:00:05.000Z] verlc: training exited with code 1"]
+    shown = [e.text for e in progress.events(log) if e.kind == "why"]
+    assert shown == [f"[trainer] {line}" for line in trainer[-progress.TRAINER_TAIL:]] + \
+        ["training exited with code 1"]
+    assert [e.text for e in progress.events(log[:-1] + [log[-1].replace("code 1", "code 0")])
+            if e.kind == "why"] == ["training exited with code 0"]
+
+
 def test_a_requeued_runs_wall_time_counts_every_attempt_and_not_the_queue_between() -> None:
     """#53 item 12: the scheduler's start is the last attempt's; the log has each attempt's own times."""
     log = ["[2026-12-01T03:00:00.000Z] verlc: job 7 on n1 n2; head n1; SLURM_RESTART_COUNT=0",
