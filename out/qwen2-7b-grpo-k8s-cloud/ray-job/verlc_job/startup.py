@@ -82,14 +82,23 @@ def fresh_python(probe: str, args: list[str], what: str) -> dict:
     return {"host": host, **json.loads(lines[-1])}
 
 
-def startup_problems(found: dict, needs: list[StartupNeed]) -> list[str]:
-    """A problem for each need a node lacks, naming the node, the package, and the verl file and line."""
-    problems = []
+def by_node(found: dict, failed: str) -> tuple[list[str], list[tuple[str, dict]]]:
+    """A probe's answers (NodeID -> its result), in NodeID order: a problem (`failed`, formatted with the node and
+    the error) for each node whose probe failed, and (the node's name, its result) for each that answered."""
+    problems, answered = [], []
     for node, info in sorted(found.items()):
         where = f"node {info['host']} ({node[:8]})"
         if "error" in info:
-            problems.append(f"{where}: the start-up check failed: {info['error']}")
-            continue
+            problems.append(failed.format(where=where, error=info["error"]))
+        else:
+            answered.append((where, info))
+    return problems, answered
+
+
+def startup_problems(found: dict, needs: list[StartupNeed]) -> list[str]:
+    """A problem for each need a node lacks, naming the node, the package, and the verl file and line."""
+    problems, answered = by_node(found, "{where}: the start-up check failed: {error}")
+    for where, info in answered:
         for need, result in zip(needs, info["results"]):
             if result["ok"] is False:
                 avoid = f"; {need.avoid}" if need.avoid else ""
@@ -147,12 +156,8 @@ def memory_problems(found: dict, memory: RolloutMemory) -> list[str]:
     start below `share` of the GPU's total: vllm/v1/worker/utils.py request_memory), naming the node, the GPU,
     both figures and what holds the memory. The trainer's own models take more before vLLM starts: what fails
     here fails there."""
-    problems = []
-    for node, info in sorted(found.items()):
-        where = f"node {info['host']} ({node[:8]})"
-        if "error" in info:
-            problems.append(f"GPU memory: {where}: {info['error']}")
-            continue
+    problems, answered = by_node(found, "GPU memory: {where}: {error}")
+    for where, info in answered:
         held = ", ".join(f"pid {h['pid']} {h['mib'] / 1024:.1f} GiB ({h['command']})" for h in info["holders"])
         for gpu in info["gpus"]:
             asked = math.ceil(gpu["total"] * memory.share)  # as vLLM rounds it
