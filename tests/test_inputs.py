@@ -207,7 +207,9 @@ def test_the_records_verl_config_is_verls_own_composition_without_importing_verl
     with initialize_config_dir(config_dir=str(folder), version_base=None):
         assert tree == OmegaConf.to_container(compose(config_name="ppo_trainer", overrides=overrides), resolve=True)
     assert tree["trainer"]["project_name"] and "unresolved" not in tree
-    assert incluster.resolved_verl_config([*train[:train.index("-m") + 1], "recipe.dapo.main_dapo"]) == \
-        {"unresolved": "ModuleNotFoundError: No module named 'recipe'"}
+    # a package no node has (not `recipe`: TransferQueue, which verl 0.9.1's nodes need, installs a top-level
+    # package of that name)
+    assert incluster.resolved_verl_config([*train[:train.index("-m") + 1], "no_such_recipe.dapo.main_dapo"]) == \
+        {"unresolved": "ModuleNotFoundError: No module named 'no_such_recipe'"}
     assert incluster.resolved_verl_config(["python3", "-m", "verl.main_ppo"]) == \
         {"unresolved": "ModuleNotFoundError: no config folder beside verl.main_ppo"}
