@@ -69,9 +69,10 @@ else
   [[ $parts_dir -ef .whl/v091 ]] || cp .whl/v091/* "$parts_dir"/ 2>/dev/null
   python3 dev/gpu/parts.py join "$parts_dir"/v091.tar.parts.json "$work"/v091.tar || fail "the v091 parts"
   mkdir -p "$work"/v091
-  tar -C "$work"/v091 -xf "$work"/v091.tar && rm "$work"/v091.tar || fail "unpacking the v091 bundle"
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" \
-    $(ls "$work"/v091/wheels/*.whl | grep -v /verlc-) || fail "pip install (v091)"
+  tar -C "$work"/v091 -xf "$work"/v091.tar || fail "unpacking the v091 bundle"
+  rm "$work"/v091.tar
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$work"/v091/wheels/*.whl \
+    || fail "pip install (v091)"
   for big in vllm ray; do tar -C "$site" -xJf "$work/v091/$big.tar.xz" || fail "unpacking $big"; done
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$site" . \
     || fail "pip install verlc"
