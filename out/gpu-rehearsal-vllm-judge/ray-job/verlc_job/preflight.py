@@ -45,14 +45,8 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
     problems += timed("paths", path_problems, ray, nodes, job, files)
     if services and not problems:  # they came up beside the bring-up and the data stage
         problems += timed("services", services.ready)
-    memory = {}
-    # with the services up, each holding what it holds; on the nodes whose start-up check saw a CUDA device (all
-    # where it did not run)
-    measured = [n for n in trainer if "cuda" in found.get(n["NodeID"], {}).get("devices", ["cuda"])]
-    if job.rollout_memory and measured and not problems:
-        memory, unanswered = timed("gpu memory", lambda: on_each_node(
-            ray, measured, memory_found, what="GPU memory", timeout=STARTUP_TIMEOUT + 30, see=True))
-        problems += unanswered + memory_problems(memory, job.rollout_memory)
+    memory, more = memory_check(ray, trainer, found, job) if not problems else ({}, [])
+    problems += more
     run_record = {
         "started": started,
         "image": job.image,
@@ -89,6 +83,17 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
     say(f"preflight passed: {len(nodes)} nodes, {gpus:g} {job.device}s, {len(data)} data files, "
         f"model {expand(job.model)}, {summary}")
     return 0
+
+
+def memory_check(ray, trainer: list[dict], found: dict, job: Job) -> tuple[dict, list[str]]:  # noqa: ANN001
+    """Each GPU's free memory against vLLM's ask, where the rollout is vLLM: with the services up, each holding
+    what it holds; on the trainer's nodes whose start-up check saw a CUDA device (all where it did not run)."""
+    measured = [n for n in trainer if "cuda" in found.get(n["NodeID"], {}).get("devices", ["cuda"])]
+    if not job.rollout_memory or not measured:
+        return {}, []
+    memory, unanswered = timed("gpu memory", lambda: on_each_node(
+        ray, measured, memory_found, what="GPU memory", timeout=STARTUP_TIMEOUT + 30, see=True))
+    return memory, unanswered + memory_problems(memory, job.rollout_memory)
 
 
 def at_once(ray, nodes: list[dict], trainer: list[dict], job: Job, data: list[str], files: list[str],  # noqa: ANN001
