@@ -15,7 +15,7 @@ from . import yaml_text
 from .derive import (MODEL_KEYS, checkpoint_dir, critic_in_use, derived_environment, has_key, strings_in,
                      variant_specs)
 from .overrides import determinism_defaults, overrides, verl_values
-from .services import lower_services, lower_tool_config
+from .services import ROLLOUT_MEMORY, lower_services, lower_tool_config
 from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, image_file
 from .verl import preprocess
 from .verl.check import Selection, select, settings
@@ -138,7 +138,7 @@ def startup_needs(spec: Spec, release: Release, config: Config) -> tuple[Need, .
 def rollout_memory(spec: Spec, config: Config) -> float | None:
     """The share of each GPU's total memory vLLM's rollout asks to find free at its start (vLLM's request_memory
     refuses to start below it), where the rollout is vLLM on CUDA or ROCm; None elsewhere."""
-    share = config.get("actor_rollout_ref.rollout.gpu_memory_utilization")
+    share = config.get(ROLLOUT_MEMORY)
     if config.get("actor_rollout_ref.rollout.name") != "vllm" or spec.cluster.accelerator == "npu":
         return None
     return float(share) if isinstance(share, int | float) and not isinstance(share, bool) else None

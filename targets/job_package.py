@@ -16,6 +16,7 @@ from importlib import resources
 from ..compiler.ir import JobIR, VariantIR, Word
 from .bundle import File
 from ..compiler.derive import TOOL_CONFIG_VARIABLE
+from ..compiler.services import ROLLOUT_MEMORY
 from ..runtime.job import (Code, DataPrep, Expiry, Job, ModelFetch, Probe, RolloutMemory, Service, StageInput,
                            StartupNeed, ToolConfig)
 from ..runtime.protocol import PIPELINE_JOBS, REFERENCE
@@ -90,7 +91,7 @@ def rollout_share(ir: JobIR, variant: VariantIR | None) -> float | None:
     """vLLM's share of each GPU for this run: a sweep variant's own gpu_memory_utilization, else the base's."""
     if ir.rollout_memory is None:
         return None
-    own = dict(variant.settings).get("actor_rollout_ref.rollout.gpu_memory_utilization") if variant else None
+    own = dict(variant.settings).get(ROLLOUT_MEMORY) if variant else None
     return float(own) if isinstance(own, int | float) and not isinstance(own, bool) else ir.rollout_memory
 
 
