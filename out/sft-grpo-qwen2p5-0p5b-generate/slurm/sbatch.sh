@@ -366,9 +366,12 @@ startup_timed_out() {
 # Ray stops, the node then keeps Ray's session logs in the run folder (bounded) and removes Ray's temp dir.
 # A worker whose raylet did not register with the head within Ray's fixed 30 s ("The current node timed out
 # during startup": a busy head or node, `ray start` has no setting for it) is started again, twice at most.
+# Ray's temp dir is the attempt's own: a node cut off during the last attempt may still be removing that
+# attempt's dir when a requeued attempt starts Ray there in the same place of the job.
 ray_node() {
   local i=$(($1 + SLURM_PROCID))
-  local node_ip=${node_ips[$SLURMD_NODENAME]} node_dev=${node_devs[$SLURMD_NODENAME]} ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-$i
+  local node_ip=${node_ips[$SLURMD_NODENAME]} node_dev=${node_devs[$SLURMD_NODENAME]}
+  local ray_tmp=/tmp/verlc-ray-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}-$i
   local agent_port=$((port_base + agent_first + i % agent_count))  # in the job's block, however many nodes
   in_container "$SLURMD_NODENAME"
   local ray=()
