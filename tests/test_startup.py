@@ -99,11 +99,24 @@ def test_the_engine_workers_needs_are_verls_own(tmp_path: Path) -> None:
     assert ("import", "verl.workers.rollout.vllm_rollout") in needed(
         "0.9.1", **sdpa, **{"actor_rollout_ref.rollout.name": "vllm"})
     assert ("import", "transfer_queue") not in needed("0.8.0")
+    # trainer.use_v1: false starts main_ppo_v0's TaskRunner, which does not import it
+    assert ("import", "transfer_queue") not in needed("0.9.1", **{"trainer.use_v1": False})
     package = release_package("0.9.1")
     env = {**os.environ, "PYTHONPATH": str(package.parent)}
     blocked = "import sys; sys.modules['transfer_queue'] = None; import verl.trainer.ppo.v1"
     done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode != 0 and "transfer_queue" in done.stderr.splitlines()[-1], done.stderr[-2000:]
+    # main_ppo_v0's TaskRunner.run: the imports at its top, run by verl itself with transfer_queue blocked
+    legacy = ("import ast, importlib, sys; sys.modules['transfer_queue'] = None\n"
+              "import verl.trainer.main_ppo, verl.trainer.main_ppo_v0 as v0\n"
+              "tree = ast.parse(open(v0.__file__).read())\n"
+              "runner = next(c for c in tree.body if isinstance(c, ast.ClassDef) and c.name == 'TaskRunner')\n"
+              "run = next(f for f in runner.body if isinstance(f, ast.FunctionDef) and f.name == 'run')\n"
+              "for stmt in run.body:\n"
+              "    if isinstance(stmt, (ast.Import, ast.ImportFrom)): exec(ast.unparse(stmt))\n"
+              "print('started without it')")
+    done = subprocess.run([sys.executable, "-c", legacy], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0 and done.stdout.split()[-3:] == ["started", "without", "it"], done.stderr[-2000:]
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps({
         "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 128, "hidden_size": 64,

@@ -25,8 +25,8 @@ states it:
 
 Scope: the legacy FSDP/Megatron workers (`workers/fsdp_workers.py`, `workers/megatron_workers.py`, verl
 0.3-0.7), and from 0.8 on, where those are gone, the engine workers (`workers/engine_workers.py`, each engine's
-package under `workers/engine/`, what the trainer's TaskRunner imports as it runs, and HFModelConfig's ask for an
-attention kernel). Not covered: 0.7.1's engine workers (`use_legacy_worker_impl: disable`) beside its legacy
+package under `workers/engine/`, what the TaskRunner that the trainer's main picks (0.9: by trainer.use_v1)
+imports as it runs, and HFModelConfig's ask for an attention kernel). Not covered: 0.7.1's engine workers (`use_legacy_worker_impl: disable`) beside its legacy
 ones, and the flags of the engine workers; `needs()` of a config these do not cover is empty, and the preflight
 records that it could not know.
 """
@@ -155,25 +155,54 @@ class _Code:
 
     def engine_imported(self, engine: str) -> Iterator[dict[str, Any]]:
         """Each import of an OPTIONAL package that starting the engine workers runs (role ""): loading the worker
-        module and the engine's package, and what the trainer's TaskRunner imports at the top of its `run`."""
-        found: set[tuple[str, str, str]] = set()
-        roots = [(ENGINE_WORKERS, ""), (ENGINE_PACKAGES[engine], "")]
-        trainer = self.file(TRAINER)
-        if trainer is not None:
-            runs = [m for c in self.tree(trainer).body if isinstance(c, ast.ClassDef)
-                    for m in c.body if isinstance(m, ast.FunctionDef) and m.name == "run"]
-            for stmt, device in (pair for m in runs for pair in _loaded(m.body, "")):
-                for name in _names(stmt, TRAINER, False):
+        module and the engine's package, and what the TaskRunner the trainer starts imports at the top of its
+        `run`; a fact of a runner that a setting picks says which ("when": {"key", "value"})."""
+        found: set[tuple[str, str, str, str]] = set()
+        roots: list[tuple[str, str, dict | None]] = [(ENGINE_WORKERS, "", None), (ENGINE_PACKAGES[engine], "", None)]
+        for module, run, when in self.runners():
+            path = self.file(module)
+            assert path is not None
+            for stmt, device in _loaded(run.body, ""):
+                for name in _names(stmt, module, False):
                     if name.split(".")[0] == "verl":
-                        roots.append((name, device))
-                    elif _optional(name) and (name, self.where(trainer, stmt.lineno), device) not in found:
-                        found.add((name, self.where(trainer, stmt.lineno), device))
-                        yield {"module": name, "where": self.where(trainer, stmt.lineno), "device": device, "role": ""}
-        for root, device in roots:
+                        roots.append((name, device, when))
+                    elif _optional(name) and (name, self.where(path, stmt.lineno), device, repr(when)) not in found:
+                        found.add((name, self.where(path, stmt.lineno), device, repr(when)))
+                        yield {"module": name, "where": self.where(path, stmt.lineno), "device": device, "role": "",
+                               **({"when": when} if when else {})}
+        for root, device, when in roots:
             for module, at, on in self._loading(root, device):
-                if (module, at, on) not in found:
-                    found.add((module, at, on))
-                    yield {"module": module, "where": at, "device": on, "role": ""}
+                if (module, at, on, repr(when)) not in found and (module, at, on, repr(None)) not in found:
+                    found.add((module, at, on, repr(when)))
+                    yield {"module": module, "where": at, "device": on, "role": "", **({"when": when} if when else {})}
+
+    def runners(self) -> list[tuple[str, ast.FunctionDef, dict | None]]:
+        """The `run` of each TaskRunner the trainer's `main` may start: (its module, the method, the setting that
+        picks it as {"key", "value"}, or None). 0.9's main picks TaskRunnerV1 or main_ppo_v0's TaskRunner by
+        `config.trainer.use_v1`; where main names no runner (0.8.0's run_ppo starts its own), every `run` of the
+        trainer's classes, always."""
+        trainer = self.file(TRAINER)
+        if trainer is None:
+            return []
+        tree = self.tree(trainer)
+        main = next((f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "main"), None)
+        started = list(_runner_calls(main.body, None)) if main is not None else []
+        if not started:
+            return [(TRAINER, m, None) for c in tree.body if isinstance(c, ast.ClassDef)
+                    for m in c.body if isinstance(m, ast.FunctionDef) and m.name == "run"]
+        imported = {a.asname or a.name: _absolute(i, TRAINER, False) for i in ast.walk(main)
+                    if isinstance(i, ast.ImportFrom) for a in i.names}
+        out = []
+        for name, when in started:
+            module = imported.get(name, TRAINER)
+            path = self.file(module)
+            cls = next((c for c in self.tree(path).body if isinstance(c, ast.ClassDef) and c.name == name),
+                       None) if path is not None else None
+            run = next((m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == "run"),
+                       None) if cls is not None else None
+            if run is not None:
+                out.append((module, run, when))
+        return out
 
     # --- attention kernels the workers ask for -----------------------------------------------------
 
@@ -383,6 +412,31 @@ def _loaded(body: list[ast.stmt], device: str) -> Iterator[tuple[ast.stmt, str]]
                 yield from _loaded(stmt.orelse, "")  # an elif testing another device
 
 
+def _runner_calls(body: list[ast.stmt], when: dict | None) -> Iterator[tuple[str, dict | None]]:
+    """(runner class name, the setting that picks it) of each `run_ppo(..., task_runner_class=NAME)` in `body`,
+    where an `if config.KEY:` around it picks it (value true in its body, false in its else)."""
+    for stmt in body:
+        if isinstance(stmt, ast.If):
+            key = _config_key(stmt.test)
+            yield from _runner_calls(stmt.body, {"key": key, "value": True} if key else when)
+            yield from _runner_calls(stmt.orelse, {"key": key, "value": False} if key else when)
+            continue
+        for call in (n for n in ast.walk(stmt) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                     and n.func.id == "run_ppo"):
+            for keyword in call.keywords:
+                if keyword.arg == "task_runner_class" and isinstance(keyword.value, ast.Name):
+                    yield keyword.value.id, when
+
+
+def _config_key(test: ast.expr) -> str | None:
+    """"trainer.use_v1" of a test `config.trainer.use_v1`, else None."""
+    parts = []
+    while isinstance(test, ast.Attribute):
+        parts.append(test.attr)
+        test = test.value
+    return ".".join(reversed(parts)) if isinstance(test, ast.Name) and test.id == "config" and parts else None
+
+
 def _absolute(stmt: ast.ImportFrom, module: str, is_package: bool) -> str:
     if not stmt.level:
         return stmt.module or ""
@@ -493,13 +547,17 @@ def needs(startup: dict[str, Any], get: Any, *, use_critic: bool, accelerator: s
         out.setdefault(key, need)
 
     for fact in startup["imports"][engine]:
+        when = fact.get("when")
+        if when and get(when["key"]) not in (when["value"], None):
+            continue  # a runner this config does not start
         if active.get(fact["role"]) and fact["device"] in ("", device):
             who = (f"the {ROLE_WORDS[fact['role']]} worker" if fact["role"] else "the trainer"
                    if fact["where"].startswith("verl/trainer/") else f"the {engine} worker module")
             on = f" on {fact['device'].upper()}" if fact["device"] else ""
+            picked = f" ({when['key']}: {str(when['value']).lower()})" if when else ""
             add(("import", fact["module"].split(".")[0], ""), Need(  # one need per package: its first place
                 "import", fact["module"], fact["device"], fact["where"],
-                f"{label}: {who} imports it when it starts{on}", ""))
+                f"{label}: {who} imports it when it starts{on}{picked}", ""))
     if engine == "fsdp" and device == "cuda":
         for role, on in active.items():
             facts = [f for f in startup.get("attention", []) if f["role"] == role and on]

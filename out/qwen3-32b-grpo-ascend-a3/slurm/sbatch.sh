@@ -818,7 +818,7 @@ job_description() {
   "code": null,
   "rollout_package": "vllm",
   "startup": [
-    {"check": "import", "module": "transfer_queue", "device": "", "where": "verl/trainer/main_ppo.py:137", "why": "verl 0.9.1: the trainer imports it when it starts", "avoid": ""},
+    {"check": "import", "module": "transfer_queue", "device": "", "where": "verl/trainer/main_ppo.py:137", "why": "verl 0.9.1: the trainer imports it when it starts (trainer.use_v1: true)", "avoid": ""},
     {"check": "import", "module": "verl.workers.rollout.vllm_rollout", "device": "npu", "where": "verl/workers/rollout/base.py (_ROLLOUT_REGISTRY)", "why": "verl 0.9.1: the workers build the rollout (vllm, async) from this module", "avoid": ""}
   ],
   "image": "quay.io/ascend/verl:latest",

@@ -796,7 +796,7 @@ job_description() {
   "code": null,
   "rollout_package": "vllm",
   "startup": [
-    {"check": "import", "module": "transfer_queue", "device": "", "where": "verl/trainer/main_ppo.py:137", "why": "verl 0.9.1: the trainer imports it when it starts", "avoid": ""},
+    {"check": "import", "module": "transfer_queue", "device": "", "where": "verl/trainer/main_ppo.py:137", "why": "verl 0.9.1: the trainer imports it when it starts (trainer.use_v1: true)", "avoid": ""},
     {"check": "flash_attention_2", "module": "flash_attn", "device": "cuda", "where": "verl/workers/config/model.py:185", "why": "verl 0.9.1: the actor asks transformers for flash_attention_2 unless actor_rollout_ref.model.override_config.attn_implementation says otherwise", "avoid": "set actor_rollout_ref.model.override_config.attn_implementation: sdpa to load the model without flash-attn"},
     {"check": "import", "module": "verl.workers.rollout.vllm_rollout", "device": "cuda", "where": "verl/workers/rollout/base.py (_ROLLOUT_REGISTRY)", "why": "verl 0.9.1: the workers build the rollout (vllm, async) from this module", "avoid": ""}
   ],
