@@ -16,6 +16,7 @@ from .ir import parse_word
 from .overrides import device_defaults, verl_values
 from .load import Sourced
 from .spec import Apptainer, Engine, NoContainer, PinnedModel, Pyxis, Spec, image_file, is_hub_id
+from . import memory
 from .verl import determinism, loadable, preprocess
 from .verl.check import NOTE, Selection, Setting, check_groups, check_verl, select, settings, without_prefixes
 from .services import (ROLLOUT_MEMORY, check_references, gpu_memory_problems, placement_problems, tool_config_problems,
@@ -65,6 +66,7 @@ def check(spec: Spec, sourced: Sourced, release: Release, catalog: Catalog, targ
         *_loaded_names(spec, sourced, chosen, code),
         *gpu_memory_problems(spec, sourced, chosen),
         *_rollout_memory(spec, sourced, chosen),
+        *_fits(spec, sourced, chosen, release),
         *_learns_nothing(spec, sourced, chosen),
         *_container(spec, sourced),
         *_ray(spec, sourced),
@@ -99,6 +101,35 @@ def _rollout_memory(spec: Spec, sourced: Sourced, chosen: Selection | str) -> It
         yield sourced.diagnostic(given.loc, f"{value:g}: the rollout engine takes {ROLLOUT_MEMORY} as its share of "
                                             f"each GPU's memory, more than 0 and at most 1 (vLLM refuses any other "
                                             f"value as it starts, after the queue and the model load)")
+
+
+def _fits(spec: Spec, sourced: Sourced, chosen: Selection | str, release: Release) -> Iterator[Diagnostic]:
+    """A PPO run whose predicted peak on a trainer GPU (compiler/memory.py) is more than the GPU has is refused at
+    the setting that sizes that phase, with the numbers and settings that would fit; one within memory.NEAR of
+    it gets a note. Where verlc cannot know the shape or the GPU, `verlc plan` says why, and nothing is checked."""
+    if isinstance(chosen, str) or own_config(spec.program, release) or spec.program == GENERATION_SERVER:
+        return
+    config = Config(chosen.tree, verl_values(spec, chosen))
+    found = memory.for_spec(spec, sourced, config)
+    if found.unknown.startswith("model_shape"):
+        yield sourced.diagnostic(("model_shape",), found.unknown.removeprefix("model_shape: "))
+    peak = found.peak
+    if peak is None or found.gpu is None:
+        return
+    where = {s.key: s.loc for s in settings(spec.verl, chosen.walker)}
+    origin = f"of the GPU's {memory.gib(found.gpu)} GiB ({found.gpu_origin}; the model from {found.shape_origin})"
+    over = [p for p in found.phases if p.bytes > found.gpu]
+    for phase in {p.tipping: p for p in reversed(over)}.values():  # the largest phase each setting sizes
+        terms = "; ".join(f"{t.what} {memory.gib(t.bytes)}" for t in phase.terms)
+        fixes = memory.fixes(spec, sourced, config, found, phase)
+        yield sourced.diagnostic(where.get(phase.tipping, ("verl",)), (
+            f"each trainer GPU would need {memory.gib(phase.bytes)} GiB in {phase.name}, {origin}: "
+            f"{terms}; verl runs out of GPU memory there" + (f"; it fits with {', or '.join(fixes)}" if fixes else "")
+            + " (verlc plan shows every phase)"))
+    if not over and peak.bytes > memory.NEAR * found.gpu:
+        yield sourced.diagnostic(where.get(peak.tipping, ("verl",)), (
+            f"{NOTE}the predicted peak on each trainer GPU is {memory.gib(peak.bytes)} GiB, in {peak.name}, {origin}: "
+            f"within {100 - memory.NEAR * 100:g}% of it (verlc plan shows every phase)"))
 
 
 # verl's advantage estimators that compare the responses to one prompt with each other (a group of rollout.n)

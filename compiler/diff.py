@@ -21,7 +21,7 @@ Facts = dict[str, dict[str, str]]
 # when a spec field is missing here, and a leaf of an unlisted section would still show, under "other".
 SECTION_GROUPS = {
     "verl": None, "name": "run", "verl_version": "run", "verl_commit": "run", "verl_checkout": "run",
-    "program": "run", "code": "run", "project": "run", "experiment": "run", "model": "run",
+    "program": "run", "code": "run", "project": "run", "experiment": "run", "model": "run", "model_shape": "run",
     "hydra": "run", "reproducible": "run", "sweep": "run", "stall_timeout": "stages", "data": "stages",
     "ray": "stages", "pins": "stages", "stages": "run",
     "cluster": "resources", "targets": "run", "container": "container", "env": "environment",

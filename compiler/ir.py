@@ -322,6 +322,7 @@ class JobIR:
     named_files: tuple[Word, ...] = ()  # absolute files verl's settings name (a tool config): on every node, hashed
     services: tuple[ServiceIR, ...] = ()  # processes beside the trainer, started and watched by the runtime
     tool_config: dict[str, Any] | None = None  # verl's multi-turn tool config, as verl's OmegaConf resolves it
+    memory: Any = None  # will it fit: each trainer GPU's memory per phase (compiler/memory.py's Estimate; PPO only)
 
     def part(self, target: str) -> Any:
         """The IR part target `target` lowered for itself (targets/<folder>/lower.py)."""

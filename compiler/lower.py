@@ -11,7 +11,7 @@ from .version import VERSION
 
 from .ir import CodeIR, ContainerIR, DataPrepIR, EnvVar, ImageBuildIR, JobIR, ModelFetchIR, RayIR, VariantIR, Var, Word, parse_word
 from .code import absolute_files
-from . import yaml_text
+from . import memory, yaml_text
 from .derive import (MODEL_KEYS, checkpoint_dir, critic_in_use, derived_environment, has_key, strings_in,
                      variant_specs)
 from .overrides import determinism_defaults, overrides, verl_values
@@ -27,6 +27,7 @@ from .verl.workers import Need, known, needs
 
 if TYPE_CHECKING:
     from .catalog import Catalog
+    from .load import Sourced
 
 # The columns main_ppo's data set reads of every row (verl's RLHFDataset and reward): the preflight checks each
 # data file has them. verl's own other programs read columns their configs name: not checked.
@@ -37,7 +38,8 @@ ROLLOUT_PACKAGES = {"vllm": "vllm", "sglang": "sglang", "sglang_async": "sglang"
 
 def lower(spec: Spec, release: Release, catalog: Catalog, *, spec_file: str, spec_sha256: str,
           notes: tuple[str, ...] = (), targets: tuple[str, ...] = (), built: tuple[str, ...] = (),
-          code: CodeIR | None = None, profile: tuple[str, str, str] | None = None) -> JobIR:
+          code: CodeIR | None = None, profile: tuple[str, str, str] | None = None,
+          sourced: Sourced | None = None) -> JobIR:
     """Resolve a checked spec into the IR every target renders from, with the parts of the `built` targets."""
     chosen = select(spec.verl, release, spec.hydra.config_name, spec.hydra.groups)
     assert isinstance(chosen, Selection), "the checks refuse a spec whose verl config cannot be chosen"
@@ -110,6 +112,7 @@ def lower(spec: Spec, release: Release, catalog: Catalog, *, spec_file: str, spe
         verl_commit=spec.verl_commit,
         notes=notes,
         time_limit=catalog.time_limit(spec),
+        memory=memory.for_spec(spec, sourced, config) if ppo and sourced is not None else None,
     )
     return replace(ir, parts=tuple((name, catalog.get(name).lower(spec, ir)) for name in built))
 

@@ -132,7 +132,7 @@ def _compile(sourced: Sourced, path: Path, catalog: Catalog, *, source: str, tar
         notes = (*notes, *_unshipped(spec, sourced, program, path))
     ir = lower(spec, release, catalog, spec_file=source, spec_sha256=sourced.sha256, notes=tuple(map(str, notes)),
                targets=tuple(meant), built=tuple(dict.fromkeys(targets)), code=code,
-               profile=(site.name, site.file, site.sha256) if site else None)
+               profile=(site.name, site.file, site.sha256) if site else None, sourced=sourced)
     if verl_config == "live":
         _compose_live(ir, sourced)
     return ir

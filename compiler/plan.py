@@ -16,6 +16,7 @@ from ruamel.yaml import YAML
 
 from .derive import critic_in_use
 from .ir import JobIR
+from .memory import NEAR, Estimate, gib
 from .verl.program import GENERATION, RAY_PROGRAMS
 from .verl.rules import Config
 
@@ -94,6 +95,7 @@ def plan(ir: JobIR) -> str:
             out.append(f"  {role + ':':9} log-probs in micro batches of {micro} per {device}")
 
     out += _services(ir, g, device)
+    out += _memory(ir.memory, device)
     variants = len(ir.variants) or 1
     if ir.variants:
         out.append(f"  sweep:    {variants} variants (one Slurm array task each):")
@@ -191,6 +193,24 @@ def _services(ir: JobIR, g: Any, device: str) -> list[str]:
         lines.append(f"  {'service:' if not lines else '':9} {s.name} on {where} (ready within {s.deadline} s"
                      f"{probe}){memory}")
     return lines
+
+
+def _memory(found: Estimate | None, device: str) -> list[str]:
+    """Each phase's memory on one trainer GPU (compiler/memory.py), the peak's terms, or why verlc cannot know."""
+    if found is None:
+        return []
+    if found.unknown:
+        return [f"  memory:   not estimated: {found.unknown}"]
+    assert found.shape is not None and found.peak is not None and found.gpu is not None
+    peak = found.peak
+    out = [f"  memory:   per trainer {device}, of its {gib(found.gpu)} GiB ({found.gpu_origin}); "
+           f"{found.shape.architecture}, {found.shape.parameters / 1e9:.2f}B parameters ({found.shape_origin})"]
+    out += [f"{'':12}{p.name:22} {gib(p.bytes):>6} GiB" + ("  <- the peak" if p is peak else "") for p in found.phases]
+    out += [f"{'':12}  {t.what}: {gib(t.bytes)}" for t in peak.terms]
+    verdict = ("more than the GPU has" if peak.bytes > found.gpu else
+               f"within {100 - NEAR * 100:g}% of it" if peak.bytes > NEAR * found.gpu else "fits")
+    out.append(f"{'':12}peak {gib(peak.bytes)} of {gib(found.gpu)} GiB ({peak.bytes / found.gpu:.0%}): {verdict}")
+    return out
 
 
 def _cost(ir: JobIR, price: float | None, gpus: int, variants: int, device: str) -> list[str]:

@@ -244,16 +244,13 @@ def engine_server(argv: tuple[str, ...]) -> EngineServer | None:
     return None
 
 
-def gpu_memory_problems(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
-    """Services that take a share of the GPUs they share with the trainer (gpu_memory, or what the inference server
-    its command starts takes: its flag, else its default) and verl's rollout (its gpu_memory_utilization of every
-    GPU) must fit one GPU together on the node that has them all: the head (a service on every node is there too).
-    Refused with every number where they do not (vLLM fails to start, or runs out of memory, after the model has
-    loaded); a server whose flag and gpu_memory disagree too."""
-    if isinstance(chosen, str):
-        return
+def gpu_shares(spec: Spec, sourced: Sourced) -> tuple[dict[str, float], dict[str, str], list[Diagnostic]]:
+    """The share of each trainer GPU's memory each service takes there (gpu_memory, else the inference server's
+    flag or default), where it says; what says so; and the problems of a server whose flag and gpu_memory
+    disagree or that takes its default share beside the rollout."""
     shares: dict[str, float] = {}
     said: dict[str, str] = {}
+    problems = []
     for name, s in spec.services.items():
         server = engine_server(tuple(s.command)) if s.image is None and s.on != "own_node" else None
         at = ("services", name)
@@ -262,20 +259,33 @@ def gpu_memory_problems(spec: Spec, sourced: Sourced, chosen: Selection | str) -
                 shares[name], said[name] = s.gpu_memory, f"services.{name}.gpu_memory"
             continue
         if s.gpu_memory is not None and server.share != s.gpu_memory:
-            yield sourced.diagnostic((*at, "gpu_memory"), (
+            problems.append(sourced.diagnostic((*at, "gpu_memory"), (
                 f"services.{name} runs {server.engine}, which takes {server.takes()}, not gpu_memory's "
-                f"{s.gpu_memory:g}: pass {server.flag} {s.gpu_memory:g} in its command"))
+                f"{s.gpu_memory:g}: pass {server.flag} {s.gpu_memory:g} in its command")))
         elif server.share is None:
-            yield sourced.diagnostic((*at, "command"), (
+            problems.append(sourced.diagnostic((*at, "command"), (
                 f"services.{name} runs {server.engine} on the GPUs verl's rollout uses, without {server.flag}: "
                 f"{server.engine} then sizes its memory as if each GPU were its own; pass {server.flag} and the same "
-                f"services.{name}.gpu_memory, with the rollout's {ROLLOUT_MEMORY}, within 1"))
+                f"services.{name}.gpu_memory, with the rollout's {ROLLOUT_MEMORY}, within 1")))
         else:
             shares[name] = server.share
             said[name] = (f"services.{name}.gpu_memory" if s.gpu_memory is not None else
                           f"services.{name}: {server.engine}'s {server.flag} {server.given:g}"
                           if server.given is not None else
                           f"services.{name}: {server.engine}'s default without {server.flag}")
+    return shares, said, problems
+
+
+def gpu_memory_problems(spec: Spec, sourced: Sourced, chosen: Selection | str) -> Iterator[Diagnostic]:
+    """Services that take a share of the GPUs they share with the trainer (gpu_memory, or what the inference server
+    its command starts takes: its flag, else its default) and verl's rollout (its gpu_memory_utilization of every
+    GPU) must fit one GPU together on the node that has them all: the head (a service on every node is there too).
+    Refused with every number where they do not (vLLM fails to start, or runs out of memory, after the model has
+    loaded); a server whose flag and gpu_memory disagree too."""
+    if isinstance(chosen, str):
+        return
+    shares, said, problems = gpu_shares(spec, sourced)
+    yield from problems
     if not shares:
         return
     rollout = Config(chosen.tree, verl_values(spec, chosen)).get(ROLLOUT_MEMORY)  # the spec's, else the default

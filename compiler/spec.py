@@ -87,6 +87,9 @@ class Cluster(Model):
                           "(NVIDIA-H100-80GB-HBM3); else kuberay needs kubernetes.node_selector.")
     gpu_hour_price: Number | None = Field(None, ge=0, description="What one GPU-hour costs here (in any "
                                                                   "currency): `verlc plan` shows each run's cost.")
+    gpu_memory: Size | None = Field(None, description="Each GPU's memory (e.g. 80G: binary units) where gpu_type "
+                                                      "is not in verlc's table: `verlc plan`'s memory figures and "
+                                                      "the build's check that the run fits.")
 
 
 # --- container -------------------------------------------------------------------------------------
@@ -407,6 +410,10 @@ class Spec(Model):
                      Discriminator(lambda v: "pinned" if isinstance(v, (dict, PinnedModel)) else "text")] = Field(
         description="HF model id or path, used for the actor, the reference and the critic; or a hub model "
                     "pinned to a revision: {path: ORG/NAME, revision: COMMIT}.")
+    model_shape: Text | dict[Str, Any] | None = Field(
+        None, description="The model's config.json (its path, relative to the spec, or its keys: hidden_size, "
+                          "num_hidden_layers, ...) for `verlc plan`'s memory figures and the build's check that "
+                          "the run fits; default: the model folder's own config.json where the build can read it.")
     data: Data = Field(description="Preprocessing to run and the parquet files verl reads.")
     verl: dict[Str, Any] = Field(default_factory=dict, description="verl's trainer config, verl's nesting; keys "
                                  "mean what Hydra's overrides mean: key (set), +key (add), ++key (add or set); see "

@@ -17,7 +17,9 @@ def test_a_bundle_and_its_spec_are_the_same_run() -> None:
 
 def test_changes_are_grouped_and_marked(tmp_path: Path) -> None:
     changed = tmp_path / "b.yaml"
+    # one node: each GPU holds twice the shard of the training state, and the rollout's 0.9 no longer fits
     changed.write_text(A.read_text().replace("lr: 1e-6", "lr: 2e-6").replace("nodes: 2", "nodes: 1")
+                       .replace("gpu_memory_utilization: 0.9", "gpu_memory_utilization: 0.8")
                        .replace("  NCCL_DEBUG: INFO\n", ""))
     result = run_verlc("diff", A, changed)
     assert result.returncode == 1, result.stderr

@@ -72,6 +72,8 @@ def _parser() -> argparse.ArgumentParser:
                                       "e.g. from a site profile).")
     plan.add_argument("specs", nargs="+", type=Path, metavar="SPEC")
     plan.add_argument("--profile", metavar="NAME", help=PROFILE_HELP)
+    plan.add_argument("--format", choices=("text", "json"), default="text",
+                      help="json: each run's memory figures per phase and term (compiler/memory.py)")
 
     diff = sub.add_parser("diff", help="what differs between two runs (specs, bundle folders or run records)",
                           description="A semantic diff of two specs, or two bundles (their spec.yaml), grouped "
@@ -246,7 +248,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "validate": lambda a: _group("build").validate(a.specs, a.target, a.verl_config, a.max_variants, a.strict,
                                                    a.profile),
     "check": lambda a: _group("build").check(a.specs, a.out, a.diff),
-    "plan": lambda a: _group("build").plan(a.specs, a.profile),
+    "plan": lambda a: _group("build").plan(a.specs, a.profile, a.format),
     "diff": lambda a: _group("build").diff(a.a, a.b, a.format == "markdown"),
     "submit": lambda a: _group("runs").submit(a.spec, a.target, a.out, a.wait, a.follow, a.metric, a.on_end,
                                               a.profile, a.resume),

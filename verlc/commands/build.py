@@ -68,14 +68,18 @@ def validate(specs: Sequence[Path], target: str | None, verl_config: str, max_va
     return 0
 
 
-def plan(specs: Sequence[Path], profile: str | None = None) -> int:
+def plan(specs: Sequence[Path], profile: str | None = None, form: str = "text") -> int:
     """The resolved allocation of each spec's run, after the checks `validate` runs (a spec with problems gets
-    its problems, not a plan)."""
+    its problems, not a plan); `form` json: each run's memory figures (compiler/memory.py)."""
     from ..compiler.plan import plan as plan_of
 
     result = compile_all(specs, [], "snapshot", profile=profile)
     if isinstance(result, int):
         return result
+    if form == "json":
+        print(json.dumps([{"spec": ir.spec_file, "name": ir.name, "memory": ir.memory.as_json()
+                           if ir.memory is not None else None} for ir in result], indent=2))
+        return 0
     sys.stdout.write("\n".join(plan_of(ir) for ir in result))
     for name, hours in _pipeline_hours(result).items():
         print(f"\npipeline {name}: its stages one after another, at most {hours:g} GPU-hours in all")

@@ -1,0 +1,412 @@
+"""Will it fit: each GPU's memory, phase by phase of a PPO step, predicted before the queue (`verlc plan`, and
+the build's check that refuses a run whose peak is more than a GPU has).
+
+The inputs are what verlc already holds: the model's shape (its config.json: the model's own folder where the
+build can read it, else the spec's `model_shape`), the config verl runs with (resolved), the allocation, the GPU's
+memory (`cluster.gpu_memory`, else the table below by `cluster.gpu_type`) and the services' shares.
+
+Scope: verl's FSDP workers (actor strategy fsdp or fsdp2) with the rollout in verl's hybrid engine (vLLM or
+SGLang on the trainer's GPUs, taking turns with the actor, the reference and the critic). Megatron, a rollout on
+GPUs of its own and LoRA are not modelled: `estimate` says so instead of a figure.
+
+What each term is, and where verl says so (verl 0.9.1's files; the FSDP workers of earlier releases keep the same
+dtypes and offload switches):
+- the trained roles' weights are fp32 (workers/engine/fsdp/transformer_impl.py:262: a trained model's dtype is
+  fp32 unless fsdp_config.model_dtype says otherwise; forward-only ones, the reference, bf16), sharded by FSDP over
+  every trainer GPU (fsdp_size -1); their gradients fp32 (MixedPrecision's reduce_dtype, same file :395), and
+  AdamW's two moments per weight, fp32;
+- FSDP gathers one decoder layer at a time in bf16 (param_dtype) with the next one prefetched, and keeps the root
+  unit (embeddings, final norm, lm_head) gathered for the whole pass;
+- param_offload keeps a role's weights on the CPU outside its own phases, optimizer_offload its optimizer state
+  outside the update (workers/engine_workers.py:811: the actor's weights go to the CPU after the weight sync);
+- vLLM takes gpu_memory_utilization of the GPU's total memory, SGLang of its free memory as it starts (verl's
+  docs/perf/perf_tuning.rst); with free_cache_engine (the default) the rollout sleeps during the other phases,
+  giving back its weights and KV cache but not its CUDA graphs (same doc), which are not counted here;
+- the logits' peak as verl computes log-probs and entropy: tokens x vocab x 7 bytes (fp32 logits, the autocast
+  copy for softmax and logsumexp, the softmax output; same doc);
+- a decoder layer's activations kept for the backward (bf16, flash attention: no seq x seq term): its two norms'
+  inputs and outputs, q, k and v before and after RoPE, the attention's output, and the MLP's gate, up, activation
+  and product; with gradient checkpointing only each layer's input is kept, and one layer's are recomputed at a
+  time;
+- one CUDA context per process on a GPU, 0.5 GiB (measured on the H100: docs/gpu.md), the trainer's and the rollout
+  server's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .load import Sourced
+    from .spec import Spec
+    from .verl.rules import Config
+
+GIB = 1024 ** 3
+CONTEXT = GIB // 2  # a CUDA context (the H100: docs/gpu.md)
+ACTOR, ROLLOUT, REF, CRITIC = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref", "critic"
+NEAR = 0.9  # a peak above this share of a GPU gets a note
+
+# Each GPU's memory as torch reports it (total_memory), by cluster.gpu_type: measured where docs/gpu.md says so,
+# else the vendor's capacity.
+GPU_MEMORY = {
+    "H100": (85_031_714_816, "measured on the H100 (docs/gpu.md)"),
+    "H100-80GB": (85_031_714_816, "measured on the H100 (docs/gpu.md)"),
+    "H200": (150_000_000_000, "NVIDIA's 141 GB (torch reports about 139.7 GiB)"),
+    "A100-80GB": (85_899_345_920, "NVIDIA's 80 GB"),
+    "A100": (42_949_672_960, "NVIDIA's 40 GB"),
+    "A100-40GB": (42_949_672_960, "NVIDIA's 40 GB"),
+    "A6000": (51_527_024_640, "NVIDIA's 48 GB"),
+    "L40S": (51_527_024_640, "NVIDIA's 48 GB"),
+    "MI300X": (206_158_430_208, "AMD's 192 GB"),
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a model's config.json says about its size (decoder-only transformers: Llama, Qwen2/3, Mistral and
+    their mixture-of-experts kin)."""
+
+    architecture: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    qkv_bias: bool
+    qk_norm: bool
+    experts: int = 0  # routed experts of a mixture-of-experts layer (0: a dense MLP)
+    active: int = 0  # experts each token goes to
+    expert_intermediate: int = 0
+    shared_intermediate: int = 0  # a shared expert beside the routed ones (Qwen2-MoE)
+
+    @classmethod
+    def read(cls, config: dict[str, Any]) -> Shape:
+        """From a config.json's keys; ValueError naming the key that is missing or not a whole number."""
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+
+        def number(*keys: str, default: int | None = None) -> int:
+            for key in keys:
+                value = text.get(key)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    return value
+            if default is not None:
+                return default
+            raise ValueError(f"config.json has no {keys[0]} (a whole number above 0)")
+
+        hidden, heads = number("hidden_size"), number("num_attention_heads")
+        model_type = str(text.get("model_type") or config.get("model_type") or "")
+        experts = number("num_experts", "n_routed_experts", "num_local_experts", default=0)
+        return cls(
+            architecture=str((config.get("architectures") or [model_type or "unknown"])[0]),
+            hidden=hidden, layers=number("num_hidden_layers"), heads=heads,
+            kv_heads=number("num_key_value_heads", default=heads),
+            head_dim=number("head_dim", default=hidden // heads),
+            intermediate=number("intermediate_size"), vocab=number("vocab_size"),
+            tied=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+            qkv_bias=bool(text.get("attention_bias", model_type in ("qwen2", "qwen2_moe"))),
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
+            experts=experts,
+            active=number("num_experts_per_tok", default=1) if experts else 0,
+            expert_intermediate=number("moe_intermediate_size", default=number("intermediate_size")) if experts else 0,
+            shared_intermediate=number("shared_expert_intermediate_size", default=0) if experts else 0,
+        )
+
+    @property
+    def layer_parameters(self) -> int:
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attention = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if self.qkv_bias else 0) \
+            + (2 * self.head_dim if self.qk_norm else 0)
+        if self.experts:
+            mlp = h * self.experts + self.experts * 3 * h * self.expert_intermediate
+            if self.shared_intermediate:
+                mlp += 3 * h * self.shared_intermediate + h  # the shared expert and its gate
+        else:
+            mlp = 3 * h * self.intermediate
+        return attention + mlp + 2 * h  # and the layer's two RMSNorms
+
+    @property
+    def root_parameters(self) -> int:
+        """The embeddings, the final norm and lm_head (one matrix with the embeddings where they are tied)."""
+        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    @property
+    def parameters(self) -> int:
+        return self.layers * self.layer_parameters + self.root_parameters
+
+    def activations_per_token(self) -> int:
+        """Bytes one decoder layer keeps per token for the backward (bf16): see the module's docstring."""
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        mlp = 4 * (self.active * self.expert_intermediate + self.shared_intermediate) if self.experts \
+            else 4 * self.intermediate
+        return 2 * (4 * h + 2 * (q + 2 * kv) + q + mlp)
+
+
+@dataclass(frozen=True)
+class Term:
+    what: str
+    bytes: int
+    source: str
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    terms: tuple[Term, ...]
+    tipping: str  # the setting that sizes this phase most: where a refusal points
+
+    @property
+    def bytes(self) -> int:
+        return sum(t.bytes for t in self.terms)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Each phase's memory on one trainer GPU, or why there is no figure (`unknown`)."""
+
+    gpu: int | None = None
+    gpu_origin: str = ""
+    shape: Shape | None = None
+    shape_origin: str = ""
+    phases: tuple[Phase, ...] = ()
+    unknown: str = ""
+    fixes: tuple[str, ...] = field(default=())
+
+    @property
+    def peak(self) -> Phase | None:
+        return max(self.phases, key=lambda p: p.bytes) if self.phases else None
+
+    def as_json(self) -> dict[str, Any]:
+        if self.unknown:
+            return {"unknown": self.unknown}
+        peak = self.peak
+        assert peak is not None
+        return {"gpu_bytes": self.gpu, "gpu_origin": self.gpu_origin, "model": self.shape.architecture if self.shape
+                else None, "parameters": self.shape.parameters if self.shape else None,
+                "model_origin": self.shape_origin, "peak": {"phase": peak.name, "bytes": peak.bytes},
+                "phases": [{"name": p.name, "bytes": p.bytes, "terms": [{"what": t.what, "bytes": t.bytes,
+                                                                         "source": t.source} for t in p.terms]}
+                           for p in self.phases], "fixes": list(self.fixes)}
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.1f}"
+
+
+def size_bytes(text: str) -> int:
+    """A Size (e.g. 80G; k, m, g: binary multiples, as docker's sizes) in bytes."""
+    unit = text[-1].lower() if text[-1].isalpha() else ""
+    return int(text.rstrip("bkmgBKMG")) * {"": 1, "b": 1, "k": 1024, "m": 1024 ** 2, "g": GIB}[unit]
+
+
+def gpu_memory(given: str | None, gpu_type: str | None) -> tuple[int | None, str]:
+    if given:
+        return size_bytes(given), f"cluster.gpu_memory {given}"
+    if gpu_type:
+        known = GPU_MEMORY.get(gpu_type.upper().replace("NVIDIA-", "").replace("_", "-"))
+        if known:
+            return known[0], f"{gpu_type}: {known[1]}"
+        return None, (f"cluster.gpu_type {gpu_type} is not in verlc's table ({', '.join(GPU_MEMORY)}): give "
+                      f"cluster.gpu_memory")
+    return None, "no cluster.gpu_type or cluster.gpu_memory"
+
+
+def model_shape(given: str | dict | None, model_path: str, base: Path) -> tuple[Shape | None, str]:
+    """The model's shape: from `model_shape` (a config.json's keys, or the file relative to `base`), else the
+    model's own config.json where the build can read it; else None and why."""
+    if isinstance(given, dict):
+        return Shape.read(given), "model_shape"
+    candidates = [(base / given, f"model_shape {given}")] if given else []
+    candidates.append((base / model_path / "config.json", f"{model_path}/config.json"))
+    for path, origin in candidates:
+        if path.is_file():
+            return Shape.read(json.loads(path.read_text(encoding="utf-8"))), origin
+    if given:
+        raise ValueError(f"{given} does not exist")
+    return None, (f"the model's config.json is not readable here ({model_path}): give model_shape (the file, or "
+                  f"its keys)")
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def estimate(get: Callable[[str], Any], *, gpus: int, gpu: int | None, gpu_origin: str, shape: Shape | None,
+             shape_origin: str, shares: dict[str, float], critic: bool, reference: bool) -> Estimate:
+    """Each phase's memory on one trainer GPU for the config `get` reads (`gpus`: the trainer's GPUs; `shares`: the
+    services' gpu_memory on those GPUs, by name)."""
+    if gpu is None or shape is None:
+        return Estimate(unknown=gpu_origin if gpu is None else shape_origin)
+    if get(f"{ACTOR}.strategy") not in ("fsdp", "fsdp2"):
+        return Estimate(unknown=f"actor strategy {get(f'{ACTOR}.strategy')}: only FSDP is modelled")
+    if _int(get("rollout.n_gpus_per_node")) or (_int(get("actor_rollout_ref.model.lora_rank")) or 0) > 0:
+        return Estimate(unknown="a rollout on GPUs of its own, or LoRA: not modelled")
+    engine = get(f"{ROLLOUT}.name")
+    if engine not in ("vllm", "sglang"):
+        return Estimate(unknown=f"rollout {engine}: only vLLM and SGLang are modelled")
+    share = get(f"{ROLLOUT}.gpu_memory_utilization")
+    if not isinstance(share, (int, float)) or isinstance(share, bool):
+        return Estimate(unknown=f"{ROLLOUT}.gpu_memory_utilization is {share!r}")
+    p = shape.parameters
+    seq = (_int(get("data.max_prompt_length")) or 0) + (_int(get("data.max_response_length")) or 0)
+
+    def shard(count: int, width: int) -> int:
+        return math.ceil(count * width / gpus)
+
+    def trained(section: str, label: str) -> dict[str, Term]:
+        dtype = get(f"{section}.fsdp_config.model_dtype") or "fp32"
+        width = 2 if str(dtype) in ("bf16", "bfloat16", "fp16", "float16") else 4
+        return {
+            "weights": Term(f"{label} weights ({dtype}, 1/{gpus})", shard(p, width),
+                            "verl/workers/engine/fsdp/transformer_impl.py:262"),
+            "optimizer": Term(f"{label} AdamW moments (fp32, 1/{gpus})", shard(p, 8), "AdamW: two fp32 moments"),
+            "gradients": Term(f"{label} gradients (fp32, 1/{gpus})", shard(p, 4),
+                              "verl/workers/engine/fsdp/transformer_impl.py:395 (reduce_dtype fp32)"),
+        }
+
+    def offloaded(section: str, what: str) -> bool:
+        return bool(get(f"{section}.fsdp_config.{what}_offload"))
+
+    gathered = Term("gathered layers (bf16: this one and the next)", 2 * 2 * shape.layer_parameters,
+                    "FSDP: param_dtype bf16, forward prefetch")
+    root = Term("gathered root (embeddings, lm_head; bf16)", 2 * shape.root_parameters, "FSDP's root unit")
+    contexts = Term("CUDA contexts (trainer, rollout server)", 2 * CONTEXT, "measured: docs/gpu.md")
+    actor = trained(ACTOR, "actor")
+    ref_weights = Term(f"reference weights (bf16, 1/{gpus})", shard(p, 2),
+                       "verl/workers/engine/fsdp/transformer_impl.py:262 (forward only: bf16)")
+    critic_state = trained(CRITIC, "critic") if critic else {}
+    services = [Term(f"services.{name} ({s:g} of the GPU)", math.ceil(s * gpu), f"services.{name}.gpu_memory")
+                for name, s in shares.items()]
+
+    def resident(now: str) -> list[Term]:
+        """What stays on the GPU during phase `now` besides that phase's own work."""
+        terms = []
+        if now == "actor" or not offloaded(ACTOR, "param"):
+            terms.append(actor["weights"])
+        if now == "actor" or not offloaded(ACTOR, "optimizer"):
+            terms.append(actor["optimizer"])
+        if reference and (now == "ref" or not offloaded(REF, "param")):
+            terms.append(ref_weights)
+        if critic_state:
+            if now == "critic" or not offloaded(CRITIC, "param"):
+                terms.append(critic_state["weights"])
+            if now == "critic" or not offloaded(CRITIC, "optimizer"):
+                terms.append(critic_state["optimizer"])
+        return terms + services + [contexts]
+
+    if engine == "vllm":
+        rollout = Term(f"vLLM: gpu_memory_utilization {share:g} of the GPU's total (weights, KV cache)",
+                       math.ceil(share * gpu), "verl docs/perf/perf_tuning.rst; vLLM's request_memory")
+    else:
+        before = sum(t.bytes for t in resident("rollout"))
+        rollout = Term(f"SGLang: mem_fraction_static {share:g} of the memory free at its start",
+                       math.ceil(share * max(gpu - before, 0)), "verl docs/perf/perf_tuning.rst")
+    phases = [Phase("rollout", (*resident("rollout"), rollout), f"{ROLLOUT}.gpu_memory_utilization")]
+
+    def tokens(section: str, micro_key: str, tokens_key: str) -> tuple[int, str]:
+        if get(f"{section}.use_dynamic_bsz") or get(f"{ACTOR}.use_dynamic_bsz") and section != CRITIC:
+            return (_int(get(f"{section}.{tokens_key}")) or 0), f"{section}.{tokens_key}"
+        return (_int(get(f"{section}.{micro_key}")) or 1) * seq, f"{section}.{micro_key}"
+
+    def forward(name: str, section: str, label: str, weights: list[Term], logits: bool) -> Phase:
+        count, key = tokens(section, "log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu") \
+            if section != CRITIC else tokens(section, "forward_micro_batch_size_per_gpu", "forward_max_token_len_per_gpu")
+        sp = _int(get(f"{section}.ulysses_sequence_parallel_size")) or 1
+        count = math.ceil(count / sp)
+        work = [gathered, root, Term(f"one layer's activations ({count} tokens)",
+                                     count * shape.activations_per_token(), "the layer's tensors (docstring)")]
+        if logits:
+            work.append(Term(f"logits, log-probs and entropy ({count} tokens x vocab {shape.vocab} x 7 bytes)",
+                             count * shape.vocab * 7, "verl docs/perf/perf_tuning.rst"))
+        return Phase(name, (*weights, *work), key)
+
+    base = [t for t in resident("actor") if t is not actor["optimizer"] or not offloaded(ACTOR, "optimizer")]
+    phases.append(forward("log-probs (actor)", ROLLOUT, "actor", base, True))
+    if reference:
+        phases.append(forward("log-probs (reference)", REF, "reference", resident("ref"), True))
+    if critic_state:
+        phases.append(forward("values (critic)", CRITIC, "critic", resident("critic"), False))
+
+    def update(name: str, section: str, state: dict[str, Term], now: str, logits: bool) -> Phase:
+        count, key = tokens(section, "ppo_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu")
+        sp = _int(get(f"{section}.ulysses_sequence_parallel_size")) or 1
+        count = math.ceil(count / sp)
+        per_token = shape.activations_per_token()
+        model = "actor_rollout_ref.model" if section == ACTOR else "critic.model"
+        if get(f"{model}.enable_gradient_checkpointing"):
+            kept = Term(f"activations ({count} tokens; gradient checkpointing: each layer's input, one layer "
+                        f"recomputed)", count * (2 * shape.hidden * shape.layers + per_token),
+                        f"{model}.enable_gradient_checkpointing")
+        else:
+            kept = Term(f"activations ({count} tokens x {shape.layers} layers)", count * per_token * shape.layers,
+                        f"{model}.enable_gradient_checkpointing false")
+        work = [state["gradients"], gathered, root, kept]
+        if logits:
+            work.append(Term(f"logits, log-probs and entropy ({count} tokens x vocab {shape.vocab} x 7 bytes)",
+                             count * shape.vocab * 7, "verl docs/perf/perf_tuning.rst"))
+        return Phase(name, (*resident(now), *work), key)
+
+    phases.append(update("update (actor)", ACTOR, actor, "actor", True))
+    if critic_state:
+        phases.append(update("update (critic)", CRITIC, critic_state, "critic", False))
+    return Estimate(gpu=gpu, gpu_origin=gpu_origin, shape=shape, shape_origin=shape_origin, phases=tuple(phases))
+
+
+def for_spec(spec: Spec, sourced: Sourced, config: Config, changes: dict[str, Any] | None = None) -> Estimate:
+    """The estimate for a spec's PPO run with verl's config (resolved), and `changes` to it; the spec's own folder
+    is where a relative model_shape or model path is read."""
+    from .derive import critic_in_use
+    from .services import gpu_shares
+
+    gpu, gpu_origin = gpu_memory(spec.cluster.gpu_memory, spec.cluster.gpu_type)
+    try:
+        shape, shape_origin = model_shape(spec.model_shape, spec.model_path, Path(sourced.file).parent)
+    except (ValueError, OSError) as exc:
+        return Estimate(unknown=f"model_shape: {exc}")
+    def get(key: str) -> Any:
+        return changes[key] if changes and key in changes else config.get(key)
+
+    gpus = (_int(get("trainer.nnodes")) or 1) * (_int(get("trainer.n_gpus_per_node")) or 1)
+    shares, _, _ = gpu_shares(spec, sourced)
+    reference = bool(get(f"{ACTOR}.use_kl_loss") or get("algorithm.use_kl_in_reward"))
+    return estimate(get, gpus=gpus, gpu=gpu, gpu_origin=gpu_origin, shape=shape, shape_origin=shape_origin,
+                    shares=shares, critic=critic_in_use(spec.verl, config.tree), reference=reference)
+
+
+def fixes(spec: Spec, sourced: Sourced, config: Config, found: Estimate, phase: Phase) -> list[str]:
+    """Settings that would bring `phase` within the GPU, each with what that phase then takes: a lower
+    gpu_memory_utilization, the actor's offload, a smaller micro batch (or token budget) of the phase's own."""
+    assert found.gpu is not None
+    out = []
+
+    def fits(changes: dict[str, Any]) -> int | None:
+        tried = next(p for p in for_spec(spec, sourced, config, changes).phases if p.name == phase.name)
+        return tried.bytes if tried.bytes <= found.gpu else None
+
+    share = config.get(f"{ROLLOUT}.gpu_memory_utilization")
+    if phase.tipping == f"{ROLLOUT}.gpu_memory_utilization":
+        for lower in (round(share - step / 100, 2) for step in range(5, int(share * 100), 5)):
+            taken = fits({phase.tipping: lower})
+            if taken is not None:
+                out.append(f"{phase.tipping} {lower:g} ({gib(taken)} GiB)")
+                break
+    taken = fits({f"{ACTOR}.fsdp_config.param_offload": True, f"{ACTOR}.fsdp_config.optimizer_offload": True,
+                  f"{REF}.fsdp_config.param_offload": True})
+    if taken is not None:
+        out.append(f"param_offload and optimizer_offload on the actor, and the reference's param_offload "
+                   f"({gib(taken)} GiB)")
+    value = config.get(phase.tipping)
+    if phase.tipping != f"{ROLLOUT}.gpu_memory_utilization" and _int(value) and value > 1:
+        for smaller in sorted({value // 2 ** k for k in range(1, 20)} - {0}, reverse=True):
+            taken = fits({phase.tipping: smaller})
+            if taken is not None:
+                out.append(f"{phase.tipping} {smaller} ({gib(taken)} GiB)")
+                break
+    return out

@@ -1,0 +1,215 @@
+"""Will it fit (compiler/memory.py): each trainer GPU's memory per phase of a PPO step, in `verlc plan` and the
+build's check (#66). The parameter count is transformers' own (each architecture built on the meta device); each
+term is checked against the arithmetic written out here for two architectures (a GQA model with untied
+embeddings, and a mixture-of-experts one); the refusal and the note at their lines."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import run_verlc
+
+GIB = 1024 ** 3
+# config.json keys of public models (their published shapes)
+QWEN25_7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+             "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+             "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False}
+SHAPES = {
+    "qwen2.5-7b (GQA, qkv bias)": QWEN25_7B,
+    "qwen2.5-0.5b (tied embeddings)": {**QWEN25_7B, "hidden_size": 896, "intermediate_size": 4864,
+                                       "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+                                       "vocab_size": 151936, "tie_word_embeddings": True},
+    "llama-3.1-8b (no bias)": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+                               "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                               "num_key_value_heads": 8, "vocab_size": 128256, "attention_bias": False},
+    "qwen3-8b (q/k norms, head_dim)": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+                                       "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                                       "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                                       "vocab_size": 151936},
+    "qwen1.5-moe-a2.7b (shared expert)": {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+                                          "hidden_size": 2048, "intermediate_size": 5632,
+                                          "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+                                          "num_experts": 60, "num_experts_per_tok": 4, "num_hidden_layers": 24,
+                                          "num_attention_heads": 16, "num_key_value_heads": 16,
+                                          "vocab_size": 151936},
+    "qwen3-30b-a3b (128 experts)": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+                                    "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+                                    "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+                                    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                                    "vocab_size": 151936},
+}
+
+
+def test_the_parameter_count_is_transformers_own() -> None:
+    """Each architecture built by transformers on the meta device (no memory): its parameters, counted."""
+    code = ("import json, sys, torch\nfrom transformers import AutoConfig, AutoModelForCausalLM\n"
+            "out = {}\nfor name, keys in json.loads(sys.argv[1]).items():\n"
+            "    config = AutoConfig.for_model(**{k: v for k, v in keys.items() if k != 'architectures'})\n"
+            "    with torch.device('meta'):\n        model = AutoModelForCausalLM.from_config(config)\n"
+            "    out[name] = sum(p.numel() for p in model.parameters())\nprint(json.dumps(out))")
+    import sys
+
+    from verlc.compiler.memory import Shape
+
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(SHAPES)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    counted = json.loads(done.stdout.splitlines()[-1])
+    assert {name: Shape.read(keys).parameters for name, keys in SHAPES.items()} == counted
+
+
+SPEC = """\
+name: fit
+project: p
+verl_version: "0.9.1"
+model: Qwen/Qwen2.5-7B-Instruct
+model_shape: {shape}
+data: {{train_files: [/d/train.parquet], val_files: [/d/test.parquet]}}
+verl:
+  algorithm: {{adv_estimator: grpo}}
+  data: {{train_batch_size: 64, max_prompt_length: 1024, max_response_length: {response}}}
+  actor_rollout_ref:
+    actor: {{ppo_mini_batch_size: 16, ppo_micro_batch_size_per_gpu: {micro}, use_kl_loss: true}}
+    rollout:
+      name: vllm
+      n: 4
+      gpu_memory_utilization: {share}
+      log_prob_micro_batch_size_per_gpu: {logprob}
+    ref: {{log_prob_micro_batch_size_per_gpu: {logprob}}}
+  trainer: {{logger: [console], save_freq: 10}}
+cluster: {{nodes: 1, gpus_per_node: 8, {gpu}, slurm: {{cpus_per_task: 8, time: "10:00:00"}}}}
+container: {{runtime: none}}
+"""
+
+
+def spec(tmp_path: Path, *, shape: object = QWEN25_7B, micro: int = 4, share: float = 0.6,
+         gpu: str = "gpu_memory: 80G", response: int = 1024, logprob: int = 8) -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC.format(shape=json.dumps(shape), micro=micro, share=share, gpu=gpu, response=response,
+                                logprob=logprob))
+    return path
+
+
+def planned(path: Path) -> dict:
+    result = run_verlc("plan", path, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)[0]["memory"]
+
+
+def test_each_term_is_the_arithmetic_of_the_shape_and_the_config(tmp_path: Path) -> None:
+    """Qwen2.5-7B (GQA: 4 of 28 heads for k and v; bias on q, k, v; untied) on 8 GPUs of 80 GiB, by hand."""
+    h, layers, kv, i, vocab, gpus = 3584, 28, 4 * 128, 18944, 152064, 8
+    layer = (h * h + h) + 2 * (h * kv + kv) + h * h + 3 * h * i + 2 * h  # q, k, v, o; the MLP; two norms
+    root = 2 * vocab * h + h  # embeddings, lm_head, final norm
+    p = layers * layer + root
+    assert p == 7_615_616_512
+    gpu = 80 * GIB
+    weights, adam, grads, ref = (math.ceil(p * width / gpus) for width in (4, 8, 4, 2))
+    contexts = GIB  # the trainer's and the rollout server's, 0.5 GiB each
+    vllm = math.ceil(0.6 * gpu)
+    found = planned(spec(tmp_path))
+    phases = {p["name"]: p for p in found["phases"]}
+    terms = {name: [t["bytes"] for t in phase["terms"]] for name, phase in phases.items()}
+    assert found["parameters"] == p and found["gpu_bytes"] == gpu
+    assert terms["rollout"] == [weights, adam, ref, contexts, vllm]
+    # log-probs: 8 responses of 2048 tokens; one layer's activations; the logits x 7 bytes
+    per_token = 2 * (4 * h + 2 * (h + 2 * kv) + h + 4 * i)
+    tokens = 8 * 2048
+    assert terms["log-probs (actor)"] == [weights, adam, ref, contexts, 4 * layer, 2 * root, tokens * per_token,
+                                          tokens * vocab * 7]
+    # the update: micro batch 4 x 2048 tokens, gradient checkpointing (verl's default): each layer's input kept
+    tokens = 4 * 2048
+    assert terms["update (actor)"] == [weights, adam, ref, contexts, grads, 4 * layer, 2 * root,
+                                       tokens * (2 * h * layers + per_token), tokens * vocab * 7]
+    assert found["peak"] == {"phase": "rollout", "bytes": sum(terms["rollout"])}
+    assert all(t["source"] for phase in found["phases"] for t in phase["terms"])
+
+
+def test_a_mixture_of_experts_keeps_the_activations_of_the_experts_a_token_goes_to(tmp_path: Path) -> None:
+    """Qwen3-30B-A3B: 128 experts of 768, 8 per token; q/k norms; head_dim 128 beside hidden 2048."""
+    shape = SHAPES["qwen3-30b-a3b (128 experts)"]
+    h, q, kv, e, inter, vocab = 2048, 32 * 128, 4 * 128, 128, 768, 151936
+    layer = h * q + 2 * h * kv + q * h + 2 * 128 + h * e + e * 3 * h * inter + 2 * h
+    found = planned(spec(tmp_path, shape=shape, micro=2, share=0.3))
+    assert found["parameters"] == 48 * layer + 2 * vocab * h + h == 30_532_122_624
+    update = next(p for p in found["phases"] if p["name"] == "update (actor)")
+    per_token = 2 * (4 * h + 2 * (q + 2 * kv) + q + 4 * 8 * inter)
+    assert 2 * 2048 * (2 * h * 48 + per_token) in [t["bytes"] for t in update["terms"]]
+
+
+def test_a_run_that_cannot_fit_is_refused_at_the_setting_that_tips_it(tmp_path: Path) -> None:
+    """7B on 40 GiB A100s with vLLM at 0.9: the rollout phase holds the training state beside vLLM's 0.9."""
+    path = spec(tmp_path, share=0.9, gpu="gpu_type: A100-40GB")
+    result = run_verlc("validate", path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if "gpu_memory_utilization" in text)
+    message, last = result.stderr.strip().splitlines()
+    assert last == "verlc: 1 problem(s); nothing written"
+    assert message.startswith(f"{path}:{line}:") and "verl.actor_rollout_ref.rollout.gpu_memory_utilization" in message
+    assert "each trainer GPU would need" in message and "GiB in rollout" in message and "40.0 GiB" in message
+    assert "it fits with actor_rollout_ref.rollout.gpu_memory_utilization 0." in message, message
+    assert "Traceback" not in result.stderr
+    # the fix it names does fit
+    fixed = float(message.split("it fits with actor_rollout_ref.rollout.gpu_memory_utilization ")[1].split()[0])
+    assert run_verlc("validate", spec(tmp_path, share=fixed, gpu="gpu_type: A100-40GB")).returncode == 0
+
+
+def test_an_update_that_cannot_fit_names_the_micro_batch_that_does(tmp_path: Path) -> None:
+    """8 responses of 9216 tokens a micro batch: the logits alone are 8 x 9216 x 152064 x 7 bytes, 73 GiB."""
+    path = spec(tmp_path, micro=8, share=0.3, response=8192, logprob=2)
+    result = run_verlc("validate", path)
+    assert result.returncode == 2, result.stdout
+    message, last = result.stderr.strip().splitlines()
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if "ppo_micro_batch_size_per_gpu" in text)
+    assert message.startswith(f"{path}:{line}:") and "in update (actor)" in message, message
+    smaller = int(message.split("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu ")[1].split()[0])
+    fixed = spec(tmp_path, micro=smaller, share=0.3, response=8192, logprob=2)
+    assert smaller < 8 and run_verlc("validate", fixed).returncode == 0
+
+
+def test_a_peak_within_ten_percent_of_the_gpu_is_a_note(tmp_path: Path) -> None:
+    found = planned(spec(tmp_path, share=0.6))
+    room = found["gpu_bytes"] - found["peak"]["bytes"]
+    near = 0.6 + (room - 0.05 * found["gpu_bytes"]) / found["gpu_bytes"]  # the peak at 95% of the GPU
+    result = run_verlc("validate", spec(tmp_path, share=round(near, 3)))
+    assert result.returncode == 0 and "note: the predicted peak on each trainer GPU" in result.stdout + result.stderr
+
+
+def test_the_plan_shows_each_phase_and_says_where_it_cannot_know(tmp_path: Path) -> None:
+    shown = run_verlc("plan", spec(tmp_path))
+    assert shown.returncode == 0, shown.stderr
+    for phase in ("rollout", "log-probs (actor)", "log-probs (reference)", "update (actor)"):
+        assert f"            {phase}" in shown.stdout
+    assert "Qwen2ForCausalLM, 7.62B parameters (model_shape)" in shown.stdout and "<- the peak" in shown.stdout
+    (tmp_path / "hub.yaml").write_text(spec(tmp_path).read_text().replace("model_shape:", "# model_shape:"))
+    unknown = run_verlc("plan", tmp_path / "hub.yaml")
+    assert "memory:   not estimated: the model's config.json is not readable here (Qwen/Qwen2.5-7B-Instruct)" \
+        in unknown.stdout
+
+
+def test_the_model_folders_own_config_is_read_and_a_bad_shape_is_refused_at_its_line(tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(QWEN25_7B))
+    text = spec(tmp_path).read_text().replace("model: Qwen/Qwen2.5-7B-Instruct", "model: ./model")
+    (tmp_path / "local.yaml").write_text("\n".join(line for line in text.splitlines()
+                                                   if not line.startswith("model_shape")) + "\n")
+    assert planned(tmp_path / "local.yaml")["model_origin"] == "./model/config.json"
+    bad = spec(tmp_path, shape={k: v for k, v in QWEN25_7B.items() if k != "vocab_size"})
+    result = run_verlc("validate", bad)
+    assert result.returncode == 2
+    assert f"{bad}:5:14: model_shape: config.json has no vocab_size (a whole number above 0)\n" in result.stderr
+
+
+@pytest.mark.parametrize("gpu", ["gpu_type: B300", "none"])
+def test_an_unknown_gpu_says_what_to_give(tmp_path: Path, gpu: str) -> None:
+    path = spec(tmp_path, gpu="gpu_type: B300")
+    if gpu != "gpu_type: B300":
+        path.write_text(path.read_text().replace("gpu_type: B300, ", ""))
+    shown = run_verlc("plan", path)
+    assert shown.returncode == 0, shown.stderr
+    assert ("give cluster.gpu_memory" if "B300" in gpu else "no cluster.gpu_type or cluster.gpu_memory") in shown.stdout
