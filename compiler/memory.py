@@ -183,6 +183,13 @@ class Estimate:
     def peak(self) -> Phase | None:
         return max(self.phases, key=lambda p: p.bytes) if self.phases else None
 
+    @property
+    def trainer_peak(self) -> int | None:
+        """What the trainer itself takes of a GPU at the peak: the peak without the services' shares (they are
+        on the GPU already when the preflight measures it)."""
+        peak = self.peak
+        return peak.bytes - sum(t.bytes for t in peak.terms if t.source.startswith("services.")) if peak else None
+
     def as_json(self) -> dict[str, Any]:
         if self.unknown:
             return {"unknown": self.unknown}

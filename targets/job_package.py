@@ -83,16 +83,22 @@ def job_of(ir: JobIR, *, record: Word | None, variant: VariantIR | None = None, 
             probe=Probe(**vars(s.probe)) if s.probe else None, restart=s.restart, variables=dict(s.variables))
             for s in ir.services],
         tool_config=ToolConfig(TOOL_CONFIG_VARIABLE, ir.tool_config) if ir.tool_config is not None else None,
-        rollout_memory=RolloutMemory(share) if (share := rollout_share(ir, variant)) is not None else None,
+        rollout_memory=rollout_memory(ir, variant),
     )
 
 
-def rollout_share(ir: JobIR, variant: VariantIR | None) -> float | None:
-    """vLLM's share of each GPU for this run: a sweep variant's own gpu_memory_utilization, else the base's."""
-    if ir.rollout_memory is None:
+def rollout_memory(ir: JobIR, variant: VariantIR | None) -> RolloutMemory | None:
+    """What the trainer takes of each GPU, for the preflight to find free: vLLM's share (a sweep variant's own
+    gpu_memory_utilization, else the base's), and the plan's predicted peak (not for a sweep's variants, whose
+    settings change it: `verlc plan` shows the base's)."""
+    share = None
+    if ir.rollout_memory is not None:
+        own = dict(variant.settings).get(ROLLOUT_MEMORY) if variant else None
+        share = float(own) if isinstance(own, int | float) and not isinstance(own, bool) else ir.rollout_memory
+    need = ir.memory.trainer_peak if ir.memory is not None and not ir.variants else None
+    if share is None and need is None:
         return None
-    own = dict(variant.settings).get(ROLLOUT_MEMORY) if variant else None
-    return float(own) if isinstance(own, int | float) and not isinstance(own, bool) else ir.rollout_memory
+    return RolloutMemory(share, need, ir.memory.peak.name if need is not None else "")
 
 
 def runtime_sources() -> dict[str, str]:

@@ -213,3 +213,19 @@ def test_an_unknown_gpu_says_what_to_give(tmp_path: Path, gpu: str) -> None:
     shown = run_verlc("plan", path)
     assert shown.returncode == 0, shown.stderr
     assert ("give cluster.gpu_memory" if "B300" in gpu else "no cluster.gpu_type or cluster.gpu_memory") in shown.stdout
+
+
+def test_the_preflight_gets_the_predicted_peak(tmp_path: Path) -> None:
+    """The job's rollout_memory carries the peak the plan predicts (the runtime's memory check finds it free on
+    every GPU before the trainer starts: tests/test_startup.py); a sweep's variants carry none."""
+    path = spec(tmp_path)
+    path.write_text(path.read_text().replace("name: fit\n", "name: fit\ntargets: [ray-job]\n"))
+    found = planned(path)
+    built = run_verlc("build", path, "--target", "ray-job", "--out", tmp_path / "out")
+    assert built.returncode == 0, built.stderr
+    job = json.loads((tmp_path / "out" / "fit" / "ray-job" / "verlc_job" / "job.json").read_text())
+    assert job["rollout_memory"] == {"share": 0.6, "need": found["peak"]["bytes"], "phase": found["peak"]["phase"]}
+    path.write_text(path.read_text() + "sweep: {matrix: {verl.actor_rollout_ref.actor.optim.lr: [1.0e-6, 2.0e-6]}}\n")
+    assert run_verlc("build", path, "--target", "ray-job", "--out", tmp_path / "sweep").returncode == 0
+    variant = next((tmp_path / "sweep").rglob("jobs/0.json"))
+    assert json.loads(variant.read_text())["rollout_memory"]["need"] is None

@@ -341,10 +341,18 @@ def test_the_gpu_memory_check_takes_vllms_own_rule_and_names_what_holds_the_gpu(
     assert "pid 4242 40.0 GiB (vllm serve /models/judge)" in short[0] and "0.4 of its total (32.0 GiB)" in short[0]
     found = runtime_startup.memory_found()
     assert found["gpus"] == [] and runtime_startup.memory_problems({"x" * 10: found}, RolloutMemory(share)) == []
+    # the plan's predicted peak (compiler/memory.py), the services' shares aside: a GPU that has vLLM's share
+    # free but not the peak (another process, or a smaller card than the spec declares)
+    need = asked + 5 * gib
+    planned = RolloutMemory(share, need, "rollout")
+    assert runtime_startup.memory_problems(node(need), planned) == []
+    over = runtime_startup.memory_problems(node(need - 1), planned)
+    assert len(over) == 1 and "takes 37.0 GiB of each GPU at its peak (rollout;" in over[0] and "pid 4242" in over[0]
+    assert runtime_startup.memory_problems(node(need - 1), RolloutMemory(None, need, "rollout")) == over  # SGLang
     failed = {"abcdef0123": {"host": "n1", "error": "the measurement exited with code 1: boom"}}
     assert runtime_startup.memory_problems(failed, RolloutMemory(share)) == [
         "GPU memory: node n1 (abcdef01): the measurement exited with code 1: boom"]
-    for engine, expected in (("vllm", {"share": 0.55}), ("sglang", None)):
+    for engine, expected in (("vllm", {"share": 0.55, "need": None, "phase": ""}), ("sglang", None)):
         spec = tmp_path / f"{engine}.yaml"
         spec.write_text(json.dumps({
             "name": engine, "project": "p", "model": "/models/m", "verl_version": "0.9.1",

@@ -866,7 +866,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 996bfbde7ba3d61c8d0ef07b45abe8e2db34e1a4b29d3e232eb7877aba68cfd1:
+# runtime/ of verlc 0.1.0, as one program, sha256 5049e0ae6e060a65bf4ec0eb151eae79146ce4a31af7413b6d6d4b4ced6725d2:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -1555,9 +1555,13 @@ class Service:
 
 @dataclass(frozen=True)
 class RolloutMemory:
-    """vLLM's rollout asks, when it starts, for `share` of each GPU's total memory free (vLLM's request_memory):
-    the preflight measures each GPU's free memory, with the services up, before the trainer takes its own."""
-    share: float
+    """What the trainer will take of each GPU, which the preflight measures free (with the services up, before the
+    trainer takes its own): vLLM's rollout asks, when it starts, for `share` of each GPU's total memory free
+    (vLLM's request_memory; None: not vLLM), and verlc's plan predicts `need` bytes at the run's peak, in `phase`
+    (compiler/memory.py; None: no prediction), the services' shares aside."""
+    share: Union[float, None]
+    need: Union[int, None] = None
+    phase: str = ""
 
 
 @dataclass(frozen=True)
@@ -2113,22 +2117,28 @@ def memory_found() -> dict:
 
 def memory_problems(found: dict, memory: RolloutMemory) -> list[str]:
     """A problem for each GPU with less free memory than vLLM's rollout asks for at its start (vLLM refuses to
-    start below `share` of the GPU's total: vllm/v1/worker/utils.py request_memory), naming the node, the GPU,
-    both figures and what holds the memory. The trainer's own models take more before vLLM starts: what fails
-    here fails there."""
+    start below `share` of the GPU's total: vllm/v1/worker/utils.py request_memory), or than verlc's plan predicts
+    the run takes at its peak (`need`: another process on the GPU, or a smaller card than the spec declares),
+    naming the node, the GPU, the figures and what holds the memory. The trainer's own models take more before
+    vLLM starts: what fails here fails there."""
     problems, answered = by_node(found, "GPU memory: {where}: {error}")
     for where, info in answered:
         held = ", ".join(f"pid {h['pid']} {h['mib'] / 1024:.1f} GiB ({h['command']})" for h in info["holders"])
+        holders = 'held by: ' + held if held else 'nvidia-smi names no process holding it'
         for gpu in info["gpus"]:
-            asked = math.ceil(gpu["total"] * memory.share)  # as vLLM rounds it
+            has = f"GPU {gpu['index']} ({gpu['name']}) has {gpu['free'] / GIB:.1f} of {gpu['total'] / GIB:.1f} GiB free"
+            asked = math.ceil(gpu["total"] * memory.share) if memory.share is not None else 0  # as vLLM rounds it
             if gpu["free"] < asked:
                 problems.append(
-                    f"GPU memory: {where}: GPU {gpu['index']} ({gpu['name']}) has {gpu['free'] / GIB:.1f} of "
-                    f"{gpu['total'] / GIB:.1f} GiB free, and vLLM's rollout asks for {memory.share} of its total "
+                    f"GPU memory: {where}: {has}, and vLLM's rollout asks for {memory.share} of its total "
                     f"({asked / GIB:.1f} GiB) free when it starts (actor_rollout_ref.rollout.gpu_memory_utilization; "
-                    f"vLLM refuses to start below it) before verl's own models take theirs; "
-                    f"{'held by: ' + held if held else 'nvidia-smi names no process holding it'}. Lower the share, "
-                    f"or free the GPU (a service's gpu_memory counts only what the spec says)")
+                    f"vLLM refuses to start below it) before verl's own models take theirs; {holders}. Lower the "
+                    f"share, or free the GPU (a service's gpu_memory counts only what the spec says)")
+            elif memory.need is not None and gpu["free"] < memory.need:
+                problems.append(
+                    f"GPU memory: {where}: {has}, and the run takes {memory.need / GIB:.1f} GiB of each GPU at its "
+                    f"peak ({memory.phase}; `verlc plan` shows each phase), the services' shares aside: it runs out "
+                    f"of memory there; {holders}. Free the GPU, or lower what the plan names")
     return problems
 
 
@@ -3482,8 +3492,9 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
 
 
 def memory_check(ray, trainer: list[dict], found: dict, job: Job) -> tuple[dict, list[str]]:  # noqa: ANN001
-    """Each GPU's free memory against vLLM's ask, where the rollout is vLLM: with the services up, each holding
-    what it holds; on the trainer's nodes whose start-up check saw a CUDA device (all where it did not run)."""
+    """Each GPU's free memory against vLLM's ask (where the rollout is vLLM) and the plan's predicted peak: with
+    the services up, each holding what it holds; on the trainer's nodes whose start-up check saw a CUDA device
+    (all where it did not run)."""
     measured = [n for n in trainer if "cuda" in found.get(n["NodeID"], {}).get("devices", ["cuda"])]
     if not job.rollout_memory or not measured:
         return {}, []

@@ -153,20 +153,26 @@ def memory_found() -> dict:
 
 def memory_problems(found: dict, memory: RolloutMemory) -> list[str]:
     """A problem for each GPU with less free memory than vLLM's rollout asks for at its start (vLLM refuses to
-    start below `share` of the GPU's total: vllm/v1/worker/utils.py request_memory), naming the node, the GPU,
-    both figures and what holds the memory. The trainer's own models take more before vLLM starts: what fails
-    here fails there."""
+    start below `share` of the GPU's total: vllm/v1/worker/utils.py request_memory), or than verlc's plan predicts
+    the run takes at its peak (`need`: another process on the GPU, or a smaller card than the spec declares),
+    naming the node, the GPU, the figures and what holds the memory. The trainer's own models take more before
+    vLLM starts: what fails here fails there."""
     problems, answered = by_node(found, "GPU memory: {where}: {error}")
     for where, info in answered:
         held = ", ".join(f"pid {h['pid']} {h['mib'] / 1024:.1f} GiB ({h['command']})" for h in info["holders"])
+        holders = 'held by: ' + held if held else 'nvidia-smi names no process holding it'
         for gpu in info["gpus"]:
-            asked = math.ceil(gpu["total"] * memory.share)  # as vLLM rounds it
+            has = f"GPU {gpu['index']} ({gpu['name']}) has {gpu['free'] / GIB:.1f} of {gpu['total'] / GIB:.1f} GiB free"
+            asked = math.ceil(gpu["total"] * memory.share) if memory.share is not None else 0  # as vLLM rounds it
             if gpu["free"] < asked:
                 problems.append(
-                    f"GPU memory: {where}: GPU {gpu['index']} ({gpu['name']}) has {gpu['free'] / GIB:.1f} of "
-                    f"{gpu['total'] / GIB:.1f} GiB free, and vLLM's rollout asks for {memory.share} of its total "
+                    f"GPU memory: {where}: {has}, and vLLM's rollout asks for {memory.share} of its total "
                     f"({asked / GIB:.1f} GiB) free when it starts (actor_rollout_ref.rollout.gpu_memory_utilization; "
-                    f"vLLM refuses to start below it) before verl's own models take theirs; "
-                    f"{'held by: ' + held if held else 'nvidia-smi names no process holding it'}. Lower the share, "
-                    f"or free the GPU (a service's gpu_memory counts only what the spec says)")
+                    f"vLLM refuses to start below it) before verl's own models take theirs; {holders}. Lower the "
+                    f"share, or free the GPU (a service's gpu_memory counts only what the spec says)")
+            elif memory.need is not None and gpu["free"] < memory.need:
+                problems.append(
+                    f"GPU memory: {where}: {has}, and the run takes {memory.need / GIB:.1f} GiB of each GPU at its "
+                    f"peak ({memory.phase}; `verlc plan` shows each phase), the services' shares aside: it runs out "
+                    f"of memory there; {holders}. Free the GPU, or lower what the plan names")
     return problems

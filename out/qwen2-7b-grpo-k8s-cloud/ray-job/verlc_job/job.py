@@ -138,9 +138,13 @@ class Service:
 
 @dataclass(frozen=True)
 class RolloutMemory:
-    """vLLM's rollout asks, when it starts, for `share` of each GPU's total memory free (vLLM's request_memory):
-    the preflight measures each GPU's free memory, with the services up, before the trainer takes its own."""
-    share: float
+    """What the trainer will take of each GPU, which the preflight measures free (with the services up, before the
+    trainer takes its own): vLLM's rollout asks, when it starts, for `share` of each GPU's total memory free
+    (vLLM's request_memory; None: not vLLM), and verlc's plan predicts `need` bytes at the run's peak, in `phase`
+    (compiler/memory.py; None: no prediction), the services' shares aside."""
+    share: Union[float, None]
+    need: Union[int, None] = None
+    phase: str = ""
 
 
 @dataclass(frozen=True)

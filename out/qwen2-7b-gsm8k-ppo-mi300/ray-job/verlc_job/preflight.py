@@ -86,8 +86,9 @@ def preflight(job: Job, address: str, services: Services | None = None) -> int:
 
 
 def memory_check(ray, trainer: list[dict], found: dict, job: Job) -> tuple[dict, list[str]]:  # noqa: ANN001
-    """Each GPU's free memory against vLLM's ask, where the rollout is vLLM: with the services up, each holding
-    what it holds; on the trainer's nodes whose start-up check saw a CUDA device (all where it did not run)."""
+    """Each GPU's free memory against vLLM's ask (where the rollout is vLLM) and the plan's predicted peak: with
+    the services up, each holding what it holds; on the trainer's nodes whose start-up check saw a CUDA device
+    (all where it did not run)."""
     measured = [n for n in trainer if "cuda" in found.get(n["NodeID"], {}).get("devices", ["cuda"])]
     if not job.rollout_memory or not measured:
         return {}, []
