@@ -393,6 +393,10 @@ def main() -> int:
                      "met" if bare < 0.5 else "NOT met"))
         rows.append(("`verlc explain KEY SPEC` (cold: the spec compiled, its override found)", f"{given:.3f} s",
                      "well under 1 s", "met" if given < 0.5 else "NOT met"))
+        # 4c'. will it fit: `verlc plan` of scenario A (its memory per phase from model_shape), cold
+        planned = median_seconds(lambda: run(PY, "-m", "verlc", "plan", SCENARIO_A), runs)
+        rows.append(("`verlc plan` scenario A (cold: compiled, memory per phase predicted)", f"{planned:.3f} s",
+                     "under 1 s (#66)", "met" if planned < 1 else "NOT met"))
         # 4d. `verlc import`: one of verl 0.7.1's example scripts, then every main_ppo script of the shared set
         examples = REPO.parent / "shared" / "verl-examples" / "verl-v0.7.1-examples.tar.gz"
         if examples.is_file():

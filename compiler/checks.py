@@ -122,10 +122,17 @@ def _fits(spec: Spec, sourced: Sourced, chosen: Selection | str, release: Releas
     for phase in {p.tipping: p for p in reversed(over)}.values():  # the largest phase each setting sizes
         terms = "; ".join(f"{t.what} {memory.gib(t.bytes)}" for t in phase.terms)
         fixes = memory.fixes(spec, sourced, config, found, phase)
+        fits = f"; it fits with {', or '.join(fixes)}" if fixes else ""
+        if phase.bound:  # the responses' own lengths decide: a note, not a refusal
+            yield sourced.diagnostic(where.get(phase.tipping, ("verl",)), (
+                f"{NOTE}each trainer GPU needs up to {memory.gib(phase.bytes)} GiB in {phase.name}, {origin}, where "
+                f"every sequence of a micro batch runs to max_prompt_length + max_response_length (with "
+                f"use_remove_padding a micro batch holds its sequences' own lengths): {terms}; verl runs out of "
+                f"GPU memory there if they do{fits} (verlc plan shows every phase)"))
+            continue
         yield sourced.diagnostic(where.get(phase.tipping, ("verl",)), (
             f"each trainer GPU would need {memory.gib(phase.bytes)} GiB in {phase.name}, {origin}: "
-            f"{terms}; verl runs out of GPU memory there" + (f"; it fits with {', or '.join(fixes)}" if fixes else "")
-            + " (verlc plan shows every phase)"))
+            f"{terms}; verl runs out of GPU memory there{fits} (verlc plan shows every phase)"))
     if not over and peak.bytes > memory.NEAR * found.gpu:
         yield sourced.diagnostic(where.get(peak.tipping, ("verl",)), (
             f"{NOTE}the predicted peak on each trainer GPU is {memory.gib(peak.bytes)} GiB, in {peak.name}, {origin}: "

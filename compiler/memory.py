@@ -161,6 +161,9 @@ class Phase:
     name: str
     terms: tuple[Term, ...]
     tipping: str  # the setting that sizes this phase most: where a refusal points
+    # the tokens are an upper bound, not what verl packs: with remove_padding and a fixed micro batch, a micro
+    # batch holds its responses' own lengths, at most max_prompt_length + max_response_length each
+    bound: bool = False
 
     @property
     def bytes(self) -> int:
@@ -198,7 +201,7 @@ class Estimate:
         return {"gpu_bytes": self.gpu, "gpu_origin": self.gpu_origin, "model": self.shape.architecture if self.shape
                 else None, "parameters": self.shape.parameters if self.shape else None,
                 "model_origin": self.shape_origin, "peak": {"phase": peak.name, "bytes": peak.bytes},
-                "phases": [{"name": p.name, "bytes": p.bytes, "terms": [{"what": t.what, "bytes": t.bytes,
+                "phases": [{"name": p.name, "bytes": p.bytes, "upper_bound": p.bound, "terms": [{"what": t.what, "bytes": t.bytes,
                                                                          "source": t.source} for t in p.terms]}
                            for p in self.phases], "fixes": list(self.fixes)}
 
@@ -317,13 +320,18 @@ def estimate(get: Callable[[str], Any], *, gpus: int, gpu: int | None, gpu_origi
                        math.ceil(share * max(gpu - before, 0)), "verl docs/perf/perf_tuning.rst")
     phases = [Phase("rollout", (*resident("rollout"), rollout), f"{ROLLOUT}.gpu_memory_utilization")]
 
-    def tokens(section: str, micro_key: str, tokens_key: str) -> tuple[int, str]:
+    def tokens(section: str, micro_key: str, tokens_key: str) -> tuple[int, str, bool]:
+        """A micro batch's tokens, the setting that sizes it, and whether that is only an upper bound: verl packs
+        micro batches up to the token budget with use_dynamic_bsz; without remove_padding it pads every sequence
+        to max_prompt_length + max_response_length; with it and a fixed micro batch, each holds its own length."""
         if get(f"{section}.use_dynamic_bsz") or get(f"{ACTOR}.use_dynamic_bsz") and section != CRITIC:
-            return (_int(get(f"{section}.{tokens_key}")) or 0), f"{section}.{tokens_key}"
-        return (_int(get(f"{section}.{micro_key}")) or 1) * seq, f"{section}.{micro_key}"
+            return (_int(get(f"{section}.{tokens_key}")) or 0), f"{section}.{tokens_key}", False
+        model = "critic.model" if section == CRITIC else "actor_rollout_ref.model"
+        return (_int(get(f"{section}.{micro_key}")) or 1) * seq, f"{section}.{micro_key}", \
+            bool(get(f"{model}.use_remove_padding"))
 
     def forward(name: str, section: str, label: str, weights: list[Term], logits: bool) -> Phase:
-        count, key = tokens(section, "log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu") \
+        count, key, bound = tokens(section, "log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu") \
             if section != CRITIC else tokens(section, "forward_micro_batch_size_per_gpu", "forward_max_token_len_per_gpu")
         sp = _int(get(f"{section}.ulysses_sequence_parallel_size")) or 1
         count = math.ceil(count / sp)
@@ -332,7 +340,7 @@ def estimate(get: Callable[[str], Any], *, gpus: int, gpu: int | None, gpu_origi
         if logits:
             work.append(Term(f"logits, log-probs and entropy ({count} tokens x vocab {shape.vocab} x 7 bytes)",
                              count * shape.vocab * 7, "verl docs/perf/perf_tuning.rst"))
-        return Phase(name, (*weights, *work), key)
+        return Phase(name, (*weights, *work), key, bound)
 
     base = [t for t in resident("actor") if t is not actor["optimizer"] or not offloaded(ACTOR, "optimizer")]
     phases.append(forward("log-probs (actor)", ROLLOUT, "actor", base, True))
@@ -342,7 +350,7 @@ def estimate(get: Callable[[str], Any], *, gpus: int, gpu: int | None, gpu_origi
         phases.append(forward("values (critic)", CRITIC, "critic", resident("critic"), False))
 
     def update(name: str, section: str, state: dict[str, Term], now: str, logits: bool) -> Phase:
-        count, key = tokens(section, "ppo_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu")
+        count, key, bound = tokens(section, "ppo_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu")
         sp = _int(get(f"{section}.ulysses_sequence_parallel_size")) or 1
         count = math.ceil(count / sp)
         per_token = shape.activations_per_token()
@@ -358,7 +366,7 @@ def estimate(get: Callable[[str], Any], *, gpus: int, gpu: int | None, gpu_origi
         if logits:
             work.append(Term(f"logits, log-probs and entropy ({count} tokens x vocab {shape.vocab} x 7 bytes)",
                              count * shape.vocab * 7, "verl docs/perf/perf_tuning.rst"))
-        return Phase(name, (*resident(now), *work), key)
+        return Phase(name, (*resident(now), *work), key, bound)
 
     phases.append(update("update (actor)", ACTOR, actor, "actor", True))
     if critic_state:

@@ -205,9 +205,11 @@ def _memory(found: Estimate | None, device: str) -> list[str]:
     peak = found.peak
     out = [f"  memory:   per trainer {device}, of its {gib(found.gpu)} GiB ({found.gpu_origin}); "
            f"{found.shape.architecture}, {found.shape.parameters / 1e9:.2f}B parameters ({found.shape_origin})"]
-    out += [f"{'':12}{p.name:22} {gib(p.bytes):>6} GiB" + ("  <- the peak" if p is peak else "") for p in found.phases]
+    out += [f"{'':12}{p.name:22} {gib(p.bytes):>6} GiB" + (" at most" if p.bound else "") +
+            ("  <- the peak" if p is peak else "") for p in found.phases]
     out += [f"{'':12}  {t.what}: {gib(t.bytes)}" for t in peak.terms]
-    verdict = ("more than the GPU has" if peak.bytes > found.gpu else
+    verdict = ("more than the GPU has" + (" where every sequence runs to the maximum length" if peak.bound else "")
+               if peak.bytes > found.gpu else
                f"within {100 - NEAR * 100:g}% of it" if peak.bytes > NEAR * found.gpu else "fits")
     out.append(f"{'':12}peak {gib(peak.bytes)} of {gib(found.gpu)} GiB ({peak.bytes / found.gpu:.0%}): {verdict}")
     return out

@@ -74,6 +74,7 @@ verl:
   algorithm: {{adv_estimator: grpo}}
   data: {{train_batch_size: 64, max_prompt_length: 1024, max_response_length: {response}}}
   actor_rollout_ref:
+    model: {{use_remove_padding: {rmpad}}}
     actor: {{ppo_mini_batch_size: 16, ppo_micro_batch_size_per_gpu: {micro}, use_kl_loss: true}}
     rollout:
       name: vllm
@@ -88,10 +89,11 @@ container: {{runtime: none}}
 
 
 def spec(tmp_path: Path, *, shape: object = QWEN25_7B, micro: int = 4, share: float = 0.6,
-         gpu: str = "gpu_memory: 80G", response: int = 1024, logprob: int = 8) -> Path:
+         gpu: str = "gpu_memory: 80G", response: int = 1024, logprob: int = 8, rmpad: str = "false") -> Path:
+    """Without remove_padding (verl pads every sequence to the maximum lengths) unless `rmpad` says otherwise."""
     path = tmp_path / "spec.yaml"
     path.write_text(SPEC.format(shape=json.dumps(shape), micro=micro, share=share, gpu=gpu, response=response,
-                                logprob=logprob))
+                                logprob=logprob, rmpad=rmpad))
     return path
 
 
@@ -170,6 +172,10 @@ def test_an_update_that_cannot_fit_names_the_micro_batch_that_does(tmp_path: Pat
     smaller = int(message.split("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu ")[1].split()[0])
     fixed = spec(tmp_path, micro=smaller, share=0.3, response=8192, logprob=2)
     assert smaller < 8 and run_verlc("validate", fixed).returncode == 0
+    # with remove_padding a micro batch holds its sequences' own lengths: the same figure is an upper bound, a note
+    bound = run_verlc("validate", spec(tmp_path, micro=8, share=0.3, response=8192, logprob=2, rmpad="true"))
+    assert bound.returncode == 0, bound.stderr
+    assert "note: each trainer GPU needs up to 120.9 GiB in update (actor)" in bound.stdout + bound.stderr
 
 
 def test_a_peak_within_ten_percent_of_the_gpu_is_a_note(tmp_path: Path) -> None:
@@ -229,3 +235,74 @@ def test_the_preflight_gets_the_predicted_peak(tmp_path: Path) -> None:
     assert run_verlc("build", path, "--target", "ray-job", "--out", tmp_path / "sweep").returncode == 0
     variant = next((tmp_path / "sweep").rglob("jobs/0.json"))
     assert json.loads(variant.read_text())["rollout_memory"]["need"] is None
+
+
+# Published runs and their outcomes, in verl 0.9.1's terms (per-GPU micro batches; a log-prob micro batch that
+# 0.9.1's engine workers take), each with where it was published. What verlc says of each must never contradict
+# the outcome: a run that worked is not refused, one that ran out of memory is not called a fit. verlc's figures
+# follow verl 0.9.1's code; the older releases these ran on differ in places (FSDP1, vLLM before 0.7).
+QWEN25_05B = SHAPES["qwen2.5-0.5b (tied embeddings)"]
+QWEN25_3B = {**QWEN25_7B, "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+             "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True}
+QWEN_14B = {**QWEN25_7B, "hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 48,
+            "num_attention_heads": 40, "num_key_value_heads": 8}
+ACTOR_KL = {"use_kl_loss": True, "kl_loss_coef": 0.001, "kl_loss_type": "low_var_kl", "entropy_coeff": 0}
+CASES = {
+    "verl docs/start/quickstart.rst: PPO, Qwen2.5-0.5B, one GPU 'with at least 24 GB'": (
+        "works", "note", "rollout", QWEN25_05B, {"nodes": 1, "gpus_per_node": 1, "gpu_memory": "24G"}, {
+            "data": {"train_batch_size": 256, "max_prompt_length": 512, "max_response_length": 512},
+            "actor_rollout_ref": {
+                "actor": {"ppo_mini_batch_size": 64, "ppo_micro_batch_size_per_gpu": 4},
+                "rollout": {"name": "vllm", "log_prob_micro_batch_size_per_gpu": 8, "gpu_memory_utilization": 0.4,
+                            "tensor_model_parallel_size": 1},
+                "ref": {"log_prob_micro_batch_size_per_gpu": 4}},
+            "critic": {"ppo_micro_batch_size_per_gpu": 4}, "algorithm": {"kl_ctrl": {"kl_coef": 0.001}}}),
+    "verl v0.7.1 examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn.sh, 'run on 8xH100'": (
+        "works", "note", "update (actor)", QWEN25_3B, {"nodes": 1, "gpus_per_node": 8, "gpu_type": "H100"}, {
+            "algorithm": {"adv_estimator": "grpo"},
+            "data": {"train_batch_size": 256, "max_prompt_length": 1024, "max_response_length": 1024},
+            "actor_rollout_ref": {
+                "model": {"use_remove_padding": True, "enable_gradient_checkpointing": True},
+                "actor": {"ppo_mini_batch_size": 256, "ppo_micro_batch_size_per_gpu": 32, **ACTOR_KL},
+                "rollout": {"name": "sglang", "log_prob_micro_batch_size_per_gpu": 32, "gpu_memory_utilization": 0.85,
+                            "n": 16},
+                "ref": {"log_prob_micro_batch_size_per_gpu": 32, "fsdp_config": {"param_offload": True}}}}),
+    "verl issue #328: GRPO, a 7B, rollout.n 64 on 4 GPUs, everything offloaded: out of memory": (
+        "OOM", "note", "log-probs (actor)", QWEN25_7B, {"nodes": 1, "gpus_per_node": 4, "gpu_memory": "80G"}, {
+            "algorithm": {"adv_estimator": "grpo"},
+            "data": {"train_batch_size": 4, "max_prompt_length": 400, "max_response_length": 2048},
+            "actor_rollout_ref": {
+                "model": {"use_remove_padding": True, "enable_gradient_checkpointing": True},
+                "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 16, **ACTOR_KL,
+                          "fsdp_config": {"param_offload": True, "optimizer_offload": True}},
+                "rollout": {"name": "vllm", "log_prob_micro_batch_size_per_gpu": 32, "gpu_memory_utilization": 0.6,
+                            "n": 64},
+                "ref": {"log_prob_micro_batch_size_per_gpu": 32, "fsdp_config": {"param_offload": True}}}}),
+    "verl issue #855: GRPO, DeepSeek-R1-Distill-Qwen-14B on 8 x H100, no offload: out of memory": (
+        "OOM", "note", "update (actor)", QWEN_14B, {"nodes": 1, "gpus_per_node": 8, "gpu_type": "H100"}, {
+            "algorithm": {"adv_estimator": "grpo"},
+            "data": {"train_batch_size": 1024, "max_prompt_length": 512, "max_response_length": 512},
+            "actor_rollout_ref": {
+                "model": {"use_remove_padding": True, "enable_gradient_checkpointing": True},
+                "actor": {"ppo_mini_batch_size": 512, "use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 24000,
+                          **ACTOR_KL},
+                # gpu_memory_utilization and rollout.n are cut off in the issue's text: verl 0.9.1's defaults
+                "rollout": {"name": "vllm", "tensor_model_parallel_size": 8, "n": 5}}}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_published_runs_are_never_contradicted(tmp_path: Path, case: str) -> None:
+    outcome, verdict, phase, shape, cluster, verl = CASES[case]
+    path = tmp_path / "case.yaml"
+    path.write_text(json.dumps({
+        "name": "case", "project": "p", "verl_version": "0.9.1", "model": "/models/m", "model_shape": shape,
+        "data": {"train_files": ["/d/t.parquet"], "val_files": ["/d/v.parquet"]},
+        "verl": {**verl, "trainer": {"logger": ["console"]}}, "cluster": cluster, "container": {"runtime": "none"},
+        "targets": ["ray-job"]}))
+    result = run_verlc("validate", path)
+    said = result.stdout + result.stderr
+    found = "refused" if result.returncode == 2 else "note" if "note: each trainer GPU" in said or \
+        "note: the predicted peak" in said else "fits"
+    assert found != ("refused" if outcome == "works" else "fits"), said
+    assert (found, planned(path)["peak"]["phase"]) == (verdict, phase), said
