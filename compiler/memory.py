@@ -41,6 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .derive import critic_in_use
+from .services import gpu_shares
+
 if TYPE_CHECKING:
     from .load import Sourced
     from .spec import Spec
@@ -251,135 +254,142 @@ def _int(value: Any) -> int | None:
 def estimate(get: Callable[[str], Any], *, gpus: int, gpu: int | None, gpu_origin: str, shape: Shape | None,
              shape_origin: str, shares: dict[str, float], critic: bool, reference: bool) -> Estimate:
     """Each phase's memory on one trainer GPU for the config `get` reads (`gpus`: the trainer's GPUs; `shares`: the
-    services' gpu_memory on those GPUs, by name)."""
+    services' gpu_memory on those GPUs, by name), or why verlc cannot say."""
     if gpu is None or shape is None:
         return Estimate(unknown=gpu_origin if gpu is None else shape_origin)
     if get(f"{ACTOR}.strategy") not in ("fsdp", "fsdp2"):
         return Estimate(unknown=f"actor strategy {get(f'{ACTOR}.strategy')}: only FSDP is modelled")
     if _int(get("rollout.n_gpus_per_node")) or (_int(get("actor_rollout_ref.model.lora_rank")) or 0) > 0:
         return Estimate(unknown="a rollout on GPUs of its own, or LoRA: not modelled")
-    engine = get(f"{ROLLOUT}.name")
-    if engine not in ("vllm", "sglang"):
-        return Estimate(unknown=f"rollout {engine}: only vLLM and SGLang are modelled")
+    if get(f"{ROLLOUT}.name") not in ("vllm", "sglang"):
+        return Estimate(unknown=f"rollout {get(f'{ROLLOUT}.name')}: only vLLM and SGLang are modelled")
     share = get(f"{ROLLOUT}.gpu_memory_utilization")
     if not isinstance(share, (int, float)) or isinstance(share, bool):
         return Estimate(unknown=f"{ROLLOUT}.gpu_memory_utilization is {share!r}")
-    p = shape.parameters
-    seq = (_int(get("data.max_prompt_length")) or 0) + (_int(get("data.max_response_length")) or 0)
+    step = _Step(get, gpus, gpu, shape, shares, critic, reference)
+    phases = [step.rollout(share), step.forward("log-probs (actor)", ROLLOUT, "actor", True)]
+    if reference:
+        phases.append(step.forward("log-probs (reference)", REF, "ref", True))
+    if critic:
+        phases.append(step.forward("values (critic)", CRITIC, "critic", False))
+    phases.append(step.update("update (actor)", ACTOR, "actor", True))
+    if critic:
+        phases.append(step.update("update (critic)", CRITIC, "critic", False))
+    return Estimate(gpu=gpu, gpu_origin=gpu_origin, shape=shape, shape_origin=shape_origin, phases=tuple(phases))
 
-    def shard(count: int, width: int) -> int:
-        return math.ceil(count * width / gpus)
 
-    def trained(section: str, label: str) -> dict[str, Term]:
-        dtype = get(f"{section}.fsdp_config.model_dtype") or "fp32"
+class _Step:
+    """The terms of one PPO step on one trainer GPU, and the phases built from them (see the module's docstring
+    for where each comes from)."""
+
+    def __init__(self, get: Callable[[str], Any], gpus: int, gpu: int, shape: Shape, shares: dict[str, float],
+                 critic: bool, reference: bool) -> None:
+        self.get, self.gpus, self.gpu, self.shape = get, gpus, gpu, shape
+        self.seq = (_int(get("data.max_prompt_length")) or 0) + (_int(get("data.max_response_length")) or 0)
+        self.states = {"actor": self._trained(ACTOR, "actor"), **({"critic": self._trained(CRITIC, "critic")}
+                                                                   if critic else {})}
+        self.reference = Term(f"reference weights (bf16, 1/{gpus})", self._shard(2),
+                              "verl/workers/engine/fsdp/transformer_impl.py:262 (forward only: bf16)") \
+            if reference else None
+        self.services = [Term(f"services.{name} ({s:g} of the GPU)", math.ceil(s * gpu), f"services.{name}.gpu_memory")
+                         for name, s in shares.items()]
+        self.gathered = Term("gathered layers (bf16: this one and the next)", 2 * 2 * shape.layer_parameters,
+                             "FSDP: param_dtype bf16, forward prefetch")
+        self.root = Term("gathered root (embeddings, lm_head; bf16)", 2 * shape.root_parameters, "FSDP's root unit")
+        self.contexts = Term("CUDA contexts (trainer, rollout server)", 2 * CONTEXT, "measured: docs/gpu.md")
+
+    def _shard(self, width: int) -> int:
+        return math.ceil(self.shape.parameters * width / self.gpus)
+
+    def _trained(self, section: str, label: str) -> dict[str, Term]:
+        dtype = self.get(f"{section}.fsdp_config.model_dtype") or "fp32"
         width = 2 if str(dtype) in ("bf16", "bfloat16", "fp16", "float16") else 4
         return {
-            "weights": Term(f"{label} weights ({dtype}, 1/{gpus})", shard(p, width),
+            "weights": Term(f"{label} weights ({dtype}, 1/{self.gpus})", self._shard(width),
                             "verl/workers/engine/fsdp/transformer_impl.py:262"),
-            "optimizer": Term(f"{label} AdamW moments (fp32, 1/{gpus})", shard(p, 8), "AdamW: two fp32 moments"),
-            "gradients": Term(f"{label} gradients (fp32, 1/{gpus})", shard(p, 4),
+            "optimizer": Term(f"{label} AdamW moments (fp32, 1/{self.gpus})", self._shard(8),
+                              "AdamW: two fp32 moments"),
+            "gradients": Term(f"{label} gradients (fp32, 1/{self.gpus})", self._shard(4),
                               "verl/workers/engine/fsdp/transformer_impl.py:395 (reduce_dtype fp32)"),
         }
 
-    def offloaded(section: str, what: str) -> bool:
-        return bool(get(f"{section}.fsdp_config.{what}_offload"))
+    def _offloaded(self, section: str, what: str) -> bool:
+        return bool(self.get(f"{section}.fsdp_config.{what}_offload"))
 
-    gathered = Term("gathered layers (bf16: this one and the next)", 2 * 2 * shape.layer_parameters,
-                    "FSDP: param_dtype bf16, forward prefetch")
-    root = Term("gathered root (embeddings, lm_head; bf16)", 2 * shape.root_parameters, "FSDP's root unit")
-    contexts = Term("CUDA contexts (trainer, rollout server)", 2 * CONTEXT, "measured: docs/gpu.md")
-    actor = trained(ACTOR, "actor")
-    ref_weights = Term(f"reference weights (bf16, 1/{gpus})", shard(p, 2),
-                       "verl/workers/engine/fsdp/transformer_impl.py:262 (forward only: bf16)")
-    critic_state = trained(CRITIC, "critic") if critic else {}
-    services = [Term(f"services.{name} ({s:g} of the GPU)", math.ceil(s * gpu), f"services.{name}.gpu_memory")
-                for name, s in shares.items()]
-
-    def resident(now: str) -> list[Term]:
-        """What stays on the GPU during phase `now` besides that phase's own work."""
+    def resident(self, now: str, *, optimizer: bool = True) -> list[Term]:
+        """What is on the GPU during the phase of role `now` ("actor", "ref", "critic"; "rollout" for none)
+        besides that phase's own work: each role's weights and optimizer unless offloaded, its own always (its
+        optimizer only where `optimizer`: the update), the services' shares and the CUDA contexts."""
         terms = []
-        if now == "actor" or not offloaded(ACTOR, "param"):
-            terms.append(actor["weights"])
-        if now == "actor" or not offloaded(ACTOR, "optimizer"):
-            terms.append(actor["optimizer"])
-        if reference and (now == "ref" or not offloaded(REF, "param")):
-            terms.append(ref_weights)
-        if critic_state:
-            if now == "critic" or not offloaded(CRITIC, "param"):
-                terms.append(critic_state["weights"])
-            if now == "critic" or not offloaded(CRITIC, "optimizer"):
-                terms.append(critic_state["optimizer"])
-        return terms + services + [contexts]
+        for role, section in (("actor", ACTOR), ("critic", CRITIC)):
+            state = self.states.get(role)
+            if state is None:
+                continue
+            if now == role or not self._offloaded(section, "param"):
+                terms.append(state["weights"])
+            if (now == role and optimizer) or not self._offloaded(section, "optimizer"):
+                terms.append(state["optimizer"])
+            if role == "actor" and self.reference and (now == "ref" or not self._offloaded(REF, "param")):
+                terms.append(self.reference)
+        return terms + self.services + [self.contexts]
 
-    if engine == "vllm":
-        rollout = Term(f"vLLM: gpu_memory_utilization {share:g} of the GPU's total (weights, KV cache)",
-                       math.ceil(share * gpu), "verl docs/perf/perf_tuning.rst; vLLM's request_memory")
-    else:
-        before = sum(t.bytes for t in resident("rollout"))
-        rollout = Term(f"SGLang: mem_fraction_static {share:g} of the memory free at its start",
-                       math.ceil(share * max(gpu - before, 0)), "verl docs/perf/perf_tuning.rst")
-    phases = [Phase("rollout", (*resident("rollout"), rollout), f"{ROLLOUT}.gpu_memory_utilization")]
+    def rollout(self, share: float) -> Phase:
+        """vLLM takes its share of the total; SGLang of what is free as it starts, beside what stays."""
+        if self.get(f"{ROLLOUT}.name") == "vllm":
+            engine = Term(f"vLLM: gpu_memory_utilization {share:g} of the GPU's total (weights, KV cache)",
+                          math.ceil(share * self.gpu), "verl docs/perf/perf_tuning.rst; vLLM's request_memory")
+        else:
+            before = sum(t.bytes for t in self.resident("rollout"))
+            engine = Term(f"SGLang: mem_fraction_static {share:g} of the memory free at its start",
+                          math.ceil(share * max(self.gpu - before, 0)), "verl docs/perf/perf_tuning.rst")
+        return Phase("rollout", (*self.resident("rollout"), engine), f"{ROLLOUT}.gpu_memory_utilization")
 
-    def tokens(section: str, micro_key: str, tokens_key: str) -> tuple[int, str, bool]:
-        """A micro batch's tokens, the setting that sizes it, and whether that is only an upper bound: verl packs
-        micro batches up to the token budget with use_dynamic_bsz; without remove_padding it pads every sequence
-        to max_prompt_length + max_response_length; with it and a fixed micro batch, each holds its own length."""
+    def tokens(self, section: str, micro_key: str, tokens_key: str) -> tuple[int, str, bool]:
+        """A micro batch's tokens on one GPU (Ulysses splits them), the setting that sizes it, and whether that is
+        only an upper bound: verl packs micro batches up to the token budget with use_dynamic_bsz; without
+        remove_padding it pads every sequence to max_prompt_length + max_response_length; with it and a fixed
+        micro batch, each holds its own length."""
+        get = self.get
+        sp = _int(get(f"{section}.ulysses_sequence_parallel_size")) or 1
         if get(f"{section}.use_dynamic_bsz") or get(f"{ACTOR}.use_dynamic_bsz") and section != CRITIC:
-            return (_int(get(f"{section}.{tokens_key}")) or 0), f"{section}.{tokens_key}", False
+            return math.ceil((_int(get(f"{section}.{tokens_key}")) or 0) / sp), f"{section}.{tokens_key}", False
         model = "critic.model" if section == CRITIC else "actor_rollout_ref.model"
-        return (_int(get(f"{section}.{micro_key}")) or 1) * seq, f"{section}.{micro_key}", \
+        return math.ceil((_int(get(f"{section}.{micro_key}")) or 1) * self.seq / sp), f"{section}.{micro_key}", \
             bool(get(f"{model}.use_remove_padding"))
 
-    def forward(name: str, section: str, label: str, weights: list[Term], logits: bool) -> Phase:
-        count, key, bound = tokens(section, "log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu") \
-            if section != CRITIC else tokens(section, "forward_micro_batch_size_per_gpu", "forward_max_token_len_per_gpu")
-        sp = _int(get(f"{section}.ulysses_sequence_parallel_size")) or 1
-        count = math.ceil(count / sp)
-        work = [gathered, root, Term(f"one layer's activations ({count} tokens)",
-                                     count * shape.activations_per_token(), "the layer's tensors (docstring)")]
-        if logits:
-            work.append(Term(f"logits, log-probs and entropy ({count} tokens x vocab {shape.vocab} x 7 bytes)",
-                             count * shape.vocab * 7, "verl docs/perf/perf_tuning.rst"))
-        return Phase(name, (*weights, *work), key, bound)
+    def logits(self, count: int) -> Term:
+        return Term(f"logits, log-probs and entropy ({count} tokens x vocab {self.shape.vocab} x 7 bytes)",
+                    count * self.shape.vocab * 7, "verl docs/perf/perf_tuning.rst")
 
-    base = [t for t in resident("actor") if t is not actor["optimizer"] or not offloaded(ACTOR, "optimizer")]
-    phases.append(forward("log-probs (actor)", ROLLOUT, "actor", base, True))
-    if reference:
-        phases.append(forward("log-probs (reference)", REF, "reference", resident("ref"), True))
-    if critic_state:
-        phases.append(forward("values (critic)", CRITIC, "critic", resident("critic"), False))
+    def forward(self, name: str, section: str, role: str, logits: bool) -> Phase:
+        """A forward pass without gradients (log-probs, values): one layer's activations at a time."""
+        count, key, bound = self.tokens(section, "forward_micro_batch_size_per_gpu", "forward_max_token_len_per_gpu") \
+            if section == CRITIC else self.tokens(section, "log_prob_micro_batch_size_per_gpu",
+                                                  "log_prob_max_token_len_per_gpu")
+        work = [self.gathered, self.root, Term(f"one layer's activations ({count} tokens)",
+                                               count * self.shape.activations_per_token(),
+                                               "the layer's tensors (docstring)")]
+        return Phase(name, (*self.resident(role, optimizer=False), *work, *([self.logits(count)] if logits else [])),
+                     key, bound)
 
-    def update(name: str, section: str, state: dict[str, Term], now: str, logits: bool) -> Phase:
-        count, key, bound = tokens(section, "ppo_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu")
-        sp = _int(get(f"{section}.ulysses_sequence_parallel_size")) or 1
-        count = math.ceil(count / sp)
-        per_token = shape.activations_per_token()
-        model = "actor_rollout_ref.model" if section == ACTOR else "critic.model"
-        if get(f"{model}.enable_gradient_checkpointing"):
+    def update(self, name: str, section: str, role: str, logits: bool) -> Phase:
+        """A forward and backward pass per micro batch, the role's gradients and optimizer on the GPU."""
+        count, key, bound = self.tokens(section, "ppo_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu")
+        per_token, model = self.shape.activations_per_token(), "actor_rollout_ref.model" if role == "actor" else "critic.model"
+        if self.get(f"{model}.enable_gradient_checkpointing"):
             kept = Term(f"activations ({count} tokens; gradient checkpointing: each layer's input, one layer "
-                        f"recomputed)", count * (2 * shape.hidden * shape.layers + per_token),
+                        f"recomputed)", count * (2 * self.shape.hidden * self.shape.layers + per_token),
                         f"{model}.enable_gradient_checkpointing")
         else:
-            kept = Term(f"activations ({count} tokens x {shape.layers} layers)", count * per_token * shape.layers,
-                        f"{model}.enable_gradient_checkpointing false")
-        work = [state["gradients"], gathered, root, kept]
-        if logits:
-            work.append(Term(f"logits, log-probs and entropy ({count} tokens x vocab {shape.vocab} x 7 bytes)",
-                             count * shape.vocab * 7, "verl docs/perf/perf_tuning.rst"))
-        return Phase(name, (*resident(now), *work), key, bound)
-
-    phases.append(update("update (actor)", ACTOR, actor, "actor", True))
-    if critic_state:
-        phases.append(update("update (critic)", CRITIC, critic_state, "critic", False))
-    return Estimate(gpu=gpu, gpu_origin=gpu_origin, shape=shape, shape_origin=shape_origin, phases=tuple(phases))
+            kept = Term(f"activations ({count} tokens x {self.shape.layers} layers)",
+                        count * per_token * self.shape.layers, f"{model}.enable_gradient_checkpointing false")
+        work = [self.states[role]["gradients"], self.gathered, self.root, kept]
+        return Phase(name, (*self.resident(role), *work, *([self.logits(count)] if logits else [])), key, bound)
 
 
 def for_spec(spec: Spec, sourced: Sourced, config: Config, changes: dict[str, Any] | None = None) -> Estimate:
     """The estimate for a spec's PPO run with verl's config (resolved), and `changes` to it; the spec's own folder
     is where a relative model_shape or model path is read."""
-    from .derive import critic_in_use
-    from .services import gpu_shares
-
     gpu, gpu_origin = gpu_memory(spec.cluster.gpu_memory, spec.cluster.gpu_type)
     try:
         shape, shape_origin = model_shape(spec.model_shape, spec.model_path, Path(sourced.file).parent)
