@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -183,7 +183,6 @@ class Estimate:
     shape_origin: str = ""
     phases: tuple[Phase, ...] = ()
     unknown: str = ""
-    fixes: tuple[str, ...] = field(default=())
 
     @property
     def peak(self) -> Phase | None:
@@ -204,9 +203,9 @@ class Estimate:
         return {"gpu_bytes": self.gpu, "gpu_origin": self.gpu_origin, "model": self.shape.architecture if self.shape
                 else None, "parameters": self.shape.parameters if self.shape else None,
                 "model_origin": self.shape_origin, "peak": {"phase": peak.name, "bytes": peak.bytes},
-                "phases": [{"name": p.name, "bytes": p.bytes, "upper_bound": p.bound, "terms": [{"what": t.what, "bytes": t.bytes,
-                                                                         "source": t.source} for t in p.terms]}
-                           for p in self.phases], "fixes": list(self.fixes)}
+                "phases": [{"name": p.name, "bytes": p.bytes, "upper_bound": p.bound,
+                            "terms": [{"what": t.what, "bytes": t.bytes, "source": t.source} for t in p.terms]}
+                           for p in self.phases]}
 
 
 def gib(n: float) -> str:
@@ -375,7 +374,8 @@ class _Step:
     def update(self, name: str, section: str, role: str, logits: bool) -> Phase:
         """A forward and backward pass per micro batch, the role's gradients and optimizer on the GPU."""
         count, key, bound = self.tokens(section, "ppo_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu")
-        per_token, model = self.shape.activations_per_token(), "actor_rollout_ref.model" if role == "actor" else "critic.model"
+        per_token = self.shape.activations_per_token()
+        model = "actor_rollout_ref.model" if role == "actor" else "critic.model"
         if self.get(f"{model}.enable_gradient_checkpointing"):
             kept = Term(f"activations ({count} tokens; gradient checkpointing: each layer's input, one layer "
                         f"recomputed)", count * (2 * self.shape.hidden * self.shape.layers + per_token),

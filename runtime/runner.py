@@ -131,7 +131,7 @@ def run_train(job: Job, run: Run) -> int:
     if run.services:  # every process of the trainer's Ray job reads the services' addresses
         env = in_job_env(env, run.services.variables)
     rc = train(job.train, env, job.stall_timeout, run.address, nodes=job.nodes if job.every_node else 1,
-               device=job.device, services=run.services)
+               device=job.device, services=run.services, memory=job.rollout_memory)
     say(f"training exited with code {rc}")
     return rc
 

@@ -306,3 +306,38 @@ def test_published_runs_are_never_contradicted(tmp_path: Path, case: str) -> Non
         "note: the predicted peak" in said else "fits"
     assert found != ("refused" if outcome == "works" else "fits"), said
     assert (found, planned(path)["peak"]["phase"]) == (verdict, phase), said
+
+
+def test_running_out_of_gpu_or_host_memory_is_said_apart_once_each() -> None:
+    """The trainer's lines as torch, vLLM (0.24.0, vllm/v1/worker/utils.py) and Ray's memory monitor print them:
+    the runtime says which memory ran out, once each, with the plan's prediction beside a GPU's."""
+    import contextlib
+    import io
+
+    from verlc.runtime.job import RolloutMemory
+    from verlc.runtime.protocol import parse_event
+    from verlc.runtime.train import OutOfMemory
+
+    lines = [
+        "(WorkerDict pid=9) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+        "total capacity of 79.19 GiB of which 1.05 GiB is free.",
+        "(WorkerDict pid=9) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",  # not again
+        "ValueError: Free memory on device cuda:0 (70.1/79.19 GiB) on startup is less than desired GPU memory "
+        "utilization (0.9, 71.27 GiB).",
+        "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
+        "Memory on the node (IP: 10.0.0.1) was 120.52GB / 125.81GB (0.957933), which exceeds the memory usage "
+        "threshold of 0.95. Ray killed this worker",
+        "(TaskRunner pid=7) step:3 - critic/score/mean:0.5",
+    ]
+    for memory, beside in ((RolloutMemory(0.5, 45 * GIB, "update (actor)"),
+                            "verlc's plan: 45.0 GiB of each GPU at the peak (update (actor))"),
+                           (None, "`verlc plan` predicts each phase's memory where the spec gives model_shape")):
+        said = io.StringIO()
+        watch = OutOfMemory(memory)
+        with contextlib.redirect_stdout(said):
+            for line in lines:
+                watch.seen(line)
+        messages = [parse_event(s).message for s in said.getvalue().splitlines()]
+        assert len(messages) == 2, messages
+        assert messages[0].startswith("ERROR: verl ran out of GPU memory (") and beside in messages[0]
+        assert messages[1].startswith("ERROR: a node ran out of host memory, not GPU memory (ray.exceptions")

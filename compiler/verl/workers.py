@@ -26,9 +26,9 @@ states it:
 Scope: the legacy FSDP/Megatron workers (`workers/fsdp_workers.py`, `workers/megatron_workers.py`, verl
 0.3-0.7), and from 0.8 on, where those are gone, the engine workers (`workers/engine_workers.py`, each engine's
 package under `workers/engine/`, what the TaskRunner that the trainer's main picks (0.9: by trainer.use_v1)
-imports as it runs, and HFModelConfig's ask for an attention kernel). Not covered: 0.7.1's engine workers (`use_legacy_worker_impl: disable`) beside its legacy
-ones, and the flags of the engine workers; `needs()` of a config these do not cover is empty, and the preflight
-records that it could not know.
+imports as it runs, and HFModelConfig's ask for an attention kernel). Not covered: 0.7.1's engine workers
+(`use_legacy_worker_impl: disable`) beside its legacy ones, and the flags of the engine workers; `needs()` of a
+config these do not cover is empty, and the preflight records that it could not know.
 """
 
 from __future__ import annotations

@@ -817,7 +817,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 5049e0ae6e060a65bf4ec0eb151eae79146ce4a31af7413b6d6d4b4ced6725d2:
+# runtime/ of verlc 0.1.0, as one program, sha256 cecdc00f9562c0db4ab31546eb5373a68b1ddb3982a8d35bba8844b4c53ff8b5:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -1032,6 +1032,16 @@ TRAINER_MILESTONES = (
     ("first model loaded", re.compile(r"\bcontains [\d.]+\w? parameters")),
     ("workers up", re.compile(r"Training from scratch|Load from checkpoint folder: \S+")),
     ("initial validation done", re.compile(r"Initial validation metrics")),
+)
+# Running out of memory, as the trainer's processes say it: a GPU's (torch's allocator on CUDA, ROCm or Ascend;
+# vLLM refusing to start beside what the GPU holds: vllm/v1/worker/utils.py, 0.24.0) or a node's host memory (Ray's
+# memory monitor killing a worker, ray.exceptions.OutOfMemoryError). They look alike to a user and are fixed
+# differently: the runtime says which, once each.
+OUT_OF_MEMORY = (
+    ("GPU", re.compile(r"(?:CUDA|HIP|NPU) out of memory|CUDA error: out of memory|"
+                       r"Free memory on device .* is less than desired GPU memory utilization")),
+    ("host", re.compile(r"ray\.exceptions\.OutOfMemoryError|Task was killed due to the node running low on memory|"
+                        r"which exceeds the memory usage threshold of [\d.]+")),
 )
 FIRST_STEP = "first step"  # "trainer: first step (step N)": a requeued run's first step is its checkpoint's next
 STEP_TIMES = re.compile(re.escape(TRAINER_MESSAGE) + r"(?P<steps>\d+) steps, median step (?P<median>\d+\.\d+)s")
@@ -3845,12 +3855,13 @@ def repeats_last_attempt(checkpoint_dir: str, run_folder: str) -> str | None:
 
 
 def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | None = None, nodes: int = 1,
-          device: str = "GPU", services: Services | None = None) -> int:
+          device: str = "GPU", services: Services | None = None, memory: RolloutMemory | None = None) -> int:
     """Run verl's trainer. With a stall timeout, end it when its output shows no new step for that long (124);
     with a Ray address, end it when Ray declares one of its nodes dead (NODE_LOST): verl would otherwise wait
     on the dead node's workers, in a collective that never returns. With `nodes` (a torchrun launch on every
     node): rank 0 here, the others as Ray tasks (OtherNodes); one node's failure stops them all, named. A service
-    that fails for good (after its restarts) ends it too, named."""
+    that fails for good (after its restarts) ends it too, named. Running out of memory is said, GPU or host
+    (`memory`: the plan's prediction, to say beside it)."""
     ray = started = None
     if address:
         try:
@@ -3868,7 +3879,7 @@ def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | 
             say(f"ERROR: {placed}")
             return 1
         argv, others = on_other_nodes(ray, placed, argv, env, nodes, device)
-    trainer = Trainer(argv, env, stall_timeout, others, services)
+    trainer = Trainer(argv, env, stall_timeout, others, services, memory)
     return trainer.watch(ray, started)
 
 
@@ -3917,14 +3928,42 @@ class Milestones:
             say(step_times_message(len(self.steps), statistics.median(gaps)))
 
 
+class OutOfMemory:
+    """Says, once each, that the trainer's processes ran out of a GPU's memory or of a node's host memory
+    (protocol.OUT_OF_MEMORY), with what verlc's plan predicted for each GPU (`memory`: the job's)."""
+
+    def __init__(self, memory: RolloutMemory | None) -> None:
+        self.memory, self.said = memory, set()
+
+    def seen(self, line: str) -> None:
+        for kind, pattern in OUT_OF_MEMORY:
+            found = pattern.search(line)
+            if found is None or kind in self.said:
+                continue
+            self.said.add(kind)
+            shown = line.strip()[:240]
+            if kind == "host":
+                say(f"ERROR: a node ran out of host memory, not GPU memory ({shown}): Ray's memory monitor killed a "
+                    f"worker; give the trainer's nodes more memory (cluster.slurm.mem), or keep less on the CPU "
+                    f"(param_offload, optimizer_offload)")
+            elif self.memory is not None and self.memory.need is not None:
+                say(f"ERROR: verl ran out of GPU memory ({shown}); verlc's plan: {self.memory.need / 2 ** 30:.1f} "
+                    f"GiB of each GPU at the peak ({self.memory.phase}); `verlc plan` shows each phase and what "
+                    f"would fit")
+            else:
+                say(f"ERROR: verl ran out of GPU memory ({shown}); `verlc plan` predicts each phase's memory where "
+                    f"the spec gives model_shape (the model's config.json)")
+
+
 class Trainer:
     """verl's trainer as a process group of its own: its output relayed (stamping its start-up milestones, and
     watching its step lines for a stall), the job's TERM and INT passed on, and ended, with the other nodes'
     trainers, whatever stops it."""
 
     def __init__(self, argv: list[str], env: dict, stall_timeout: int | None, others: OtherNodes | None,
-                 services: Services | None = None) -> None:
+                 services: Services | None = None, memory: RolloutMemory | None = None) -> None:
         self.stall_timeout, self.others, self.services = stall_timeout, others, services
+        self.out_of_memory = OutOfMemory(memory)
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         self.last_step = time.monotonic()
@@ -3950,6 +3989,7 @@ class Trainer:
             line = raw.decode(errors="replace")
             sys.stdout.write(line)
             sys.stdout.flush()
+            self.out_of_memory.seen(line)
             if milestones.seen(line):
                 self.last_step = time.monotonic()
         milestones.summary()
@@ -4146,7 +4186,7 @@ def run_train(job: Job, run: Run) -> int:
     if run.services:  # every process of the trainer's Ray job reads the services' addresses
         env = in_job_env(env, run.services.variables)
     rc = train(job.train, env, job.stall_timeout, run.address, nodes=job.nodes if job.every_node else 1,
-               device=job.device, services=run.services)
+               device=job.device, services=run.services, memory=job.rollout_memory)
     say(f"training exited with code {rc}")
     return rc
 

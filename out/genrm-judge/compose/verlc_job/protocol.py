@@ -207,6 +207,16 @@ TRAINER_MILESTONES = (
     ("workers up", re.compile(r"Training from scratch|Load from checkpoint folder: \S+")),
     ("initial validation done", re.compile(r"Initial validation metrics")),
 )
+# Running out of memory, as the trainer's processes say it: a GPU's (torch's allocator on CUDA, ROCm or Ascend;
+# vLLM refusing to start beside what the GPU holds: vllm/v1/worker/utils.py, 0.24.0) or a node's host memory (Ray's
+# memory monitor killing a worker, ray.exceptions.OutOfMemoryError). They look alike to a user and are fixed
+# differently: the runtime says which, once each.
+OUT_OF_MEMORY = (
+    ("GPU", re.compile(r"(?:CUDA|HIP|NPU) out of memory|CUDA error: out of memory|"
+                       r"Free memory on device .* is less than desired GPU memory utilization")),
+    ("host", re.compile(r"ray\.exceptions\.OutOfMemoryError|Task was killed due to the node running low on memory|"
+                        r"which exceeds the memory usage threshold of [\d.]+")),
+)
 FIRST_STEP = "first step"  # "trainer: first step (step N)": a requeued run's first step is its checkpoint's next
 STEP_TIMES = re.compile(re.escape(TRAINER_MESSAGE) + r"(?P<steps>\d+) steps, median step (?P<median>\d+\.\d+)s")
 

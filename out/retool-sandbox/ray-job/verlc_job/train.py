@@ -18,9 +18,9 @@ import time
 
 from .cluster import LOST_SETTLE, alive_nodes, connect, lost_nodes, node_label
 from .data import saved_step
-from .job import Expiry, expand
-from .protocol import (FIRST_STEP, NODE_LOST, STEP_LINE, TIME_LIMIT_REACHED, TRAIN_STARTS, TRAINER_MESSAGE,
-                       TRAINER_MILESTONES, say, step_times_message)
+from .job import Expiry, RolloutMemory, expand
+from .protocol import (FIRST_STEP, NODE_LOST, OUT_OF_MEMORY, STEP_LINE, TIME_LIMIT_REACHED, TRAIN_STARTS,
+                       TRAINER_MESSAGE, TRAINER_MILESTONES, say, step_times_message)
 from .services import Services
 from .torchrun import OTHERS_GRACE, OtherNodes, every_node, free_port, torchrun_argv
 
@@ -94,12 +94,13 @@ def repeats_last_attempt(checkpoint_dir: str, run_folder: str) -> str | None:
 
 
 def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | None = None, nodes: int = 1,
-          device: str = "GPU", services: Services | None = None) -> int:
+          device: str = "GPU", services: Services | None = None, memory: RolloutMemory | None = None) -> int:
     """Run verl's trainer. With a stall timeout, end it when its output shows no new step for that long (124);
     with a Ray address, end it when Ray declares one of its nodes dead (NODE_LOST): verl would otherwise wait
     on the dead node's workers, in a collective that never returns. With `nodes` (a torchrun launch on every
     node): rank 0 here, the others as Ray tasks (OtherNodes); one node's failure stops them all, named. A service
-    that fails for good (after its restarts) ends it too, named."""
+    that fails for good (after its restarts) ends it too, named. Running out of memory is said, GPU or host
+    (`memory`: the plan's prediction, to say beside it)."""
     ray = started = None
     if address:
         try:
@@ -117,7 +118,7 @@ def train(argv: list[str], env: dict, stall_timeout: int | None, address: str | 
             say(f"ERROR: {placed}")
             return 1
         argv, others = on_other_nodes(ray, placed, argv, env, nodes, device)
-    trainer = Trainer(argv, env, stall_timeout, others, services)
+    trainer = Trainer(argv, env, stall_timeout, others, services, memory)
     return trainer.watch(ray, started)
 
 
@@ -166,14 +167,42 @@ class Milestones:
             say(step_times_message(len(self.steps), statistics.median(gaps)))
 
 
+class OutOfMemory:
+    """Says, once each, that the trainer's processes ran out of a GPU's memory or of a node's host memory
+    (protocol.OUT_OF_MEMORY), with what verlc's plan predicted for each GPU (`memory`: the job's)."""
+
+    def __init__(self, memory: RolloutMemory | None) -> None:
+        self.memory, self.said = memory, set()
+
+    def seen(self, line: str) -> None:
+        for kind, pattern in OUT_OF_MEMORY:
+            found = pattern.search(line)
+            if found is None or kind in self.said:
+                continue
+            self.said.add(kind)
+            shown = line.strip()[:240]
+            if kind == "host":
+                say(f"ERROR: a node ran out of host memory, not GPU memory ({shown}): Ray's memory monitor killed a "
+                    f"worker; give the trainer's nodes more memory (cluster.slurm.mem), or keep less on the CPU "
+                    f"(param_offload, optimizer_offload)")
+            elif self.memory is not None and self.memory.need is not None:
+                say(f"ERROR: verl ran out of GPU memory ({shown}); verlc's plan: {self.memory.need / 2 ** 30:.1f} "
+                    f"GiB of each GPU at the peak ({self.memory.phase}); `verlc plan` shows each phase and what "
+                    f"would fit")
+            else:
+                say(f"ERROR: verl ran out of GPU memory ({shown}); `verlc plan` predicts each phase's memory where "
+                    f"the spec gives model_shape (the model's config.json)")
+
+
 class Trainer:
     """verl's trainer as a process group of its own: its output relayed (stamping its start-up milestones, and
     watching its step lines for a stall), the job's TERM and INT passed on, and ended, with the other nodes'
     trainers, whatever stops it."""
 
     def __init__(self, argv: list[str], env: dict, stall_timeout: int | None, others: OtherNodes | None,
-                 services: Services | None = None) -> None:
+                 services: Services | None = None, memory: RolloutMemory | None = None) -> None:
         self.stall_timeout, self.others, self.services = stall_timeout, others, services
+        self.out_of_memory = OutOfMemory(memory)
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         self.last_step = time.monotonic()
@@ -199,6 +228,7 @@ class Trainer:
             line = raw.decode(errors="replace")
             sys.stdout.write(line)
             sys.stdout.flush()
+            self.out_of_memory.seen(line)
             if milestones.seen(line):
                 self.last_step = time.monotonic()
         milestones.summary()
