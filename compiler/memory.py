@@ -231,19 +231,24 @@ def gpu_memory(given: str | None, gpu_type: str | None) -> tuple[int | None, str
 
 
 def model_shape(given: str | dict | None, model_path: str, base: Path) -> tuple[Shape | None, str]:
-    """The model's shape: from `model_shape` (a config.json's keys, or the file relative to `base`), else the
-    model's own config.json where the build can read it; else None and why."""
+    """The model's shape: from `model_shape` (a config.json's keys, or the file relative to `base`; ValueError
+    where it does not give the size), else the model's own config.json where the build can read it; else None
+    and why (a model folder's config.json that does not give its size is not the spec's mistake)."""
     if isinstance(given, dict):
         return Shape.read(given), "model_shape"
-    candidates = [(base / given, f"model_shape {given}")] if given else []
-    candidates.append((base / model_path / "config.json", f"{model_path}/config.json"))
-    for path, origin in candidates:
-        if path.is_file():
-            return Shape.read(json.loads(path.read_text(encoding="utf-8"))), origin
     if given:
-        raise ValueError(f"{given} does not exist")
-    return None, (f"the model's config.json is not readable here ({model_path}): give model_shape (the file, or "
-                  f"its keys)")
+        path = base / given
+        if not path.is_file():
+            raise ValueError(f"{given} does not exist")
+        return Shape.read(json.loads(path.read_text(encoding="utf-8"))), f"model_shape {given}"
+    own = base / model_path / "config.json"
+    if not own.is_file():
+        return None, (f"the model's config.json is not readable here ({model_path}): give model_shape (the file, "
+                      f"or its keys)")
+    try:
+        return Shape.read(json.loads(own.read_text(encoding="utf-8"))), f"{model_path}/config.json"
+    except (ValueError, OSError) as exc:
+        return None, f"{model_path}/config.json does not give the model's size ({exc}): give model_shape"
 
 
 def _int(value: Any) -> int | None:

@@ -341,3 +341,15 @@ def test_running_out_of_gpu_or_host_memory_is_said_apart_once_each() -> None:
         assert len(messages) == 2, messages
         assert messages[0].startswith("ERROR: verl ran out of GPU memory (") and beside in messages[0]
         assert messages[1].startswith("ERROR: a node ran out of host memory, not GPU memory (ray.exceptions")
+
+
+def test_a_model_folder_whose_config_does_not_give_the_size_is_not_estimated_nor_refused(tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"]}))
+    text = spec(tmp_path).read_text().replace("model: Qwen/Qwen2.5-7B-Instruct", "model: ./model")
+    (tmp_path / "local.yaml").write_text("\n".join(line for line in text.splitlines()
+                                                   if not line.startswith("model_shape")) + "\n")
+    shown = run_verlc("plan", tmp_path / "local.yaml")
+    assert shown.returncode == 0, shown.stderr
+    assert "not estimated: ./model/config.json does not give the model's size (config.json has no hidden_size" \
+        in shown.stdout
