@@ -93,7 +93,7 @@ def rollout_memory(ir: JobIR, variant: VariantIR | None) -> RolloutMemory | None
     settings change it: `verlc plan` shows the base's)."""
     share = None
     if ir.rollout_memory is not None:
-        own = dict(variant.settings).get(ROLLOUT_MEMORY) if variant else None
+        own = dict(variant.settings).get(f"verl.{ROLLOUT_MEMORY}") if variant else None  # a sweep's spec path
         share = float(own) if isinstance(own, int | float) and not isinstance(own, bool) else ir.rollout_memory
     need = ir.memory.trainer_peak if ir.memory is not None and not ir.variants else None
     if share is None and need is None:

@@ -231,10 +231,14 @@ def test_the_preflight_gets_the_predicted_peak(tmp_path: Path) -> None:
     assert built.returncode == 0, built.stderr
     job = json.loads((tmp_path / "out" / "fit" / "ray-job" / "verlc_job" / "job.json").read_text())
     assert job["rollout_memory"] == {"share": 0.6, "need": found["peak"]["bytes"], "phase": found["peak"]["phase"]}
-    path.write_text(path.read_text() + "sweep: {matrix: {verl.actor_rollout_ref.actor.optim.lr: [1.0e-6, 2.0e-6]}}\n")
-    assert run_verlc("build", path, "--target", "ray-job", "--out", tmp_path / "sweep").returncode == 0
-    variant = next((tmp_path / "sweep").rglob("jobs/0.json"))
-    assert json.loads(variant.read_text())["rollout_memory"]["need"] is None
+    # a sweep: each variant's own vLLM share, and no peak (the variants' settings change it)
+    path.write_text(path.read_text().replace("      gpu_memory_utilization: 0.6\n", "") +
+                    "sweep: {matrix: {verl.actor_rollout_ref.rollout.gpu_memory_utilization: [0.5, 0.55]}}\n")
+    built = run_verlc("build", path, "--target", "ray-job", "--out", tmp_path / "sweep")
+    assert built.returncode == 0, built.stderr
+    jobs = sorted((tmp_path / "sweep").rglob("jobs/*.json"))
+    assert [json.loads(j.read_text())["rollout_memory"] for j in jobs] == [
+        {"share": 0.5, "need": None, "phase": ""}, {"share": 0.55, "need": None, "phase": ""}]
 
 
 # Published runs and their outcomes, in verl 0.9.1's terms (per-GPU micro batches; a log-prob micro batch that
