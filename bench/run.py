@@ -545,7 +545,11 @@ time between the job's own `stage` lines: setup is the one step that asks every 
 ray is the head, one step for all workers and one for verlc's runtime on the head, which then waits for
 the cluster and runs the data, preflight and train stages in that same step. The
 docker/podman runtimes add two steps on all nodes (the one that runs every node's container, and a
-readiness wait; one more for image builds) and one at cleanup. The "last node registered -> ready" gap is the runtime's poll interval at most (0.5 s).
+readiness wait; one more for image builds) and one at cleanup. The "last node registered -> ready" gap is the runtime's poll interval at most (0.5 s). Since verl 0.9.1's start-up needs are checked on every node (verl's trainer imports TransferQueue, which
+imports torch and tensordict: about 2.6 s of CPU in a fresh Python, and a Ray worker of its own that sees the
+node's GPUs), the 8-node preflight is over the 2x budget here: eight such checks and eight all-reduce ranks share
+2 cores. On a real cluster each node checks its own (28.3 s on the H100 with vLLM's rollout module: docs/gpu.md),
+beside the all-reduce.
 
 The run record rows are what every preflight adds since runs record their inputs: each data file's
 sha256 (Python's hashlib, 8 MiB reads, on the head node; a 1 GiB file of random bytes, cold for the
