@@ -357,3 +357,14 @@ def test_a_model_folder_whose_config_does_not_give_the_size_is_not_estimated_nor
     assert shown.returncode == 0, shown.stderr
     assert "not estimated: ./model/config.json does not give the model's size (config.json has no hidden_size" \
         in shown.stdout
+
+
+@pytest.mark.parametrize("example", [p for p in sorted((Path(__file__).parent.parent / "specs").glob("*.yaml"))],
+                         ids=lambda p: p.stem)
+def test_the_example_plans_are_their_goldens(example: Path, snapshot) -> None:  # noqa: ANN001
+    """`verlc plan` of each example spec, memory included, as reviewed (tests/goldens/plan/). Refresh with:
+    pytest tests/test_memory.py -k example_plans --snapshot-update"""
+    shown = run_verlc("plan", example)
+    assert shown.returncode == 0, shown.stderr
+    snapshot.snapshot_dir = Path(__file__).parent / "goldens" / "plan"
+    snapshot.assert_match(shown.stdout, f"{example.stem}.txt")
