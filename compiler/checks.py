@@ -111,15 +111,15 @@ def _fits(spec: Spec, sourced: Sourced, chosen: Selection | str, release: Releas
         return
     config = Config(chosen.tree, verl_values(spec, chosen))
     found = memory.for_spec(spec, sourced, config)
-    if found.unknown.startswith("model_shape"):
-        yield sourced.diagnostic(("model_shape",), found.unknown.removeprefix("model_shape: "))
+    if found.bad_shape:
+        yield sourced.diagnostic(("model_shape",), found.bad_shape)
     peak = found.peak
     if peak is None or found.gpu is None:
         return
     where = {s.key: s.loc for s in settings(spec.verl, chosen.walker)}
     origin = f"of the GPU's {memory.gib(found.gpu)} GiB ({found.gpu_origin}; the model from {found.shape_origin})"
     over = [p for p in found.phases if p.bytes > found.gpu]
-    for phase in {p.tipping: p for p in reversed(over)}.values():  # the largest phase each setting sizes
+    for phase in over:  # each at the setting that sizes it (no two phases share one)
         terms = "; ".join(f"{t.what} {memory.gib(t.bytes)}" for t in phase.terms)
         fixes = memory.fixes(spec, sourced, config, found, phase)
         fits = f"; it fits with {', or '.join(fixes)}" if fixes else ""

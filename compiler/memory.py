@@ -175,7 +175,8 @@ class Phase:
 
 @dataclass(frozen=True)
 class Estimate:
-    """Each phase's memory on one trainer GPU, or why there is no figure (`unknown`)."""
+    """Each phase's memory on one trainer GPU, or why there is no figure (`unknown`; `bad_shape`: the spec's
+    model_shape does not give the model's size, a problem at its line)."""
 
     gpu: int | None = None
     gpu_origin: str = ""
@@ -183,6 +184,7 @@ class Estimate:
     shape_origin: str = ""
     phases: tuple[Phase, ...] = ()
     unknown: str = ""
+    bad_shape: str = ""
 
     @property
     def peak(self) -> Phase | None:
@@ -399,7 +401,7 @@ def for_spec(spec: Spec, sourced: Sourced, config: Config, changes: dict[str, An
     try:
         shape, shape_origin = model_shape(spec.model_shape, spec.model_path, Path(sourced.file).parent)
     except (ValueError, OSError) as exc:
-        return Estimate(unknown=f"model_shape: {exc}")
+        return Estimate(unknown=f"model_shape: {exc}", bad_shape=str(exc))
     def get(key: str) -> Any:
         return changes[key] if changes and key in changes else config.get(key)
 

@@ -357,6 +357,11 @@ def test_a_model_folder_whose_config_does_not_give_the_size_is_not_estimated_nor
     assert shown.returncode == 0, shown.stderr
     assert "not estimated: ./model/config.json does not give the model's size (config.json has no hidden_size" \
         in shown.stdout
+    # whatever the folder is called (a name starting "model_shape" is not the spec's model_shape)
+    (tmp_path / "model").rename(tmp_path / "model_shape_of_mine")
+    named = (tmp_path / "local.yaml").read_text().replace("./model", "model_shape_of_mine")
+    (tmp_path / "named.yaml").write_text(named)
+    assert run_verlc("validate", tmp_path / "named.yaml").returncode == 0
 
 
 @pytest.mark.parametrize("example", [p for p in sorted((Path(__file__).parent.parent / "specs").glob("*.yaml"))],
