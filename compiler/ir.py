@@ -10,9 +10,12 @@ import hashlib
 import re
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .verl.workers import Need
+
+if TYPE_CHECKING:
+    from .memory import Estimate
 
 # `${env:NAME}` is the environment variable NAME on the node where the value is used. ${HOME}, ${USER}
 # and a leading ~ are kept as short spellings of the two every node has.
@@ -322,7 +325,7 @@ class JobIR:
     named_files: tuple[Word, ...] = ()  # absolute files verl's settings name (a tool config): on every node, hashed
     services: tuple[ServiceIR, ...] = ()  # processes beside the trainer, started and watched by the runtime
     tool_config: dict[str, Any] | None = None  # verl's multi-turn tool config, as verl's OmegaConf resolves it
-    memory: Any = None  # will it fit: each trainer GPU's memory per phase (compiler/memory.py's Estimate; PPO only)
+    memory: Estimate | None = None  # will it fit: each trainer GPU's memory per phase (PPO programs only)
 
     def part(self, target: str) -> Any:
         """The IR part target `target` lowered for itself (targets/<folder>/lower.py)."""

@@ -39,8 +39,9 @@ ROLLOUT_PACKAGES = {"vllm": "vllm", "sglang": "sglang", "sglang_async": "sglang"
 def lower(spec: Spec, release: Release, catalog: Catalog, *, spec_file: str, spec_sha256: str,
           notes: tuple[str, ...] = (), targets: tuple[str, ...] = (), built: tuple[str, ...] = (),
           code: CodeIR | None = None, profile: tuple[str, str, str] | None = None,
-          sourced: Sourced | None = None) -> JobIR:
-    """Resolve a checked spec into the IR every target renders from, with the parts of the `built` targets."""
+          sourced: Sourced) -> JobIR:
+    """Resolve a checked spec into the IR every target renders from, with the parts of the `built` targets
+    (`sourced`: the loaded spec, whose folder a relative model_shape or model path is read from)."""
     chosen = select(spec.verl, release, spec.hydra.config_name, spec.hydra.groups)
     assert isinstance(chosen, Selection), "the checks refuse a spec whose verl config cannot be chosen"
     # verl's config as the trainer will see it: written into the bundle, and read for the rollout engine
@@ -112,7 +113,7 @@ def lower(spec: Spec, release: Release, catalog: Catalog, *, spec_file: str, spe
         verl_commit=spec.verl_commit,
         notes=notes,
         time_limit=catalog.time_limit(spec),
-        memory=memory.for_spec(spec, sourced, config) if ppo and sourced is not None else None,
+        memory=memory.for_spec(spec, sourced, config) if ppo else None,
     )
     return replace(ir, parts=tuple((name, catalog.get(name).lower(spec, ir)) for name in built))
 
