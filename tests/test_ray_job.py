@@ -41,13 +41,13 @@ RAY_MARK = "VERLC_TEST_RAY"  # in the environment of a Ray node's every process:
 
 def ray_env(extra: dict[str, str] | None = None, temp: Path | None = None) -> dict[str, str]:
     """The environment of Ray's commands here; `temp`: that of `ray start --temp-dir=TEMP`, whose every process
-    then carries it (stop_by_pid).
+    then carries it (stop_by_pid) and keeps its temp files there (as the Slurm bundle's Ray: targets/slurm/view.py).
     The node has the rollout engine. Its raylet waits up to 300 s (Ray's default: 60 s) for a fresh worker
     process to register: on this 2-core machine beside the Slurm cluster's jobs, a worker's start (Python,
     Ray's imports) can take longer than 60 s, and Ray then kills it and starts another, again and again."""
     return {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_worker_register_timeout_seconds": "300", "PYTHONPATH": str(rollout_engine_site()), **(extra or {}),
-            **({RAY_MARK: str(temp)} if temp else {})}
+            **({RAY_MARK: str(temp), "TMPDIR": str(temp)} if temp else {})}
 
 
 @pytest.fixture(scope="module")

@@ -309,9 +309,11 @@ def slurm_view(ir: JobIR) -> SlurmView:
     own_sockets = tuple(_word(f"{name}=", NODE_DEV) for name in sockets if name not in env_names)
     # the runtime's step on the head too: the trainers it starts there (torchrun's rank 0) open theirs alike
     head_sockets = tuple(name for name in sockets if name not in env_names)
-    gloo = (("env", *own_sockets),) if own_sockets else ()
+    # Every process of the node's Ray keeps its temp files in Ray's temp dir, which the cleanup removes: the
+    # dashboard's forkserver (Ray 2.4x on) leaves a /tmp/pymp-* folder at each stop otherwise. The spec's wins.
+    own_tmp = (_word("TMPDIR=", RAY_TMP),) if "TMPDIR" not in env_names else ()
     ray_head = (
-        *gloo,
+        ("env", *own_sockets, *own_tmp),
         ("ray", "start", "--head", "--block"),
         (_word("--node-ip-address=", HEAD_IP), _word("--port=", RAY_PORT)),
         # The dashboard serves the Jobs API, which runs code as this user: loopback unless the spec opens it.
@@ -326,7 +328,7 @@ def slurm_view(ir: JobIR) -> SlurmView:
     # deadline (ray.wait_for_nodes) instead.
     retries = f"RAY_NUM_REDIS_GET_RETRIES={max(20, ir.ray.wait_seconds // 2)}"
     ray_worker = (
-        ("env", *own_sockets, retries),
+        ("env", *own_sockets, *own_tmp, retries),
         ("ray", "start", "--block", _word("--address=", HEAD_IP, ":", RAY_PORT)),
         (_word("--node-ip-address=", NODE_IP),),
         *ray_common,

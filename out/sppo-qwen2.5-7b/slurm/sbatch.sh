@@ -85,7 +85,7 @@ service_commands() {
 ray_command() {
   if (($1 == 0)); then
     ray=(
-      env GLOO_SOCKET_IFNAME="${node_dev}"
+      env GLOO_SOCKET_IFNAME="${node_dev}" TMPDIR="${ray_tmp}"
       ray start --head --block
       --node-ip-address="${head_ip}" --port="${ray_port}"
       --dashboard-host=127.0.0.1 --dashboard-port="${dashboard_port}"
@@ -99,7 +99,7 @@ ray_command() {
     )
   else
     ray=(
-      env GLOO_SOCKET_IFNAME="${node_dev}" RAY_NUM_REDIS_GET_RETRIES=300
+      env GLOO_SOCKET_IFNAME="${node_dev}" TMPDIR="${ray_tmp}" RAY_NUM_REDIS_GET_RETRIES=300
       ray start --block --address="${head_ip}":"${ray_port}"
       --node-ip-address="${node_ip}"
       --num-gpus=4
