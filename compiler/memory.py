@@ -1,9 +1,10 @@
 """Will it fit: each GPU's memory, phase by phase of a PPO step, predicted before the queue (`verlc plan`, and
 the build's check that refuses a run whose peak is more than a GPU has).
 
-The inputs are what verlc already holds: the model's shape (its config.json: the model's own folder where the
-build can read it, else the spec's `model_shape`), the config verl runs with (resolved), the allocation, the GPU's
-memory (`cluster.gpu_memory`, else the table below by `cluster.gpu_type`) and the services' shares.
+The inputs are what verlc already holds: the model's shape (its config.json: the spec's `model_shape`, else the
+model's own folder where the build can read it, else a pinned hub model's: compiler/hub.py), the config verl runs
+with (resolved), the allocation, the GPU's memory (`cluster.gpu_memory`, else the table below by
+`cluster.gpu_type`) and the services' shares.
 
 Scope: verl's FSDP workers (actor strategy fsdp or fsdp2) with the rollout in verl's hybrid engine (vLLM or
 SGLang on the trainer's GPUs, taking turns with the actor, the reference and the critic). Megatron, a rollout on
@@ -232,10 +233,12 @@ def gpu_memory(given: str | None, gpu_type: str | None) -> tuple[int | None, str
     return None, "no cluster.gpu_type or cluster.gpu_memory"
 
 
-def model_shape(given: str | dict | None, model_path: str, base: Path) -> tuple[Shape | None, str]:
+def model_shape(given: str | dict | None, model_path: str, base: Path,
+                pinned: tuple[str, str] | None = None) -> tuple[Shape | None, str]:
     """The model's shape: from `model_shape` (a config.json's keys, or the file relative to `base`; ValueError
-    where it does not give the size), else the model's own config.json where the build can read it; else None
-    and why (a model folder's config.json that does not give its size is not the spec's mistake)."""
+    where it does not give the size), else the model's own config.json where the build can read it, else a
+    `pinned` hub model's (repo, revision) config.json (compiler/hub.py); else None and why (a config.json that
+    does not give the size is not the spec's mistake)."""
     if isinstance(given, dict):
         return Shape.read(given), "model_shape"
     if given:
@@ -244,13 +247,27 @@ def model_shape(given: str | dict | None, model_path: str, base: Path) -> tuple[
             raise ValueError(f"{given} does not exist")
         return Shape.read(json.loads(path.read_text(encoding="utf-8"))), f"model_shape {given}"
     own = base / model_path / "config.json"
-    if not own.is_file():
+    if own.is_file():
+        origin = f"{model_path}/config.json"
+        try:
+            return Shape.read(json.loads(own.read_text(encoding="utf-8"))), origin
+        except (ValueError, OSError) as exc:
+            return None, f"{origin} does not give the model's size ({exc}): give model_shape"
+    if pinned is None:
         return None, (f"the model's config.json is not readable here ({model_path}): give model_shape (the file, "
-                      f"or its keys)")
+                      f"or its keys), or pin the hub model ({{path, revision}}) for verlc to read it from the hub")
+    from . import hub
+
+    repo, revision = pinned
+    origin = f"{repo}@{revision[:12]} config.json"
     try:
-        return Shape.read(json.loads(own.read_text(encoding="utf-8"))), f"{model_path}/config.json"
-    except (ValueError, OSError) as exc:
-        return None, f"{model_path}/config.json does not give the model's size ({exc}): give model_shape"
+        keys, where = hub.config(repo, revision)
+    except OSError as exc:
+        return None, f"{origin} could not be read: {exc}; give model_shape"
+    try:
+        return Shape.read(keys), f"{origin} ({where})"
+    except ValueError as exc:
+        return None, f"{origin} does not give the model's size ({exc}): give model_shape"
 
 
 def _int(value: Any) -> int | None:
@@ -399,7 +416,8 @@ def for_spec(spec: Spec, sourced: Sourced, config: Config, changes: dict[str, An
     is where a relative model_shape or model path is read."""
     gpu, gpu_origin = gpu_memory(spec.cluster.gpu_memory, spec.cluster.gpu_type)
     try:
-        shape, shape_origin = model_shape(spec.model_shape, spec.model_path, Path(sourced.file).parent)
+        pinned = None if isinstance(spec.model, str) else (spec.model.path, spec.model.revision)
+        shape, shape_origin = model_shape(spec.model_shape, spec.model_path, Path(sourced.file).parent, pinned)
     except (ValueError, OSError) as exc:
         return Estimate(unknown=f"model_shape: {exc}", bad_shape=str(exc))
     def get(key: str) -> Any:

@@ -413,7 +413,9 @@ class Spec(Model):
     model_shape: Text | dict[Str, Any] | None = Field(
         None, description="The model's config.json (its path, relative to the spec, or its keys: hidden_size, "
                           "num_hidden_layers, ...) for `verlc plan`'s memory figures and the build's check that "
-                          "the run fits; default: the model folder's own config.json where the build can read it.")
+                          "the run fits; default: the model folder's own config.json where the build can read it, else a "
+                          "pinned hub model's (the Hugging Face cache's, else fetched from the hub once and kept "
+                          "in verlc's cache; HF_HUB_OFFLINE=1 fetches nothing).")
     data: Data = Field(description="Preprocessing to run and the parquet files verl reads.")
     verl: dict[Str, Any] = Field(default_factory=dict, description="verl's trainer config, verl's nesting; keys "
                                  "mean what Hydra's overrides mean: key (set), +key (add), ++key (add or set); see "

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -362,6 +367,114 @@ def test_a_model_folder_whose_config_does_not_give_the_size_is_not_estimated_nor
     named = (tmp_path / "local.yaml").read_text().replace("./model", "model_shape_of_mine")
     (tmp_path / "named.yaml").write_text(named)
     assert run_verlc("validate", tmp_path / "named.yaml").returncode == 0
+
+
+COMMIT = "a09a35458c702b33eeacc393d103063234e8bc28"  # any commit: the stand-in hub serves it
+
+
+@contextmanager
+def hub(config: dict, token: str | None = None) -> Iterator[tuple[str, list[tuple[str, str]]]]:
+    """A stand-in for the Hugging Face hub (a real HTTP server): each repo's config.json at COMMIT, answered 401
+    without `token` where one is given (a gated model); its address, and each request (path, Authorization)."""
+    asked: list[tuple[str, str]] = []
+
+    class Hub(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            asked.append((self.path, self.headers.get("Authorization", "")))
+            body = json.dumps(config).encode()
+            if token and self.headers.get("Authorization") != f"Bearer {token}":
+                self.send_response(401)
+                body = b'{"error": "Access to model is restricted"}'
+            elif not self.path.endswith(f"/resolve/{COMMIT}/config.json"):
+                self.send_response(404)
+                body = b'{"error": "Revision Not Found"}'
+            else:
+                self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def pinned_spec(tmp_path: Path, revision: str = COMMIT) -> Path:
+    text = spec(tmp_path).read_text().replace("model: Qwen/Qwen2.5-7B-Instruct",
+                                              f"model: {{path: Qwen/Qwen2.5-7B-Instruct, revision: {revision}}}")
+    path = tmp_path / "pinned.yaml"
+    path.write_text("\n".join(line for line in text.splitlines() if not line.startswith("model_shape")) + "\n")
+    return path
+
+
+def test_a_pinned_hub_models_config_is_fetched_once_and_then_read_from_the_cache(tmp_path: Path) -> None:
+    """The build asks the hub once (one request, whatever the number of estimates it makes), keeps a commit's
+    config.json in verlc's cache, and reads it there with the hub gone."""
+    env = {"HF_HOME": str(tmp_path / "hf"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    path = pinned_spec(tmp_path)
+    with hub(QWEN25_7B) as (address, asked):
+        env["HF_ENDPOINT"] = address
+        fetched = run_verlc("plan", path, "--format", "json", env=env)
+    assert fetched.returncode == 0, fetched.stderr
+    memory = json.loads(fetched.stdout)[0]["memory"]
+    assert memory["model_origin"] == f"Qwen/Qwen2.5-7B-Instruct@{COMMIT[:12]} config.json (the hub)", memory
+    assert asked == [(f"/Qwen/Qwen2.5-7B-Instruct/resolve/{COMMIT}/config.json", "")]
+    cached = run_verlc("plan", path, "--format", "json", env=env)  # the stand-in's address answers no more
+    again = json.loads(cached.stdout)[0]["memory"]
+    assert again["model_origin"].endswith("(verlc's cache)") and again["phases"] == memory["phases"], cached.stdout
+    assert memory["parameters"] == planned(spec(tmp_path))["parameters"]  # the same model as given inline
+
+
+def test_a_pinned_model_in_the_hugging_face_cache_is_read_there_without_the_hub(tmp_path: Path) -> None:
+    """A branch the cache recorded (refs/main) resolves to its snapshot, as huggingface_hub resolves it offline."""
+    repo = tmp_path / "hf" / "hub" / "models--Qwen--Qwen2.5-7B-Instruct"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(COMMIT)
+    (repo / "snapshots" / COMMIT).mkdir(parents=True)
+    (repo / "snapshots" / COMMIT / "config.json").write_text(json.dumps(QWEN25_7B))
+    env = {"HF_HOME": str(tmp_path / "hf"), "XDG_CACHE_HOME": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    shown = run_verlc("plan", pinned_spec(tmp_path, "main"), env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "Qwen2ForCausalLM, 7.62B parameters (Qwen/Qwen2.5-7B-Instruct@main config.json (the Hugging Face " \
+           "cache))" in shown.stdout, shown.stdout
+
+
+def test_a_hub_config_that_cannot_be_had_says_why_and_the_build_goes_on(tmp_path: Path) -> None:
+    """Gated without a token, offline, an unreachable hub: "not estimated", with the reason and what to do; a
+    token reaches the hub as huggingface_hub sends it."""
+    env = {"HF_HOME": str(tmp_path / "hf"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    path = pinned_spec(tmp_path)
+    with hub(QWEN25_7B, token="hf_secret") as (address, asked):
+        env["HF_ENDPOINT"] = address
+        gated = run_verlc("plan", path, env=env)
+        assert gated.returncode == 0, gated.stderr
+        assert f"not estimated: Qwen/Qwen2.5-7B-Instruct@{COMMIT[:12]} config.json could not be read: " \
+               f"{address}/Qwen/Qwen2.5-7B-Instruct/resolve/{COMMIT}/config.json answered 401 Unauthorized (a " \
+               f"gated model: set HF_TOKEN); give model_shape" in gated.stdout, gated.stdout
+        assert run_verlc("build", path, "--target", "slurm", "--out", tmp_path / "out", env=env).returncode == 0
+        offline = run_verlc("plan", path, env={**env, "HF_HUB_OFFLINE": "1"})
+        assert "could not be read: HF_HUB_OFFLINE is set and neither the Hugging Face cache nor verlc's holds it" \
+               in offline.stdout, offline.stdout
+        made = len(asked)
+        allowed = run_verlc("plan", path, "--format", "json", env={**env, "HF_TOKEN": "hf_secret"})
+        assert asked[made:] == [(f"/Qwen/Qwen2.5-7B-Instruct/resolve/{COMMIT}/config.json", "Bearer hf_secret")]
+        assert json.loads(allowed.stdout)[0]["memory"]["model_origin"].endswith("(the hub)")
+    with socket.socket() as sock:  # a port nothing listens on once this closes
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    unreachable = run_verlc("plan", pinned_spec(tmp_path, "v1.0"), env={**env, "HF_ENDPOINT":
+                                                                       f"http://127.0.0.1:{closed}"})
+    assert unreachable.returncode == 0, unreachable.stderr
+    assert "could not be reached: [Errno 111] Connection refused; give model_shape" in unreachable.stdout
 
 
 @pytest.mark.parametrize("example", [p for p in sorted((Path(__file__).parent.parent / "specs").glob("*.yaml"))],
