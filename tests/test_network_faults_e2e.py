@@ -1,6 +1,6 @@
 """Network faults on the test cluster, whose every node is a host of its own (dev/slurm.sh): a node's link pulled
 or its packets silently dropped during bring-up, the preflight's all-reduce and training. Every job must end
-within a bounded time and name the node; the jobs run side by side on the cluster's 8 nodes (2 each).
+within a bounded time and name the node; the jobs run side by side on the cluster's 8 nodes (2 each, the head cut 4).
 
 What bounds each case: during bring-up, the wait deadline (ray.wait_for_nodes); during the preflight and
 training, Ray's node-death detection (ray.node_timeout: 10 s here), which verlc's runtime watches; for a head
@@ -55,10 +55,18 @@ def faulty(kind: str, node: str) -> Iterator[float]:
 
 
 def started(root: Path, stop_after: str, env: dict[str, str] | None = None, **spec: object) -> tuple[str, Path]:
-    """The e2e job of `root` (fixtures, spec with `spec`'s changes) submitted: its id and its log."""
+    """The e2e job of `root` (fixtures, spec with `spec`'s changes) submitted once the case before it submitted
+    its own (`root/../turn-N`, in_turn): its id and its log."""
     root.mkdir(exist_ok=True)  # a fake venv may be in it already
     write_fixtures(root)
-    job = submit(build(root, ray=RAY, **spec), root, stop_after, env)
+    script = build(root, ray=RAY, **spec)
+    turn = int(root.name.split("-", 1)[0])
+    wait_for((root.parent / f"submitted-{turn - 1}").exists if turn else (lambda: True), 600,
+             f"case {turn - 1} to submit its job")
+    try:
+        job = submit(script, root, stop_after, env)
+    finally:  # the next case's turn, whatever became of this one's
+        (root.parent / f"submitted-{turn}").touch()
     return job, root / f"slurm-{job}.out"
 
 
@@ -165,12 +173,14 @@ def lines_with(output: str, *words: str) -> list[str]:
 
 
 def test_network_faults_end_each_job_in_bounded_time_naming_the_node(slurm: None, tmp_path: Path) -> None:
-    cases = (worker_cut_during_bring_up, worker_cut_during_training, black_hole_during_all_reduce,
-             black_hole_during_training)
+    # Submitted in this order (Slurm starts its queue in order as nodes free up), to fit the 8 nodes: the
+    # 4-node head cut and the longest case (a requeue, then a second attempt) at once, with the shortest beside
+    # them; the others, longest first, as nodes free up. (Submitted at once, the head cut waited two minutes.)
+    cases = (head_cut_during_training, worker_cut_during_training, worker_cut_during_bring_up,
+             black_hole_during_training, black_hole_during_all_reduce)
     with ThreadPoolExecutor(len(cases)) as pool:
-        futures = [pool.submit(case, tmp_path / case.__name__) for case in cases]
-        head_cut = head_cut_during_training(tmp_path / "head_cut")  # beside the requeued job's next attempt
-        bring_up, training, all_reduce, black_hole = (f.result() for f in futures)
+        futures = [pool.submit(case, tmp_path / f"{turn}-{case.__name__}") for turn, case in enumerate(cases)]
+        head_cut, training, bring_up, black_hole, all_reduce = (f.result() for f in futures)
 
     print({case: round(result["took"], 1) for case, result in (("worker cut during bring-up", bring_up),
            ("worker cut during training", training), ("head cut", head_cut), ("black hole in the all-reduce",
