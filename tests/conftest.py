@@ -114,11 +114,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if MACHINE_FIXTURES & (set(getattr(item, "fixturenames", ())) - set(callspec.params if callspec else ())):
             item.add_marker(pytest.mark.machine)
     # A module's side-by-side tests (tests/test_slurm_e2e.py) go first in it: their jobs, submitted together,
-    # then have the cluster to themselves, and are all over before the module's other tests begin.
+    # then have the cluster to themselves, and are all over before the module's other tests begin; except one
+    # marked `last`, whose long job runs beside the module's other tests, checked after them.
     first: dict[object, int] = {}
     for index, item in enumerate(items):
         first.setdefault(getattr(item, "module", None), index)
-    items.sort(key=lambda item: (first[getattr(item, "module", None)], item.get_closest_marker("side_by_side") is None))
+
+    def place(item: pytest.Item) -> int:
+        mark = item.get_closest_marker("side_by_side")
+        return 1 if mark is None else 2 if mark.kwargs.get("last") else 0
+
+    items.sort(key=lambda item: (first[getattr(item, "module", None)], place(item)))
 
 
 # Every process a test starts carries this session's mark in its environment (one a test gives an environment of

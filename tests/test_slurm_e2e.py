@@ -333,9 +333,12 @@ class Ended:
     script: Path
 
 
-def side_by_side(make: Callable[..., Job]) -> pytest.MarkDecorator:
-    """Marks a test whose job `make(root, ...)` makes: it gets that job from the `ended` fixture, once it ended."""
-    return pytest.mark.side_by_side.with_args(make)
+def side_by_side(make: Callable[..., Job], *, last: bool = False) -> pytest.MarkDecorator:
+    """Marks a test whose job `make(root, ...)` makes: it gets that job from the `ended` fixture, once it ended.
+    `last`: a long job (a time limit to reach), submitted last (the others' nodes named by --nodelist are then
+    taken) and checked after every other test of the module (tests/conftest.py orders them), so that it runs
+    beside them; they look for what their own jobs left, not for every job's."""
+    return pytest.mark.side_by_side.with_args(make, last=last)
 
 
 # The test cluster's nodes share this machine's two cores, and one Ray node's start costs seconds of CPU: eight at
@@ -433,6 +436,13 @@ def steps_per_stage(job: str, output: str) -> dict[str, int]:
 # every node for its address, then the Ray head, all workers, and verlc's runtime on the head (which waits
 # for the cluster and runs data and preflight in that same step).
 STEPS = {"setup": 1, "ray": 3}
+
+
+@side_by_side(lambda root: esi_job(root), last=True)
+def test_verl_saves_ahead_of_the_limit_and_the_requeued_attempt_resumes_there(ended: Ended) -> None:
+    """#42: verl's own should_save_ckpt_esi, given the job's end by the runtime, saves ahead of Slurm's time
+    limit; USR1 (requeue_grace before it) requeues the job, and the next attempt resumes at that save."""
+    check_esi_job(ended)
 
 
 @side_by_side(lambda root, nodes: Job(build(root, nodes=nodes)))
@@ -659,7 +669,7 @@ def test_scancel_at_any_moment_of_bring_up_runs_the_cleanup_and_leaves_nothing(s
     moments = [("paused at", point) for point in PAUSE_POINTS] + [("after", delay) for delay in (0, 0.7, 1.5, 3)]
     with ThreadPoolExecutor(2) as pool:
         jobs = list(pool.map(lambda moment: cancel(*moment), moments))
-    assert no_ray_left(60) == []
+    assert [process for job in jobs for process in no_ray_left(60, job)] == []
     wait_for(lambda: not [d for job in jobs for d in Path("/tmp").glob(f"verlc-ray-{job}-*")], 30,
              "Ray's temp dirs to go")
 
@@ -684,13 +694,13 @@ def test_a_training_run_without_new_steps_is_ended_by_the_stall_timeout(ended: E
     assert "cleaning up (exit code 124)" in output and no_ray_left(60, ended.job) == []  # the runtime's watchdog: 124
 
 
-def test_requeues_are_capped_a_limit_reached_without_a_new_checkpoint_is_not_trained_again_and_verl_saves_ahead(
+def test_requeues_are_capped_a_limit_reached_without_a_new_checkpoint_is_not_trained_again(
         slurm: None, tmp_path: Path) -> None:
     """#40 item 14. `limit`: its trainer steps but never saves; once it runs, its time limit is moved (scontrol
     update, as an operator would) to 3 minutes away, inside requeue_grace, and USR1 comes as Slurm sends it
     there: the job requeues, and the next attempt refuses to train, since it would repeat the same steps.
-    `cap`: max_requeues 0, USR1 far from its limit (a preemption ahead): not requeued."""
-    esi = esi_job(tmp_path / "esi")  # beside them (#42): verl saves ahead of the limit, and the job resumes there
+    `cap`: max_requeues 0, USR1 far from its limit (a preemption ahead): not requeued. (verl saving ahead of
+    the limit is the side-by-side test_verl_saves_ahead_of_the_limit_and_the_requeued_attempt_resumes_there.)"""
     scripts = {}
     for name, grace, slurm_extra in (("limit", "240s", ", time: '00:30:00'"), ("cap", "60s", ", max_requeues: 0")):
         root = tmp_path / name
@@ -722,8 +732,7 @@ def test_requeues_are_capped_a_limit_reached_without_a_new_checkpoint_is_not_tra
     # keep_end_time is stopped by the cleanup, not KILLed (a node's Ray that outlives its grace may be)
     killed = [line for line in (limit + cap).splitlines() if "Killed" in line and "keep_end_time" in line]
     assert not killed, limit + cap
-    check_esi_job(tmp_path / "esi", esi)
-    assert no_ray_left(60) == []
+    assert [process for job in jobs.values() for process in no_ray_left(60, job)] == []
 
 
 # A stand-in for verl's trainer that keeps verl's own deadline logic: a Ray driver whose actor runs the steps (as
@@ -759,13 +768,12 @@ print("STAND-IN done at step", ray.get(fit.remote(folder, redundant, int(os.envi
 """
 
 
-def esi_job(root: Path) -> str:
+def esi_job(root: Path) -> Job:
     """#42 items 1-2: a job whose trainer is ESI_TRAINER, with a 5-minute limit and USR1 asked 30 s before it
-    (Slurm may send it up to 60 s earlier, which the deadline allows for: end - 90 s), submitted: its id. A
-    negative trainer.esi_redundant_time narrows verl's 61 s window, to keep it short. (With 4 minutes, a CI
-    run's bring-up beside the other jobs took the first attempt past USR1 before its first step.)"""
-    root.mkdir()
-    write_fixtures(root)
+    (Slurm may send it up to 60 s earlier, which the deadline allows for: end - 90 s). A negative
+    trainer.esi_redundant_time narrows verl's 61 s window, to keep it short. (With 4 minutes, a CI run's
+    bring-up beside other jobs took the first attempt past USR1 before its first step; side by side, the
+    others' bring-ups are paced, one beside it at most.)"""
     venv = fake_venv(root)
     (root / "esi_trainer.py").write_text(ESI_TRAINER)
     python = venv / "bin" / "python3"
@@ -773,21 +781,15 @@ def esi_job(root: Path) -> str:
         'if [[ ${1:-} == -m && ${2:-} == verl.trainer.main_ppo ]]; then',
         f'if [[ ${{1:-}} == -m && ${{2:-}} == verl.trainer.main_ppo ]]; then\n  shift 2\n'
         f'  exec {sys.executable} {root}/esi_trainer.py "$@"'))
-    script = build(root, venv=venv, grace="30s", slurm=", time: '00:05:00'")
-    spec = root / "spec.yaml"
-    spec.write_text(spec.read_text().replace(
-        "verl: {", f"verl: {{trainer: {{default_local_dir: {root}/ckpt, save_freq: 1000, esi_redundant_time: -30}}, ",
-        1))
-    assert run_verlc("build", spec, "--target", "slurm", "--out", root / "out", "--force").returncode == 0
-    return submit(script, root, "train")
+    trainer = f", trainer: {{default_local_dir: {root}/ckpt, save_freq: 1000, esi_redundant_time: -30}}"
+    return Job(build(root, venv=venv, grace="30s", slurm=", time: '00:05:00'", verl=trainer), "train")
 
 
-def check_esi_job(root: Path, job: str) -> None:
+def check_esi_job(ended: Ended) -> None:
     """The deadline (the job's end less requeue_grace) reached verl's should_save_ckpt_esi in the trainer's
     Ray actor, which saved ahead of it; USR1 requeued the job, and the next attempt resumed from that save."""
-    state = job_state(wait_ended(job))
-    output = (root / f"slurm-{job}.out").read_text()
-    assert state == "COMPLETED", output
+    output = ended.output
+    assert ended.state == "COMPLETED", output
     first, _, second = output.partition("SLURM_RESTART_COUNT=1")
     assert second, output
     deadline = int(re.search(r"MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP=(\d+): verl saves", first)[1])
