@@ -408,6 +408,11 @@ def hub(config: dict, token: str | None = None) -> Iterator[tuple[str, list[tupl
         thread.join()
 
 
+# The suite's process may hold HF_HUB_OFFLINE=1 (tests/test_verl_differential.py sets it as it is imported), and a
+# developer's shell a token: neither here.
+ONLINE = {"HF_HUB_OFFLINE": "", "HF_TOKEN": ""}
+
+
 def pinned_spec(tmp_path: Path, revision: str = COMMIT) -> Path:
     text = spec(tmp_path).read_text().replace("model: Qwen/Qwen2.5-7B-Instruct",
                                               f"model: {{path: Qwen/Qwen2.5-7B-Instruct, revision: {revision}}}")
@@ -419,7 +424,7 @@ def pinned_spec(tmp_path: Path, revision: str = COMMIT) -> Path:
 def test_a_pinned_hub_models_config_is_fetched_once_and_then_read_from_the_cache(tmp_path: Path) -> None:
     """The build asks the hub once (one request, whatever the number of estimates it makes), keeps a commit's
     config.json in verlc's cache, and reads it there with the hub gone."""
-    env = {"HF_HOME": str(tmp_path / "hf"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {"HF_HOME": str(tmp_path / "hf"), "XDG_CACHE_HOME": str(tmp_path / "cache"), **ONLINE}
     path = pinned_spec(tmp_path)
     with hub(QWEN25_7B) as (address, asked):
         env["HF_ENDPOINT"] = address
@@ -451,7 +456,7 @@ def test_a_pinned_model_in_the_hugging_face_cache_is_read_there_without_the_hub(
 def test_a_hub_config_that_cannot_be_had_says_why_and_the_build_goes_on(tmp_path: Path) -> None:
     """Gated without a token, offline, an unreachable hub: "not estimated", with the reason and what to do; a
     token reaches the hub as huggingface_hub sends it."""
-    env = {"HF_HOME": str(tmp_path / "hf"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {"HF_HOME": str(tmp_path / "hf"), "XDG_CACHE_HOME": str(tmp_path / "cache"), **ONLINE}
     path = pinned_spec(tmp_path)
     with hub(QWEN25_7B, token="hf_secret") as (address, asked):
         env["HF_ENDPOINT"] = address
