@@ -17,6 +17,8 @@ from functools import cache
 from pathlib import Path
 from urllib.parse import quote
 
+from .verl.commit import cache_folder
+
 TIMEOUT = 5  # seconds for the one request
 COMMIT = re.compile(r"[0-9a-f]{40}")
 
@@ -37,9 +39,9 @@ def _hf_cached(repo: str, revision: str) -> Path | None:
     return found if commit and found.is_file() else None
 
 
-def _own_cached(repo: str, revision: str) -> Path:
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return root / "verlc" / "hub" / repo.replace("/", "--") / revision / "config.json"
+def _own_cached(repo: str, commit: str) -> Path:
+    """verlc's cache of a commit's config.json (beside its cache of verl commits' facts)."""
+    return cache_folder().parent / "hub" / repo.replace("/", "--") / commit / "config.json"
 
 
 def _token() -> str | None:
@@ -69,8 +71,8 @@ def _config(repo: str, revision: str) -> tuple[dict, str] | OSError:
 
 
 def _read(repo: str, revision: str) -> tuple[dict, str]:
-    for path, where in ((_hf_cached(repo, revision), "the Hugging Face cache"),
-                        (_own_cached(repo, revision), "verlc's cache")):
+    own = _own_cached(repo, revision) if COMMIT.fullmatch(revision) else None  # a branch moves: never cached
+    for path, where in ((_hf_cached(repo, revision), "the Hugging Face cache"), (own, "verlc's cache")):
         if path is not None and path.is_file():
             return _keys(path.read_bytes(), path), where
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
@@ -90,12 +92,11 @@ def _read(repo: str, revision: str) -> tuple[dict, str]:
     except (urllib.error.URLError, TimeoutError, OSError) as exc:
         raise OSError(f"{url} could not be reached: {getattr(exc, 'reason', exc)}") from None
     keys = _keys(body, url)
-    if COMMIT.fullmatch(revision):  # a branch or tag moves: fetched again by each build
-        cached = _own_cached(repo, revision)
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        partial = cached.with_name(f".config.json.{os.getpid()}")
+    if own is not None:  # a branch or tag is fetched again by each build
+        own.parent.mkdir(parents=True, exist_ok=True)
+        partial = own.with_name(f".config.json.{os.getpid()}")
         partial.write_bytes(body)
-        partial.replace(cached)
+        partial.replace(own)
     return keys, "the hub"
 
 
