@@ -2,9 +2,12 @@
 BPE tokenizer trained on the prompts, and GSM8K-shaped parquet files (verl's columns for RL, and `messages`, the
 question and its answer, for SFT).
 
-    python3 dev/gpu/fixtures.py FOLDER     # FOLDER/model, FOLDER/data/{train,test}.parquet, FOLDER/hub
+    python3 dev/gpu/fixtures.py FOLDER     # FOLDER/model, FOLDER/model-fit, FOLDER/data/{train,test}.parquet,
+                                           # FOLDER/hub
 
-FOLDER/hub is a Hugging Face hub cache holding the same model as JUDGE (what the judge service serves offline).
+FOLDER/model-fit is a random model of the shape specs/gpu-rehearsal-fit.yaml gives in model_shape (a real
+model's layers), with the same tokenizer: what `verlc plan` predicts for it is checked against what it takes on
+the GPU. FOLDER/hub is a Hugging Face hub cache holding the same model as JUDGE (what the judge service serves offline).
 
 A random model learns nothing about arithmetic; the rehearsal shows that verl trains through verlc's bundle
 (loss, gradients, rewards logged every step, checkpoints), not that the model gets better.
@@ -63,6 +66,25 @@ def model(vocab: int, tok: object, folder: Path) -> None:
     GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id).save_pretrained(folder)
 
 
+def fit_model(tok: object, folder: Path, spec: Path) -> None:
+    """A random bf16 model of `spec`'s model_shape (the vocabulary must be the tokenizer's: a sampled id the
+    tokenizer does not have could not be decoded)."""
+    import torch
+    from ruamel.yaml import YAML
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    shape = dict(YAML(typ="safe").load(spec.read_text())["model_shape"])
+    if shape["vocab_size"] != len(tok):  # type: ignore[arg-type]
+        raise SystemExit(f"{spec}: model_shape.vocab_size {shape['vocab_size']} is not the tokenizer's {len(tok)}")  # type: ignore[arg-type]
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(**shape, max_position_embeddings=256, dtype="bfloat16",
+                                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,  # type: ignore[attr-defined]
+                                  bos_token_id=None)
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
+    GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id).save_pretrained(folder)
+    tok.save_pretrained(folder)  # type: ignore[attr-defined]
+
+
 def hub(model_folder: Path, repo_id: str, cache: Path) -> None:
     """`model_folder` as the hub client leaves a download in its cache `cache` (blobs, a snapshot of links,
     refs/main): a server that lists the models of its cache (`transformers serve`) serves it offline as
@@ -99,6 +121,7 @@ def main(folder: Path) -> None:
     (folder / "data").mkdir(parents=True, exist_ok=True)
     tok = tokenizer([q for q, _ in train + test] + [a for _, a in train + test], folder / "model")
     model(len(tok), tok, folder / "model")  # type: ignore[arg-type]
+    fit_model(tok, folder / "model-fit", Path(__file__).parents[2] / "specs" / "gpu-rehearsal-fit.yaml")
     data(train, "train", folder / "data" / "train.parquet")
     data(test, "test", folder / "data" / "test.parquet")
     hub(folder / "model", JUDGE, folder / "hub")

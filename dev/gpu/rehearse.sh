@@ -12,7 +12,8 @@
 # copy gpu.md, gpu-rehearsal.svg and gpu-timeline.svg into docs/.
 #
 #   bash dev/gpu/rehearse.sh                    # from the repository root, .whl/ beside it: every part
-#   bash dev/gpu/rehearse.sh train judge cases  # some parts (of train judge cases sft pipeline sft-two)
+#   bash dev/gpu/rehearse.sh train judge cases  # some parts (of train judge cases sft pipeline sft-two; and
+#                                               # vllm vllm-resume vllm-fit vllm-judge vllm-cases: verl 0.9.1)
 #
 # A device call lasts at most 10 minutes: run the parts in two calls, unpack both calls' rehearsal.tar.gz into one
 # folder (their events.tsv appended) and run dev/gpu/report.py on it here.
@@ -38,7 +39,14 @@ fail() { echo "rehearse.sh: $*" >&2; mark failed "$*"; pack; exit 1; }
 
 # --- install --------------------------------------------------------------------------------------------------
 site=$work/site
-rm -rf "${site:?}" "${work:?}"/verl-* "${work:?}"/bin "${work:?}"/serve
+# verl 0.9.1's install outlives the call that made it (the machine is held between calls): kept while its stamp,
+# the parts' manifest, is the one here
+v091_parts=${V091_PARTS:-.whl/v091}
+if want train || want judge || want cases || want sft || want pipeline || want sft-two \
+  || ! cmp -s "$site/.v091-parts.json" .whl/v091/v091.tar.parts.json; then
+  rm -rf "${site:?}"
+fi
+rm -rf "${work:?}"/verl-* "${work:?}"/bin "${work:?}"/serve
 mkdir -p "$site" "$work"/bin
 printf '#!/bin/sh\nexec python3 -c "import sys; from ray.scripts.scripts import main; sys.argv[0] = \\"ray\\"; main()" "$@"\n' \
   >"$work"/bin/ray
@@ -65,15 +73,17 @@ if want train || want judge || want cases || want sft || want pipeline || want s
 else
   # verl 0.9.1 with vLLM: the parts that earlier calls carried (in V091_PARTS) and this one's, joined, then
   # unpacked into one folder; verlc from this working tree
-  parts_dir=${V091_PARTS:-.whl/v091}
-  [[ $parts_dir -ef .whl/v091 ]] || cp .whl/v091/* "$parts_dir"/ 2>/dev/null
-  python3 dev/gpu/parts.py join "$parts_dir"/v091.tar.parts.json "$work"/v091.tar || fail "the v091 parts"
-  mkdir -p "$work"/v091
-  tar -C "$work"/v091 -xf "$work"/v091.tar || fail "unpacking the v091 bundle"
-  rm "$work"/v091.tar
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$work"/v091/wheels/*.whl \
-    || fail "pip install (v091)"
-  for big in vllm ray; do tar -C "$site" -xJf "$work/v091/$big.tar.xz" || fail "unpacking $big"; done
+  if [[ ! -f $site/.v091-parts.json ]]; then
+    [[ $v091_parts -ef .whl/v091 ]] || cp .whl/v091/* "$v091_parts"/ 2>/dev/null
+    python3 dev/gpu/parts.py join "$v091_parts"/v091.tar.parts.json "$work"/v091.tar || fail "the v091 parts"
+    rm -rf "$work"/v091 && mkdir -p "$work"/v091
+    tar -C "$work"/v091 -xf "$work"/v091.tar || fail "unpacking the v091 bundle"
+    rm "$work"/v091.tar
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$work"/v091/wheels/*.whl \
+      || fail "pip install (v091)"
+    for big in vllm ray; do tar -C "$site" -xJf "$work/v091/$big.tar.xz" || fail "unpacking $big"; done
+    cp .whl/v091/v091.tar.parts.json "$site/.v091-parts.json"
+  fi
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$site" . \
     || fail "pip install verlc"
   rm -rf build
@@ -99,8 +109,12 @@ EOF
 
 # --- the tiny model and data, offline ----------------------------------------------------------------------------
 export GPU_REHEARSAL=$work/fixtures
-rm -rf "$GPU_REHEARSAL"
-python3 dev/gpu/fixtures.py "$GPU_REHEARSAL" || fail "fixtures"
+# made again unless this fixtures.py made them; the checkpoints stay (a later call's part resumes from them)
+if ! cmp -s "$GPU_REHEARSAL/fixtures.py" dev/gpu/fixtures.py; then
+  rm -rf "${GPU_REHEARSAL:?}"/{model,model-*,data,hub}
+  python3 dev/gpu/fixtures.py "$GPU_REHEARSAL" || fail "fixtures"
+  cp dev/gpu/fixtures.py "$GPU_REHEARSAL"/
+fi
 cp specs/gpu-rehearsal/reward.py specs/genrm/judge_reward.py "$GPU_REHEARSAL"/
 mark fixtures
 
@@ -179,6 +193,7 @@ if want cases; then
   build dev/gpu/cases/hf-rollout-0.6.1.yaml hf-0.6.1
 fi
 if want vllm; then  # verl 0.9.1 with vLLM 0.24.0: which processes hold the GPU, sampled every 2 s meanwhile
+  rm -rf "$GPU_REHEARSAL/checkpoints/vllm"
   (while sleep 2; do echo "at $(since "$t0")"; gpu_users; done) >"$out/vllm-gpu.txt" 2>&1 &
   sampler=$!
   submit specs/gpu-rehearsal-vllm.yaml vllm
@@ -187,8 +202,18 @@ if want vllm; then  # verl 0.9.1 with vLLM 0.24.0: which processes hold the GPU,
   verlc runs --timeline "$run" --format markdown >"$out/vllm-timeline.md" 2>&1
   cat "$out/vllm-results.md" "$out/vllm-timeline.md"
   ls -R "$GPU_REHEARSAL/checkpoints/vllm" >"$out/vllm-checkpoints.txt" 2>&1
-  # the same run again: it resumes from the last checkpoint (trainer.resume_mode auto), 8 steps already done
+fi
+if want vllm-resume; then  # the same run again: it resumes from the last checkpoint (trainer.resume_mode auto)
   submit specs/gpu-rehearsal-vllm.yaml vllm-resume
+fi
+if want vllm-fit; then  # will it fit: the plan beside what verl's actor measured (perf/max_memory_allocated_gb)
+  verlc plan specs/gpu-rehearsal-fit.yaml --format json >"$out/fit-plan.json" 2>"$out/fit-plan.err"
+  (while sleep 2; do echo "at $(since "$t0")"; gpu_users; done) >"$out/fit-gpu.txt" 2>&1 &
+  sampler=$!
+  submit specs/gpu-rehearsal-fit.yaml fit perf/max_memory_allocated_gb
+  kill "$sampler"
+  verlc runs --results "$run" --metric perf/ --format json >"$out/fit-results.json" 2>&1
+  nvidia-smi >"$out/fit-nvidia-smi.txt" 2>&1
 fi
 if want vllm-judge; then  # the judge as `vllm serve` on the rollout's GPU, its share the spec's gpu_memory
   submit specs/gpu-rehearsal-vllm-judge.yaml vllm-judge
