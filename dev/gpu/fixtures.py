@@ -5,7 +5,7 @@ question and its answer, for SFT).
     python3 dev/gpu/fixtures.py FOLDER     # FOLDER/model, FOLDER/model-fit, FOLDER/data/{train,test}.parquet,
                                            # FOLDER/hub
 
-FOLDER/model-fit is a random model of the shape specs/gpu-rehearsal-fit.yaml gives in model_shape (a real
+FOLDER/model-fit is a random model of the shape dev/gpu/fit.yaml gives in model_shape (a real
 model's layers), with the same tokenizer: what `verlc plan` predicts for it is checked against what it takes on
 the GPU. FOLDER/hub is a Hugging Face hub cache holding the same model as JUDGE (what the judge service serves offline).
 
@@ -121,7 +121,7 @@ def main(folder: Path) -> None:
     (folder / "data").mkdir(parents=True, exist_ok=True)
     tok = tokenizer([q for q, _ in train + test] + [a for _, a in train + test], folder / "model")
     model(len(tok), tok, folder / "model")  # type: ignore[arg-type]
-    fit_model(tok, folder / "model-fit", Path(__file__).parents[2] / "specs" / "gpu-rehearsal-fit.yaml")
+    fit_model(tok, folder / "model-fit", Path(__file__).with_name("fit.yaml"))
     data(train, "train", folder / "data" / "train.parquet")
     data(test, "test", folder / "data" / "test.parquet")
     hub(folder / "model", JUDGE, folder / "hub")

@@ -207,10 +207,10 @@ if want vllm-resume; then  # the same run again: it resumes from the last checkp
   submit specs/gpu-rehearsal-vllm.yaml vllm-resume
 fi
 if want vllm-fit; then  # will it fit: the plan beside what verl's actor measured (perf/max_memory_allocated_gb)
-  verlc plan specs/gpu-rehearsal-fit.yaml --format json >"$out/fit-plan.json" 2>"$out/fit-plan.err"
+  verlc plan dev/gpu/fit.yaml --format json >"$out/fit-plan.json" 2>"$out/fit-plan.err"
   (while sleep 2; do echo "at $(since "$t0")"; gpu_users; done) >"$out/fit-gpu.txt" 2>&1 &
   sampler=$!
-  submit specs/gpu-rehearsal-fit.yaml fit perf/max_memory_allocated_gb
+  submit dev/gpu/fit.yaml fit perf/max_memory_allocated_gb
   kill "$sampler"
   verlc runs --results "$run" --metric perf/ --format json >"$out/fit-results.json" 2>&1
   nvidia-smi >"$out/fit-nvidia-smi.txt" 2>&1
