@@ -29,6 +29,11 @@ dtypes and offload switches):
   inputs and outputs, q, k and v before and after RoPE, the attention's output, and the MLP's gate, up, activation
   and product; with gradient checkpointing only each layer's input is kept, and one layer's are recomputed at a
   time;
+- the weight sync before each rollout (verl 0.9's vLLM path): the actor's weights, vLLM's (bf16) woken without
+  its KV cache, and a bucket of update_weights_bucket_megabytes (2 GiB by default) in the trainer's process;
+- the optimizer step: torch's AdamW, foreach on CUDA by default, takes the square root of every second moment at
+  once, a temporary fp32 copy of the GPU's shard beside the weights, gradients and moments (torch/optim/adam.py;
+  measured within 1% on the H100, docs/gpu.md): the update's peak when it outweighs the backward's activations;
 - one CUDA context per process on a GPU, 0.5 GiB (measured on the H100: docs/gpu.md), the trainer's and the rollout
   server's.
 """
@@ -290,15 +295,19 @@ def estimate(get: Callable[[str], Any], *, gpus: int, gpu: int | None, gpu_origi
     if not isinstance(share, (int, float)) or isinstance(share, bool):
         return Estimate(unknown=f"{ROLLOUT}.gpu_memory_utilization is {share!r}")
     step = _Step(get, gpus, gpu, shape, shares, critic, reference)
-    phases = [step.rollout(share), step.forward("log-probs (actor)", ROLLOUT, "actor", True)]
+    phases: list[Phase | None] = [step.sync(), step.rollout(share),
+                                  step.forward("log-probs (actor)", ROLLOUT, "actor", True)]
     if reference:
         phases.append(step.forward("log-probs (reference)", REF, "ref", True))
     if critic:
         phases.append(step.forward("values (critic)", CRITIC, "critic", False))
     phases.append(step.update("update (actor)", ACTOR, "actor", True))
+    phases.append(step.step("optimizer step (actor)", ACTOR, "actor"))
     if critic:
         phases.append(step.update("update (critic)", CRITIC, "critic", False))
-    return Estimate(gpu=gpu, gpu_origin=gpu_origin, shape=shape, shape_origin=shape_origin, phases=tuple(phases))
+        phases.append(step.step("optimizer step (critic)", CRITIC, "critic"))
+    return Estimate(gpu=gpu, gpu_origin=gpu_origin, shape=shape, shape_origin=shape_origin,
+                    phases=tuple(p for p in phases if p is not None))
 
 
 class _Step:
@@ -367,6 +376,25 @@ class _Step:
                           math.ceil(share * max(self.gpu - before, 0)), "verl docs/perf/perf_tuning.rst")
         return Phase("rollout", (*self.resident("rollout"), engine), f"{ROLLOUT}.gpu_memory_utilization")
 
+    def sync(self) -> Phase | None:
+        """The weight sync before each rollout, where verl sends the actor's weights to vLLM through a bucket
+        (verl 0.9's checkpoint engine; other releases and engines: no phase): vLLM's weights are back (bf16, its
+        TP's share), its KV cache not yet; the actor's weights are on the GPU whatever param_offload says
+        (verl/workers/engine_workers.py: resume weights, update_weights, then offload and resume the KV cache),
+        and the bucket is a buffer of update_weights_bucket_megabytes in the trainer's process
+        (verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py; measured on the H100: docs/gpu.md)."""
+        key = f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes"
+        megabytes = _int(self.get(key))
+        if self.get(f"{ROLLOUT}.name") != "vllm" or megabytes is None:
+            return None
+        tp = _int(self.get(f"{ROLLOUT}.tensor_model_parallel_size")) or 1
+        return Phase("weight sync", (
+            *self.resident("actor", optimizer=False),
+            Term(f"vLLM's weights (bf16, 1/{tp}), woken for the sync", math.ceil(self.shape.parameters * 2 / tp),
+                 "verl/workers/engine_workers.py (resume weights, then the KV cache)"),
+            Term(f"the sync's bucket ({megabytes} MiB)", megabytes * 2 ** 20,
+                 "verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py")), key)
+
     def tokens(self, section: str, micro_key: str, tokens_key: str) -> tuple[int, str, bool]:
         """A micro batch's tokens on one GPU (Ulysses splits them), the setting that sizes it, and whether that is
         only an upper bound: verl packs micro batches up to the token budget with use_dynamic_bsz; without
@@ -410,6 +438,28 @@ class _Step:
         work = [self.states[role]["gradients"], self.gathered, self.root, kept]
         return Phase(name, (*self.resident(role), *work, *([self.logits(count)] if logits else [])), key, bound)
 
+    def step(self, name: str, section: str, role: str) -> Phase | None:
+        """The optimizer's step after the last micro batch: what torch's AdamW allocates beside the weights,
+        gradients and moments. With the foreach implementation (torch's default on CUDA) `_foreach_sqrt` of the
+        second moments is a full fp32 copy of the GPU's shard (torch/optim/adam.py, _multi_tensor_adam; measured
+        on the H100: docs/gpu.md); with foreach off, one parameter's at a time (the largest: the embedding);
+        fused, nothing. Other optimizers than torch.optim's: no phase (not modelled)."""
+        if (self.get(f"{section}.optim.optimizer_impl") or "torch.optim") != "torch.optim" or \
+                str(self.get(f"{section}.optim.optimizer") or "AdamW") not in ("AdamW", "Adam"):
+            return None
+        key = f"{section}.optim.override_optimizer_config"
+        override = self.get(key) if isinstance(self.get(key), dict) else {}
+        source = "torch.optim.AdamW's step (torch/optim/adam.py); measured: docs/gpu.md"
+        if override.get("fused"):
+            temporary = []
+        elif override.get("foreach") is False:
+            temporary = [Term("AdamW step: one parameter's square root at a time (fp32, the largest)",
+                              math.ceil(4 * self.shape.vocab * self.shape.hidden / self.gpus), source)]
+        else:
+            temporary = [Term(f"AdamW step: the second moments' square root (foreach; fp32, 1/{self.gpus})",
+                              self._shard(4), source)]
+        return Phase(name, (*self.resident(role), self.states[role]["gradients"], *temporary), key)
+
 
 def for_spec(spec: Spec, sourced: Sourced, config: Config, changes: dict[str, Any] | None = None) -> Estimate:
     """The estimate for a spec's PPO run with verl's config (resolved), and `changes` to it; the spec's own folder
@@ -452,6 +502,10 @@ def fixes(spec: Spec, sourced: Sourced, config: Config, found: Estimate, phase: 
     if taken is not None:
         out.append(f"param_offload and optimizer_offload on the actor, and the reference's param_offload "
                    f"({gib(taken)} GiB)")
+    if phase.tipping.endswith(".optim.override_optimizer_config"):
+        taken = fits({phase.tipping: {**(config.get(phase.tipping) or {}), "fused": True}})
+        if taken is not None:
+            out.append(f"{phase.tipping} {{fused: true}}: torch's fused AdamW ({gib(taken)} GiB)")
     value = config.get(phase.tipping)
     if phase.tipping != f"{ROLLOUT}.gpu_memory_utilization" and _int(value) and value > 1:
         for smaller in sorted({value // 2 ** k for k in range(1, 20)} - {0}, reverse=True):

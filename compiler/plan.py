@@ -207,6 +207,7 @@ def _memory(found: Estimate | None, device: str) -> list[str]:
            f"{found.shape.architecture}, {found.shape.parameters / 1e9:.2f}B parameters ({found.shape_origin})"]
     out += [f"{'':12}{p.name:22} {gib(p.bytes):>6} GiB" + (" at most" if p.bound else "") +
             ("  <- the peak" if p is peak else "") for p in found.phases]
+    out.append(f"{'':12}the peak, {peak.name}:")
     out += [f"{'':12}  {t.what}: {gib(t.bytes)}" for t in peak.terms]
     verdict = ("more than the GPU has" + (" where every sequence runs to the maximum length" if peak.bound else "")
                if peak.bytes > found.gpu else

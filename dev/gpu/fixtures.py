@@ -21,9 +21,11 @@ import random
 import sys
 from pathlib import Path
 
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-SPECIAL = ["<|pad|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"]
+# Qwen's chat format: verl 0.9.1's agent loop builds a Qwen-family model's turns around <|im_end|>
+# (verl/utils/tokenizer/continuous_token.py) and refuses a tokenizer without it
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 JUDGE = "genrm"  # the judge service's model (specs/gpu-rehearsal-judge.yaml), as a hub repo id of FOLDER/hub
 
 
@@ -46,7 +48,7 @@ def tokenizer(texts: list[str], folder: Path) -> object:
     bpe.decoder = decoders.ByteLevel()
     bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=512, special_tokens=SPECIAL,
                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<|pad|>", eos_token="<|end|>",
+    fast = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<|endoftext|>", eos_token="<|im_end|>",
                                    bos_token=None, unk_token=None)
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(folder)
