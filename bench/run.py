@@ -548,7 +548,7 @@ docker/podman runtimes add two steps on all nodes (the one that runs every node'
 readiness wait; one more for image builds) and one at cleanup. The "last node registered -> ready" gap is the runtime's poll interval at most (0.5 s). Since verl 0.9.1's start-up needs are checked on every node (verl's trainer imports TransferQueue, which
 imports torch and tensordict: about 2.6 s of CPU in a fresh Python, and a Ray worker of its own that sees the
 node's GPUs), the 8-node preflight is over the 2x budget here: eight such checks and eight all-reduce ranks share
-2 cores. On a real cluster each node checks its own (28.3 s on the H100 with vLLM's rollout module: docs/gpu.md),
+2 cores. On a real cluster each node checks its own (20.7 s on the H100 with vLLM's rollout module, in a preflight of 23.9 s: docs/gpu.md),
 beside the all-reduce.
 
 The run record rows are what every preflight adds since runs record their inputs: each data file's

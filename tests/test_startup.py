@@ -63,6 +63,13 @@ def test_every_fact_points_at_a_line_of_the_release_that_states_it(version: str)
         path, number = facts["sglang_model_len"].rsplit(":", 1)
         lines = (package.parent / path).read_text(encoding="utf-8").splitlines()[int(number) - 1:int(number) + 3]
         assert lines[0].strip().startswith("assert") and "self.config.max_model_len >= " in " ".join(lines), lines
+    if facts["chat_tokens"]:
+        assert "create_continuous_token_builder(" in line_of(package, facts["chat_tokens"]["call"])
+        for tokens in facts["chat_tokens"]["model_types"].values():
+            for text, where, kind in tokens:
+                line = line_of(package, where)
+                called = "require_token_id(tokenizer, " if kind == "token" else "tokenizer.encode("
+                assert called in line and (repr(text)[1:-1] in line or "self._" in line), line
     if facts["expiry_save"]:
         assert "def should_save_ckpt_esi(" in line_of(package, facts["expiry_save"]["check"])
         assert "should_save_ckpt_esi(" in line_of(package, facts["expiry_save"]["called"])
@@ -128,6 +135,74 @@ def test_the_engine_workers_needs_are_verls_own(tmp_path: Path) -> None:
                           timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-2:] == [FA2, "sdpa"]
+
+
+def tokenizer_folder(folder: Path, model_type: str, specials: list[str], unk: bool, newline: bool = True) -> Path:
+    """A model folder with a config.json of `model_type` and a fast tokenizer (a few words, a newline among them
+    where `newline`, `specials` added; an unknown token where `unk`), made offline."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    # byte-level, as Qwen's (transformers rebuilds a qwen2 model's tokenizer that way): a newline is "Ċ"
+    words = {w: i for i, w in enumerate(["<unk>"] * unk + ["a", "b"] + ["Ċ"] * newline)}
+    bpe = Tokenizer(models.BPE(vocab=words, merges=[], unk_token="<unk>" if unk else None))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    fast = PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="<unk>" if unk else None)
+    fast.add_special_tokens({"additional_special_tokens": specials})
+    folder.mkdir(parents=True)
+    fast.save_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+    return folder
+
+
+def test_the_chat_tokens_a_model_family_needs_are_verls_own_verdict(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """verl 0.9.1's agent loop builds each rollout's turns with its model family's builder, which raises where the
+    tokenizer lacks a token it requires (the rehearsal's first 0.9.1 run died there on the GPU, 4 minutes after
+    the queue: docs/gpu.md). The preflight's verdict on each tokenizer is verl's own, run here."""
+    cases = {
+        "qwen2 with <|im_end|>": ("qwen2", ["<|im_start|>", "<|im_end|>"], False),
+        "qwen2 without it": ("qwen2", ["<|end|>"], False),
+        "qwen3 without it, an unknown token": ("qwen3", [], True),  # convert_tokens_to_ids gives <unk>'s id
+        "glm4_moe with <|user|> only": ("glm4_moe", ["<|user|>"], False),
+        "llama without it": ("llama", [], False),  # no family builder: nothing required
+        "qwen2 with <|im_end|>, no newline token": ("qwen2", ["<|im_end|>"], False, False),
+    }
+    folders = {name: tokenizer_folder(tmp_path / f"m{i}", *case) for i, (name, case) in enumerate(cases.items())}
+    verl_says = ("import json, sys\n"
+                 "from transformers import AutoTokenizer\n"
+                 "from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder\n"
+                 "out = {}\n"
+                 "for folder in sys.argv[1:]:\n"
+                 "    model_type = json.load(open(folder + '/config.json'))['model_type']\n"
+                 "    try:\n"
+                 "        create_continuous_token_builder(AutoTokenizer.from_pretrained(folder), hf_model_type=model_type)\n"
+                 "        out[folder] = True\n"
+                 "    except ValueError:\n"
+                 "        out[folder] = False\n"
+                 "print(json.dumps(out))")
+    env = {**os.environ, "PYTHONPATH": str(release_package("0.9.1").parent)}
+    done = subprocess.run([sys.executable, "-c", verl_says, *map(str, folders.values())], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    verdicts = json.loads(done.stdout.splitlines()[-1])
+    assert [verdicts[str(f)] for f in folders.values()] == [True, False, True, False, True, False]  # verl's own
+    need = next(n for n in needs(snapshot("0.9.1").startup, config("0.9.1").get, use_critic=False,
+                                 accelerator="cuda", label="verl 0.9.1") if n.check == "chat_tokens")
+    asked = [{**need.__dict__, "model": str(folder)} for folder in folders.values()]
+    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])  # the node's verl: 0.9.1's
+    found = runtime_startup.startup_found(asked)
+    assert "results" in found, found
+    assert [r["ok"] for r in found["results"]] == [verdicts[str(f)] for f in folders.values()]
+    problems = runtime_startup.startup_problems({"abcdef0123": found}, [StartupNeed(**need.__dict__)] * len(asked))
+    assert len(problems) == 3, problems
+    assert "does not define required token '<|im_end|>'" in problems[0] and "'<|observation|>'" in problems[1]
+    assert "Expected Qwen newline to tokenize to one token" in problems[2], problems[2]
+    assert "verl/utils/tokenizer/continuous_token.py:560" in problems[0]
+    assert "verl/experimental/agent_loop/agent_loop.py:" in problems[0]  # where the agent loop builds it
+    # a model folder this node does not have: not checked, said so
+    missing = runtime_startup.startup_found([{**need.__dict__, "model": str(tmp_path / "absent")}])["results"][0]
+    assert missing["ok"] is None and "not checked" in missing["detail"]
 
 
 @pytest.mark.parametrize("version", ["0.7.1", "0.8.0", "0.9.0", "0.9.1"])

@@ -38,7 +38,7 @@ import difflib
 import re
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,10 @@ ENGINE_MODULES = {"fsdp": "verl.workers.fsdp_workers", "megatron": "verl.workers
 # 0.8 on, the legacy worker modules gone: one worker module for every engine, each engine's implementation a
 # package of its own, started by the trainer's TaskRunner (whose `run` imports more as it begins).
 ENGINE_WORKERS = "verl.workers.engine_workers"
+# verl 0.9 on: the builders of each model family's chat turns, and where the agent loop makes one
+CHAT_BUILDERS = "verl.utils.tokenizer.continuous_token"
+CHAT_WIRING = "verl.utils.tokenizer.continuous_token_wiring"
+AGENT_LOOP = "verl.experimental.agent_loop.agent_loop"
 ENGINE_PACKAGES = {"fsdp": "verl.workers.engine.fsdp", "megatron": "verl.workers.engine.megatron"}
 TRAINER = "verl.trainer.main_ppo"
 # The model config the engine workers build each role's model from (HFModelConfig reads override_config).
@@ -77,6 +81,7 @@ def read(package: Path) -> dict[str, Any]:
         "loggers": code.loggers(),
         "sglang_model_len": code.sglang_model_len(),
         "engine_micro_batches": code.engine_micro_batches(),
+        "chat_tokens": code.chat_tokens(),
     }
 
 
@@ -379,6 +384,77 @@ class _Code:
                                            "legacy": self.file(ENGINE_MODULES["fsdp"]) is not None}
 
 
+    def chat_tokens(self) -> dict[str, Any] | None:
+        """What verl's agent loop requires of a text model's tokenizer, by its config.json model_type (verl 0.9
+        on: every rollout builds its turns with the builder of the model's family, whose __init__ raises at the
+        first rollout where the tokenizer falls short): {"call": where the agent loop builds it, "model_types":
+        {model_type: [[text, where it is required, kind], ...]}}, kind "token" (`require_token_id`: the token is
+        the tokenizer's) or "one id" (`tokenizer.encode(text)` must give one id); None where the release has no
+        such builders. Read from a builder's __init__ (its own and its bases'), each text a literal or a class
+        attribute's literal; the vision-language builders (they need the model's processor too) are left
+        out."""
+        wiring, builders = self.file(CHAT_WIRING), self.file(CHAT_BUILDERS)
+        loop = self.file(AGENT_LOOP)
+        if wiring is None or builders is None or loop is None:
+            return None
+        call = next((n for n in ast.walk(self.tree(loop)) if isinstance(n, ast.Call)
+                     and isinstance(n.func, ast.Name) and n.func.id == "create_continuous_token_builder"), None)
+        tables = {}
+        for node in self.tree(wiring).body:
+            target = node.target if isinstance(node, ast.AnnAssign) else \
+                node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+            if isinstance(target, ast.Name) and isinstance(node.value, ast.Dict):
+                tables[target.id] = node.value
+        families, registry = tables.get("_MODEL_TYPE_TO_FAMILY"), tables.get("_CONTINUOUS_TOKEN_BUILDER_REGISTRY")
+        if call is None or families is None or registry is None:
+            return None
+        family_of = {k.value: v.attr for k, v in zip(families.keys, families.values)
+                     if isinstance(k, ast.Constant) and isinstance(v, ast.Attribute)}
+        builder_of = {k.attr: v.id for k, v in zip(registry.keys, registry.values)
+                      if isinstance(k, ast.Attribute) and isinstance(v, ast.Name)}
+        classes = {c.name: c for c in self.tree(builders).body if isinstance(c, ast.ClassDef)}
+
+        def lineage(name: str) -> list[ast.ClassDef]:
+            cls = classes.get(name)
+            if cls is None:
+                return []
+            return [cls] + [c for base in cls.bases if isinstance(base, ast.Name) for c in lineage(base.id)]
+
+        def required(name: str) -> list[list[str]]:
+            chain = lineage(name)
+            constants = {t.id: stmt.value.value for cls in reversed(chain) for stmt in cls.body
+                         if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant)
+                         and isinstance(stmt.value.value, str) for t in stmt.targets if isinstance(t, ast.Name)}
+            out: list[list[str]] = []
+            for cls in chain:
+                init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+                for n in ast.walk(init) if init else ():
+                    if not isinstance(n, ast.Call) or not n.args:
+                        continue
+                    if isinstance(n.func, ast.Name) and n.func.id == "require_token_id" and len(n.args) == 2:
+                        arg, kind = n.args[1], "token"
+                    elif isinstance(n.func, ast.Attribute) and n.func.attr == "encode" and \
+                            isinstance(n.func.value, ast.Name) and n.func.value.id == "tokenizer":
+                        arg, kind = n.args[0], "one id"  # the builder raises unless it encodes to one id
+                    else:
+                        continue
+                    text = arg.value if isinstance(arg, ast.Constant) else constants.get(arg.attr) \
+                        if isinstance(arg, ast.Attribute) else None
+                    if isinstance(text, str) and [text, kind] not in [[t, k] for t, _, k in out]:
+                        out.append([text, self.where(builders, n.lineno), kind])
+            return out
+
+        model_types = {}
+        for model_type, family in sorted(family_of.items()):
+            builder = builder_of.get(family, "")
+            if any("VL" in c.name for c in lineage(builder)):
+                continue
+            tokens = required(builder)
+            if tokens:
+                model_types[model_type] = tokens
+        return {"call": self.where(loop, call.lineno), "model_types": model_types}
+
+
 def _parents(module: str) -> list[str]:
     """The packages Python runs first when it imports `module` (verl.a.b: verl, verl.a)."""
     parts = module.split(".")
@@ -509,12 +585,15 @@ ROLE_WORDS = {"": "", "actor_rollout_ref": "actor", "critic": "critic", "reward_
 class Need:
     """One thing every node must have for the trainer's start-up path (the runtime's preflight checks it: runtime/startup.py)."""
 
-    check: str   # "import": the module imports; "flash_attention_2": transformers can use flash-attn 2
-    module: str  # what is imported (for flash_attention_2: the flash_attn package)
+    check: str   # "import": the module imports; "flash_attention_2": transformers can use flash-attn 2;
+    #              "chat_tokens": the model's tokenizer defines the tokens its family's builder requires
+    module: str  # what is imported (flash_attention_2: the flash_attn package; chat_tokens: the builders' module)
     device: str  # "cuda" or "npu": checked only where the node's torch sees that device; "" everywhere
     where: str   # the verl file and line that needs it (and where it is called from)
     why: str     # who needs it, in words
     avoid: str   # how a spec avoids it, or ""
+    # chat_tokens: config.json model_type -> [[text, the verl file and line that requires it, kind], ...]
+    tokens: dict[str, list[list[str]]] = field(default_factory=dict)
 
 
 def engine_of(get: Any) -> str:
@@ -589,6 +668,13 @@ def needs(startup: dict[str, Any], get: Any, *, use_critic: bool, accelerator: s
             "import", registered, device, "verl/workers/rollout/base.py (_ROLLOUT_REGISTRY)",
             f"{label}: the workers build the rollout ({get('actor_rollout_ref.rollout.name')}, "
             f"{get('actor_rollout_ref.rollout.mode')}) from this module", ""))
+    chat = startup.get("chat_tokens")
+    if chat and chat["model_types"]:
+        add(("chat_tokens", "", ""), Need(
+            "chat_tokens", CHAT_WIRING, "", chat["call"],
+            f"{label}: the agent loop builds every rollout's turns around the special tokens of the model's family "
+            f"(by its config.json model_type) and fails at the first rollout without them", "",
+            chat["model_types"]))
     return tuple(out.values())
 
 

@@ -818,8 +818,9 @@ job_description() {
   "code": null,
   "rollout_package": "vllm",
   "startup": [
-    {"check": "import", "module": "transfer_queue", "device": "", "where": "verl/trainer/main_ppo.py:137", "why": "verl 0.9.1: the trainer imports it when it starts (trainer.use_v1: true)", "avoid": ""},
-    {"check": "import", "module": "verl.workers.rollout.vllm_rollout", "device": "npu", "where": "verl/workers/rollout/base.py (_ROLLOUT_REGISTRY)", "why": "verl 0.9.1: the workers build the rollout (vllm, async) from this module", "avoid": ""}
+    {"check": "import", "module": "transfer_queue", "device": "", "where": "verl/trainer/main_ppo.py:137", "why": "verl 0.9.1: the trainer imports it when it starts (trainer.use_v1: true)", "avoid": "", "tokens": {}},
+    {"check": "import", "module": "verl.workers.rollout.vllm_rollout", "device": "npu", "where": "verl/workers/rollout/base.py (_ROLLOUT_REGISTRY)", "why": "verl 0.9.1: the workers build the rollout (vllm, async) from this module", "avoid": "", "tokens": {}},
+    {"check": "chat_tokens", "module": "verl.utils.tokenizer.continuous_token_wiring", "device": "", "where": "verl/experimental/agent_loop/agent_loop.py:248", "why": "verl 0.9.1: the agent loop builds every rollout's turns around the special tokens of the model's family (by its config.json model_type) and fails at the first rollout without them", "avoid": "", "tokens": {"deepseek_v2": [["<｜end▁of▁sentence｜>", "verl/utils/tokenizer/continuous_token.py:970", "token"], ["<｜tool▁outputs▁end｜>", "verl/utils/tokenizer/continuous_token.py:976", "one id"]], "deepseek_v3": [["<｜end▁of▁sentence｜>", "verl/utils/tokenizer/continuous_token.py:970", "token"], ["<｜tool▁outputs▁end｜>", "verl/utils/tokenizer/continuous_token.py:976", "one id"]], "gemma4": [["<|tool_response>", "verl/utils/tokenizer/continuous_token.py:654", "token"], ["<turn|>\n", "verl/utils/tokenizer/continuous_token.py:655", "one id"], ["<|turn>model\n", "verl/utils/tokenizer/continuous_token.py:659", "one id"]], "glm4_moe": [["<|observation|>", "verl/utils/tokenizer/continuous_token.py:626", "token"], ["<|user|>", "verl/utils/tokenizer/continuous_token.py:627", "token"]], "glm_moe_dsa": [["<|observation|>", "verl/utils/tokenizer/continuous_token.py:626", "token"], ["<|user|>", "verl/utils/tokenizer/continuous_token.py:627", "token"]], "minimax": [["\n", "verl/utils/tokenizer/continuous_token.py:591", "one id"], ["[e~[", "verl/utils/tokenizer/continuous_token.py:595", "token"]], "minimax_m2": [["\n", "verl/utils/tokenizer/continuous_token.py:591", "one id"], ["[e~[", "verl/utils/tokenizer/continuous_token.py:595", "token"]], "minimax_text_01": [["\n", "verl/utils/tokenizer/continuous_token.py:591", "one id"], ["[e~[", "verl/utils/tokenizer/continuous_token.py:595", "token"]], "qwen2": [["\n", "verl/utils/tokenizer/continuous_token.py:556", "one id"], ["<|im_end|>", "verl/utils/tokenizer/continuous_token.py:560", "token"]], "qwen3": [["\n", "verl/utils/tokenizer/continuous_token.py:556", "one id"], ["<|im_end|>", "verl/utils/tokenizer/continuous_token.py:560", "token"]], "qwen3_5": [["\n", "verl/utils/tokenizer/continuous_token.py:556", "one id"], ["<|im_end|>", "verl/utils/tokenizer/continuous_token.py:560", "token"]], "qwen3_5_moe": [["\n", "verl/utils/tokenizer/continuous_token.py:556", "one id"], ["<|im_end|>", "verl/utils/tokenizer/continuous_token.py:560", "token"]], "qwen3_moe": [["\n", "verl/utils/tokenizer/continuous_token.py:556", "one id"], ["<|im_end|>", "verl/utils/tokenizer/continuous_token.py:560", "token"]]}}
   ],
   "image": "quay.io/ascend/verl:latest",
   "record": [
@@ -899,7 +900,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 cecdc00f9562c0db4ab31546eb5373a68b1ddb3982a8d35bba8844b4c53ff8b5:
+# runtime/ of verlc 0.1.0, as one program, sha256 c28b00273b95165fea69cd61550f3f901562dabb1da224f0437bbbc00a89e6ed:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -1525,12 +1526,14 @@ class ModelFetch:
 @dataclass(frozen=True)
 class StartupNeed:
     """One thing every node must have for verl's workers to start (compiler/verl/workers.py Need)."""
-    check: str  # "import": the module imports; "flash_attention_2": transformers can use flash-attn 2
+    check: str  # "import": the module imports; "flash_attention_2": transformers can use flash-attn 2;
+    #             "chat_tokens": the model's tokenizer has the special tokens its family's chat builder requires
     module: str
     device: str  # "cuda" or "npu": checked only where the node's torch sees it; "" everywhere
     where: str  # the verl file and line that needs it
     why: str
     avoid: str  # how a spec avoids it, or ""
+    tokens: Dict[str, List[List[str]]] = field(default_factory=dict)  # chat_tokens: [[text, where, kind]]
 
 
 @dataclass(frozen=True)
@@ -2012,8 +2015,10 @@ def ray_logs(temp_dir: str, limit_mib: int) -> int:
 """What verl's workers need when they start, checked on every node.
 
 The job's `startup` list (compiler/verl/workers.py reads it from the release's code): modules the workers import,
-and flash-attn 2 where a worker asks transformers for it. Checked on every node in a fresh Python, as verl's workers
-would import them: an import can take seconds and must not stay loaded in a Ray worker."""
+flash-attn 2 where a worker asks transformers for it, and what verl 0.9's agent loop requires of the model's
+tokenizer (verl's own chat builder of the model's family, run on it where the release's builder for that family
+requires anything). Checked on every node in a fresh Python, as verl's workers would import them: an import can
+take seconds and must not stay loaded in a Ray worker."""
 
 
 import json
@@ -2029,8 +2034,39 @@ STARTUP_TIMEOUT = 300
 
 
 STARTUP_PROBE = r"""
-import importlib, json, sys
+import importlib, json, os, sys
 needs = json.loads(sys.argv[1])
+
+
+def chat_tokens(need):
+    # verl's own chat builder of the model's family, on the tokenizer as verl loads it (verl.utils.hf_tokenizer,
+    # whose AutoTokenizer may rebuild it by the model's type), where the release's builder for this model_type
+    # requires something of it; its ValueError is what verl's agent loop raises at the first rollout
+    folder = need["model"]
+    try:
+        with open(os.path.join(folder, "config.json")) as fh:
+            model_type = json.load(fh).get("model_type")
+    except (OSError, ValueError):
+        return None, "not checked: no readable config.json in " + folder + " here"
+    wanted = need["tokens"].get(model_type) or []
+    if not wanted:
+        return True, ""
+    if not any(os.path.exists(os.path.join(folder, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None, "not checked: no tokenizer in " + folder + " here"
+    try:
+        from verl.utils import hf_tokenizer
+        build = importlib.import_module(need["module"]).create_continuous_token_builder
+        tokenizer = hf_tokenizer(folder)
+    except Exception as exc:
+        return None, "not checked: verl could not load the tokenizer: " + (type(exc).__name__ + ": " + str(exc))[:200]
+    try:
+        build(tokenizer, hf_model_type=model_type)
+    except ValueError as exc:
+        return False, ("the model's tokenizer (" + folder + ") fails verl's chat builder for a " + model_type +
+                       " model: " + str(exc)[:200] + " (" + ", ".join(sorted({w for _, w, _ in wanted})) + ")")
+    return True, ""
+
+
 devices = set()
 try:
     import torch
@@ -2048,7 +2084,9 @@ for need in needs:
         results.append({"ok": None, "detail": "not checked: torch sees no " + need["device"].upper() + " here"})
         continue
     try:
-        if need["check"] == "flash_attention_2":
+        if need["check"] == "chat_tokens":
+            ok, detail = chat_tokens(need)
+        elif need["check"] == "flash_attention_2":
             from transformers.utils import is_flash_attn_2_available
             try:
                 ok, why = bool(is_flash_attn_2_available()), "is false"
@@ -3623,7 +3661,9 @@ def startup_check(ray, nodes: list[dict], job: Job) -> tuple[dict, list[str]]:  
     """verl's start-up needs on every node, in a fresh Python that sees the node's GPUs as verl's workers will
     (without holding them: the all-reduce holds them meanwhile): what each node showed, and the problems (a node
     that did not answer, a need it lacks)."""
-    found, unanswered = on_each_node(ray, nodes, startup_found, [asdict(n) for n in job.startup],
+    model = expand(job.model)  # the folder whose tokenizer a chat_tokens need reads
+    asked = [{**asdict(n), **({"model": model} if n.check == "chat_tokens" else {})} for n in job.startup]
+    found, unanswered = on_each_node(ray, nodes, startup_found, asked,
                                      what="start-up needs", timeout=STARTUP_TIMEOUT + 30, see=True)
     return found, unanswered + startup_problems(found, job.startup)
 

@@ -65,12 +65,14 @@ class ModelFetch:
 @dataclass(frozen=True)
 class StartupNeed:
     """One thing every node must have for verl's workers to start (compiler/verl/workers.py Need)."""
-    check: str  # "import": the module imports; "flash_attention_2": transformers can use flash-attn 2
+    check: str  # "import": the module imports; "flash_attention_2": transformers can use flash-attn 2;
+    #             "chat_tokens": the model's tokenizer has the special tokens its family's chat builder requires
     module: str
     device: str  # "cuda" or "npu": checked only where the node's torch sees it; "" everywhere
     where: str  # the verl file and line that needs it
     why: str
     avoid: str  # how a spec avoids it, or ""
+    tokens: Dict[str, List[List[str]]] = field(default_factory=dict)  # chat_tokens: [[text, where, kind]]
 
 
 @dataclass(frozen=True)

@@ -174,7 +174,9 @@ def startup_check(ray, nodes: list[dict], job: Job) -> tuple[dict, list[str]]:  
     """verl's start-up needs on every node, in a fresh Python that sees the node's GPUs as verl's workers will
     (without holding them: the all-reduce holds them meanwhile): what each node showed, and the problems (a node
     that did not answer, a need it lacks)."""
-    found, unanswered = on_each_node(ray, nodes, startup_found, [asdict(n) for n in job.startup],
+    model = expand(job.model)  # the folder whose tokenizer a chat_tokens need reads
+    asked = [{**asdict(n), **({"model": model} if n.check == "chat_tokens" else {})} for n in job.startup]
+    found, unanswered = on_each_node(ray, nodes, startup_found, asked,
                                      what="start-up needs", timeout=STARTUP_TIMEOUT + 30, see=True)
     return found, unanswered + startup_problems(found, job.startup)
 

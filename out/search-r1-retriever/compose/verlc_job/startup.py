@@ -3,8 +3,10 @@
 """What verl's workers need when they start, checked on every node.
 
 The job's `startup` list (compiler/verl/workers.py reads it from the release's code): modules the workers import,
-and flash-attn 2 where a worker asks transformers for it. Checked on every node in a fresh Python, as verl's workers
-would import them: an import can take seconds and must not stay loaded in a Ray worker."""
+flash-attn 2 where a worker asks transformers for it, and what verl 0.9's agent loop requires of the model's
+tokenizer (verl's own chat builder of the model's family, run on it where the release's builder for that family
+requires anything). Checked on every node in a fresh Python, as verl's workers would import them: an import can
+take seconds and must not stay loaded in a Ray worker."""
 
 from __future__ import annotations
 
@@ -22,8 +24,39 @@ STARTUP_TIMEOUT = 300
 
 
 STARTUP_PROBE = r"""
-import importlib, json, sys
+import importlib, json, os, sys
 needs = json.loads(sys.argv[1])
+
+
+def chat_tokens(need):
+    # verl's own chat builder of the model's family, on the tokenizer as verl loads it (verl.utils.hf_tokenizer,
+    # whose AutoTokenizer may rebuild it by the model's type), where the release's builder for this model_type
+    # requires something of it; its ValueError is what verl's agent loop raises at the first rollout
+    folder = need["model"]
+    try:
+        with open(os.path.join(folder, "config.json")) as fh:
+            model_type = json.load(fh).get("model_type")
+    except (OSError, ValueError):
+        return None, "not checked: no readable config.json in " + folder + " here"
+    wanted = need["tokens"].get(model_type) or []
+    if not wanted:
+        return True, ""
+    if not any(os.path.exists(os.path.join(folder, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None, "not checked: no tokenizer in " + folder + " here"
+    try:
+        from verl.utils import hf_tokenizer
+        build = importlib.import_module(need["module"]).create_continuous_token_builder
+        tokenizer = hf_tokenizer(folder)
+    except Exception as exc:
+        return None, "not checked: verl could not load the tokenizer: " + (type(exc).__name__ + ": " + str(exc))[:200]
+    try:
+        build(tokenizer, hf_model_type=model_type)
+    except ValueError as exc:
+        return False, ("the model's tokenizer (" + folder + ") fails verl's chat builder for a " + model_type +
+                       " model: " + str(exc)[:200] + " (" + ", ".join(sorted({w for _, w, _ in wanted})) + ")")
+    return True, ""
+
+
 devices = set()
 try:
     import torch
@@ -41,7 +74,9 @@ for need in needs:
         results.append({"ok": None, "detail": "not checked: torch sees no " + need["device"].upper() + " here"})
         continue
     try:
-        if need["check"] == "flash_attention_2":
+        if need["check"] == "chat_tokens":
+            ok, detail = chat_tokens(need)
+        elif need["check"] == "flash_attention_2":
             from transformers.utils import is_flash_attn_2_available
             try:
                 ok, why = bool(is_flash_attn_2_available()), "is false"
