@@ -87,6 +87,29 @@ def fit_model(tok: object, folder: Path, spec: Path) -> None:
     tok.save_pretrained(folder)  # type: ignore[attr-defined]
 
 
+def other_chat(model_folder: Path, folder: Path) -> None:
+    """The tiny model with a tokenizer of its own chat tokens, not Qwen's (what the rehearsal's tokenizer was until
+    verl 0.9.1's agent loop refused it on the GPU): dev/gpu/cases/chat-tokens-0.9.1.yaml must fail in the
+    preflight."""
+    import json
+    import shutil
+
+    shutil.copytree(model_folder, folder)
+    table = json.loads((folder / "tokenizer.json").read_text())
+    renames = {"<|im_start|>": "<|turn|>", "<|im_end|>": "<|end|>"}
+    for added in table["added_tokens"]:
+        added["content"] = renames.get(added["content"], added["content"])
+    table["model"]["vocab"] = {renames.get(k, k): v for k, v in table["model"]["vocab"].items()}
+    (folder / "tokenizer.json").write_text(json.dumps(table))
+    for name in ("tokenizer_config.json", "chat_template.jinja"):
+        path = folder / name
+        if path.is_file():
+            text = path.read_text()
+            for old, new in renames.items():
+                text = text.replace(old, new)
+            path.write_text(text)
+
+
 def hub(model_folder: Path, repo_id: str, cache: Path) -> None:
     """`model_folder` as the hub client leaves a download in its cache `cache` (blobs, a snapshot of links,
     refs/main): a server that lists the models of its cache (`transformers serve`) serves it offline as
@@ -124,6 +147,7 @@ def main(folder: Path) -> None:
     tok = tokenizer([q for q, _ in train + test] + [a for _, a in train + test], folder / "model")
     model(len(tok), tok, folder / "model")  # type: ignore[arg-type]
     fit_model(tok, folder / "model-fit", Path(__file__).with_name("fit.yaml"))
+    other_chat(folder / "model", folder / "model-other-chat")
     data(train, "train", folder / "data" / "train.parquet")
     data(test, "test", folder / "data" / "test.parquet")
     hub(folder / "model", JUDGE, folder / "hub")
