@@ -120,25 +120,32 @@ def test_two_concurrent_submits_leave_two_intact_records(slurm: None, tmp_path: 
 
 # A stand-in for verl's SFT trainer (no GPU here), run by a stand-in `torchrun`: it saves, as verl's FSDP trainers
 # do, a checkpoint of a tiny Qwen2 (its initial weights) at step 2 -- global_step_2/ with the rank's state dict,
-# fsdp_config.json and huggingface/config.json, then latest_checkpointed_iteration.txt -- or exits 1 when told to
-# fail. The next stage's data stage then runs verl's own merger on it, for real.
+# fsdp_config.json and huggingface/ (the config and the tokenizer: a byte-level one with Qwen's chat tokens, which
+# verl 0.9.1's agent loop requires of a qwen2 model), then latest_checkpointed_iteration.txt -- or exits 1 when
+# told to fail. The next stage's data stage then runs verl's own merger on it, for real.
 SFT_STANDIN = """\
 import json, os, sys
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
 
 print("SFT argv: " + " ".join(sys.argv[1:]), flush=True)
 if os.environ.get("FAIL_SFT"):
     sys.exit(1)
 folder = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("trainer.default_local_dir="))
 step = os.path.join(folder, "global_step_2")
-config = Qwen2Config(vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+config = Qwen2Config(vocab_size=272, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
                      architectures=["Qwen2ForCausalLM"])
 torch.manual_seed(0)
 model = AutoModelForCausalLM.from_config(config)
 os.makedirs(os.path.join(step, "huggingface"), exist_ok=True)
 config.save_pretrained(os.path.join(step, "huggingface"))
+bpe = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}, merges=[]))
+bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<|endoftext|>", eos_token="<|im_end|>")
+tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+tokenizer.save_pretrained(os.path.join(step, "huggingface"))
 torch.save(model.state_dict(), os.path.join(step, "model_world_size_1_rank_0.pt"))
 with open(os.path.join(step, "fsdp_config.json"), "w") as fh:
     json.dump({"FSDP_version": 1, "world_size": 1}, fh)
