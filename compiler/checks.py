@@ -117,6 +117,9 @@ def _fits(spec: Spec, sourced: Sourced, chosen: Selection | str, release: Releas
     if peak is None or found.gpu is None:
         return
     where = {s.key: s.loc for s in settings(spec.verl, chosen.walker)}
+    crowded = memory.vllm_weights_over_share(config.get, found)
+    if crowded:
+        yield sourced.diagnostic(where.get(ROLLOUT_MEMORY, ("verl",)), crowded)
     origin = f"of the GPU's {memory.gib(found.gpu)} GiB ({found.gpu_origin}; the model from {found.shape_origin})"
     over = [p for p in found.phases if p.bytes > found.gpu]
     for phase in over:  # each at the setting that sizes it (no two phases share one)

@@ -461,6 +461,26 @@ class _Step:
         return Phase(name, (*self.resident(role), self.states[role]["gradients"], *temporary), key)
 
 
+def vllm_weights_over_share(get: Callable[[str], Any], found: Estimate) -> str:
+    """Why vLLM cannot start where its weights alone fill its share of a GPU (vLLM sizes the KV cache from what
+    its share leaves after the weights and the profiling pass, and refuses to start where nothing is left), or
+    "": only the weights are counted, so a share that fits them may still be refused by vLLM."""
+    if get(f"{ROLLOUT}.name") != "vllm" or found.gpu is None or found.shape is None:
+        return ""
+    share, tp = get(f"{ROLLOUT}.gpu_memory_utilization"), _int(get(f"{ROLLOUT}.tensor_model_parallel_size")) or 1
+    if not isinstance(share, (int, float)) or isinstance(share, bool):
+        return ""
+    width = 4 if str(get(f"{ROLLOUT}.dtype")) in ("float32", "fp32") else 2
+    weights, room = math.ceil(found.shape.parameters * width / tp), share * found.gpu
+    if weights < room:
+        return ""
+    return (f"vLLM's weights alone take {gib(weights)} GiB of each rollout GPU ({found.shape.parameters / 1e9:.2f}B "
+            f"parameters, {width} bytes each, over tensor_model_parallel_size {tp}), more than its share "
+            f"{share:g} of {gib(found.gpu)} GiB ({gib(room)} GiB): vLLM has no memory left for the KV cache and "
+            f"refuses to start, after the queue and the model load; raise {ROLLOUT}.gpu_memory_utilization or "
+            f"{ROLLOUT}.tensor_model_parallel_size")
+
+
 def for_spec(spec: Spec, sourced: Sourced, config: Config, changes: dict[str, Any] | None = None) -> Estimate:
     """The estimate for a spec's PPO run with verl's config (resolved), and `changes` to it; the spec's own folder
     is where a relative model_shape or model path is read."""

@@ -158,6 +158,19 @@ def test_the_optimizer_steps_temporary_follows_torchs_implementation(tmp_path: P
                      "shard": math.ceil(4 * 7_615_616_512 / 8)}[temporary]
 
 
+def test_vllms_weights_that_fill_its_share_are_refused_at_the_share(tmp_path: Path) -> None:
+    """Qwen3-30B-A3B at vLLM's TP 2 (verl 0.9.1's default): 28.4 GiB of bf16 weights on each rollout GPU, more
+    than 0.3 of 80 GiB; vLLM would find no memory for its KV cache. At TP 4 (14.2 GiB) it starts."""
+    path = spec(tmp_path, shape=SHAPES["qwen3-30b-a3b (128 experts)"], micro=2, share=0.3)
+    result = run_verlc("validate", path)
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if "gpu_memory_utilization" in text)
+    said = [m for m in result.stderr.splitlines() if "vLLM's weights alone" in m]
+    assert result.returncode == 2 and len(said) == 1, result.stderr
+    assert said[0].startswith(f"{path}:{line}:") and "28.4 GiB" in said[0] and "(24.0 GiB)" in said[0], said
+    path.write_text(path.read_text().replace("      n: 4\n", "      n: 4\n      tensor_model_parallel_size: 4\n"))
+    assert "vLLM's weights alone" not in run_verlc("validate", path).stderr
+
+
 def test_an_optimizer_step_that_cannot_fit_names_fused_adamw(tmp_path: Path) -> None:
     """A 7B GRPO run on one GPU of 150 GiB: its rollout and its update fit, the foreach step's fp32 temporary
     beside the full AdamW state does not (157.0 GiB); torch's fused AdamW fits."""
