@@ -387,10 +387,10 @@ class _Step:
         megabytes = _int(self.get(key))
         if self.get(f"{ROLLOUT}.name") != "vllm" or megabytes is None:
             return None
-        tp = _int(self.get(f"{ROLLOUT}.tensor_model_parallel_size")) or 1
+        weights, width, tp = rollout_weights(self.get, self.shape)
         return Phase("weight sync", (
             *self.resident("actor", optimizer=False),
-            Term(f"vLLM's weights (bf16, 1/{tp}), woken for the sync", math.ceil(self.shape.parameters * 2 / tp),
+            Term(f"vLLM's weights ({width} bytes each, 1/{tp}), woken for the sync", weights,
                  "verl/workers/engine_workers.py (resume weights, then the KV cache)"),
             Term(f"the sync's bucket ({megabytes} MiB)", megabytes * 2 ** 20,
                  "verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py")), key)
@@ -448,7 +448,8 @@ class _Step:
                 str(self.get(f"{section}.optim.optimizer") or "AdamW") not in ("AdamW", "Adam"):
             return None
         key = f"{section}.optim.override_optimizer_config"
-        override = self.get(key) if isinstance(self.get(key), dict) else {}
+        override = self.get(key)
+        override = override if isinstance(override, dict) else {}
         source = "torch.optim.AdamW's step (torch/optim/adam.py); measured: docs/gpu.md"
         if override.get("fused"):
             temporary = []
@@ -461,17 +462,23 @@ class _Step:
         return Phase(name, (*self.resident(role), self.states[role]["gradients"], *temporary), key)
 
 
+def rollout_weights(get: Callable[[str], Any], shape: Shape) -> tuple[int, int, int]:
+    """The rollout's weights on each of its GPUs: bytes, bytes a parameter (rollout.dtype) and its TP size."""
+    width = 4 if str(get(f"{ROLLOUT}.dtype")) in ("float32", "fp32") else 2
+    tp = _int(get(f"{ROLLOUT}.tensor_model_parallel_size")) or 1
+    return math.ceil(shape.parameters * width / tp), width, tp
+
+
 def vllm_weights_over_share(get: Callable[[str], Any], found: Estimate) -> str:
     """Why vLLM cannot start where its weights alone fill its share of a GPU (vLLM sizes the KV cache from what
     its share leaves after the weights and the profiling pass, and refuses to start where nothing is left), or
     "": only the weights are counted, so a share that fits them may still be refused by vLLM."""
     if get(f"{ROLLOUT}.name") != "vllm" or found.gpu is None or found.shape is None:
         return ""
-    share, tp = get(f"{ROLLOUT}.gpu_memory_utilization"), _int(get(f"{ROLLOUT}.tensor_model_parallel_size")) or 1
+    share = get(f"{ROLLOUT}.gpu_memory_utilization")
     if not isinstance(share, (int, float)) or isinstance(share, bool):
         return ""
-    width = 4 if str(get(f"{ROLLOUT}.dtype")) in ("float32", "fp32") else 2
-    weights, room = math.ceil(found.shape.parameters * width / tp), share * found.gpu
+    (weights, width, tp), room = rollout_weights(get, found.shape), share * found.gpu
     if weights < room:
         return ""
     return (f"vLLM's weights alone take {gib(weights)} GiB of each rollout GPU ({found.shape.parameters / 1e9:.2f}B "
@@ -523,7 +530,8 @@ def fixes(spec: Spec, sourced: Sourced, config: Config, found: Estimate, phase: 
         out.append(f"param_offload and optimizer_offload on the actor, and the reference's param_offload "
                    f"({gib(taken)} GiB)")
     if phase.tipping.endswith(".optim.override_optimizer_config"):
-        taken = fits({phase.tipping: {**(config.get(phase.tipping) or {}), "fused": True}})
+        given = config.get(phase.tipping)
+        taken = fits({phase.tipping: {**(given if isinstance(given, dict) else {}), "fused": True}})
         if taken is not None:
             out.append(f"{phase.tipping} {{fused: true}}: torch's fused AdamW ({gib(taken)} GiB)")
     value = config.get(phase.tipping)
