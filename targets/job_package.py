@@ -62,7 +62,7 @@ def job_of(ir: JobIR, *, record: Word | None, variant: VariantIR | None = None, 
                   files=dict(ir.code.files)) if ir.code else None,
         rollout_package=ir.rollout_package,
         startup=[StartupNeed(check=n.check, module=n.module, device=n.device, where=n.where, why=n.why,
-                             avoid=n.avoid, tokens=n.tokens) for n in ir.startup] if ir.startup is not None else None,
+                             avoid=n.avoid, model_types=n.model_types) for n in ir.startup] if ir.startup is not None else None,
         image=image or ir.image.display,  # the run record names it (a target's own image, if it has one)
         record=record.as_json() if record else None,
         reference=Word((*checkpoints.parts, f"/{REFERENCE}")).as_json() if ir.reproducible else None,

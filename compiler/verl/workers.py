@@ -592,8 +592,9 @@ class Need:
     where: str   # the verl file and line that needs it (and where it is called from)
     why: str     # who needs it, in words
     avoid: str   # how a spec avoids it, or ""
-    # chat_tokens: config.json model_type -> [[text, the verl file and line that requires it, kind], ...]
-    tokens: dict[str, list[list[str]]] = field(default_factory=dict)
+    # chat_tokens: each config.json model_type whose chat builder requires something of the tokenizer -> the verl
+    # files and lines that require it (the node runs verl's builder itself: the requirements are its own)
+    model_types: dict[str, list[str]] = field(default_factory=dict)
 
 
 def engine_of(get: Any) -> str:
@@ -674,7 +675,8 @@ def needs(startup: dict[str, Any], get: Any, *, use_critic: bool, accelerator: s
             "chat_tokens", CHAT_WIRING, "", chat["call"],
             f"{label}: the agent loop builds every rollout's turns around the special tokens of the model's family "
             f"(by its config.json model_type) and fails at the first rollout without them", "",
-            chat["model_types"]))
+            {model_type: sorted({where for _, where, _ in required}) for model_type, required in
+             chat["model_types"].items()}))
     return tuple(out.values())
 
 

@@ -765,8 +765,8 @@ job_description() {
   "code": {"folder": "checkouts/verl-bcb6386-recipe", "commit": "7796929a5a3a53c52bad1c6cb8141f047c6b3afd", "dirty": false, "diff_sha256": null, "files": {"verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml": "8bf257fef11e9738dfb8e74e150b58dc9948fe278d51c0e39face6ddeca70aa2"}},
   "rollout_package": "vllm",
   "startup": [
-    {"check": "flash_attention_2", "module": "flash_attn", "device": "cuda", "where": "verl/workers/fsdp_workers.py:398", "why": "verl 0.8.0.dev0 at commit bcb638649a50: the actor asks transformers for flash_attention_2 unless actor_rollout_ref.model.override_config.attn_implementation says otherwise", "avoid": "set actor_rollout_ref.model.override_config.attn_implementation: sdpa to load the model without flash-attn", "tokens": {}},
-    {"check": "import", "module": "verl.workers.rollout.vllm_rollout", "device": "cuda", "where": "verl/workers/rollout/base.py (_ROLLOUT_REGISTRY)", "why": "verl 0.8.0.dev0 at commit bcb638649a50: the workers build the rollout (vllm, async) from this module", "avoid": "", "tokens": {}}
+    {"check": "flash_attention_2", "module": "flash_attn", "device": "cuda", "where": "verl/workers/fsdp_workers.py:398", "why": "verl 0.8.0.dev0 at commit bcb638649a50: the actor asks transformers for flash_attention_2 unless actor_rollout_ref.model.override_config.attn_implementation says otherwise", "avoid": "set actor_rollout_ref.model.override_config.attn_implementation: sdpa to load the model without flash-attn", "model_types": {}},
+    {"check": "import", "module": "verl.workers.rollout.vllm_rollout", "device": "cuda", "where": "verl/workers/rollout/base.py (_ROLLOUT_REGISTRY)", "why": "verl 0.8.0.dev0 at commit bcb638649a50: the workers build the rollout (vllm, async) from this module", "avoid": "", "model_types": {}}
   ],
   "image": "none",
   "record": [
@@ -884,7 +884,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 c28b00273b95165fea69cd61550f3f901562dabb1da224f0437bbbc00a89e6ed:
+# runtime/ of verlc 0.1.0, as one program, sha256 06a61d23f9c8071961b9526f158291ddb25a06998b9f97583079fff762c81a8c:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -1517,7 +1517,7 @@ class StartupNeed:
     where: str  # the verl file and line that needs it
     why: str
     avoid: str  # how a spec avoids it, or ""
-    tokens: Dict[str, List[List[str]]] = field(default_factory=dict)  # chat_tokens: [[text, where, kind]]
+    model_types: Dict[str, List[str]] = field(default_factory=dict)  # chat_tokens: model_type -> verl's lines
 
 
 @dataclass(frozen=True)
@@ -2032,8 +2032,8 @@ def chat_tokens(need):
             model_type = json.load(fh).get("model_type")
     except (OSError, ValueError):
         return None, "not checked: no readable config.json in " + folder + " here"
-    wanted = need["tokens"].get(model_type) or []
-    if not wanted:
+    lines = need["model_types"].get(model_type)
+    if not lines:
         return True, ""
     if not any(os.path.exists(os.path.join(folder, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
         return None, "not checked: no tokenizer in " + folder + " here"
@@ -2047,7 +2047,7 @@ def chat_tokens(need):
         build(tokenizer, hf_model_type=model_type)
     except ValueError as exc:
         return False, ("the model's tokenizer (" + folder + ") fails verl's chat builder for a " + model_type +
-                       " model: " + str(exc)[:200] + " (" + ", ".join(sorted({w for _, w, _ in wanted})) + ")")
+                       " model: " + str(exc)[:200] + " (" + ", ".join(lines) + ")")
     return True, ""
 
 

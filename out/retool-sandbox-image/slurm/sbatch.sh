@@ -796,10 +796,10 @@ job_description() {
   "code": null,
   "rollout_package": "vllm",
   "startup": [
-    {"check": "import", "module": "transfer_queue", "device": "", "where": "verl/trainer/main_ppo.py:137", "why": "verl 0.9.1: the trainer imports it when it starts (trainer.use_v1: true)", "avoid": "", "tokens": {}},
-    {"check": "flash_attention_2", "module": "flash_attn", "device": "cuda", "where": "verl/workers/config/model.py:185", "why": "verl 0.9.1: the actor asks transformers for flash_attention_2 unless actor_rollout_ref.model.override_config.attn_implementation says otherwise", "avoid": "set actor_rollout_ref.model.override_config.attn_implementation: sdpa to load the model without flash-attn", "tokens": {}},
-    {"check": "import", "module": "verl.workers.rollout.vllm_rollout", "device": "cuda", "where": "verl/workers/rollout/base.py (_ROLLOUT_REGISTRY)", "why": "verl 0.9.1: the workers build the rollout (vllm, async) from this module", "avoid": "", "tokens": {}},
-    {"check": "chat_tokens", "module": "verl.utils.tokenizer.continuous_token_wiring", "device": "", "where": "verl/experimental/agent_loop/agent_loop.py:248", "why": "verl 0.9.1: the agent loop builds every rollout's turns around the special tokens of the model's family (by its config.json model_type) and fails at the first rollout without them", "avoid": "", "tokens": {"deepseek_v2": [["<｜end▁of▁sentence｜>", "verl/utils/tokenizer/continuous_token.py:970", "token"], ["<｜tool▁outputs▁end｜>", "verl/utils/tokenizer/continuous_token.py:976", "one id"]], "deepseek_v3": [["<｜end▁of▁sentence｜>", "verl/utils/tokenizer/continuous_token.py:970", "token"], ["<｜tool▁outputs▁end｜>", "verl/utils/tokenizer/continuous_token.py:976", "one id"]], "gemma4": [["<|tool_response>", "verl/utils/tokenizer/continuous_token.py:654", "token"], ["<turn|>\n", "verl/utils/tokenizer/continuous_token.py:655", "one id"], ["<|turn>model\n", "verl/utils/tokenizer/continuous_token.py:659", "one id"]], "glm4_moe": [["<|observation|>", "verl/utils/tokenizer/continuous_token.py:626", "token"], ["<|user|>", "verl/utils/tokenizer/continuous_token.py:627", "token"]], "glm_moe_dsa": [["<|observation|>", "verl/utils/tokenizer/continuous_token.py:626", "token"], ["<|user|>", "verl/utils/tokenizer/continuous_token.py:627", "token"]], "minimax": [["\n", "verl/utils/tokenizer/continuous_token.py:591", "one id"], ["[e~[", "verl/utils/tokenizer/continuous_token.py:595", "token"]], "minimax_m2": [["\n", "verl/utils/tokenizer/continuous_token.py:591", "one id"], ["[e~[", "verl/utils/tokenizer/continuous_token.py:595", "token"]], "minimax_text_01": [["\n", "verl/utils/tokenizer/continuous_token.py:591", "one id"], ["[e~[", "verl/utils/tokenizer/continuous_token.py:595", "token"]], "qwen2": [["\n", "verl/utils/tokenizer/continuous_token.py:556", "one id"], ["<|im_end|>", "verl/utils/tokenizer/continuous_token.py:560", "token"]], "qwen3": [["\n", "verl/utils/tokenizer/continuous_token.py:556", "one id"], ["<|im_end|>", "verl/utils/tokenizer/continuous_token.py:560", "token"]], "qwen3_5": [["\n", "verl/utils/tokenizer/continuous_token.py:556", "one id"], ["<|im_end|>", "verl/utils/tokenizer/continuous_token.py:560", "token"]], "qwen3_5_moe": [["\n", "verl/utils/tokenizer/continuous_token.py:556", "one id"], ["<|im_end|>", "verl/utils/tokenizer/continuous_token.py:560", "token"]], "qwen3_moe": [["\n", "verl/utils/tokenizer/continuous_token.py:556", "one id"], ["<|im_end|>", "verl/utils/tokenizer/continuous_token.py:560", "token"]]}}
+    {"check": "import", "module": "transfer_queue", "device": "", "where": "verl/trainer/main_ppo.py:137", "why": "verl 0.9.1: the trainer imports it when it starts (trainer.use_v1: true)", "avoid": "", "model_types": {}},
+    {"check": "flash_attention_2", "module": "flash_attn", "device": "cuda", "where": "verl/workers/config/model.py:185", "why": "verl 0.9.1: the actor asks transformers for flash_attention_2 unless actor_rollout_ref.model.override_config.attn_implementation says otherwise", "avoid": "set actor_rollout_ref.model.override_config.attn_implementation: sdpa to load the model without flash-attn", "model_types": {}},
+    {"check": "import", "module": "verl.workers.rollout.vllm_rollout", "device": "cuda", "where": "verl/workers/rollout/base.py (_ROLLOUT_REGISTRY)", "why": "verl 0.9.1: the workers build the rollout (vllm, async) from this module", "avoid": "", "model_types": {}},
+    {"check": "chat_tokens", "module": "verl.utils.tokenizer.continuous_token_wiring", "device": "", "where": "verl/experimental/agent_loop/agent_loop.py:248", "why": "verl 0.9.1: the agent loop builds every rollout's turns around the special tokens of the model's family (by its config.json model_type) and fails at the first rollout without them", "avoid": "", "model_types": {"deepseek_v2": ["verl/utils/tokenizer/continuous_token.py:970", "verl/utils/tokenizer/continuous_token.py:976"], "deepseek_v3": ["verl/utils/tokenizer/continuous_token.py:970", "verl/utils/tokenizer/continuous_token.py:976"], "gemma4": ["verl/utils/tokenizer/continuous_token.py:654", "verl/utils/tokenizer/continuous_token.py:655", "verl/utils/tokenizer/continuous_token.py:659"], "glm4_moe": ["verl/utils/tokenizer/continuous_token.py:626", "verl/utils/tokenizer/continuous_token.py:627"], "glm_moe_dsa": ["verl/utils/tokenizer/continuous_token.py:626", "verl/utils/tokenizer/continuous_token.py:627"], "minimax": ["verl/utils/tokenizer/continuous_token.py:591", "verl/utils/tokenizer/continuous_token.py:595"], "minimax_m2": ["verl/utils/tokenizer/continuous_token.py:591", "verl/utils/tokenizer/continuous_token.py:595"], "minimax_text_01": ["verl/utils/tokenizer/continuous_token.py:591", "verl/utils/tokenizer/continuous_token.py:595"], "qwen2": ["verl/utils/tokenizer/continuous_token.py:556", "verl/utils/tokenizer/continuous_token.py:560"], "qwen3": ["verl/utils/tokenizer/continuous_token.py:556", "verl/utils/tokenizer/continuous_token.py:560"], "qwen3_5": ["verl/utils/tokenizer/continuous_token.py:556", "verl/utils/tokenizer/continuous_token.py:560"], "qwen3_5_moe": ["verl/utils/tokenizer/continuous_token.py:556", "verl/utils/tokenizer/continuous_token.py:560"], "qwen3_moe": ["verl/utils/tokenizer/continuous_token.py:556", "verl/utils/tokenizer/continuous_token.py:560"]}}
   ],
   "image": "verlai/verl:vllm024.latest",
   "record": [
@@ -863,7 +863,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 c28b00273b95165fea69cd61550f3f901562dabb1da224f0437bbbc00a89e6ed:
+# runtime/ of verlc 0.1.0, as one program, sha256 06a61d23f9c8071961b9526f158291ddb25a06998b9f97583079fff762c81a8c:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -1496,7 +1496,7 @@ class StartupNeed:
     where: str  # the verl file and line that needs it
     why: str
     avoid: str  # how a spec avoids it, or ""
-    tokens: Dict[str, List[List[str]]] = field(default_factory=dict)  # chat_tokens: [[text, where, kind]]
+    model_types: Dict[str, List[str]] = field(default_factory=dict)  # chat_tokens: model_type -> verl's lines
 
 
 @dataclass(frozen=True)
@@ -2011,8 +2011,8 @@ def chat_tokens(need):
             model_type = json.load(fh).get("model_type")
     except (OSError, ValueError):
         return None, "not checked: no readable config.json in " + folder + " here"
-    wanted = need["tokens"].get(model_type) or []
-    if not wanted:
+    lines = need["model_types"].get(model_type)
+    if not lines:
         return True, ""
     if not any(os.path.exists(os.path.join(folder, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
         return None, "not checked: no tokenizer in " + folder + " here"
@@ -2026,7 +2026,7 @@ def chat_tokens(need):
         build(tokenizer, hf_model_type=model_type)
     except ValueError as exc:
         return False, ("the model's tokenizer (" + folder + ") fails verl's chat builder for a " + model_type +
-                       " model: " + str(exc)[:200] + " (" + ", ".join(sorted({w for _, w, _ in wanted})) + ")")
+                       " model: " + str(exc)[:200] + " (" + ", ".join(lines) + ")")
     return True, ""
 
 

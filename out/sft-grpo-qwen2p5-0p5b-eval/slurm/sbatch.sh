@@ -799,7 +799,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 c28b00273b95165fea69cd61550f3f901562dabb1da224f0437bbbc00a89e6ed:
+# runtime/ of verlc 0.1.0, as one program, sha256 06a61d23f9c8071961b9526f158291ddb25a06998b9f97583079fff762c81a8c:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -1432,7 +1432,7 @@ class StartupNeed:
     where: str  # the verl file and line that needs it
     why: str
     avoid: str  # how a spec avoids it, or ""
-    tokens: Dict[str, List[List[str]]] = field(default_factory=dict)  # chat_tokens: [[text, where, kind]]
+    model_types: Dict[str, List[str]] = field(default_factory=dict)  # chat_tokens: model_type -> verl's lines
 
 
 @dataclass(frozen=True)
@@ -1947,8 +1947,8 @@ def chat_tokens(need):
             model_type = json.load(fh).get("model_type")
     except (OSError, ValueError):
         return None, "not checked: no readable config.json in " + folder + " here"
-    wanted = need["tokens"].get(model_type) or []
-    if not wanted:
+    lines = need["model_types"].get(model_type)
+    if not lines:
         return True, ""
     if not any(os.path.exists(os.path.join(folder, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
         return None, "not checked: no tokenizer in " + folder + " here"
@@ -1962,7 +1962,7 @@ def chat_tokens(need):
         build(tokenizer, hf_model_type=model_type)
     except ValueError as exc:
         return False, ("the model's tokenizer (" + folder + ") fails verl's chat builder for a " + model_type +
-                       " model: " + str(exc)[:200] + " (" + ", ".join(sorted({w for _, w, _ in wanted})) + ")")
+                       " model: " + str(exc)[:200] + " (" + ", ".join(lines) + ")")
     return True, ""
 
 

@@ -38,8 +38,8 @@ def chat_tokens(need):
             model_type = json.load(fh).get("model_type")
     except (OSError, ValueError):
         return None, "not checked: no readable config.json in " + folder + " here"
-    wanted = need["tokens"].get(model_type) or []
-    if not wanted:
+    lines = need["model_types"].get(model_type)
+    if not lines:
         return True, ""
     if not any(os.path.exists(os.path.join(folder, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
         return None, "not checked: no tokenizer in " + folder + " here"
@@ -53,7 +53,7 @@ def chat_tokens(need):
         build(tokenizer, hf_model_type=model_type)
     except ValueError as exc:
         return False, ("the model's tokenizer (" + folder + ") fails verl's chat builder for a " + model_type +
-                       " model: " + str(exc)[:200] + " (" + ", ".join(sorted({w for _, w, _ in wanted})) + ")")
+                       " model: " + str(exc)[:200] + " (" + ", ".join(lines) + ")")
     return True, ""
 
 

@@ -72,7 +72,7 @@ class StartupNeed:
     where: str  # the verl file and line that needs it
     why: str
     avoid: str  # how a spec avoids it, or ""
-    tokens: Dict[str, List[List[str]]] = field(default_factory=dict)  # chat_tokens: [[text, where, kind]]
+    model_types: Dict[str, List[str]] = field(default_factory=dict)  # chat_tokens: model_type -> verl's lines
 
 
 @dataclass(frozen=True)
