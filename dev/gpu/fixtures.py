@@ -2,11 +2,11 @@
 BPE tokenizer trained on the prompts, and GSM8K-shaped parquet files (verl's columns for RL, and `messages`, the
 question and its answer, for SFT).
 
-    python3 dev/gpu/fixtures.py FOLDER     # FOLDER/model, FOLDER/model-fit, FOLDER/data/{train,test}.parquet,
+    python3 dev/gpu/fixtures.py FOLDER     # FOLDER/model, FOLDER/model-fit*, FOLDER/data/{train,test}.parquet,
                                            # FOLDER/hub
 
-FOLDER/model-fit is a random model of the shape dev/gpu/fit.yaml gives in model_shape (a real
-model's layers), with the same tokenizer: what `verlc plan` predicts for it is checked against what it takes on
+FOLDER/model-fit* are random models of the shapes dev/gpu/fit*.yaml give in model_shape (real
+models' layers), with the same tokenizer: what `verlc plan` predicts for it is checked against what it takes on
 the GPU. FOLDER/hub is a Hugging Face hub cache holding the same model as JUDGE (what the judge service serves offline).
 
 A random model learns nothing about arithmetic; the rehearsal shows that verl trains through verlc's bundle
@@ -68,14 +68,18 @@ def model(vocab: int, tok: object, folder: Path) -> None:
     GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id).save_pretrained(folder)
 
 
-def fit_model(tok: object, folder: Path, spec: Path) -> None:
-    """A random bf16 model of `spec`'s model_shape (the vocabulary must be the tokenizer's: a sampled id the
-    tokenizer does not have could not be decoded)."""
+def fit_model(tok: object, fixtures: Path, spec: Path) -> None:
+    """A random bf16 model of `spec`'s model_shape, in the folder of `fixtures` its `model` names (the vocabulary
+    must be the tokenizer's: a sampled id the tokenizer does not have could not be decoded); nothing for a spec
+    without a shape of its own."""
     import torch
     from ruamel.yaml import YAML
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    shape = dict(YAML(typ="safe").load(spec.read_text())["model_shape"])
+    own = YAML(typ="safe").load(spec.read_text())
+    if "model_shape" not in own:
+        return
+    shape, folder = dict(own["model_shape"]), fixtures / Path(own["model"]).name
     if shape["vocab_size"] != len(tok):  # type: ignore[arg-type]
         raise SystemExit(f"{spec}: model_shape.vocab_size {shape['vocab_size']} is not the tokenizer's {len(tok)}")  # type: ignore[arg-type]
     torch.manual_seed(0)
@@ -146,7 +150,8 @@ def main(folder: Path) -> None:
     (folder / "data").mkdir(parents=True, exist_ok=True)
     tok = tokenizer([q for q, _ in train + test] + [a for _, a in train + test], folder / "model")
     model(len(tok), tok, folder / "model")  # type: ignore[arg-type]
-    fit_model(tok, folder / "model-fit", Path(__file__).with_name("fit.yaml"))
+    for spec in sorted(Path(__file__).parent.glob("fit*.yaml")):  # each shape's model, where the spec gives one
+        fit_model(tok, folder, spec)
     other_chat(folder / "model", folder / "model-other-chat")
     data(train, "train", folder / "data" / "train.parquet")
     data(test, "test", folder / "data" / "test.parquet")

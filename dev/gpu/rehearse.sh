@@ -13,7 +13,8 @@
 #
 #   bash dev/gpu/rehearse.sh                    # from the repository root, .whl/ beside it: every part
 #   bash dev/gpu/rehearse.sh train judge cases  # some parts (of train judge cases sft pipeline sft-two; and
-#                                               # vllm vllm-resume vllm-fit vllm-judge vllm-cases: verl 0.9.1)
+#                                               # vllm vllm-resume vllm-fit[-SHAPE] vllm-oom vllm-judge
+#                                               # vllm-cases: verl 0.9.1)
 #
 # A device call lasts at most 10 minutes: run the parts in two calls, unpack both calls' rehearsal.tar.gz into one
 # folder (their events.tsv appended) and run dev/gpu/report.py on it here.
@@ -50,6 +51,9 @@ rm -rf "${work:?}"/verl-* "${work:?}"/bin "${work:?}"/serve
 mkdir -p "$site" "$work"/bin
 printf '#!/bin/sh\nexec python3 -c "import sys; from ray.scripts.scripts import main; sys.argv[0] = \\"ray\\"; main()" "$@"\n' \
   >"$work"/bin/ray
+# vLLM's command (a service's `vllm serve`): its console script, which an unpacked tarball does not bring
+printf '#!/bin/sh\nexec python3 -c "import sys; from vllm.entrypoints.cli.main import main; sys.argv[0] = \\"vllm\\"; sys.exit(main())" "$@"\n' \
+  >"$work"/bin/vllm
 printf '#!/bin/sh\nexec python3 -P -m verlc "$@"\n' >"$work"/bin/verlc  # -P: not the source folder verlc/
 chmod +x "$work"/bin/*
 export PATH=$work/bin:$PATH
@@ -206,14 +210,38 @@ fi
 if want vllm-resume; then  # the same run again: it resumes from the last checkpoint (trainer.resume_mode auto)
   submit specs/gpu-rehearsal-vllm.yaml vllm-resume
 fi
-if want vllm-fit; then  # will it fit: the plan beside what verl's actor measured (perf/max_memory_allocated_gb)
-  verlc plan dev/gpu/fit.yaml --format json >"$out/fit-plan.json" 2>"$out/fit-plan.err"
-  (while sleep 2; do echo "at $(since "$t0")"; gpu_users; done) >"$out/fit-gpu.txt" 2>&1 &
+# will it fit: the plan beside what verl's actor measured (perf/max_memory_allocated_gb) and nvidia-smi saw, for
+# each model shape asked for (vllm-fit: dev/gpu/fit.yaml; vllm-fit-3b: dev/gpu/fit-3b.yaml, ...)
+for part in $parts; do
+  [[ $part == vllm-fit* ]] || continue
+  label=fit${part#vllm-fit}
+  spec=dev/gpu/$label.yaml
+  verlc plan "$spec" --format json >"$out/$label-plan.json" 2>"$out/$label-plan.err"
+  (while sleep 2; do echo "at $(since "$t0")"; gpu_users; done) >"$out/$label-gpu.txt" 2>&1 &
   sampler=$!
-  submit dev/gpu/fit.yaml fit perf/max_memory_allocated_gb
+  submit "$spec" "$label" perf/max_memory_allocated_gb
   kill "$sampler"
-  verlc runs --results "$run" --metric perf/ --format json >"$out/fit-results.json" 2>&1
-  nvidia-smi >"$out/fit-nvidia-smi.txt" 2>&1
+  verlc runs --results "$run" --metric perf/ --format json >"$out/$label-results.json" 2>&1
+  nvidia-smi >"$out/$label-nvidia-smi.txt" 2>&1
+done
+if want vllm-oom; then  # a run the plan says does not fit the H100 (dev/gpu/fit-oom.yaml, declared on an H200)
+  submit dev/gpu/fit-oom.yaml oom-preflight  # the preflight must refuse it: a smaller card than declared
+  # verl's own trainer command of the same bundle, without verlc's runtime (no preflight): where does it stop?
+  verlc build dev/gpu/fit-oom.yaml --target ray-job --out "$work/oom" >"$out/oom-build.txt" 2>&1
+  bundle=$(dirname "$(find "$work/oom" -name job.json)")
+  env_json=$(python3 -c 'import json, sys, yaml; print(json.dumps({"env_vars": yaml.safe_load(open(sys.argv[1]))["env_vars"]}))' \
+    "$bundle/../runtime_env.yaml")
+  mapfile -t argv < <(python3 -c 'import json, sys; print(*json.load(open(sys.argv[1]))["train"], sep="\n")' "$bundle/job.json")
+  (while sleep 2; do echo "at $(since "$t0")"; gpu_users; done) >"$out/oom-gpu.txt" 2>&1 &
+  sampler=$!
+  start=$EPOCHREALTIME
+  timeout 420 ray job submit --runtime-env-json "$env_json" -- "${argv[@]}" >"$out/oom-direct.log" 2>&1
+  rc=$?
+  ((rc == 124)) && ray job list >>"$out/oom-direct.log" 2>&1  # a trainer that hung after the error
+  kill "$sampler"
+  grep -n -m 5 -i -E 'out of memory|OutOfMemory|Free memory on device' "$out/oom-direct.log"
+  tail -n 40 "$out/oom-direct.log"
+  mark oom-direct "exit $rc after $(since "$start") s"
 fi
 if want vllm-judge; then  # the judge as `vllm serve` on the rollout's GPU, its share the spec's gpu_memory
   submit specs/gpu-rehearsal-vllm-judge.yaml vllm-judge
