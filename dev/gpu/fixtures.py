@@ -2,8 +2,8 @@
 BPE tokenizer trained on the prompts, and GSM8K-shaped parquet files (verl's columns for RL, and `messages`, the
 question and its answer, for SFT).
 
-    python3 dev/gpu/fixtures.py FOLDER     # FOLDER/model, FOLDER/model-fit*, FOLDER/data/{train,test}.parquet,
-                                           # FOLDER/hub
+    python3 dev/gpu/fixtures.py FOLDER     # FOLDER/model, FOLDER/data/{train,test}.parquet, FOLDER/hub
+    python3 dev/gpu/fixtures.py FOLDER dev/gpu/fit-3b.yaml ...  # then FOLDER/model-fit-3b ...
 
 FOLDER/model-fit* are random models of the shapes dev/gpu/fit*.yaml give in model_shape (real
 models' layers), with the same tokenizer: what `verlc plan` predicts for it is checked against what it takes on
@@ -70,16 +70,17 @@ def model(vocab: int, tok: object, folder: Path) -> None:
 
 def fit_model(tok: object, fixtures: Path, spec: Path) -> None:
     """A random bf16 model of `spec`'s model_shape, in the folder of `fixtures` its `model` names (the vocabulary
-    must be the tokenizer's: a sampled id the tokenizer does not have could not be decoded); nothing for a spec
-    without a shape of its own."""
+    must be the tokenizer's: a sampled id the tokenizer does not have could not be decoded); kept where it is
+    already there."""
     import torch
     from ruamel.yaml import YAML
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     own = YAML(typ="safe").load(spec.read_text())
-    if "model_shape" not in own:
+    folder = fixtures / Path(own["model"]).name
+    if folder.is_dir():
         return
-    shape, folder = dict(own["model_shape"]), fixtures / Path(own["model"]).name
+    shape = dict(own["model_shape"])
     if shape["vocab_size"] != len(tok):  # type: ignore[arg-type]
         raise SystemExit(f"{spec}: model_shape.vocab_size {shape['vocab_size']} is not the tokenizer's {len(tok)}")  # type: ignore[arg-type]
     torch.manual_seed(0)
@@ -150,8 +151,6 @@ def main(folder: Path) -> None:
     (folder / "data").mkdir(parents=True, exist_ok=True)
     tok = tokenizer([q for q, _ in train + test] + [a for _, a in train + test], folder / "model")
     model(len(tok), tok, folder / "model")  # type: ignore[arg-type]
-    for spec in sorted(Path(__file__).parent.glob("fit*.yaml")):  # each shape's model, where the spec gives one
-        fit_model(tok, folder, spec)
     other_chat(folder / "model", folder / "model-other-chat")
     data(train, "train", folder / "data" / "train.parquet")
     data(test, "test", folder / "data" / "test.parquet")
@@ -159,5 +158,18 @@ def main(folder: Path) -> None:
     print(f"fixtures: {folder}/model (vocab {len(tok)}), {len(train)} train and {len(test)} test rows")  # type: ignore[arg-type]
 
 
+def shapes(folder: Path, specs: list[Path]) -> None:
+    """The model of each spec's model_shape that is not in `folder` yet, with the rehearsal's tokenizer (made by
+    main first): a few billion random parameters take minutes, so only the shapes a call runs are made."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder / "model")
+    for spec in specs:
+        fit_model(tok, folder, spec)
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    if len(sys.argv) > 2:
+        shapes(Path(sys.argv[1]), [Path(a) for a in sys.argv[2:]])
+    else:
+        main(Path(sys.argv[1]))

@@ -94,6 +94,10 @@ else
   export PYTHONPATH=$site
   # no network there: nothing asks the hub or reports usage
   export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+  # FlashInfer is left out of the install (dev/gpu/wheels.sh), and vLLM 0.24's sampler imports it at start unless
+  # told not to (vllm/v1/sample/ops/topk_topp_sampler.py): a `vllm serve` judge died of it (docs/gpu.md); verl's
+  # rollout asks for processed log-probs, which never reach it
+  export VLLM_USE_FLASHINFER_SAMPLER=0
 fi
 mark installed
 python3 - <<'EOF' | tee "$out/versions.txt"
@@ -119,6 +123,11 @@ if ! cmp -s "$GPU_REHEARSAL/fixtures.py" dev/gpu/fixtures.py; then
   python3 dev/gpu/fixtures.py "$GPU_REHEARSAL" || fail "fixtures"
   cp dev/gpu/fixtures.py "$GPU_REHEARSAL"/
 fi
+fits=()  # the model shapes this call's parts run (made once: minutes each)
+for part in $parts; do
+  case $part in vllm-fit*) fits+=("dev/gpu/fit${part#vllm-fit}.yaml") ;; vllm-oom) fits+=(dev/gpu/fit.yaml) ;; esac
+done
+((${#fits[@]} == 0)) || python3 dev/gpu/fixtures.py "$GPU_REHEARSAL" "${fits[@]}" || fail "fixtures (model shapes)"
 cp specs/gpu-rehearsal/reward.py specs/genrm/judge_reward.py "$GPU_REHEARSAL"/
 mark fixtures
 
@@ -235,11 +244,12 @@ if want vllm-oom; then  # a run the plan says does not fit the H100 (dev/gpu/fit
   (while sleep 2; do echo "at $(since "$t0")"; gpu_users; done) >"$out/oom-gpu.txt" 2>&1 &
   sampler=$!
   start=$EPOCHREALTIME
-  timeout 420 ray job submit --runtime-env-json "$env_json" -- "${argv[@]}" >"$out/oom-direct.log" 2>&1
-  rc=$?
+  timeout 480 ray job submit --runtime-env-json "$env_json" -- "${argv[@]}" 2>&1 |
+    while IFS= read -r line; do printf '%s %s\n' "$(since "$start")" "$line"; done | tee "$out/oom-direct.log" |
+    grep -a -i -E 'out of memory|OutOfMemory|Free memory|step:|Traceback|Error|wake|sleep'
+  rc=${PIPESTATUS[0]}
   ((rc == 124)) && ray job list >>"$out/oom-direct.log" 2>&1  # a trainer that hung after the error
   kill "$sampler"
-  grep -n -m 5 -i -E 'out of memory|OutOfMemory|Free memory on device' "$out/oom-direct.log"
   tail -n 40 "$out/oom-direct.log"
   mark oom-direct "exit $rc after $(since "$start") s"
 fi

@@ -24,8 +24,8 @@ fetch() {  # fetch DIR NAME==VERSION...: Linux x86-64 wheels for CPython 3.12, n
 # verl 0.9.1 with its `vllm` extra's pins (vllm 0.24.0, transformers 5.9.0; torch 2.11.0 is the machine's): about
 # 210 MB packed, more than four calls carry, so one tar in parts of 44 MiB (the working tree, 17 MB, takes the rest
 # of a call's 64 MiB) with a manifest (dev/gpu/parts.py), each part carried by a call of its own and joined there.
-# Left out, as optional at import for a dense model on Hopper: FlashInfer and its cubins (vLLM falls back to its
-# own sampler), the CUTLASS DSL, TileLang, the MoE and FA2 kernels (vLLM prefers FA3 on SM90), the Rust front end;
+# Left out, as optional at import for a dense model on Hopper: FlashInfer and its cubins (vLLM's sampler falls
+# back to its own only with VLLM_USE_FLASHINFER_SAMPLER=0, which rehearse.sh sets), the CUTLASS DSL, TileLang, the MoE and FA2 kernels (vLLM prefers FA3 on SM90), the Rust front end;
 # of verl-core, what only vision and video data or its tests use (torchcodec, PyAV, pytest plugins).
 if [[ ${1:-} == vllm ]]; then
   bundle=.cache/gpu-v091  # what was fetched and packed stays for the next run; the tar and its parts are remade
