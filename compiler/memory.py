@@ -382,7 +382,9 @@ class _Step:
         TP's share), its KV cache not yet; the actor's weights are on the GPU whatever param_offload says
         (verl/workers/engine_workers.py: resume weights, update_weights, then offload and resume the KV cache),
         and the bucket is a buffer of update_weights_bucket_megabytes in the trainer's process
-        (verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py; measured on the H100: docs/gpu.md)."""
+        (verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py; measured on the H100: docs/gpu.md). On
+        a 1.5B shape, nvidia-smi saw the trainer's process 4 GiB (18%) above these terms during the sync, torch's
+        cache from the update or a staged copy (docs/gpu.md): where the sync is the peak, it may be low by that."""
         key = f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes"
         megabytes = _int(self.get(key))
         if self.get(f"{ROLLOUT}.name") != "vllm" or megabytes is None:
