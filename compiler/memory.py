@@ -163,6 +163,7 @@ class Term:
     what: str
     bytes: int
     source: str
+    of_total: float = 0.0  # the share of the GPU's total memory in `bytes` (the rollout engine's): another card's differs
 
 
 @dataclass(frozen=True)
@@ -196,12 +197,14 @@ class Estimate:
     def peak(self) -> Phase | None:
         return max(self.phases, key=lambda p: p.bytes) if self.phases else None
 
-    @property
-    def trainer_peak(self) -> int | None:
-        """What the trainer itself takes of a GPU at the peak: the peak without the services' shares (they are
-        on the GPU already when the preflight measures it)."""
-        peak = self.peak
-        return peak.bytes - sum(t.bytes for t in peak.terms if t.source.startswith("services.")) if peak else None
+    def trainer_phases(self) -> list[tuple[str, int, float]]:
+        """What the trainer itself takes of a GPU in each phase, without the services' shares (they are on the GPU
+        already when the preflight measures it): the phase, its fixed bytes, and the share of the GPU's total on
+        top of them (the rollout engine's), so that the preflight can set it against another card than this."""
+        assert self.gpu is not None or not self.phases
+        own = [(p.name, [t for t in p.terms if not t.source.startswith("services.")]) for p in self.phases]
+        return [(name, sum(t.bytes - math.ceil(t.of_total * self.gpu) for t in terms),  # type: ignore[operator]
+                 sum(t.of_total for t in terms)) for name, terms in own]
 
     def as_json(self) -> dict[str, Any]:
         if self.unknown:
@@ -369,11 +372,11 @@ class _Step:
         """vLLM takes its share of the total; SGLang of what is free as it starts, beside what stays."""
         if self.get(f"{ROLLOUT}.name") == "vllm":
             engine = Term(f"vLLM: gpu_memory_utilization {share:g} of the GPU's total (weights, KV cache)",
-                          math.ceil(share * self.gpu), "verl docs/perf/perf_tuning.rst; vLLM's request_memory")
+                          math.ceil(share * self.gpu), "verl docs/perf/perf_tuning.rst; vLLM's request_memory", share)
         else:
             before = sum(t.bytes for t in self.resident("rollout"))
             engine = Term(f"SGLang: mem_fraction_static {share:g} of the memory free at its start",
-                          math.ceil(share * max(self.gpu - before, 0)), "verl docs/perf/perf_tuning.rst")
+                          math.ceil(share * max(self.gpu - before, 0)), "verl docs/perf/perf_tuning.rst", share)
         return Phase("rollout", (*self.resident("rollout"), engine), f"{ROLLOUT}.gpu_memory_utilization")
 
     def sync(self) -> Phase | None:

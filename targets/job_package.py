@@ -17,8 +17,8 @@ from ..compiler.ir import JobIR, VariantIR, Word
 from .bundle import File
 from ..compiler.derive import TOOL_CONFIG_VARIABLE
 from ..compiler.services import ROLLOUT_MEMORY
-from ..runtime.job import (Code, DataPrep, Expiry, Job, ModelFetch, Probe, RolloutMemory, Service, StageInput,
-                           StartupNeed, ToolConfig)
+from ..runtime.job import (Code, DataPrep, Expiry, Job, ModelFetch, PhaseNeed, Probe, RolloutMemory, Service,
+                           StageInput, StartupNeed, ToolConfig)
 from ..runtime.protocol import PIPELINE_JOBS, REFERENCE
 
 PACKAGE = "verlc_job"
@@ -89,16 +89,18 @@ def job_of(ir: JobIR, *, record: Word | None, variant: VariantIR | None = None, 
 
 def rollout_memory(ir: JobIR, variant: VariantIR | None) -> RolloutMemory | None:
     """What the trainer takes of each GPU, for the preflight to find free: vLLM's share (a sweep variant's own
-    gpu_memory_utilization, else the base's), and the plan's predicted peak (not for a sweep's variants, whose
-    settings change it: `verlc plan` shows the base's)."""
+    gpu_memory_utilization, else the base's), and the plan's phases (not for a sweep's variants, whose settings
+    change them: `verlc plan` shows the base's)."""
     share = None
     if ir.rollout_memory is not None:
         own = dict(variant.settings).get(f"verl.{ROLLOUT_MEMORY}") if variant else None  # a sweep's spec path
         share = float(own) if isinstance(own, int | float) and not isinstance(own, bool) else ir.rollout_memory
-    need = ir.memory.trainer_peak if ir.memory is not None and not ir.variants else None
-    if share is None and need is None:
+    planned = ir.memory is not None and bool(ir.memory.phases) and not ir.variants
+    if share is None and not planned:
         return None
-    return RolloutMemory(share, need, ir.memory.peak.name if need is not None else "")
+    if not planned:
+        return RolloutMemory(share)
+    return RolloutMemory(share, [PhaseNeed(*phase) for phase in ir.memory.trainer_phases()], ir.memory.gpu)
 
 
 def runtime_sources() -> dict[str, str]:

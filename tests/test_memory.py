@@ -289,7 +289,14 @@ def test_the_preflight_gets_the_predicted_peak(tmp_path: Path) -> None:
     built = run_verlc("build", path, "--target", "ray-job", "--out", tmp_path / "out")
     assert built.returncode == 0, built.stderr
     job = json.loads((tmp_path / "out" / "fit" / "ray-job" / "verlc_job" / "job.json").read_text())
-    assert job["rollout_memory"] == {"share": 0.6, "need": found["peak"]["bytes"], "phase": found["peak"]["phase"]}
+    memory = job["rollout_memory"]
+    assert memory["share"] == 0.6 and memory["gpu"] == found["gpu_bytes"]
+    assert [p["name"] for p in memory["phases"]] == [p["name"] for p in found["phases"]]
+    # each phase's own bytes on the declared GPU (no services in this spec), the rollout's share of the card in it
+    assert [p["bytes"] + math.ceil(p["of_total"] * memory["gpu"]) for p in memory["phases"]] == [
+        p["bytes"] for p in found["phases"]]
+    assert [p["of_total"] for p in memory["phases"]] == [0.6 if p["name"] == "rollout" else 0.0
+                                                         for p in found["phases"]]
     # a sweep: each variant's own vLLM share, and no peak (the variants' settings change it)
     path.write_text(path.read_text().replace("      gpu_memory_utilization: 0.6\n", "") +
                     "sweep: {matrix: {verl.actor_rollout_ref.rollout.gpu_memory_utilization: [0.5, 0.55]}}\n")
@@ -297,7 +304,7 @@ def test_the_preflight_gets_the_predicted_peak(tmp_path: Path) -> None:
     assert built.returncode == 0, built.stderr
     jobs = sorted((tmp_path / "sweep").rglob("jobs/*.json"))
     assert [json.loads(j.read_text())["rollout_memory"] for j in jobs] == [
-        {"share": 0.5, "need": None, "phase": ""}, {"share": 0.55, "need": None, "phase": ""}]
+        {"share": 0.5, "phases": [], "gpu": None}, {"share": 0.55, "phases": [], "gpu": None}]
 
 
 # Published runs and their outcomes, in verl 0.9.1's terms (per-GPU micro batches; a log-prob micro batch that
@@ -377,7 +384,7 @@ def test_running_out_of_gpu_or_host_memory_is_said_apart_once_each() -> None:
     import contextlib
     import io
 
-    from verlc.runtime.job import RolloutMemory
+    from verlc.runtime.job import PhaseNeed, RolloutMemory
     from verlc.runtime.protocol import parse_event
     from verlc.runtime.train import OutOfMemory
 
@@ -392,7 +399,8 @@ def test_running_out_of_gpu_or_host_memory_is_said_apart_once_each() -> None:
         "threshold of 0.95. Ray killed this worker",
         "(TaskRunner pid=7) step:3 - critic/score/mean:0.5",
     ]
-    for memory, beside in ((RolloutMemory(0.5, 45 * GIB, "update (actor)"),
+    for memory, beside in ((RolloutMemory(0.5, [PhaseNeed("rollout", 10 * GIB, 0.4),
+                                                 PhaseNeed("update (actor)", 45 * GIB)], 80 * GIB),
                             "verlc's plan: 45.0 GiB of each GPU at the peak (update (actor))"),
                            (None, "`verlc plan` predicts each phase's memory where the spec gives model_shape")):
         said = io.StringIO()

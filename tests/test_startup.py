@@ -22,7 +22,7 @@ from verlc.compiler.verl.release import RELEASES, snapshot
 from verlc.compiler.verl.rules import Config
 from verlc.compiler.verl.workers import FA2, needs, read
 from verlc.runtime import startup as runtime_startup
-from verlc.runtime.job import Expiry, RolloutMemory, StartupNeed
+from verlc.runtime.job import Expiry, PhaseNeed, RolloutMemory, StartupNeed
 from verlc.runtime.train import with_deadline
 
 sys.path.insert(0, str(REPO / "dev"))
@@ -416,18 +416,36 @@ def test_the_gpu_memory_check_takes_vllms_own_rule_and_names_what_holds_the_gpu(
     assert "pid 4242 40.0 GiB (vllm serve /models/judge)" in short[0] and "0.4 of its total (32.0 GiB)" in short[0]
     found = runtime_startup.memory_found()
     assert found["gpus"] == [] and runtime_startup.memory_problems({"x" * 10: found}, RolloutMemory(share)) == []
-    # the plan's predicted peak (compiler/memory.py), the services' shares aside: a GPU that has vLLM's share
+    # the plan's predicted phases (compiler/memory.py), the services' shares aside: a GPU that has vLLM's share
     # free but not the peak (another process, or a smaller card than the spec declares)
     need = asked + 5 * gib
-    planned = RolloutMemory(share, need, "rollout")
+    phases = [PhaseNeed("rollout", 5 * gib, share), PhaseNeed("update (actor)", 20 * gib)]
+    planned = RolloutMemory(share, phases, total)
     assert runtime_startup.memory_problems(node(need), planned) == []
     over = runtime_startup.memory_problems(node(need - 1), planned)
-    assert len(over) == 1 and "takes 37.0 GiB of each GPU at its peak (rollout;" in over[0] and "pid 4242" in over[0]
-    assert runtime_startup.memory_problems(node(need - 1), RolloutMemory(None, need, "rollout")) == over  # SGLang
+    assert len(over) == 1 and "takes 37.0 GiB of it at its peak (rollout;" in over[0] and "pid 4242" in over[0]
+    assert "declares" not in over[0]
+    sglang = RolloutMemory(None, [PhaseNeed("rollout", need)], total)
+    assert runtime_startup.memory_problems(node(need - 1), sglang) == over
+    # on a card other than the one declared, the rollout's share is of that card: a spec declaring 140 GiB needs
+    # 5 + 0.4 x 140 = 61 GiB, but on an 80 GiB card 37 GiB; a smaller card's update can become the peak
+    declared = RolloutMemory(share, phases, 140 * gib)
+    assert declared.peak() == PhaseNeed("rollout", 5 * gib + math.ceil(share * 140 * gib))
+    assert runtime_startup.memory_problems(node(need), declared) == []
+    smaller = runtime_startup.memory_problems(node(need - 1), declared)
+    assert smaller == [over[0].replace("; `verlc plan`", "; the spec declares a GPU of 140.0 GiB; `verlc plan`")]
+
+    def card(gib_total: int, free: int) -> dict:
+        return {"abcdef0123": {"host": "n1", "gpus": [{"index": 0, "name": "L4", "free": free,
+                                                       "total": gib_total * gib}], "holders": []}}
+
+    assert declared.peak(24 * gib) == PhaseNeed("update (actor)", 20 * gib)  # 5 + 0.4 x 24 = 14.6 < 20
+    short = runtime_startup.memory_problems(card(24, 20 * gib - 1), declared)
+    assert len(short) == 1 and "takes 20.0 GiB of it at its peak (update (actor); the spec declares" in short[0]
     failed = {"abcdef0123": {"host": "n1", "error": "the measurement exited with code 1: boom"}}
     assert runtime_startup.memory_problems(failed, RolloutMemory(share)) == [
         "GPU memory: node n1 (abcdef01): the measurement exited with code 1: boom"]
-    for engine, expected in (("vllm", {"share": 0.55, "need": None, "phase": ""}), ("sglang", None)):
+    for engine, expected in (("vllm", {"share": 0.55, "phases": [], "gpu": None}), ("sglang", None)):
         spec = tmp_path / f"{engine}.yaml"
         spec.write_text(json.dumps({
             "name": engine, "project": "p", "model": "/models/m", "verl_version": "0.9.1",

@@ -819,7 +819,7 @@ job_description() {
   "run_folder": [{"env": "SLURM_SUBMIT_DIR"}, "/verlc-runs/sft-grpo-qwen2p5-0p5b-grpo-", {"env": "SLURM_JOB_ID"}],
   "services": [],
   "tool_config": null,
-  "rollout_memory": {"share": 0.6, "need": null, "phase": ""}
+  "rollout_memory": {"share": 0.6, "phases": [], "gpu": null}
 }
 VERLC_JOB
 }
@@ -831,7 +831,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 06a61d23f9c8071961b9526f158291ddb25a06998b9f97583079fff762c81a8c:
+# runtime/ of verlc 0.1.0, as one program, sha256 5e776f532c2c5f9ff9bfd000313f922202f45990829b620f5ddfeffc3cf99d3c:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -1404,6 +1404,7 @@ Paths are words (`Word`): text parts and {"env": NAME} parts that `expand` fills
 
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Dict, List, Union
@@ -1531,14 +1532,34 @@ class Service:
 
 
 @dataclass(frozen=True)
+class PhaseNeed:
+    """One phase of a training step on each trainer GPU as verlc's plan predicts it (compiler/memory.py), the
+    services' shares aside: `bytes`, and `of_total` of the GPU's own total memory on top (the rollout engine's
+    share, which grows and shrinks with the card: vLLM's gpu_memory_utilization)."""
+    name: str
+    bytes: int
+    of_total: float = 0.0
+
+    def on(self, total: int) -> int:
+        return self.bytes + math.ceil(self.of_total * total)  # as vLLM rounds its share
+
+
+@dataclass(frozen=True)
 class RolloutMemory:
     """What the trainer will take of each GPU, which the preflight measures free (with the services up, before the
     trainer takes its own): vLLM's rollout asks, when it starts, for `share` of each GPU's total memory free
-    (vLLM's request_memory; None: not vLLM), and verlc's plan predicts `need` bytes at the run's peak, in `phase`
-    (compiler/memory.py; None: no prediction), the services' shares aside."""
+    (vLLM's request_memory; None: not vLLM), and verlc's plan predicts each phase (`phases`; none: no prediction)
+    on the GPU the spec declares, of `gpu` bytes, and so on any other."""
     share: Union[float, None]
-    need: Union[int, None] = None
-    phase: str = ""
+    phases: List[PhaseNeed] = record(PhaseNeed, default=())
+    gpu: Union[int, None] = None
+
+    def peak(self, total: Union[int, None] = None) -> Union[PhaseNeed, None]:
+        """The plan's largest phase on a GPU of `total` bytes (None: the declared one's), as a fixed need."""
+        total = self.gpu if total is None else total
+        if not self.phases or total is None:
+            return None
+        return max((PhaseNeed(p.name, p.on(total)) for p in self.phases), key=lambda p: p.bytes)
 
 
 @dataclass(frozen=True)
@@ -2130,7 +2151,8 @@ def memory_found() -> dict:
 def memory_problems(found: dict, memory: RolloutMemory) -> list[str]:
     """A problem for each GPU with less free memory than vLLM's rollout asks for at its start (vLLM refuses to
     start below `share` of the GPU's total: vllm/v1/worker/utils.py request_memory), or than verlc's plan predicts
-    the run takes at its peak (`need`: another process on the GPU, or a smaller card than the spec declares),
+    the run takes of it at its peak, on this GPU's total (another process on the GPU, or a smaller card than the
+    spec declares: the rollout's share is of the card there),
     naming the node, the GPU, the figures and what holds the memory. The trainer's own models take more before
     vLLM starts: what fails here fails there."""
     problems, answered = by_node(found, "GPU memory: {where}: {error}")
@@ -2146,10 +2168,14 @@ def memory_problems(found: dict, memory: RolloutMemory) -> list[str]:
                     f"({asked / GIB:.1f} GiB) free when it starts (actor_rollout_ref.rollout.gpu_memory_utilization; "
                     f"vLLM refuses to start below it) before verl's own models take theirs; {holders}. Lower the "
                     f"share, or free the GPU (a service's gpu_memory counts only what the spec says)")
-            elif memory.need is not None and gpu["free"] < memory.need:
+                continue
+            peak = memory.peak(gpu["total"])
+            if peak is not None and gpu["free"] < peak.bytes:
+                other = memory.gpu is not None and abs(gpu["total"] - memory.gpu) > memory.gpu / 50
+                card = f"; the spec declares a GPU of {memory.gpu / GIB:.1f} GiB" if other else ""
                 problems.append(
-                    f"GPU memory: {where}: {has}, and the run takes {memory.need / GIB:.1f} GiB of each GPU at its "
-                    f"peak ({memory.phase}; `verlc plan` shows each phase), the services' shares aside: it runs out "
+                    f"GPU memory: {where}: {has}, and the run takes {peak.bytes / GIB:.1f} GiB of it at its peak "
+                    f"({peak.name}{card}; `verlc plan` shows each phase), the services' shares aside: it runs out "
                     f"of memory there; {holders}. Free the GPU, or lower what the plan names")
     return problems
 
@@ -3999,10 +4025,9 @@ class OutOfMemory:
                 say(f"ERROR: a node ran out of host memory, not GPU memory ({shown}): Ray's memory monitor killed a "
                     f"worker; give the trainer's nodes more memory (cluster.slurm.mem), or keep less on the CPU "
                     f"(param_offload, optimizer_offload)")
-            elif self.memory is not None and self.memory.need is not None:
-                say(f"ERROR: verl ran out of GPU memory ({shown}); verlc's plan: {self.memory.need / 2 ** 30:.1f} "
-                    f"GiB of each GPU at the peak ({self.memory.phase}); `verlc plan` shows each phase and what "
-                    f"would fit")
+            elif self.memory is not None and (peak := self.memory.peak()) is not None:
+                say(f"ERROR: verl ran out of GPU memory ({shown}); verlc's plan: {peak.bytes / 2 ** 30:.1f} GiB of "
+                    f"each GPU at the peak ({peak.name}); `verlc plan` shows each phase and what would fit")
             else:
                 say(f"ERROR: verl ran out of GPU memory ({shown}); `verlc plan` predicts each phase's memory where "
                     f"the spec gives model_shape (the model's config.json)")

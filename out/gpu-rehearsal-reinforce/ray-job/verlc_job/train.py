@@ -185,10 +185,9 @@ class OutOfMemory:
                 say(f"ERROR: a node ran out of host memory, not GPU memory ({shown}): Ray's memory monitor killed a "
                     f"worker; give the trainer's nodes more memory (cluster.slurm.mem), or keep less on the CPU "
                     f"(param_offload, optimizer_offload)")
-            elif self.memory is not None and self.memory.need is not None:
-                say(f"ERROR: verl ran out of GPU memory ({shown}); verlc's plan: {self.memory.need / 2 ** 30:.1f} "
-                    f"GiB of each GPU at the peak ({self.memory.phase}); `verlc plan` shows each phase and what "
-                    f"would fit")
+            elif self.memory is not None and (peak := self.memory.peak()) is not None:
+                say(f"ERROR: verl ran out of GPU memory ({shown}); verlc's plan: {peak.bytes / 2 ** 30:.1f} GiB of "
+                    f"each GPU at the peak ({peak.name}); `verlc plan` shows each phase and what would fit")
             else:
                 say(f"ERROR: verl ran out of GPU memory ({shown}); `verlc plan` predicts each phase's memory where "
                     f"the spec gives model_shape (the model's config.json)")

@@ -189,7 +189,8 @@ def memory_found() -> dict:
 def memory_problems(found: dict, memory: RolloutMemory) -> list[str]:
     """A problem for each GPU with less free memory than vLLM's rollout asks for at its start (vLLM refuses to
     start below `share` of the GPU's total: vllm/v1/worker/utils.py request_memory), or than verlc's plan predicts
-    the run takes at its peak (`need`: another process on the GPU, or a smaller card than the spec declares),
+    the run takes of it at its peak, on this GPU's total (another process on the GPU, or a smaller card than the
+    spec declares: the rollout's share is of the card there),
     naming the node, the GPU, the figures and what holds the memory. The trainer's own models take more before
     vLLM starts: what fails here fails there."""
     problems, answered = by_node(found, "GPU memory: {where}: {error}")
@@ -205,9 +206,13 @@ def memory_problems(found: dict, memory: RolloutMemory) -> list[str]:
                     f"({asked / GIB:.1f} GiB) free when it starts (actor_rollout_ref.rollout.gpu_memory_utilization; "
                     f"vLLM refuses to start below it) before verl's own models take theirs; {holders}. Lower the "
                     f"share, or free the GPU (a service's gpu_memory counts only what the spec says)")
-            elif memory.need is not None and gpu["free"] < memory.need:
+                continue
+            peak = memory.peak(gpu["total"])
+            if peak is not None and gpu["free"] < peak.bytes:
+                other = memory.gpu is not None and abs(gpu["total"] - memory.gpu) > memory.gpu / 50
+                card = f"; the spec declares a GPU of {memory.gpu / GIB:.1f} GiB" if other else ""
                 problems.append(
-                    f"GPU memory: {where}: {has}, and the run takes {memory.need / GIB:.1f} GiB of each GPU at its "
-                    f"peak ({memory.phase}; `verlc plan` shows each phase), the services' shares aside: it runs out "
+                    f"GPU memory: {where}: {has}, and the run takes {peak.bytes / GIB:.1f} GiB of it at its peak "
+                    f"({peak.name}{card}; `verlc plan` shows each phase), the services' shares aside: it runs out "
                     f"of memory there; {holders}. Free the GPU, or lower what the plan names")
     return problems

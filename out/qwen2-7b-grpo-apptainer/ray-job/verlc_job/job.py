@@ -12,6 +12,7 @@ Paths are words (`Word`): text parts and {"env": NAME} parts that `expand` fills
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Dict, List, Union
@@ -139,14 +140,34 @@ class Service:
 
 
 @dataclass(frozen=True)
+class PhaseNeed:
+    """One phase of a training step on each trainer GPU as verlc's plan predicts it (compiler/memory.py), the
+    services' shares aside: `bytes`, and `of_total` of the GPU's own total memory on top (the rollout engine's
+    share, which grows and shrinks with the card: vLLM's gpu_memory_utilization)."""
+    name: str
+    bytes: int
+    of_total: float = 0.0
+
+    def on(self, total: int) -> int:
+        return self.bytes + math.ceil(self.of_total * total)  # as vLLM rounds its share
+
+
+@dataclass(frozen=True)
 class RolloutMemory:
     """What the trainer will take of each GPU, which the preflight measures free (with the services up, before the
     trainer takes its own): vLLM's rollout asks, when it starts, for `share` of each GPU's total memory free
-    (vLLM's request_memory; None: not vLLM), and verlc's plan predicts `need` bytes at the run's peak, in `phase`
-    (compiler/memory.py; None: no prediction), the services' shares aside."""
+    (vLLM's request_memory; None: not vLLM), and verlc's plan predicts each phase (`phases`; none: no prediction)
+    on the GPU the spec declares, of `gpu` bytes, and so on any other."""
     share: Union[float, None]
-    need: Union[int, None] = None
-    phase: str = ""
+    phases: List[PhaseNeed] = record(PhaseNeed, default=())
+    gpu: Union[int, None] = None
+
+    def peak(self, total: Union[int, None] = None) -> Union[PhaseNeed, None]:
+        """The plan's largest phase on a GPU of `total` bytes (None: the declared one's), as a fixed need."""
+        total = self.gpu if total is None else total
+        if not self.phases or total is None:
+            return None
+        return max((PhaseNeed(p.name, p.on(total)) for p in self.phases), key=lambda p: p.bytes)
 
 
 @dataclass(frozen=True)
