@@ -76,6 +76,26 @@ def test_every_shipped_schema_is_what_its_release_says() -> None:
                          result.stdout), commit
 
 
+def test_the_record_of_each_schemas_inputs_is_current() -> None:
+    """compiler/verl/schemas/inputs.json names the inputs each shipped file was read from, so that the check above
+    reads only what changed. A stale record does not make the check wrong, only slow: every release read again,
+    five minutes of the suite on both cores (it happened: an edit of compiler/verl/ left unrecorded). Record it
+    with `dev/verl_schema.py --check --record` after editing what reads the releases."""
+    sys.path.insert(0, str(REPO / "dev"))
+    try:
+        import verl_schema
+    finally:
+        sys.path.pop(0)
+    recorded = json.loads(verl_schema.INPUTS.read_text())
+    sources = {**{v: verl_schema.release_package(v) for v in verl_schema.RELEASES},
+               **{c: verl_schema.commit_tarball(c) for c in verl_schema.COMMITS}}
+    stale = sorted(name for key, source in sources.items() if source is not None
+                   for name in (f"{key}.json.gz", f"{key}.docs.json.gz") if name in recorded
+                   and recorded[name]["inputs"] != verl_schema.inputs_digest(source))
+    assert stale == [], f"read from other inputs than recorded: {stale}; run dev/verl_schema.py --check --record"
+    assert all(f"{v}.json.gz" in recorded for v in verl_schema.RELEASES)
+
+
 def test_a_schema_is_read_again_once_any_of_its_inputs_changes(tmp_path: Path) -> None:
     """The check skips a release whose shipped files were read (or found equal) from the very same inputs:
     a byte changed in the release's files, in the shipped file, or in what reads them, reads it again."""
