@@ -235,6 +235,7 @@ for part in $parts; do
   # vLLM's own memory figures (its weights, the profile, the KV cache, its CUDA graphs), from its workers' logs
   grep -h -a -E 'Model loading took|[Pp]rofil.*GiB|KV cache|Graph capturing finished|CUDA graph' \
     "$work"/ray/session_latest/logs/worker-*.{out,err} >"$out/$label-vllm-memory.txt" 2>/dev/null
+  grep -a -E 'memory allocated \(GB\)' "$out/$label.log" >"$out/$label-verl-memory.txt"  # verl's, at DEBUG
 done
 if want vllm-oom; then  # a run the plan says does not fit the H100 (dev/gpu/fit-oom.yaml, declared on an H200)
   submit dev/gpu/fit-oom.yaml oom-preflight  # the preflight must refuse it: a smaller card than declared
