@@ -163,7 +163,8 @@ class Term:
     what: str
     bytes: int
     source: str
-    of_total: float = 0.0  # the share of the GPU's total memory in `bytes` (the rollout engine's): another card's differs
+    # the share of the GPU's total memory in `bytes` (the rollout engine's): on another card it is another figure
+    of_total: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,8 @@ def job_of(ir: JobIR, *, record: Word | None, variant: VariantIR | None = None, 
                   files=dict(ir.code.files)) if ir.code else None,
         rollout_package=ir.rollout_package,
         startup=[StartupNeed(check=n.check, module=n.module, device=n.device, where=n.where, why=n.why,
-                             avoid=n.avoid, model_types=n.model_types) for n in ir.startup] if ir.startup is not None else None,
+                             avoid=n.avoid, model_types=n.model_types) for n in ir.startup]
+        if ir.startup is not None else None,
         image=image or ir.image.display,  # the run record names it (a target's own image, if it has one)
         record=record.as_json() if record else None,
         reference=Word((*checkpoints.parts, f"/{REFERENCE}")).as_json() if ir.reproducible else None,
@@ -95,11 +96,8 @@ def rollout_memory(ir: JobIR, variant: VariantIR | None) -> RolloutMemory | None
     if ir.rollout_memory is not None:
         own = dict(variant.settings).get(f"verl.{ROLLOUT_MEMORY}") if variant else None  # a sweep's spec path
         share = float(own) if isinstance(own, int | float) and not isinstance(own, bool) else ir.rollout_memory
-    planned = ir.memory is not None and bool(ir.memory.phases) and not ir.variants
-    if share is None and not planned:
-        return None
-    if not planned:
-        return RolloutMemory(share)
+    if ir.memory is None or not ir.memory.phases or ir.variants:
+        return RolloutMemory(share) if share is not None else None
     return RolloutMemory(share, [PhaseNeed(*phase) for phase in ir.memory.trainer_phases()], ir.memory.gpu)
 
 
