@@ -799,7 +799,7 @@ variant_description() {
 }
 
 # ==== verlc's in-cluster runtime =====================================================================
-# runtime/ of verlc 0.1.0, as one program, sha256 5e776f532c2c5f9ff9bfd000313f922202f45990829b620f5ddfeffc3cf99d3c:
+# runtime/ of verlc 0.1.0, as one program, sha256 173b8f23b3512f003ef13bec6bbdcc05ebbdd1d1961045190bba80240f78fca3:
 # what every verlc bundle runs on the cluster (the others ship its modules as verlc_job/, after
 # their header). Nothing below is specific to this job.
 # Written once into the run folder when the job starts; every node reads it from there (never in argv).
@@ -2139,6 +2139,8 @@ def memory_problems(found: dict, memory: RolloutMemory) -> list[str]:
                 continue
             peak = memory.peak(gpu["total"])
             if peak is not None and gpu["free"] < peak.bytes:
+                # another card than declared: the same card's total differs by MiBs between verlc's table and
+                # what the driver reports, another card's by GiBs
                 other = memory.gpu is not None and abs(gpu["total"] - memory.gpu) > memory.gpu / 50
                 card = f"; the spec declares a GPU of {memory.gpu / GIB:.1f} GiB" if other else ""
                 problems.append(

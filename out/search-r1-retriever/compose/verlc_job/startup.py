@@ -209,6 +209,8 @@ def memory_problems(found: dict, memory: RolloutMemory) -> list[str]:
                 continue
             peak = memory.peak(gpu["total"])
             if peak is not None and gpu["free"] < peak.bytes:
+                # another card than declared: the same card's total differs by MiBs between verlc's table and
+                # what the driver reports, another card's by GiBs
                 other = memory.gpu is not None and abs(gpu["total"] - memory.gpu) > memory.gpu / 50
                 card = f"; the spec declares a GPU of {memory.gpu / GIB:.1f} GiB" if other else ""
                 problems.append(
