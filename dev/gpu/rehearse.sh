@@ -244,7 +244,8 @@ if want vllm-oom; then  # a run the plan says does not fit the H100 (dev/gpu/fit
   bundle=$(dirname "$(find "$work/oom" -name job.json)")
   env_json=$(python3 -c 'import json, sys, yaml; print(json.dumps({"env_vars": yaml.safe_load(open(sys.argv[1]))["env_vars"]}))' \
     "$bundle/../runtime_env.yaml")
-  mapfile -t argv < <(python3 -c 'import json, sys; print(*json.load(open(sys.argv[1]))["train"], sep="\n")' "$bundle/job.json")
+  mapfile -d '' -t argv < <(python3 -c 'import json, sys; print(*json.load(open(sys.argv[1]))["train"], sep="\0", end="\0")' \
+    "$bundle/job.json")  # NUL-separated: an argument may hold a newline
   (while sleep 2; do echo "at $(since "$t0")"; gpu_users; done) >"$out/oom-gpu.txt" 2>&1 &
   sampler=$!
   start=$EPOCHREALTIME
