@@ -242,10 +242,11 @@ if want vllm-oom; then  # a run the plan says does not fit the H100 (dev/gpu/fit
   # verl's own trainer command of the same bundle, without verlc's runtime (no preflight): where does it stop?
   verlc build dev/gpu/fit-oom.yaml --target ray-job --out "$work/oom" >"$out/oom-build.txt" 2>&1
   bundle=$(dirname "$(find "$work/oom" -name job.json)")
-  env_json=$(python3 -c 'import json, sys, yaml; print(json.dumps({"env_vars": yaml.safe_load(open(sys.argv[1]))["env_vars"]}))' \
-    "$bundle/../runtime_env.yaml")
-  mapfile -d '' -t argv < <(python3 -c 'import json, sys; print(*json.load(open(sys.argv[1]))["train"], sep="\0", end="\0")' \
-    "$bundle/job.json")  # NUL-separated: an argument may hold a newline
+  env_json=$(python3 -c 'import json, sys, yaml
+print(json.dumps({"env_vars": yaml.safe_load(open(sys.argv[1]))["env_vars"]}))' "$bundle/../runtime_env.yaml")
+  # NUL-separated: an argument may hold a newline
+  mapfile -d '' -t argv < <(python3 -c 'import json, sys
+print(*json.load(open(sys.argv[1]))["train"], sep="\0", end="\0")' "$bundle/job.json")
   (while sleep 2; do echo "at $(since "$t0")"; gpu_users; done) >"$out/oom-gpu.txt" 2>&1 &
   sampler=$!
   start=$EPOCHREALTIME
