@@ -13,7 +13,8 @@
 #
 #   bash dev/gpu/rehearse.sh                    # from the repository root, .whl/ beside it: every part
 #   bash dev/gpu/rehearse.sh train judge cases  # some parts (of train judge cases sft pipeline sft-two; and
-#                                               # vllm vllm-resume vllm-fit[-SHAPE] vllm-oom vllm-judge
+#                                               # vllm vllm-resume vllm-fit[-SHAPE] vllm-oom[-direct]
+#                                               # vllm-judge
 #                                               # vllm-cases: verl 0.9.1)
 #
 # A device call lasts at most 10 minutes: run the parts in two calls, unpack both calls' rehearsal.tar.gz into one
@@ -125,7 +126,7 @@ if ! cmp -s "$GPU_REHEARSAL/fixtures.py" dev/gpu/fixtures.py; then
 fi
 fits=()  # the model shapes this call's parts run (made once: minutes each)
 for part in $parts; do
-  case $part in vllm-fit*) fits+=("dev/gpu/fit${part#vllm-fit}.yaml") ;; vllm-oom) fits+=(dev/gpu/fit.yaml) ;; esac
+  case $part in vllm-fit*) fits+=("dev/gpu/fit${part#vllm-fit}.yaml") ;; vllm-oom*) fits+=(dev/gpu/fit.yaml) ;; esac
 done
 ((${#fits[@]} == 0)) || python3 dev/gpu/fixtures.py "$GPU_REHEARSAL" "${fits[@]}" || fail "fixtures (model shapes)"
 cp specs/gpu-rehearsal/reward.py specs/genrm/judge_reward.py "$GPU_REHEARSAL"/
@@ -239,7 +240,8 @@ for part in $parts; do
 done
 if want vllm-oom; then  # a run the plan says does not fit the H100 (dev/gpu/fit-oom.yaml, declared on an H200)
   submit dev/gpu/fit-oom.yaml oom-preflight  # the preflight must refuse it: a smaller card than declared
-  # verl's own trainer command of the same bundle, without verlc's runtime (no preflight): where does it stop?
+fi
+if want vllm-oom-direct; then  # verl's own trainer command of that bundle, without verlc's runtime: where it stops
   verlc build dev/gpu/fit-oom.yaml --target ray-job --out "$work/oom" >"$out/oom-build.txt" 2>&1
   bundle=$(dirname "$(find "$work/oom" -name job.json)")
   env_json=$(python3 -c 'import json, sys, yaml
