@@ -4,7 +4,7 @@ within a bounded time and name the node; the jobs run side by side on the cluste
 
 What bounds each case: during bring-up, the wait deadline (ray.wait_for_nodes); during the preflight and
 training, Ray's node-death detection (ray.node_timeout: 10 s here), which verlc's runtime watches; for a head
-cut off from everything, Slurm's (SlurmdTimeout: 60 s on the test cluster).
+cut off from everything, Slurm's (SlurmdTimeout: 30 s on the test cluster).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from test_slurm_e2e import (FINAL, build, fake_venv, job_state, ray_processes, s
 
 NODE_TIMEOUT = 10  # ray.node_timeout of every job here
 WAIT = 20  # ray.wait_for_nodes
-SLURMD_TIMEOUT = 60  # dev/slurm.sh's: when Slurm sees a node stop answering
+SLURMD_TIMEOUT = 30  # dev/slurm.sh's: when Slurm sees a node stop answering
 # Until Slurm has the job ended: Ray's detection (or the wait deadline), the cleanup's wait for the steps of a node
 # it cannot reach (KillWait 30 s), and slack for this 2-core machine running four jobs at once and for Slurm's
 # bookkeeping of the unreachable node (the job stays COMPLETING until it gives up on it)
