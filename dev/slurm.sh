@@ -126,6 +126,9 @@ SlurmUser=root
 AuthType=auth/munge
 # cred_expire: how long a requeued job waits before it may start again (Slurm default 120 s)
 AuthInfo=socket=$munge_dir/munge.socket,cred_expire=20
+# A job that becomes startable by time alone (a requeued one, cred_expire after its requeue) starts at the next
+# scheduler pass that no event triggers: backfill's, every 30 s by default
+SchedulerParameters=bf_interval=5
 CredType=cred/munge
 StateSaveLocation=$state/ctld
 SlurmctldPidFile=$state/slurmctld.pid
