@@ -482,31 +482,31 @@ def check_timeline(root: Path, key: str, runs: list[ledger.Run], env: dict[str, 
 
 
 def test_results_and_plot_of_a_slurm_sweep_are_what_its_logs_printed(slurm: None, tmp_path: Path) -> None:
-    """A 3-variant sweep (a job array: one run per task), each task's fake trainer printing verl's lines; Slurm
+    """A 2-variant sweep (a job array: one run per task), each task's fake trainer printing verl's lines; Slurm
     mails the end of each task (dev/slurm.sh's MailProg records them) and --on-end runs once per run."""
     write_fixtures(tmp_path)
     build(tmp_path, venv=fake_venv(tmp_path), slurm=", mail_type: [END, ARRAY_TASKS], mail_user: me@lab.example")
     spec = tmp_path / "spec.yaml"
-    spec.write_text(spec.read_text() + f"sweep: {{matrix: {{{LR}: [1.0e-6, 2.0e-6, 3.0e-6]}}}}\n")
+    spec.write_text(spec.read_text() + f"sweep: {{matrix: {{{LR}: [1.0e-6, 2.0e-6]}}}}\n")
     on_end = 'printf "%s %s %s\\n" "$VERLC_RUN" "$VERLC_STATE" "$VERLC_EXIT_CODE" >> ended.txt'
     mails = Path(SLURM_CONF).parent / "mail.log"
     before = mails.read_text() if mails.exists() else ""
     done = verlc(tmp_path, "submit", "spec.yaml", "--target", "slurm", "--out", "out", "--follow", "--on-end",
-                 on_end, stop_after="train", env={"FAKE_METRICS": "1"}, timeout=600)  # 3 jobs: >120 s under load
+                 on_end, stop_after="train", env={"FAKE_METRICS": "1"}, timeout=600)  # 2 jobs: >120 s under load
     assert done.returncode == 0, done.stdout + done.stderr
     runs = list(runs_of(tmp_path).values())
     job = runs[0].job_id.split("_")[0]
-    assert [r.run for r in runs] == [f"{runs[0].name}-{job}_{i}" for i in range(3)]
+    assert [r.run for r in runs] == [f"{runs[0].name}-{job}_{i}" for i in range(2)]
     # followed one after another, each line named by its run (#40 item 8); --on-end as each one ended
     assert all(f"{r.run}: step 3" in done.stdout and f"{r.run}: completed" in done.stdout for r in runs), done.stdout
     assert sorted((tmp_path / "ended.txt").read_text().splitlines()) == [f"{r.run} COMPLETED 0" for r in runs]
     sent = lambda: mails.read_text().removeprefix(before).splitlines()  # noqa: E731 - this job's mails
-    wait_for(lambda: all(any(f"Job_id={job}_{i} " in m for m in sent()) for i in range(3)), 60,
+    wait_for(lambda: all(any(f"Job_id={job}_{i} " in m for m in sent()) for i in range(2)), 60,
              "Slurm's mail of each array task's end")
-    for i in range(3):
+    for i in range(2):
         [mail] = [line for line in sent() if f"Job_id={job}_{i} " in line]
         assert "Ended" in mail and "COMPLETED" in mail and mail.endswith(" me@lab.example"), mail
-    assert [r.submitted["variant"] for r in runs] == [{LR: 1e-6}, {LR: 2e-6}, {LR: 3e-6}]
+    assert [r.submitted["variant"] for r in runs] == [{LR: 1e-6}, {LR: 2e-6}]
     assert all(r.state == "COMPLETED" and Path(r.submitted["log"]).is_file() for r in runs), runs
     assert all(Path(r.record).is_file() for r in runs)  # each task's own run folder
     check_results(tmp_path, runs)

@@ -988,24 +988,19 @@ def test_the_data_stage_passes_the_releases_own_preprocessing_options(ended: End
     assert prep["argv"] == ["python3", f"{tmp_path}/prep.py", "--local_dir", "prepared041"]
 
 
-def test_ascend_npus_bring_up_to_the_preflight_with_hccl_set_on_every_node(slurm: None, tmp_path: Path) -> None:
-    """cluster.accelerator npu on CPU-only nodes: Ray's NPU resource on each node (the wait counts NPUs), an
-    npu-smi on every node, HCCL's settings as every node's Ray workers see them (interface, timeouts, the
-    job's own ports). A second job, whose second node's npu-smi shows 6 of its 8 NPUs, fails the preflight
-    naming that node."""
-    npu = ", accelerator: npu"
-    jobs = {}
-    for name, shown in (("all", {}), ("short", {"FAKE_NPUS_SECOND": "6"})):
-        root = tmp_path / name
-        root.mkdir()
-        write_fixtures(root)
-        script = build(root, venv=fake_venv(root, npus=True), cluster=npu, slurm=", npu_gres: null")
-        jobs[name] = (root, submit(script, root, "preflight", {"FAKE_NPUS": "8", **shown}))
-    for root, job in jobs.values():
-        wait_for(lambda job=job: job_state(job, settle=False) in FINAL, 600, f"job {job} to end")
-    root, job = jobs["all"]
-    output = (root / f"slurm-{job}.out").read_text()
-    assert job_state(job) == "COMPLETED", output
+def npu_job(root: Path, shown: dict[str, str]) -> Job:
+    """cluster.accelerator npu on CPU-only nodes, each node's npu-smi showing 8 NPUs (FAKE_NPUS) unless `shown`
+    says otherwise for the second node (FAKE_NPUS_SECOND)."""
+    script = build(root, venv=fake_venv(root, npus=True), cluster=", accelerator: npu", slurm=", npu_gres: null")
+    return Job(script, env={"FAKE_NPUS": "8", **shown})
+
+
+@side_by_side(lambda root: npu_job(root, {}))
+def test_ascend_npus_bring_up_to_the_preflight_with_hccl_set_on_every_node(ended: Ended) -> None:
+    """Ray's NPU resource on each node (the wait counts NPUs), an npu-smi on every node, HCCL's settings as every
+    node's Ray workers see them (interface, timeouts, the job's own ports)."""
+    root, job, output = ended.root, ended.job, ended.output
+    assert ended.state == "COMPLETED", output
     assert len(re.findall(r"node registered: n\d+ \(10\.77\.0\.\d+\) NPUs=8 \(\d/2\)", output)) == 2, output
     assert "cluster ready: 2 nodes, 16 NPUs" in output and "preflight passed: 2 nodes, 16 NPUs" in output
     record = json.loads(next((root / "verlc-runs").glob(f"*-{job}/run-record.json")).read_text())
@@ -1022,9 +1017,12 @@ def test_ascend_npus_bring_up_to_the_preflight_with_hccl_set_on_every_node(slurm
                        "HCCL_CONNECT_TIMEOUT": "3600", "HCCL_EXEC_TIMEOUT": "3600",
                        "HCCL_HOST_SOCKET_PORT_RANGE": f"{base + 10}-{base + 54}",
                        "HCCL_NPU_SOCKET_PORT_RANGE": f"{base + 55}-{base + 99}"}, (node, env)
-    root, job = jobs["short"]
-    output = (root / f"slurm-{job}.out").read_text()
-    assert job_state(job) == "FAILED", output
+
+
+@side_by_side(lambda root: npu_job(root, {"FAKE_NPUS_SECOND": "6"}))
+def test_an_ascend_node_whose_npu_smi_shows_fewer_npus_fails_the_preflight_naming_it(ended: Ended) -> None:
+    output = ended.output
+    assert ended.state == "FAILED", output
     failures = [line.split("PREFLIGHT FAILED: ", 1)[1] for line in output.splitlines() if "PREFLIGHT FAILED" in line]
     assert len(failures) == 1 and re.fullmatch(r"node (n\d+) \(10\.77\.0\.\d+\): npu-smi shows 6 NPUs, Ray was "
                                                r"started with 8", failures[0]), output
