@@ -211,17 +211,18 @@ def test_a_wandb_logger_without_its_key_is_a_note(tmp_path: Path) -> None:
 
 
 def test_a_file_a_setting_names_without_a_code_folder_gets_a_note(tmp_path: Path) -> None:
-    """custom_reward_function.path without `code:` is read wherever the job runs: verlc neither ships nor checks
+    """reward.custom_reward_function.path without `code:` is read wherever the job runs: verlc neither ships nor checks
     it, and says so (with `code:` a missing file is an error: tests/test_programs.py)."""
     spec = tmp_path / "s.yaml"
     spec.write_text(CONTAINER_SPEC.replace("MOUNTS", '["/lustre/verl:/workspace/verl", '
                                                      '"/lustre/hf:/root/.cache/huggingface"]')
                     .replace("  algorithm: {adv_estimator: grpo}\n",
-                             "  algorithm: {adv_estimator: grpo}\n  custom_reward_function: {path: rewards/mine.py}\n"))
+                             "  algorithm: {adv_estimator: grpo}\n"
+                             "  reward: {custom_reward_function: {path: rewards/mine.py}}\n"))
     missing = run_verlc("validate", "s.yaml", cwd=tmp_path)
     assert missing.returncode == 0, missing.stderr
-    assert ("verl.custom_reward_function.path: note: rewards/mine.py is read from the job's working directory, which "
-            "this spec does not ship (it has no `code:`); there is no rewards/mine.py beside the spec either"
+    assert ("verl.reward.custom_reward_function.path: note: rewards/mine.py is read from the job's working directory, "
+            "which this spec does not ship (it has no `code:`); there is no rewards/mine.py beside the spec either"
             ) in missing.stderr, missing.stderr
     (tmp_path / "rewards").mkdir()
     (tmp_path / "rewards" / "mine.py").write_text("def compute_score(*a, **k):\n    return 0.0\n")
@@ -265,3 +266,29 @@ def test_an_enroot_image_reference_is_refused_or_noted_as_enroot_would_take_it(
         return
     assert len(found) == 1 and said in found[0] and found[0].startswith(f"spec.yaml:{line}:"), done.stderr
     assert done.returncode == (0 if said.startswith("note:") else 2), done.stderr
+
+
+@pytest.mark.parametrize("release, read", [("0.8.0", True), ("0.9.1", False)])
+def test_an_old_reward_section_main_ppo_no_longer_reads_is_refused_at_its_line(tmp_path: Path, release: str,
+                                                                                read: bool) -> None:
+    """verl 0.7.1 moved the reward settings under `reward` and kept the old sections as null placeholders, which
+    its main_ppo carried to their new places (migrate_legacy_reward_impl) through 0.8.0. From 0.9.0 on only the
+    fully async trainer calls it: main_ppo takes `custom_reward_function.path` and never reads it, and the run
+    trains on verl's default reward (seen on the GPU: docs/gpu.md). The fact is read from each release's code."""
+    from verlc.compiler.verl.release import snapshot
+
+    migrated = snapshot(release).loadable["migrated_by"]
+    assert ("verl.trainer.main_ppo" in migrated) is read, migrated
+    assert "verl.experimental.fully_async_policy.fully_async_main" in migrated
+    spec = CONTAINER_SPEC.replace("MOUNTS", '["/lustre/verl:/workspace/verl", "/lustre/hf:/root/.cache/huggingface"]')
+    (tmp_path / "s.yaml").write_text(f"verl_version: '{release}'\n" + spec + (
+        "  custom_reward_function: {path: /lustre/verl/reward.py, name: compute_score}\n"))
+    checked = run_verlc("validate", "s.yaml", cwd=tmp_path)
+    if read:
+        assert checked.returncode == 0, checked.stderr
+        return
+    assert checked.returncode == 2, checked.stderr
+    assert checked.stderr.startswith(
+        "s.yaml:13:27: verl.custom_reward_function.path: verl 0.9.1's main_ppo never reads "
+        "'custom_reward_function.path': the section is a null placeholder for old specs"), checked.stderr
+    assert "set reward.custom_reward_function.path" in checked.stderr, checked.stderr

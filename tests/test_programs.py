@@ -510,7 +510,7 @@ def code_spec(tmp_path: Path, reward: str = "rewards/math.py", **extra: object) 
     spec.write_text(json.dumps({
         "name": "own-code", "project": "p", "model": "/models/m", "code": "code",
         "data": {"train_files": ["data/train.parquet"], "val_files": ["data/test.parquet"]},
-        "verl": {**base_verl(), "custom_reward_function": {"path": reward, "name": "compute_score"}},
+        "verl": {**base_verl(), "reward": {"custom_reward_function": {"path": reward, "name": "compute_score"}}},
         "cluster": {"nodes": 1, "gpus_per_node": 8, "slurm": {"cpus_per_task": 8}}, **extra}))
     return spec
 
@@ -530,7 +530,7 @@ def test_the_code_is_the_jobs_working_dir_and_its_files_are_hashed(tmp_path: Pat
     assert job["code"] == {"folder": "code", "commit": commit, "dirty": False, "diff_sha256": None,
                            "files": {"rewards/math.py": hashlib.sha256(reward.read_bytes()).hexdigest()}}
     assert "working_dir: code\n" in (bundle / "runtime_env.yaml").read_text()
-    assert "custom_reward_function.path=rewards/math.py" in job["train"]
+    assert "reward.custom_reward_function.path=rewards/math.py" in job["train"]
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["code"]["commit"] == commit and not (bundle / "code.diff").exists()
     # Slurm without a container: the job's step runs in the code folder (relative to where sbatch runs)
@@ -540,8 +540,8 @@ def test_the_code_is_the_jobs_working_dir_and_its_files_are_hashed(tmp_path: Pat
 
 
 @pytest.mark.parametrize("reward, says", [
-    ("rewards/nope.py", "verl.custom_reward_function.path: no file rewards/nope.py in the run's code"),
-    ("../outside.py", "verl.custom_reward_function.path: ../outside.py lies outside the run's code"),
+    ("rewards/nope.py", "verl.reward.custom_reward_function.path: no file rewards/nope.py in the run's code"),
+    ("../outside.py", "verl.reward.custom_reward_function.path: ../outside.py lies outside the run's code"),
 ])
 def test_a_file_a_setting_names_must_be_in_the_code(tmp_path: Path, reward: str, says: str) -> None:
     code_repo(tmp_path / "code")

@@ -534,7 +534,7 @@ data: {{train_files: [{root}/data/train.parquet], val_files: [{root}/data/test.p
 verl: {{actor_rollout_ref: {{rollout: {{name: vllm, log_prob_micro_batch_size_per_gpu: 4}},
                             actor: {{ppo_micro_batch_size_per_gpu: 4}}}},
        algorithm: {{adv_estimator: grpo}},
-       custom_reward_function: {{path: rewards/math.py, name: compute_score}}}}
+       reward: {{custom_reward_function: {{path: rewards/math.py, name: compute_score}}}}}}
 cluster: {{nodes: 2, gpus_per_node: 8, slurm: {{cpus_per_task: 1, output: {root}/slurm-%j.out}}}}
 container: {{runtime: none, venv: {Path(sys.prefix)}}}
 ray: {{wait_for_nodes: 120s}}

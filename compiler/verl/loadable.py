@@ -9,7 +9,10 @@ model load; a name the release does not ship fails there. Read (`read`), stored 
 - tool_types: the values of the release's ToolType (a tool's `config.type`, which verl reads as ToolType(type));
 - tool_schema: the pydantic models verl validates a tool's `tool_schema` with, from OpenAIFunctionToolSchema
   down: {class: {field: [annotation, required]}};
-- registered: the names classes register with `@register("name")`, per registry ("reward_manager", "agent_loop").
+- registered: the names classes register with `@register("name")`, per registry ("reward_manager", "agent_loop");
+- migrated_by: the modules that carry the old reward sections (custom_reward_function, reward_model,
+  sandbox_fusion: null placeholders from 0.7.1 on) to their places under `reward` (a call of verl's
+  migrate_legacy_reward_impl): verl.trainer.main_ppo in 0.7.1 and 0.8.0, only the fully async trainer from 0.9.0 on.
 
 `tool_problems` and `name_problems` judge a spec's names against them: a name in verl must be one the release
 ships; one outside verl must be in the run's own code (its module a file there), else verlc cannot know.
@@ -33,6 +36,7 @@ CLASS_KEYS = ("trainer.checkpoint_callback_class", "actor_rollout_ref.rollout.ag
 PATH_NAME_KEYS = ("data.custom_cls", "custom_reward_function", "reward.custom_reward_function",
                   "reward.reward_manager.module")
 _PKG = "pkg://"
+MIGRATE = "migrate_legacy_reward_impl"
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
 
 
@@ -42,6 +46,7 @@ def read(package: Path) -> dict[str, Any]:
     objects: list[str] = []
     registered: dict[str, set[str]] = {}
     tool_types: list[str] = []
+    migrated_by: list[str] = []
     schema_file = None
     for path in sorted(package.rglob("*.py")):
         module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
@@ -55,6 +60,9 @@ def read(package: Path) -> dict[str, Any]:
         # what `getattr(module, name)` finds: its own classes and functions, and the names it imports or assigns
         # (a package's __init__ re-exports its modules' classes)
         objects += [f"{module}.{name}" for name in _top_level(tree)]
+        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == MIGRATE
+               for n in ast.walk(tree)):
+            migrated_by.append(module)
         for node in tree.body:
             if isinstance(node, ast.ClassDef):
                 for name in _registered(node, registers):
@@ -69,7 +77,7 @@ def read(package: Path) -> dict[str, Any]:
                     schema_file = tree
     return {"objects": sorted(set(objects)), "tool_types": tool_types,
             "tool_schema": _models(schema_file) if schema_file is not None else {},
-            "registered": {k: sorted(v) for k, v in sorted(registered.items())}}
+            "registered": {k: sorted(v) for k, v in sorted(registered.items())}, "migrated_by": migrated_by}
 
 
 def _registered(node: ast.ClassDef, registers: set[str]) -> Iterator[str]:
