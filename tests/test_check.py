@@ -289,6 +289,6 @@ def test_an_old_reward_section_main_ppo_no_longer_reads_is_refused_at_its_line(t
         return
     assert checked.returncode == 2, checked.stderr
     assert checked.stderr.startswith(
-        "s.yaml:13:27: verl.custom_reward_function.path: verl 0.9.1's main_ppo never reads "
+        "s.yaml:13:28: verl.custom_reward_function.path: verl 0.9.1's main_ppo never reads "
         "'custom_reward_function.path': the section is a null placeholder for old specs"), checked.stderr
     assert "set reward.custom_reward_function.path" in checked.stderr, checked.stderr
