@@ -44,9 +44,10 @@ fi
 # tests/conftest.py) one at a time in this one, and every other test in a second, whose output follows this
 # one's. One machine test at a time: two at once (the Slurm cluster's jobs beside a Ray head or podman's
 # containers) took both cores between them, and Ray's own start-up deadlines (a raylet registers within 30 s,
-# hard-coded) and the tests' waits were missed on CI's machine; one at a time they ran 41 minutes here on
-# 2026-12-07 (72 tests; verl 0.9.1's start-up needs are checked on every node of every job), the others 28
-# minutes beside them; 41 minutes in all with the installs already done. A side that selects no test (e.g.
+# hard-coded) and the tests' waits were missed on CI's machine; one at a time they ran 38:52 here on
+# 2026-12-07 (73 tests; verl 0.9.1's start-up needs are checked on every node of every job), the others 25:34
+# beside them, with the installs already done (44:18 earlier that day, before the test cluster's SlurmdTimeout and
+# backfill interval came down: dev/slurm.sh, and two tests were trimmed). A side that selects no test (e.g.
 # `dev/test.sh tests/test_diff.py`) exits 5; both doing so is a failure.
 others_log=$(mktemp)
 # The tests beside the machine tests only compute: they yield the CPU (nice) to the daemons of the machine tests.
