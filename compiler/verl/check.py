@@ -330,7 +330,8 @@ def _unread_placeholder(s: Setting, chosen: Selection) -> str | None:
     placeholder (beside `reward`, from 0.7.1 on) and whose main_ppo does not carry to its place under `reward`
     (verl's migrate_legacy_reward_impl: main_ppo called it in 0.7.1 and 0.8.0, only the fully async trainer from
     0.9.0 on; loadable.py reads who calls it). Hydra takes the key and verl never reads it: the run would train
-    without, e.g., the spec's reward function."""
+    without, e.g., the spec's reward function. A note, not a refusal: verl accepts the config (verlc's verdict is
+    verl's), and says nothing."""
     release = chosen.release
     migrated = release.loadable.get("migrated_by")
     if (migrated is None or MAIN_PPO in migrated or s.value is None or chosen.config not in release.configs
@@ -339,7 +340,7 @@ def _unread_placeholder(s: Setting, chosen: Selection) -> str | None:
         return None
     new, moved = carry(s.key, "0.7.0", "0.7.1")
     where = f"set {new}" if moved else "its setting is under `reward` now"
-    return (f"{release.label}'s main_ppo never reads '{s.key}': the section is a null placeholder for old specs, "
+    return (f"{NOTE}{release.label}'s main_ppo never reads '{s.key}': the section is a null placeholder for old specs, "
             f"and {MAIN_PPO.rsplit('.', 1)[1]}.py no longer carries it to `reward` (verl's migrate_legacy_reward_impl "
             f"runs in {', '.join(migrated) or 'none of its programs'} only; 0.7.1 and 0.8.0's main_ppo called it), so "
             f"the run would go without it: {where}")
