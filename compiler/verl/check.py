@@ -11,7 +11,7 @@ from typing import Any
 from ..diagnostics import Diagnostic, did_you_mean
 from ..load import Sourced
 from .hydra import KEY, SERVICE_REFERENCE, hydra_value, shown, verl_value
-from .moves import carry
+from .moves import PLACEHOLDERS, carry
 from .place import KNOWN, UNDER_VALUE, UNKNOWN, Place, Walker
 from .release import ENGINE_KEY, MISSING, RELEASES, Release, ranges, snapshot
 from .rules import WORKERS, WORKERS_NOTE, Config, absolute, rules
@@ -317,33 +317,32 @@ def _setting(s: Setting, chosen: Selection, sourced: Sourced, spec_keys: frozens
     unread = _unread_placeholder(s, chosen)
     if unread:
         yield sourced.diagnostic(s.loc, unread, at_key=True)
-        return
     yield from (sourced.diagnostic(s.loc, m) for m in _value(s, chosen, spec_keys, config))
 
 
 MAIN_PPO = "verl.trainer.main_ppo"
-LEGACY_REWARD = ("custom_reward_function", "reward_model", "sandbox_fusion")
 
 
 def _unread_placeholder(s: Setting, chosen: Selection) -> str | None:
-    """Where main_ppo would drop the setting: a key of an old reward section that the release keeps as a null
-    placeholder (beside `reward`, from 0.7.1 on) and whose main_ppo does not carry to its place under `reward`
-    (verl's migrate_legacy_reward_impl: main_ppo called it in 0.7.1 and 0.8.0, only the fully async trainer from
-    0.9.0 on; loadable.py reads who calls it). Hydra takes the key and verl never reads it: the run would train
-    without, e.g., the spec's reward function. A note, not a refusal: verl accepts the config (verlc's verdict is
-    verl's), and says nothing."""
+    """Where main_ppo would drop the setting: a key of a section the release keeps as a null placeholder for old
+    specs (moves.PLACEHOLDERS: the old reward sections, beside `reward` from 0.7.1 on) and whose main_ppo does not
+    carry to its new place (verl's migrate_legacy_reward_impl: main_ppo called it in 0.7.1 and 0.8.0, only the
+    fully async trainer from 0.9.0 on; loadable.py reads who calls it). Hydra takes the key and verl never reads
+    it: the run would train without, e.g., the spec's reward function. A note, not a refusal: verl accepts the
+    config (verlc's verdict is verl's), and says nothing."""
     release = chosen.release
     migrated = release.loadable.get("migrated_by")
-    if (migrated is None or MAIN_PPO in migrated or s.value is None or chosen.config not in release.configs
-            or s.key.split(".")[0] not in LEGACY_REWARD
+    since = next((v for v, top in PLACEHOLDERS if s.key.split(".")[0] == top), None)
+    if (migrated is None or MAIN_PPO in migrated or since is None or s.value is None
+            or chosen.config not in release.configs
             or not isinstance(Config(chosen.tree, {}).get("reward.custom_reward_function"), dict)):
         return None
-    new, moved = carry(s.key, "0.7.0", "0.7.1")
+    new, moved = carry(s.key, RELEASES[RELEASES.index(since) - 1], since)
     where = f"set {new}" if moved else "its setting is under `reward` now"
     return (f"{NOTE}{release.label}'s main_ppo never reads '{s.key}': the section is a null placeholder for old specs, "
-            f"and {MAIN_PPO.rsplit('.', 1)[1]}.py no longer carries it to `reward` (verl's migrate_legacy_reward_impl "
-            f"runs in {', '.join(migrated) or 'none of its programs'} only; 0.7.1 and 0.8.0's main_ppo called it), so "
-            f"the run would go without it: {where}")
+            f"and main_ppo.py no longer carries it to `reward` (verl's migrate_legacy_reward_impl runs in "
+            f"{', '.join(migrated) or 'none of its programs'} only; 0.7.1 and 0.8.0's main_ppo called it), so the run "
+            f"would go without it: {where}")
 
 
 def _first_new(parts: list[str], walker: Walker) -> int:
