@@ -227,7 +227,7 @@ for part in $parts; do
   label=fit${part#vllm-fit}
   spec=dev/gpu/$label.yaml
   verlc plan "$spec" --format json >"$out/$label-plan.json" 2>"$out/$label-plan.err"
-  (while sleep 2; do echo "at $(since "$t0")"; gpu_users; done) >"$out/$label-gpu.txt" 2>&1 &
+  (while sleep 1; do echo "at $(since "$t0")"; gpu_users; done) >"$out/$label-gpu.txt" 2>&1 &
   sampler=$!
   submit "$spec" "$label" perf/max_memory_allocated_gb
   kill "$sampler"
@@ -236,7 +236,10 @@ for part in $parts; do
   # vLLM's own memory figures (its weights, the profile, the KV cache, its CUDA graphs), from its workers' logs
   grep -h -a -E 'Model loading took|[Pp]rofil.*GiB|KV cache|Graph capturing finished|CUDA graph' \
     "$work"/ray/session_latest/logs/worker-*.{out,err} >"$out/$label-vllm-memory.txt" 2>/dev/null
-  grep -a -E 'memory allocated \(GB\)' "$out/$label.log" >"$out/$label-verl-memory.txt"  # verl's, at DEBUG
+  # verl's, at DEBUG (log_gpu_memory_usage around the weight sync, the update, the offload): the job log has what
+  # Ray forwarded, the workers' own files the rest
+  grep -h -a -E 'memory allocated \(GB\)' "$out/$label.log" "$work"/ray/session_latest/logs/worker-*.{out,err} \
+    >"$out/$label-verl-memory.txt" 2>/dev/null
 done
 if want vllm-oom; then  # a run the plan says does not fit the H100 (dev/gpu/fit-oom.yaml, declared on an H200)
   submit dev/gpu/fit-oom.yaml oom-preflight  # the preflight must refuse it: a smaller card than declared
