@@ -560,6 +560,22 @@ Python's start); the preflight does it once per run.
 
 The mistyped key is `actor_rollout_ref.rollout.gpu_memory_utilisation` in scenario A; verlc reports
 `{line}`.
+
+## On the GPU (verl 0.9.1 with vLLM)
+
+The GPU rows are not `bench/run.py`'s: they come from the GPU rehearsal (`dev/gpu/rehearse.sh`, one H100 80GB,
+verl 0.9.1, vLLM 0.24.0, torch 2.11.0), where verlc's own ray-job bundle of `specs/gpu-rehearsal-vllm.yaml` trained
+the tiny model (docs/gpu.md has each run). verlc's share is what its runtime adds before verl starts: Ray's
+check and the data stage, and the preflight, whose checks run partly side by side (their sum is more than the
+whole).
+
+| what (2026-12-07 13:42 UTC, from the job's first line) | figure | share of the time to step 1 |
+| --- | --- | --- |
+| submit -> step 1 done | 204.2 s | |
+| verlc: Ray's check and the data stage | 0.7 s | 0% |
+| verlc: the preflight (all-reduce 9.1 s, start-up needs 20.7 s, GPU memory 3.2 s) | 23.9 s | 12% |
+| verl: the dataloader, the first model, the workers with vLLM's engine, the initial validation, step 1 | 179.6 s | 88% |
+| a training step after the first (median; generation 2.3 s of it) | 5.1 s | |
 """
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
