@@ -22,7 +22,15 @@ dtypes and offload switches):
   outside the update (workers/engine_workers.py:811: the actor's weights go to the CPU after the weight sync);
 - vLLM takes gpu_memory_utilization of the GPU's total memory, SGLang of its free memory as it starts (verl's
   docs/perf/perf_tuning.rst); with free_cache_engine (the default) the rollout sleeps during the other phases,
-  giving back its weights and KV cache but not its CUDA graphs (same doc), which are not counted here;
+  giving back its weights and KV cache but not its CUDA graphs (same doc); without it the engine never sleeps
+  and keeps its whole share through every phase (verl's vLLM server: sleep, wake_up and the weight sync's resume
+  all return at once when free_cache_engine is off);
+- vLLM's CUDA graphs while it sleeps (from vLLM 0.21 they are inside its share while it is awake): what its
+  process kept beside its CUDA context through the actor's phases, measured on the H100 with vLLM 0.24 and
+  verl's capture sizes (max_num_seqs 256: 51 sizes, FULL_AND_PIECEWISE) at 2 and 28 decoder layers, 418 and 804
+  MiB: a part of every graph (the capture's buffers, the first graph's pool) and a part per decoder layer (the
+  piecewise graphs, one per layer and size). Two depths of one GPU and one capture list; none with
+  enforce_eager, and SGLang's graphs are not counted;
 - the logits' peak as verl computes log-probs and entropy: tokens x vocab x 7 bytes (fp32 logits, the autocast
   copy for softmax and logsumexp, the softmax output; same doc);
 - a decoder layer's activations kept for the backward (bf16, flash attention: no seq x seq term): its two norms'
@@ -57,6 +65,15 @@ if TYPE_CHECKING:
 
 GIB = 1024 ** 3
 CONTEXT = GIB // 2  # a CUDA context (the H100: docs/gpu.md)
+# vLLM's CUDA graphs while it sleeps, MiB at two depths (decoder layers) measured on the H100 (docs/gpu.md): the
+# line through them, a part of every graph and a part per layer
+GRAPHS_MEASURED = ((2, 418), (28, 804))
+
+
+def vllm_graphs(layers: int) -> int:
+    """Bytes of vLLM's CUDA graphs for a model of `layers` decoder layers, on the line through GRAPHS_MEASURED."""
+    (l0, m0), (l1, m1) = GRAPHS_MEASURED
+    return -(-2 ** 20 * (m0 * (l1 - l0) + (m1 - m0) * (layers - l0)) // (l1 - l0))  # ceil, in integers
 ACTOR, ROLLOUT, REF, CRITIC = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref", "critic"
 NEAR = 0.9  # a peak above this share of a GPU gets a note
 
@@ -298,8 +315,8 @@ def estimate(get: Callable[[str], Any], *, gpus: int, gpu: int | None, gpu_origi
     share = get(f"{ROLLOUT}.gpu_memory_utilization")
     if not isinstance(share, (int, float)) or isinstance(share, bool):
         return Estimate(unknown=f"{ROLLOUT}.gpu_memory_utilization is {share!r}")
-    step = _Step(get, gpus, gpu, shape, shares, critic, reference)
-    phases: list[Phase | None] = [step.sync(), step.rollout(share),
+    step = _Step(get, gpus, gpu, shape, shares, critic, reference, share)
+    phases: list[Phase | None] = [step.sync(), step.rollout(),
                                   step.forward("log-probs (actor)", ROLLOUT, "actor", True)]
     if reference:
         phases.append(step.forward("log-probs (reference)", REF, "ref", True))
@@ -319,8 +336,15 @@ class _Step:
     for where each comes from)."""
 
     def __init__(self, get: Callable[[str], Any], gpus: int, gpu: int, shape: Shape, shares: dict[str, float],
-                 critic: bool, reference: bool) -> None:
-        self.get, self.gpus, self.gpu, self.shape = get, gpus, gpu, shape
+                 critic: bool, reference: bool, share: float) -> None:
+        self.get, self.gpus, self.gpu, self.shape, self.share = get, gpus, gpu, shape, share
+        self.vllm = get(f"{ROLLOUT}.name") == "vllm"
+        # verl's rollout sleeps between its turns unless free_cache_engine is off (every release's default: on)
+        self.sleeps = get(f"{ROLLOUT}.free_cache_engine") is not False
+        self.graphs = Term(f"vLLM asleep: its CUDA graphs ({shape.layers} layers)",
+                           vllm_graphs(shape.layers),
+                           "measured on the H100, vLLM 0.24 (docs/gpu.md); sleep keeps them") \
+            if self.vllm and self.sleeps and not get(f"{ROLLOUT}.enforce_eager") else None
         self.seq = (_int(get("data.max_prompt_length")) or 0) + (_int(get("data.max_response_length")) or 0)
         self.states = {"actor": self._trained(ACTOR, "actor"), **({"critic": self._trained(CRITIC, "critic")}
                                                                    if critic else {})}
@@ -355,7 +379,8 @@ class _Step:
     def resident(self, now: str, *, optimizer: bool = True) -> list[Term]:
         """What is on the GPU during the phase of role `now` ("actor", "ref", "critic"; "rollout" for none)
         besides that phase's own work: each role's weights and optimizer unless offloaded, its own always (its
-        optimizer only where `optimizer`: the update), the services' shares and the CUDA contexts."""
+        optimizer only where `optimizer`: the update), the rollout engine outside its own phase (its whole share
+        where it never sleeps, else vLLM's CUDA graphs), the services' shares and the CUDA contexts."""
         terms = []
         for role, section in (("actor", ACTOR), ("critic", CRITIC)):
             state = self.states.get(role)
@@ -367,18 +392,22 @@ class _Step:
                 terms.append(state["optimizer"])
             if role == "actor" and self.reference and (now == "ref" or not self._offloaded(REF, "param")):
                 terms.append(self.reference)
+        if now != "rollout":
+            terms += [self.engine()] if not self.sleeps else [self.graphs] if self.graphs else []
         return terms + self.services + [self.contexts]
 
-    def rollout(self, share: float) -> Phase:
+    def engine(self) -> Term:
         """vLLM takes its share of the total; SGLang of what is free as it starts, beside what stays."""
-        if self.get(f"{ROLLOUT}.name") == "vllm":
-            engine = Term(f"vLLM: gpu_memory_utilization {share:g} of the GPU's total (weights, KV cache)",
-                          math.ceil(share * self.gpu), "verl docs/perf/perf_tuning.rst; vLLM's request_memory", share)
-        else:
-            before = sum(t.bytes for t in self.resident("rollout"))
-            engine = Term(f"SGLang: mem_fraction_static {share:g} of the memory free at its start",
-                          math.ceil(share * max(self.gpu - before, 0)), "verl docs/perf/perf_tuning.rst", share)
-        return Phase("rollout", (*self.resident("rollout"), engine), f"{ROLLOUT}.gpu_memory_utilization")
+        share = self.share
+        if self.vllm:
+            return Term(f"vLLM: gpu_memory_utilization {share:g} of the GPU's total (weights, KV cache)",
+                        math.ceil(share * self.gpu), "verl docs/perf/perf_tuning.rst; vLLM's request_memory", share)
+        before = sum(t.bytes for t in self.resident("rollout"))
+        return Term(f"SGLang: mem_fraction_static {share:g} of the memory free at its start",
+                    math.ceil(share * max(self.gpu - before, 0)), "verl docs/perf/perf_tuning.rst", share)
+
+    def rollout(self) -> Phase:
+        return Phase("rollout", (*self.resident("rollout"), self.engine()), f"{ROLLOUT}.gpu_memory_utilization")
 
     def sync(self) -> Phase | None:
         """The weight sync before each rollout, where verl sends the actor's weights to vLLM through a bucket
@@ -391,13 +420,13 @@ class _Step:
         cache from the update or a staged copy (docs/gpu.md): where the sync is the peak, it may be low by that."""
         key = f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes"
         megabytes = _int(self.get(key))
-        if self.get(f"{ROLLOUT}.name") != "vllm" or megabytes is None:
+        if not self.vllm or megabytes is None:
             return None
         weights, width, tp = rollout_weights(self.get, self.shape)
+        woken = [Term(f"vLLM's weights ({width} bytes each, 1/{tp}), woken for the sync", weights,
+                      "verl/workers/engine_workers.py (resume weights, then the KV cache)")] if self.sleeps else []
         return Phase("weight sync", (
-            *self.resident("actor", optimizer=False),
-            Term(f"vLLM's weights ({width} bytes each, 1/{tp}), woken for the sync", weights,
-                 "verl/workers/engine_workers.py (resume weights, then the KV cache)"),
+            *self.resident("actor", optimizer=False), *woken,
             Term(f"the sync's bucket ({megabytes} MiB)", megabytes * 2 ** 20,
                  "verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py")), key)
 
@@ -514,8 +543,9 @@ def for_spec(spec: Spec, sourced: Sourced, config: Config, changes: dict[str, An
 
 
 def fixes(spec: Spec, sourced: Sourced, config: Config, found: Estimate, phase: Phase) -> list[str]:
-    """Settings that would bring `phase` within the GPU, each with what that phase then takes: a lower
-    gpu_memory_utilization, the actor's offload, a smaller micro batch (or token budget) of the phase's own."""
+    """Settings that would bring `phase` within the GPU, each with what that phase then takes: the rollout's
+    sleep where it is off, a lower gpu_memory_utilization, the actor's offload, a smaller micro batch (or token
+    budget) of the phase's own."""
     assert found.gpu is not None
     out = []
 
@@ -523,6 +553,11 @@ def fixes(spec: Spec, sourced: Sourced, config: Config, found: Estimate, phase: 
         tried = next(p for p in for_spec(spec, sourced, config, changes).phases if p.name == phase.name)
         return tried.bytes if tried.bytes <= found.gpu else None
 
+    if config.get(f"{ROLLOUT}.free_cache_engine") is False and phase.name != "rollout":
+        taken = fits({f"{ROLLOUT}.free_cache_engine": True})
+        if taken is not None:
+            out.append(f"{ROLLOUT}.free_cache_engine true: the rollout gives its share back between its turns "
+                       f"({gib(taken)} GiB)")
     share = config.get(f"{ROLLOUT}.gpu_memory_utilization")
     if phase.tipping == f"{ROLLOUT}.gpu_memory_utilization":
         for lower in (round(share - step / 100, 2) for step in range(5, int(share * 100), 5)):

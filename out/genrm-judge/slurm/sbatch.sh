@@ -835,7 +835,7 @@ job_description() {
     {"name": "judge", "argv": [["python3"], ["-m"], ["vllm.entrypoints.openai.api_server"], ["--model"], ["Qwen/Qwen2.5-32B-Instruct"], ["--served-model-name"], ["genrm"], ["--host"], [{"env": "VERLC_SERVICE_JUDGE_HOST"}], ["--port"], [{"env": "VERLC_SERVICE_JUDGE_PORT"}], ["--tensor-parallel-size"], ["8"], ["--max-model-len"], ["8192"]], "env": {"VLLM_API_KEY": [{"env": "VERLC_SERVICE_JUDGE_TOKEN"}]}, "image": null, "every_node": false, "own_node": true, "gpus": 8, "listen_all": false, "ready_http": "/health", "ready_command": null, "deadline": 1200, "probe": {"kind": "judge", "query": null, "model": "genrm", "method": null, "path": null, "body": null, "expect": null}, "restart": 1, "variables": {"url": "VERLC_SERVICE_JUDGE_URL", "host": "VERLC_SERVICE_JUDGE_HOST", "port": "VERLC_SERVICE_JUDGE_PORT", "token": "VERLC_SERVICE_JUDGE_TOKEN"}}
   ],
   "tool_config": null,
-  "rollout_memory": {"share": 0.5, "phases": [{"name": "weight sync", "bytes": 11707556864, "of_total": 0.0}, {"name": "rollout", "bytes": 3388195840, "of_total": 0.5}, {"name": "log-probs (actor)", "bytes": 33375927296, "of_total": 0.0}, {"name": "update (actor)", "bytes": 21430806528, "of_total": 0.0}, {"name": "optimizer step (actor)", "bytes": 4931165184, "of_total": 0.0}], "gpu": 85031714816}
+  "rollout_memory": {"share": 0.5, "phases": [{"name": "weight sync", "bytes": 12675150533, "of_total": 0.0}, {"name": "rollout", "bytes": 3388195840, "of_total": 0.5}, {"name": "log-probs (actor)", "bytes": 34343520965, "of_total": 0.0}, {"name": "update (actor)", "bytes": 22398400197, "of_total": 0.0}, {"name": "optimizer step (actor)", "bytes": 5898758853, "of_total": 0.0}], "gpu": 85031714816}
 }
 VERLC_JOB
 }

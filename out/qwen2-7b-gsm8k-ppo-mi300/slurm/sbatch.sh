@@ -883,7 +883,7 @@ job_description() {
   "run_folder": [{"env": "SLURM_SUBMIT_DIR"}, "/verlc-runs/qwen2-7b-gsm8k-ppo-mi300-", {"env": "SLURM_JOB_ID"}],
   "services": [],
   "tool_config": null,
-  "rollout_memory": {"share": 0.9, "phases": [{"name": "weight sync", "bytes": 22260266752, "of_total": 0.0}, {"name": "rollout", "bytes": 12497166592, "of_total": 0.9}, {"name": "log-probs (actor)", "bytes": 57233667328, "of_total": 0.0}, {"name": "values (critic)", "bytes": 22353835264, "of_total": 0.0}, {"name": "update (actor)", "bytes": 65714240128, "of_total": 0.0}, {"name": "optimizer step (actor)", "bytes": 16304974848, "of_total": 0.0}, {"name": "update (critic)", "bytes": 30834408064, "of_total": 0.0}, {"name": "optimizer step (critic)", "bytes": 16304974848, "of_total": 0.0}], "gpu": 206158430208}
+  "rollout_memory": {"share": 0.9, "phases": [{"name": "weight sync", "bytes": 23103321856, "of_total": 0.0}, {"name": "rollout", "bytes": 12497166592, "of_total": 0.9}, {"name": "log-probs (actor)", "bytes": 58076722432, "of_total": 0.0}, {"name": "values (critic)", "bytes": 23196890368, "of_total": 0.0}, {"name": "update (actor)", "bytes": 66557295232, "of_total": 0.0}, {"name": "optimizer step (actor)", "bytes": 17148029952, "of_total": 0.0}, {"name": "update (critic)", "bytes": 31677463168, "of_total": 0.0}, {"name": "optimizer step (critic)", "bytes": 17148029952, "of_total": 0.0}], "gpu": 206158430208}
 }
 VERLC_JOB
 }
