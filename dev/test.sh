@@ -47,7 +47,9 @@ fi
 # hard-coded) and the tests' waits were missed on CI's machine; one at a time they ran 38:52 here on
 # 2026-12-07 (73 tests; verl 0.9.1's start-up needs are checked on every node of every job), the others 25:34
 # beside them, with the installs already done (44:18 earlier that day, before the test cluster's SlurmdTimeout and
-# backfill interval came down: dev/slurm.sh, and two tests were trimmed). A side that selects no test (e.g.
+# backfill interval came down: dev/slurm.sh, and two tests were trimmed). On 2026-12-08, from a new checkout and
+# with nothing else running, the same 73 took 43:01 (the others 28:40): over the 40-minute bar, the side-by-side
+# Slurm batch (339 s) and the network faults test (345 s) the largest. A side that selects no test (e.g.
 # `dev/test.sh tests/test_diff.py`) exits 5; both doing so is a failure.
 others_log=$(mktemp)
 # The tests beside the machine tests only compute: they yield the CPU (nice) to the daemons of the machine tests.
