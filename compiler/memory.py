@@ -68,12 +68,6 @@ CONTEXT = GIB // 2  # a CUDA context (the H100: docs/gpu.md)
 # vLLM's CUDA graphs while it sleeps, MiB at two depths (decoder layers) measured on the H100 (docs/gpu.md): the
 # line through them, a part of every graph and a part per layer
 GRAPHS_MEASURED = ((2, 418), (28, 804))
-
-
-def vllm_graphs(layers: int) -> int:
-    """Bytes of vLLM's CUDA graphs for a model of `layers` decoder layers, on the line through GRAPHS_MEASURED."""
-    (l0, m0), (l1, m1) = GRAPHS_MEASURED
-    return -(-2 ** 20 * (m0 * (l1 - l0) + (m1 - m0) * (layers - l0)) // (l1 - l0))  # ceil, in integers
 ACTOR, ROLLOUT, REF, CRITIC = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref", "critic"
 NEAR = 0.9  # a peak above this share of a GPU gets a note
 
@@ -90,6 +84,12 @@ GPU_MEMORY = {
     "L40S": (51_527_024_640, "NVIDIA's 48 GB"),
     "MI300X": (206_158_430_208, "AMD's 192 GB"),
 }
+
+
+def vllm_graphs(layers: int) -> int:
+    """Bytes of vLLM's CUDA graphs for a model of `layers` decoder layers, on the line through GRAPHS_MEASURED."""
+    (l0, m0), (l1, m1) = GRAPHS_MEASURED
+    return -(-2 ** 20 * (m0 * (l1 - l0) + (m1 - m0) * (layers - l0)) // (l1 - l0))  # ceil, in integers
 
 
 @dataclass(frozen=True)
@@ -392,8 +392,10 @@ class _Step:
                 terms.append(state["optimizer"])
             if role == "actor" and self.reference and (now == "ref" or not self._offloaded(REF, "param")):
                 terms.append(self.reference)
-        if now != "rollout":
-            terms += [self.engine()] if not self.sleeps else [self.graphs] if self.graphs else []
+        if now != "rollout" and not self.sleeps:
+            terms.append(self.engine())
+        elif now != "rollout" and self.graphs:
+            terms.append(self.graphs)
         return terms + self.services + [self.contexts]
 
     def engine(self) -> Term:
