@@ -234,8 +234,9 @@ for part in $parts; do
   verlc runs --results "$run" --metric perf/ --format json >"$out/$label-results.json" 2>&1
   nvidia-smi >"$out/$label-nvidia-smi.txt" 2>&1
   # vLLM's own memory figures (its weights, the profile, the KV cache, its CUDA graphs), from its workers' logs
-  grep -h -a -E 'Model loading took|[Pp]rofil.*GiB|KV cache|Graph capturing finished|CUDA graph|cudagraph|first-capture' \
-    "$work"/ray/session_latest/logs/worker-*.{out,err} >"$out/$label-vllm-memory.txt" 2>/dev/null
+  vllm_lines='Model loading took|[Pp]rofil.*GiB|KV cache|Graph capturing finished|CUDA graph|cudagraph|first-capture'
+  grep -h -a -E "$vllm_lines" "$work"/ray/session_latest/logs/worker-*.{out,err} >"$out/$label-vllm-memory.txt" \
+    2>/dev/null
   # verl's, at DEBUG (log_gpu_memory_usage around the weight sync, the update, the offload): the job log has what
   # Ray forwarded, the workers' own files the rest
   grep -h -a -E 'memory allocated \(GB\)' "$out/$label.log" "$work"/ray/session_latest/logs/worker-*.{out,err} \
